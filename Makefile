@@ -1,0 +1,164 @@
+# ferry's front door. `make` alone lists the targets.
+#
+# Every target that builds or runs something first runs scripts/install-deps.sh, which installs
+# only what is missing (a provisioned machine never reaches apt) and keeps .venv in step with
+# requirements-dev.txt.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+
+# ---- knobs (override on the command line: make test FUZZ_SECONDS=10) ----
+BUILD_DIR ?= $(ROOT)/build
+ASAN_DIR ?= $(ROOT)/build-asan
+FUZZ_DIR ?= $(ROOT)/build-fuzz
+VENV ?= $(ROOT)/.venv
+CMAKE ?= cmake
+CTEST ?= ctest
+# Compilers for build/ and build-asan/, and for build-fuzz/ (libFuzzer needs clang).
+# They are read when a build tree is first configured; `make clean` to switch.
+BUILD_CC ?= gcc
+BUILD_CXX ?= g++
+FUZZ_CC ?= clang-14
+FUZZ_CXX ?= clang++-14
+# Parallel compile jobs (empty: Ninja's default) and parallel ctest jobs.
+BUILD_JOBS ?=
+TEST_JOBS ?= 2
+# Seconds each fuzz target runs in `make test` and `make fuzz`; 0 builds the fuzzers but runs none.
+FUZZ_SECONDS ?= 60
+# Sanitizer runtime options for the build-asan/ test run.
+TEST_ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
+TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+# Extra arguments for `ferry demo`.
+DEMO_ARGS ?=
+CLANG_FORMAT ?= clang-format-14
+CLANG_TIDY ?= clang-tidy-14
+TIDY_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+SOURCE_DIRS := $(wildcard $(addprefix $(ROOT)/,include src tools tests bench python))
+BUILD_JOBS_FLAG := $(if $(BUILD_JOBS),-j $(BUILD_JOBS))
+DEBUG_O1 := '-DCMAKE_C_FLAGS_DEBUG=-O1 -g' '-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g'
+
+# Shell prelude for recipes: `run CMD...` prints the command, then runs it.
+RUN := run() { printf '+ %s\n' "$$*"; "$$@"; }
+
+.PHONY: help deps lint-deps configure build demo check build-asan build-fuzz fuzz test test-run env format \
+	format-check tidy clean distclean
+
+help: ## List the targets
+	@echo "ferry: make <target> [VAR=value ...]"
+	echo
+	awk -F':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	echo
+	echo "Variables: TEST_JOBS=$(TEST_JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD_JOBS=$(BUILD_JOBS) DEMO_ARGS=$(DEMO_ARGS)"
+	echo 'Shell setup: eval "$$(make -s env)"'
+
+deps: ## Install missing Debian packages and the Python venv (.venv)
+	@FERRY_VENV=$(VENV) bash $(ROOT)/scripts/install-deps.sh </dev/null
+
+lint-deps:
+	@bash $(ROOT)/scripts/install-deps.sh --lint --no-venv </dev/null
+
+configure: deps ## Configure build/ (Ninja, RelWithDebInfo, gcc)
+	@$(RUN)
+	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(BUILD_DIR) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: configure ## Build everything in build/ (library, ferry CLI, tests)
+	@$(RUN)
+	run $(CMAKE) --build $(BUILD_DIR) $(BUILD_JOBS_FLAG)
+
+demo: build ## Two processes move 1 GiB by RDMA WRITE and READ over a software device
+	@$(RUN)
+	run $(BUILD_DIR)/ferry demo $(DEMO_ARGS)
+
+check: build ## Build build/ and run its tests (the quick loop; no sanitizers, no fuzzing)
+	@$(RUN)
+	run $(CTEST) --test-dir $(BUILD_DIR) -j$(TEST_JOBS) --output-on-failure
+
+build-asan: deps ## Build build-asan/ (AddressSanitizer + UBSan, Debug at -O1)
+	@$(RUN)
+	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(ASAN_DIR) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_SANITIZE=address,undefined
+	run $(CMAKE) --build $(ASAN_DIR) $(BUILD_JOBS_FLAG)
+
+build-fuzz: deps ## Build the libFuzzer targets in build-fuzz/ (clang-14)
+	@$(RUN)
+	run env CC=$(FUZZ_CC) CXX=$(FUZZ_CXX) $(CMAKE) -S $(ROOT) -B $(FUZZ_DIR) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_BUILD_FUZZERS=ON -DFERRY_BUILD_TESTS=OFF
+	run $(CMAKE) --build $(FUZZ_DIR) $(BUILD_JOBS_FLAG)
+
+# Each tests/fuzz/<name>_fuzz.cc runs for FUZZ_SECONDS on the corpus build-fuzz/corpus/<name>_fuzz,
+# seeded from tests/fuzz/corpus/<name>_fuzz (or tests/fuzz/corpus/<name>) when that exists. Crashes
+# land in build-fuzz/artifacts/<name>_fuzz/, the full output in build-fuzz/logs/<name>_fuzz.log.
+fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds
+	@shopt -s nullglob
+	sources=($(ROOT)/tests/fuzz/*_fuzz.cc)
+	if (( $${#sources[@]} == 0 )); then echo "fuzz: no targets in tests/fuzz"; exit 0; fi
+	if (( $(FUZZ_SECONDS) <= 0 )); then echo "fuzz: FUZZ_SECONDS=$(FUZZ_SECONDS), not running"; exit 0; fi
+	for src in "$${sources[@]}"; do
+	  name=$$(basename "$$src" .cc)
+	  bin=$(FUZZ_DIR)/tests/$$name
+	  if [[ ! -x $$bin ]]; then echo "fuzz: $$bin was not built" >&2; exit 1; fi
+	  corpus=$(FUZZ_DIR)/corpus/$$name
+	  artifacts=$(FUZZ_DIR)/artifacts/$$name
+	  log=$(FUZZ_DIR)/logs/$$name.log
+	  mkdir -p "$$corpus" "$$artifacts" "$$(dirname "$$log")"
+	  dirs=("$$corpus")
+	  for seeds in $(ROOT)/tests/fuzz/corpus/{$$name,$${name%_fuzz}}; do
+	    if [[ -d $$seeds ]]; then dirs+=("$$seeds"); break; fi
+	  done
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s (corpus $$corpus)"
+	  if ! "$$bin" -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	      -artifact_prefix="$$artifacts/" "$${dirs[@]}" >"$$log" 2>&1; then
+	    tail -n 80 "$$log"
+	    echo "fuzz: $$name FAILED (log $$log, inputs in $$artifacts/)" >&2
+	    exit 1
+	  fi
+	  grep -E '^(#[0-9]+ +DONE|Done [0-9]+ runs)' "$$log" | sed 's/^/  /' || true
+	done
+
+# Sub-makes, one after the other (also under make -j); the ctest runs come last, so the last
+# line printed is ctest's summary.
+test: deps ## The whole suite: build, sanitizer build, fuzzing, then both test runs
+	@$(MAKE) build
+	$(MAKE) build-asan
+	$(MAKE) fuzz
+	$(MAKE) test-run
+
+test-run:
+	@$(RUN)
+	run $(CTEST) --test-dir $(BUILD_DIR) -j$(TEST_JOBS) --output-on-failure
+	run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
+	  $(CTEST) --test-dir $(ASAN_DIR) -j$(TEST_JOBS) --output-on-failure
+
+env: ## Print shell exports: eval "$(make -s env)"
+	@if [[ ! -x $(BUILD_DIR)/ferry ]]; then echo "# note: $(BUILD_DIR)/ferry is not built yet (make build)" >&2; fi
+	printf 'export VIRTUAL_ENV=%q\n' '$(VENV)'
+	printf 'export PATH=%q:%q:"$$PATH"\n' '$(VENV)/bin' '$(BUILD_DIR)'
+	printf 'export LD_LIBRARY_PATH=%q"$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"\n' '$(BUILD_DIR)'
+	printf 'export PYTHONPATH=%q"$${PYTHONPATH:+:$$PYTHONPATH}"\n' '$(BUILD_DIR)/python'
+	printf 'unset PYTHONHOME\n'
+	printf 'hash -r 2>/dev/null || true\n'
+
+format: lint-deps ## clang-format -i every C++ source
+	@find $(SOURCE_DIRS) -type f \( -name '*.h' -o -name '*.cc' -o -name '*.hpp' -o -name '*.cpp' \) \
+	  -print0 | xargs -0 -r $(CLANG_FORMAT) -i
+
+format-check: lint-deps ## Fail if any C++ source is not clang-formatted
+	@find $(SOURCE_DIRS) -type f \( -name '*.h' -o -name '*.cc' -o -name '*.hpp' -o -name '*.cpp' \) \
+	  -print0 | xargs -0 -r $(CLANG_FORMAT) --dry-run -Werror
+
+tidy: lint-deps configure ## clang-tidy over src/ and tools/ with build/compile_commands.json
+	@find $(wildcard $(ROOT)/src $(ROOT)/tools) -type f -name '*.cc' -print0 \
+	  | xargs -0 -r -n 4 -P $(TIDY_JOBS) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet
+
+clean: ## Remove the build trees (build/, build-asan/, build-fuzz/)
+	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(FUZZ_DIR)
+
+distclean: clean ## Also remove .venv
+	@rm -rf $(VENV)

@@ -1,0 +1,96 @@
+// The provider table: every device backend ferry was built with, in one explicit list
+// (name, priority, probe, device listing, open). Nothing registers itself.
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+#include "ferry/devices.h"
+#include "providers/soft/soft.h"
+
+namespace ferry {
+namespace {
+
+struct ProviderEntry {
+  const char* name;
+  int priority;
+  std::function<bool(std::string*)> probe;
+  std::function<std::vector<verbs::DeviceInfo>()> list;
+  std::function<Result<std::shared_ptr<verbs::ContextImpl>>(const std::string&)> open;
+};
+
+const std::vector<ProviderEntry>& providerTable() {
+  static const std::vector<ProviderEntry> table = {
+      {"soft", 10, soft::probeSoft,
+       [] {
+         std::vector<verbs::DeviceInfo> out;
+         for (auto& d : soft::listSoftDevices()) out.push_back(d.info);
+         return out;
+       },
+       soft::openSoftDevice},
+  };
+  return table;
+}
+
+// FERRY_DEVICES=a,b: only those names are visible. Unset or empty: all.
+bool visible(const std::string& name) {
+  const char* env = std::getenv("FERRY_DEVICES");
+  if (env == nullptr || *env == '\0') return true;
+  std::stringstream list(env);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item == name) return true;
+  }
+  return false;
+}
+
+std::vector<const ProviderEntry*> byPriority() {
+  std::vector<const ProviderEntry*> entries;
+  for (const auto& e : providerTable()) entries.push_back(&e);
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const ProviderEntry* a, const ProviderEntry* b) { return a->priority > b->priority; });
+  return entries;
+}
+
+}  // namespace
+
+std::vector<ProviderInfo> listProviders() {
+  std::vector<ProviderInfo> out;
+  for (const auto* e : byPriority()) {
+    ProviderInfo info{e->name, e->priority, false, ""};
+    info.available = e->probe(&info.reason);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Result<std::vector<verbs::DeviceInfo>> listDevices() {
+  std::vector<verbs::DeviceInfo> out;
+  for (const auto* e : byPriority()) {
+    std::string reason;
+    if (!e->probe(&reason)) continue;
+    for (auto& d : e->list()) {
+      if (visible(d.name)) out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+Result<verbs::Context> openDevice(std::string_view name) {
+  std::string wanted(name);
+  if (!visible(wanted)) return notFound("device " + wanted + " is hidden by FERRY_DEVICES");
+  for (const auto* e : byPriority()) {
+    std::string reason;
+    if (!e->probe(&reason)) continue;
+    auto devices = e->list();
+    bool found = std::any_of(devices.begin(), devices.end(), [&](const verbs::DeviceInfo& d) { return d.name == wanted; });
+    if (!found) continue;
+    FERRY_ASSIGN_OR_RETURN(auto impl, e->open(wanted));
+    return verbs::Context(std::move(impl));
+  }
+  return notFound("no device named " + wanted);
+}
+
+}  // namespace ferry

@@ -1,0 +1,426 @@
+#include "providers/soft/conn.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+
+#include "common/log.h"
+
+namespace ferry::soft {
+namespace {
+
+constexpr size_t kStagingBytes = 256 * 1024;
+// Payloads at least this large (beyond what is staged) are read straight into place.
+constexpr size_t kDirectReadMin = 16 * 1024;
+constexpr int kMaxIov = 64;
+constexpr size_t kZeroBytes = 64 * 1024;
+const uint8_t kZeros[kZeroBytes] = {};
+
+}  // namespace
+
+size_t OutFrame::total() const {
+  size_t payloadBytes = ownedPayload.size();
+  for (const auto& s : payload) payloadBytes += s.length;
+  return headerLen + payloadBytes + (hasTrailer ? 4 : 0);
+}
+
+Conn::Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting)
+    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(connecting), staged_(kStagingBytes) {}
+
+Conn::~Conn() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status Conn::attach() {
+  std::weak_ptr<Conn> weak = weak_from_this();
+  uint32_t events = EPOLLIN | EPOLLRDHUP | (connecting_ ? EPOLLOUT : 0);
+  return ctx_->reactor().addFd(fd_, events, [weak](uint32_t ev) {
+    if (auto self = weak.lock()) self->onEvents(ev);
+  });
+}
+
+void Conn::onEvents(uint32_t events) {
+  auto self = shared_from_this();  // a delegate may drop its reference while we run
+  if (connecting_) {
+    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
+      close(Status(StatusCode::kUnavailable, std::string("connect failed: ") + std::strerror(err ? err : ECONNREFUSED),
+                   err ? err : ECONNREFUSED));
+      return;
+    }
+    connecting_ = false;
+    updateInterest();
+    if (delegate_) delegate_->onConnected(*this);
+    if (closed()) return;
+    flush();
+    return;
+  }
+  if (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) onReadable();
+  if (!closed() && (events & EPOLLOUT)) onWritable();
+}
+
+void Conn::updateInterest() {
+  if (fd_ < 0) return;
+  uint32_t events = EPOLLIN | EPOLLRDHUP | ((wantWrite_ || connecting_) ? EPOLLOUT : 0);
+  (void)ctx_->reactor().modFd(fd_, events);
+}
+
+void Conn::sendHeader(const wire::FrameHeader& header) {
+  OutFrame frame;
+  frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(header, frame.header));
+  frame.seq = header.seq;
+  send(std::move(frame));
+}
+
+void Conn::send(OutFrame frame) {
+  if (fd_ < 0) return;
+  out_.push_back(std::move(frame));
+  if (!wantWrite_ && !connecting_) flush();
+}
+
+void Conn::dropUnsentFrames() {
+  while (!out_.empty() && out_.back().sent == 0) out_.pop_back();
+}
+
+void Conn::close(const Status& why, bool quiet) {
+  if (fd_ < 0) return;
+  auto self = shared_from_this();
+  ctx_->reactor().removeFd(fd_);
+  ::close(fd_);
+  fd_ = -1;
+  out_.clear();
+  if (!quiet && delegate_) delegate_->onClosed(*this, why);
+}
+
+void Conn::closeAfterFlush() {
+  if (fd_ < 0) return;
+  if (out_.empty()) {
+    close(Status::ok(), true);
+    return;
+  }
+  closeAfterFlush_ = true;
+}
+
+void Conn::onWritable() { flush(); }
+
+void Conn::flush() {
+  if (fd_ < 0 || connecting_) return;
+  std::vector<uint32_t> revokedSeqs;
+  while (!out_.empty()) {
+    iovec iov[kMaxIov];
+    int count = 0;
+    ssize_t n;
+    {
+      std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+      for (auto& frame : out_) {
+        if (count == kMaxIov) break;
+        size_t skip = frame.sent;
+        auto addPiece = [&](const uint8_t* p, size_t len) {
+          if (skip >= len) {
+            skip -= len;
+            return;
+          }
+          p += skip;
+          len -= skip;
+          skip = 0;
+          if (count < kMaxIov && len > 0) iov[count++] = {const_cast<uint8_t*>(p), len};
+        };
+        addPiece(frame.header, frame.headerLen);
+        if (!frame.ownedPayload.empty()) addPiece(frame.ownedPayload.data(), frame.ownedPayload.size());
+        for (auto& seg : frame.payload) {
+          if (count == kMaxIov) break;
+          if (seg.entry && seg.entry->revoked) {
+            if (!frame.revoked) {
+              frame.revoked = true;
+              revokedSeqs.push_back(frame.seq);
+            }
+            // Never read a deregistered region: its bytes go out as zeros.
+            size_t len = seg.length;
+            size_t done = 0;
+            while (done < len && count < kMaxIov) {
+              size_t piece = std::min(kZeroBytes, len - done);
+              if (skip >= piece) {
+                skip -= piece;
+              } else {
+                iov[count++] = {const_cast<uint8_t*>(kZeros + skip), piece - skip};
+                skip = 0;
+              }
+              done += piece;
+            }
+            if (done < len) break;
+          } else {
+            addPiece(seg.ptr, seg.length);
+          }
+        }
+        if (frame.hasTrailer && count < kMaxIov) {
+          uint32_t status = frame.revoked ? static_cast<uint32_t>(wire::Syndrome::kRemAccess) : frame.trailer;
+          frame.trailer = status;
+          static_assert(sizeof(frame.trailer) == 4);
+          addPiece(reinterpret_cast<const uint8_t*>(&frame.trailer), 4);
+        }
+        if (skip > 0) break;  // the frame did not fit in iov; later frames must wait
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      n = count == 0 ? 0 : ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!wantWrite_) {
+          wantWrite_ = true;
+          updateInterest();
+        }
+        break;
+      }
+      close(ioError("send"));
+      return;
+    }
+    if (n > 0 && delegate_) delegate_->onProgress(*this);
+    size_t left = static_cast<size_t>(n);
+    while (!out_.empty()) {
+      size_t remaining = out_.front().total() - out_.front().sent;
+      if (left >= remaining) {
+        left -= remaining;
+        out_.pop_front();
+      } else {
+        out_.front().sent += left;
+        break;
+      }
+    }
+    if (count == 0) break;
+  }
+  if (out_.empty()) {
+    if (wantWrite_) {
+      wantWrite_ = false;
+      updateInterest();
+    }
+  }
+  if (delegate_) {
+    for (uint32_t seq : revokedSeqs) {
+      OutFrame note;
+      note.seq = seq;
+      note.revoked = true;
+      delegate_->onPayloadRevoked(*this, note);
+      if (closed()) return;
+    }
+  }
+  if (out_.empty() && closeAfterFlush_) close(Status::ok(), true);
+}
+
+void Conn::onReadable() {
+  auto self = shared_from_this();
+  for (int round = 0; round < 64 && !closed(); ++round) {
+    if (inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
+        segIndex_ < plan_.segments.size()) {
+      ssize_t n = readDirect();
+      if (n > 0) {
+        if (delegate_) delegate_->onProgress(*this);
+        if (payloadLeft_ == 0) finishPayload();
+        continue;
+      }
+      if (n == -2) {
+        // The destination is gone: fall through to the staged path, which discards.
+      } else if (n == 0) {
+        close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
+        return;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        break;
+      } else if (errno == EINTR) {
+        continue;
+      } else {
+        close(ioError("recv"));
+        return;
+      }
+    }
+    if (stagedBegin_ == stagedEnd_) {
+      stagedBegin_ = stagedEnd_ = 0;
+    } else if (stagedBegin_ > staged_.size() / 2) {
+      std::memmove(staged_.data(), staged_.data() + stagedBegin_, stagedEnd_ - stagedBegin_);
+      stagedEnd_ -= stagedBegin_;
+      stagedBegin_ = 0;
+    }
+    ssize_t n = ::recv(fd_, staged_.data() + stagedEnd_, staged_.size() - stagedEnd_, MSG_DONTWAIT);
+    if (n > 0) {
+      stagedEnd_ += static_cast<size_t>(n);
+      if (delegate_) delegate_->onProgress(*this);
+      if (!consumeStaged()) return;
+      continue;
+    }
+    if (n == 0) {
+      close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
+      return;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    if (errno == EINTR) continue;
+    close(ioError("recv"));
+    return;
+  }
+  if (!closed() && delegate_) delegate_->onInputDrained(*this);
+}
+
+ssize_t Conn::readDirect() {
+  iovec iov[kMaxIov];
+  int count = 0;
+  size_t want = 0;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  size_t idx = segIndex_;
+  size_t off = segOffset_;
+  while (idx < plan_.segments.size() && count < kMaxIov && want < payloadLeft_) {
+    const Segment& seg = plan_.segments[idx];
+    if (seg.entry && seg.entry->revoked) break;
+    size_t len = std::min(seg.length - off, payloadLeft_ - want);
+    if (len > 0) iov[count++] = {seg.ptr + off, len};
+    want += len;
+    ++idx;
+    off = 0;
+  }
+  if (count == 0) return -2;
+  ssize_t n = ::readv(fd_, iov, count);
+  if (n <= 0) return n;
+  size_t got = static_cast<size_t>(n);
+  payloadLeft_ -= got;
+  while (got > 0) {
+    size_t room = plan_.segments[segIndex_].length - segOffset_;
+    if (got >= room) {
+      got -= room;
+      ++segIndex_;
+      segOffset_ = 0;
+    } else {
+      segOffset_ += got;
+      got = 0;
+    }
+  }
+  return n;
+}
+
+size_t Conn::placeFromBuffer(const uint8_t* src, size_t len) {
+  size_t taken = 0;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu(), std::defer_lock);
+  if (segIndex_ < plan_.segments.size()) memLock.lock();
+  while (taken < len && segIndex_ < plan_.segments.size()) {
+    Segment& seg = plan_.segments[segIndex_];
+    size_t piece = std::min(seg.length - segOffset_, len - taken);
+    if (seg.entry && seg.entry->revoked) {
+      plan_.revoked = true;  // deregistered while the message arrived: discard
+    } else {
+      std::memcpy(seg.ptr + segOffset_, src + taken, piece);
+    }
+    taken += piece;
+    segOffset_ += piece;
+    if (segOffset_ == seg.length) {
+      ++segIndex_;
+      segOffset_ = 0;
+    }
+  }
+  return len;  // bytes beyond the plan are discarded
+}
+
+void Conn::beginFrame() {
+  plan_ = PayloadPlan{};
+  segIndex_ = 0;
+  segOffset_ = 0;
+  trailerHave_ = 0;
+  Status st = delegate_ ? delegate_->onHeader(*this, header_, &plan_)
+                        : Status(StatusCode::kProtocolError, "no handler for this connection");
+  if (!st.isOk()) {
+    FERRY_LOG(kWarn, "closing a connection: %s", st.toString().c_str());
+    close(st);
+    return;
+  }
+  // A plan never covers more than the payload.
+  size_t covered = 0;
+  for (size_t i = 0; i < plan_.segments.size(); ++i) {
+    if (covered + plan_.segments[i].length >= header_.payloadLen) {
+      plan_.segments[i].length = header_.payloadLen - covered;
+      plan_.segments.resize(i + 1);
+      break;
+    }
+    covered += plan_.segments[i].length;
+  }
+  payloadLeft_ = header_.payloadLen;
+  inState_ = InState::kPayload;
+  if (payloadLeft_ == 0) finishPayload();
+}
+
+void Conn::finishPayload() {
+  if (wire::trailerLen(header_.type) > 0 && trailerHave_ < 4) {
+    inState_ = InState::kTrailer;
+    return;
+  }
+  uint32_t trailer = 0;
+  if (wire::trailerLen(header_.type) > 0) {
+    trailer = static_cast<uint32_t>(trailerBuf_[0]) | (static_cast<uint32_t>(trailerBuf_[1]) << 8) |
+              (static_cast<uint32_t>(trailerBuf_[2]) << 16) | (static_cast<uint32_t>(trailerBuf_[3]) << 24);
+  }
+  inState_ = InState::kHeader;
+  headerHave_ = 0;
+  headerNeed_ = wire::kCommonHeaderLen;
+  trailerHave_ = 0;
+  PayloadPlan plan = std::move(plan_);
+  plan_ = PayloadPlan{};
+  wire::FrameHeader header = header_;
+  if (delegate_) delegate_->onFrame(*this, header, plan, trailer);
+}
+
+bool Conn::consumeStaged() {
+  while (stagedBegin_ < stagedEnd_ && !closed()) {
+    size_t avail = stagedEnd_ - stagedBegin_;
+    const uint8_t* src = staged_.data() + stagedBegin_;
+    switch (inState_) {
+      case InState::kHeader: {
+        size_t take = std::min(headerNeed_ - headerHave_, avail);
+        std::memcpy(headerBuf_ + headerHave_, src, take);
+        headerHave_ += take;
+        stagedBegin_ += take;
+        if (headerHave_ < headerNeed_) break;
+        if (headerNeed_ == wire::kCommonHeaderLen) {
+          auto len = wire::peekHeaderLen(std::span<const uint8_t>(headerBuf_, headerHave_));
+          if (!len.isOk()) {
+            FERRY_LOG(kWarn, "closing a connection: %s", len.status().toString().c_str());
+            close(len.status());
+            return false;
+          }
+          headerNeed_ = *len;
+          if (headerHave_ < headerNeed_) break;
+        }
+        Status st = wire::decodeHeader(std::span<const uint8_t>(headerBuf_, headerNeed_), &header_);
+        if (!st.isOk()) {
+          FERRY_LOG(kWarn, "closing a connection: %s", st.toString().c_str());
+          close(st);
+          return false;
+        }
+        beginFrame();
+        break;
+      }
+      case InState::kPayload: {
+        size_t take = std::min(avail, payloadLeft_);
+        placeFromBuffer(src, take);
+        stagedBegin_ += take;
+        payloadLeft_ -= take;
+        if (payloadLeft_ == 0) finishPayload();
+        break;
+      }
+      case InState::kTrailer: {
+        size_t take = std::min<size_t>(4 - trailerHave_, avail);
+        std::memcpy(trailerBuf_ + trailerHave_, src, take);
+        trailerHave_ += take;
+        stagedBegin_ += take;
+        if (trailerHave_ == 4) finishPayload();
+        break;
+      }
+    }
+  }
+  return !closed();
+}
+
+}  // namespace ferry::soft

@@ -1,0 +1,129 @@
+// Conn: one TCP connection of the soft provider, framed by wire.h, driven by the reactor thread.
+//
+// Input: headers are read into a staging buffer; a payload goes straight into its destination
+// (registered memory) — copied from the staging buffer for the bytes already read with the header,
+// read from the socket directly into place for the rest. Output: frames are queued and written
+// with writev straight from registered memory. Every touch of registered memory happens under the
+// context's memory lock (shared) after checking the region was not deregistered; a region that was
+// is never touched again: incoming bytes meant for it are discarded and outgoing bytes from it are
+// replaced by zeros, and the frame is marked so the QP can report the error.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "providers/soft/soft.h"
+#include "providers/soft/wire.h"
+
+namespace ferry::soft {
+
+// Where the payload of an incoming frame goes.
+struct PayloadPlan {
+  std::vector<Segment> segments;  // empty: discard the payload
+  bool revoked = false;           // a destination region was deregistered while bytes arrived
+};
+
+struct OutFrame {
+  uint8_t header[wire::kMaxHeaderLen];
+  uint16_t headerLen = 0;
+  std::vector<Segment> payload;      // from registered memory (checked at each write)
+  std::vector<uint8_t> ownedPayload; // or bytes ferry owns (inline data)
+  bool hasTrailer = false;
+  uint32_t trailer = 0;              // READ_RESP status; becomes kRemAccess if payload was revoked
+  bool revoked = false;              // a payload region was deregistered while being sent
+  uint32_t seq = 0;
+  // Progress.
+  size_t sent = 0;
+  size_t total() const;
+};
+
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  class Delegate {
+   public:
+    virtual ~Delegate() = default;
+    // A frame header arrived; fill plan with the payload's destination (leave empty to discard).
+    // Returning an error closes the connection (a protocol violation).
+    virtual Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) = 0;
+    // The whole frame (payload and trailer) arrived.
+    virtual void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan,
+                         uint32_t trailer) = 0;
+    // Everything readable was consumed (a good moment to send a coalesced acknowledgement).
+    virtual void onInputDrained(Conn& conn) {}
+    // A queued frame lost payload bytes to a deregistration (they went out as zeros).
+    virtual void onPayloadRevoked(Conn& conn, const OutFrame& frame) {}
+    // Bytes moved in either direction (for the transport timeout).
+    virtual void onProgress(Conn& conn) {}
+    // The connection finished connecting (outgoing connections).
+    virtual void onConnected(Conn& conn) {}
+    // The connection is closed; why says what happened (kOk for an orderly local close).
+    virtual void onClosed(Conn& conn, const Status& why) = 0;
+  };
+
+  Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting);
+  ~Conn();
+
+  // Registers with the reactor (reactor thread).
+  Status attach();
+  void setDelegate(Delegate* delegate) { delegate_ = delegate; }
+  // Queues a frame and writes what the socket takes now.
+  void send(OutFrame frame);
+  // Sends a frame with only a header.
+  void sendHeader(const wire::FrameHeader& header);
+  // Closes at once (queued output is dropped). Calls onClosed(why) unless quiet.
+  void close(const Status& why, bool quiet = false);
+  // Closes once the queued output is written.
+  void closeAfterFlush();
+  bool closed() const { return fd_ < 0; }
+  int fd() const { return fd_; }
+  bool connected() const { return !connecting_ && fd_ >= 0; }
+  // Drops queued frames that have not started to go out.
+  void dropUnsentFrames();
+  size_t queuedFrames() const { return out_.size(); }
+
+ private:
+  void onEvents(uint32_t events);
+  void onReadable();
+  void onWritable();
+  void flush();
+  // Consumes staged bytes: headers, payload copies, trailers.
+  bool consumeStaged();
+  void finishPayload();
+  void beginFrame();
+  void updateInterest();
+  // Copies up to len bytes from src into the current plan's destinations; returns bytes taken.
+  size_t placeFromBuffer(const uint8_t* src, size_t len);
+  ssize_t readDirect();
+
+  SoftContext* ctx_;
+  int fd_;
+  Delegate* delegate_;
+  bool connecting_;
+  bool closeAfterFlush_ = false;
+  bool wantWrite_ = false;
+
+  // Input state.
+  enum class InState { kHeader, kPayload, kTrailer };
+  InState inState_ = InState::kHeader;
+  std::vector<uint8_t> staged_;
+  size_t stagedBegin_ = 0;
+  size_t stagedEnd_ = 0;
+  uint8_t headerBuf_[wire::kMaxHeaderLen];
+  size_t headerHave_ = 0;
+  size_t headerNeed_ = wire::kCommonHeaderLen;
+  wire::FrameHeader header_;
+  PayloadPlan plan_;
+  size_t payloadLeft_ = 0;
+  size_t segIndex_ = 0;
+  size_t segOffset_ = 0;
+  uint8_t trailerBuf_[4];
+  size_t trailerHave_ = 0;
+
+  // Output state.
+  std::deque<OutFrame> out_;
+};
+
+}  // namespace ferry::soft

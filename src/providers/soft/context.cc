@@ -1,0 +1,628 @@
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <shared_mutex>
+
+#include "common/log.h"
+#include "providers/soft/conn.h"
+#include "providers/soft/qp.h"
+#include "providers/soft/soft.h"
+
+namespace ferry::soft {
+namespace {
+
+using verbs::AsyncEventType;
+
+constexpr int kMaxQp = 1 << 16;
+constexpr int kMaxWr = 1 << 15;
+constexpr int kMaxSge = 32;
+constexpr int kMaxCqe = 1 << 22;
+constexpr int kMaxRdAtomic = 16;
+constexpr uint32_t kMaxInline = 512;
+constexpr int kHelloTimeoutMs = 5000;
+
+uint32_t randomU32() {
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof v, 0) != sizeof v) {
+    v = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count() * 2654435761u);
+  }
+  return v;
+}
+
+int numaNodeOf(const std::string& ifname) {
+  std::ifstream f("/sys/class/net/" + ifname + "/device/numa_node");
+  int node = -1;
+  if (f >> node) return node < 0 ? -1 : node;
+  return -1;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Devices and GIDs.
+
+verbs::Gid makeSoftGid(in_addr_t ipv4, uint16_t port) {
+  verbs::Gid gid;
+  gid.raw[8] = static_cast<uint8_t>(port >> 8);
+  gid.raw[9] = static_cast<uint8_t>(port);
+  gid.raw[10] = 0xff;
+  gid.raw[11] = 0xff;
+  std::memcpy(gid.raw.data() + 12, &ipv4, 4);
+  return gid;
+}
+
+bool parseSoftGid(const verbs::Gid& gid, in_addr_t* ipv4, uint16_t* port) {
+  for (int i = 0; i < 8; ++i) {
+    if (gid.raw[i] != 0) return false;
+  }
+  if (gid.raw[10] != 0xff || gid.raw[11] != 0xff) return false;
+  *port = static_cast<uint16_t>((gid.raw[8] << 8) | gid.raw[9]);
+  std::memcpy(ipv4, gid.raw.data() + 12, 4);
+  return *port != 0 && *ipv4 != 0;
+}
+
+std::vector<SoftDeviceInfo> listSoftDevices() {
+  std::vector<SoftDeviceInfo> devices;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return devices;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if (!(it->ifa_flags & IFF_UP)) continue;
+    std::string name = std::string("soft_") + it->ifa_name;
+    bool seen = std::any_of(devices.begin(), devices.end(), [&](const SoftDeviceInfo& d) { return d.info.name == name; });
+    if (seen) continue;  // one device per interface (its first address)
+    SoftDeviceInfo d;
+    d.ipv4 = reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &d.ipv4, text, sizeof text);
+    d.info.name = name;
+    d.info.provider = "soft";
+    d.info.transport = "tcp";
+    d.info.netdev = it->ifa_name;
+    d.info.address = text;
+    d.info.guid = (static_cast<uint64_t>(0xfe44) << 48) | ntohl(d.ipv4);
+    d.info.numaNode = numaNodeOf(it->ifa_name);
+    devices.push_back(std::move(d));
+  }
+  freeifaddrs(list);
+  // Loopback first: the device every host has.
+  std::stable_sort(devices.begin(), devices.end(), [](const SoftDeviceInfo& a, const SoftDeviceInfo& b) {
+    return (a.info.netdev == "lo") > (b.info.netdev == "lo");
+  });
+  return devices;
+}
+
+bool probeSoft(std::string* reason) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    if (reason) *reason = std::string("cannot create a TCP socket: ") + std::strerror(errno);
+    return false;
+  }
+  ::close(fd);
+  return true;
+}
+
+Result<std::shared_ptr<verbs::ContextImpl>> openSoftDevice(const std::string& name) {
+  for (auto& d : listSoftDevices()) {
+    if (d.info.name != name) continue;
+    auto ctx = std::make_shared<SoftContext>(d);
+    FERRY_RETURN_IF_ERROR(ctx->start());
+    return std::shared_ptr<verbs::ContextImpl>(std::move(ctx));
+  }
+  return notFound("no software device named " + name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Context.
+
+// Connections accepted by a context's listener, until their first frame names a QP.
+class HelloGate final : public Conn::Delegate {
+ public:
+  explicit HelloGate(SoftContext* ctx) : ctx_(ctx) {}
+  Status onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan*) override {
+    if (h.type != wire::FrameType::kHello) return Status(StatusCode::kProtocolError, "expected a hello");
+    return Status::ok();
+  }
+  void onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan&, uint32_t) override {
+    hello(conn.shared_from_this(), h);
+  }
+  void onClosed(Conn& conn, const Status&) override { forget(&conn); }
+
+  std::function<void(const std::shared_ptr<Conn>&, const wire::FrameHeader&)> hello;
+  std::function<void(Conn*)> forget;
+
+ private:
+  SoftContext* ctx_;
+};
+
+SoftContext::SoftContext(SoftDeviceInfo device) : device_(std::move(device)) {
+  nextQpn_ = (randomU32() & 0x7fffff) | 0x10;
+}
+
+SoftContext::~SoftContext() {
+  close();
+  if (listenFd_ >= 0) ::close(listenFd_);
+}
+
+Status SoftContext::start() {
+  if (!asyncEvents_.valid()) return ioError("eventfd for async events");
+  listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listenFd_ < 0) return ioError("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = device_.ipv4;
+  if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return ioError("bind to " + device_.info.address);
+  }
+  if (::listen(listenFd_, 512) != 0) return ioError("listen");
+  socklen_t len = sizeof addr;
+  getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  gid_ = makeSoftGid(device_.ipv4, ntohs(addr.sin_port));
+  FERRY_RETURN_IF_ERROR(reactor_.start("ferry-" + device_.info.name));
+  gate_ = std::make_unique<HelloGate>(this);
+  gate_->hello = [this](const std::shared_ptr<Conn>& conn, const wire::FrameHeader& h) { onHelloFromLoop(conn, h); };
+  gate_->forget = [this](Conn* conn) { pendingConns_.erase(conn); };
+  Status added;
+  FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
+    added = reactor_.addFd(listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); });
+  }));
+  FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
+            static_cast<unsigned>(ntohs(addr.sin_port)));
+  return added;
+}
+
+void SoftContext::close() {
+  if (closed_.exchange(true)) return;
+  children_.closeAll();
+  (void)reactor_.runSync([this] {
+    for (auto& [ptr, conn] : pendingConns_) conn->close(Status::ok(), true);
+    pendingConns_.clear();
+    if (listenFd_ >= 0) {
+      reactor_.removeFd(listenFd_);
+      ::close(listenFd_);
+      listenFd_ = -1;
+    }
+  });
+  reactor_.stop();
+}
+
+void SoftContext::onAcceptFromLoop() {
+  for (int i = 0; i < 64; ++i) {
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    int fd = ::accept4(listenFd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        FERRY_LOG(kWarn, "%s: accept failed: %s", device_.info.name.c_str(), std::strerror(errno));
+      }
+      return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto conn = std::make_shared<Conn>(this, fd, gate_.get(), false);
+    if (!conn->attach().isOk()) continue;
+    pendingConns_[conn.get()] = conn;
+    // A connection that does not introduce itself in time is dropped.
+    std::weak_ptr<Conn> weak = conn;
+    reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, weak] {
+      auto c = weak.lock();
+      if (!c) return;
+      auto it = pendingConns_.find(c.get());
+      if (it == pendingConns_.end()) return;
+      pendingConns_.erase(it);
+      c->close(Status::ok(), true);
+    });
+  }
+}
+
+void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello) {
+  pendingConns_.erase(conn.get());
+  sockaddr_in peer{};
+  socklen_t len = sizeof peer;
+  in_addr_t peerIp = 0;
+  if (getpeername(conn->fd(), reinterpret_cast<sockaddr*>(&peer), &len) == 0) peerIp = peer.sin_addr.s_addr;
+  wire::HelloResult result = wire::HelloResult::kNoSuchQp;
+  if (auto qp = findQp(hello.qpn)) result = qp->acceptFromLoop(conn, hello, peerIp);
+  wire::FrameHeader reply;
+  reply.type = wire::FrameType::kHelloReply;
+  reply.qpn = hello.srcQpn;
+  reply.aux = static_cast<uint32_t>(result);
+  conn->sendHeader(reply);
+  if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
+}
+
+Result<verbs::DeviceAttr> SoftContext::queryDevice() {
+  if (closed_) return closedError("query device: the context is closed");
+  verbs::DeviceAttr a;
+  a.fwVer = "ferry-soft 1";
+  a.nodeGuid = device_.info.guid;
+  a.sysImageGuid = device_.info.guid;
+  a.maxMrSize = uint64_t{1} << 46;
+  a.pageSizeCap = 4096;
+  a.vendorId = 0xfe44;
+  a.vendorPartId = 1;
+  a.hwVer = 1;
+  a.maxQp = kMaxQp;
+  a.maxQpWr = kMaxWr;
+  a.maxSge = kMaxSge;
+  a.maxSgeRd = kMaxSge;
+  a.maxCq = kMaxQp;
+  a.maxCqe = kMaxCqe;
+  a.maxMr = 1 << 20;
+  a.maxPd = kMaxQp;
+  a.maxQpRdAtom = kMaxRdAtomic;
+  a.maxQpInitRdAtom = kMaxRdAtomic;
+  a.maxSrq = kMaxQp;
+  a.maxSrqWr = kMaxWr;
+  a.maxSrqSge = kMaxSge;
+  a.maxPkeys = 1;
+  a.physPortCnt = 1;
+  a.maxInlineData = kMaxInline;
+  a.atomicCap = 1;
+  return a;
+}
+
+Result<verbs::PortAttr> SoftContext::queryPort(uint8_t portNum) {
+  if (closed_) return closedError("query port: the context is closed");
+  if (portNum != 1) return invalidArgument("query port: the device has one port (1)");
+  verbs::PortAttr p;
+  p.state = verbs::PortState::kActive;
+  p.maxMtu = verbs::Mtu::k4096;
+  p.activeMtu = verbs::Mtu::k4096;
+  p.gidTblLen = 1;
+  p.maxMsgSz = wire::kMaxMessage;
+  p.pkeyTblLen = 1;
+  p.linkLayer = verbs::LinkLayer::kEthernet;
+  return p;
+}
+
+Result<verbs::Gid> SoftContext::queryGid(uint8_t portNum, int index) {
+  if (closed_) return closedError("query GID: the context is closed");
+  if (portNum != 1) return invalidArgument("query GID: the device has one port (1)");
+  if (index != 0) return invalidArgument("query GID: index beyond the GID table (1 entry)");
+  return gid_;
+}
+
+Result<std::shared_ptr<verbs::PdImpl>> SoftContext::allocPd() {
+  if (closed_) return closedError("alloc PD: the context is closed");
+  auto pd = std::make_shared<SoftPd>(shared_from_this());
+  children_.add(pd);
+  return std::shared_ptr<verbs::PdImpl>(pd);
+}
+
+Result<std::shared_ptr<verbs::CompChannelImpl>> SoftContext::createCompChannel() {
+  if (closed_) return closedError("create completion channel: the context is closed");
+  auto channel = std::make_shared<SoftCompChannel>();
+  if (channel->fd() < 0) return ioError("eventfd");
+  children_.add(channel);
+  return std::shared_ptr<verbs::CompChannelImpl>(channel);
+}
+
+Result<std::shared_ptr<verbs::CqImpl>> SoftContext::createCq(int cqe, std::shared_ptr<verbs::CompChannelImpl> channel,
+                                                             void* userContext) {
+  if (closed_) return closedError("create CQ: the context is closed");
+  if (cqe < 1 || cqe > kMaxCqe) return invalidArgument("create CQ: cqe must be 1.." + std::to_string(kMaxCqe));
+  std::shared_ptr<SoftCompChannel> soft;
+  if (channel) {
+    soft = std::dynamic_pointer_cast<SoftCompChannel>(channel);
+    if (!soft) return invalidArgument("create CQ: the completion channel belongs to another provider");
+  }
+  auto cq = std::make_shared<SoftCq>(shared_from_this(), cqe, std::move(soft), userContext);
+  children_.add(cq);
+  return std::shared_ptr<verbs::CqImpl>(cq);
+}
+
+Result<verbs::AsyncEvent> SoftContext::getAsyncEvent(int timeoutMs) {
+  if (closed_) return closedError("get async event: the context is closed");
+  if (timeoutMs < 0) return invalidArgument("get async event: a wait needs a timeout (>= 0 ms)");
+  return asyncEvents_.take(timeoutMs);
+}
+
+uint32_t SoftContext::newKeyLocked() {
+  // 24 unguessable bits and an 8-bit generation: a key from an earlier registration never matches.
+  for (;;) {
+    uint32_t key = (randomU32() & 0xffffff00u) | (++keyGeneration_ & 0xff);
+    if (key != 0 && mrs_.find(key) == mrs_.end()) return key;
+  }
+}
+
+std::shared_ptr<MrEntry> SoftContext::findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
+                                                   uint32_t need) const {
+  auto it = mrs_.find(key);
+  if (it == mrs_.end()) return nullptr;
+  const auto& e = it->second;
+  if (e->revoked || e->pd != pd || (e->access & need) != need) return nullptr;
+  uint64_t begin = reinterpret_cast<uintptr_t>(e->addr);
+  if (addr < begin || addr + len < addr || addr + len > begin + e->length) return nullptr;
+  return e;
+}
+
+Result<uint32_t> SoftContext::addQp(const std::shared_ptr<SoftQp>& qp) {
+  std::lock_guard<std::mutex> lock(qpMu_);
+  if (qps_.size() >= static_cast<size_t>(kMaxQp)) return resourceExhausted("create QP: too many QPs");
+  for (;;) {
+    uint32_t qpn = nextQpn_++ & 0xffffff;
+    if (qpn < 2) continue;
+    auto it = qps_.find(qpn);
+    if (it != qps_.end() && !it->second.expired()) continue;
+    qps_[qpn] = qp;
+    return qpn;
+  }
+}
+
+void SoftContext::removeQp(uint32_t qpn) {
+  std::lock_guard<std::mutex> lock(qpMu_);
+  qps_.erase(qpn);
+}
+
+std::shared_ptr<SoftQp> SoftContext::findQp(uint32_t qpn) {
+  std::lock_guard<std::mutex> lock(qpMu_);
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.lock();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Protection domain.
+
+Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t length, uint32_t access) {
+  if (closed_ || ctx_->closed()) return closedError("register memory: the PD is closed");
+  if (length > (uint64_t{1} << 46)) return invalidArgument("register memory: length above the device's max_mr_size");
+  auto entry = std::make_shared<MrEntry>();
+  entry->addr = static_cast<uint8_t*>(addr);
+  entry->length = length;
+  entry->access = access;
+  entry->pd = this;
+  {
+    std::unique_lock<std::shared_mutex> lock(ctx_->memMu());
+    entry->key = ctx_->newKeyLocked();
+    ctx_->addMrLocked(entry);
+  }
+  auto mr = std::make_shared<SoftMr>(ctx_, std::move(entry));
+  children_.add(mr);
+  return std::shared_ptr<verbs::MrImpl>(mr);
+}
+
+Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl& init) {
+  if (closed_ || ctx_->closed()) return closedError("create QP: the PD is closed");
+  if (init.type != verbs::QpType::kRc) {
+    return notSupported("create QP: the soft provider offers RC QPs");
+  }
+  const auto& c = init.cap;
+  if (c.maxSendWr > static_cast<uint32_t>(kMaxWr) || c.maxRecvWr > static_cast<uint32_t>(kMaxWr) ||
+      c.maxSendSge > static_cast<uint32_t>(kMaxSge) || c.maxRecvSge > static_cast<uint32_t>(kMaxSge) ||
+      c.maxInlineData > kMaxInline) {
+    return invalidArgument("create QP: capabilities above the device limits");
+  }
+  auto sendCq = std::dynamic_pointer_cast<SoftCq>(init.sendCq);
+  auto recvCq = std::dynamic_pointer_cast<SoftCq>(init.recvCq);
+  if (!sendCq || !recvCq) return invalidArgument("create QP: CQs of another provider");
+  if (sendCq->closed() || recvCq->closed()) return closedError("create QP: a CQ is closed");
+  if (init.srq && !std::dynamic_pointer_cast<SoftSrq>(init.srq)) {
+    return invalidArgument("create QP: SRQ of another provider");
+  }
+  auto qp = std::make_shared<SoftQp>(ctx_, shared_from_this(), init);
+  FERRY_ASSIGN_OR_RETURN(uint32_t qpn, ctx_->addQp(qp));
+  qp->setQpn(qpn);
+  children_.add(qp);
+  return std::shared_ptr<verbs::QpImpl>(qp);
+}
+
+Result<std::shared_ptr<verbs::SrqImpl>> SoftPd::createSrq(const verbs::SrqInit& init) {
+  if (closed_ || ctx_->closed()) return closedError("create SRQ: the PD is closed");
+  if (init.maxWr < 1 || init.maxWr > static_cast<uint32_t>(kMaxWr) || init.maxSge > static_cast<uint32_t>(kMaxSge)) {
+    return invalidArgument("create SRQ: capabilities outside the device limits");
+  }
+  if (init.srqLimit > init.maxWr) return invalidArgument("create SRQ: srq_limit above max_wr");
+  auto srq = std::make_shared<SoftSrq>(ctx_, this, init);
+  if (init.srqLimit > 0) (void)srq->armLimit(init.srqLimit);
+  children_.add(srq);
+  return std::shared_ptr<verbs::SrqImpl>(srq);
+}
+
+void SoftPd::close() {
+  if (closed_.exchange(true)) return;
+  children_.closeAll();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory regions.
+
+void* SoftMr::addr() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entry_ ? entry_->addr : nullptr;
+}
+size_t SoftMr::length() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entry_ ? entry_->length : 0;
+}
+uint32_t SoftMr::lkey() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entry_ ? entry_->key : 0;
+}
+uint32_t SoftMr::rkey() const { return lkey(); }
+uint32_t SoftMr::access() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entry_ ? entry_->access : 0;
+}
+
+Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& pd, void* addr, size_t length,
+                          uint32_t access) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!entry_) return closedError("reregister: the MR is closed");
+  auto next = std::make_shared<MrEntry>(*entry_);
+  next->revoked = false;
+  if (flags & verbs::rereg::kChangePd) {
+    auto softPd = std::dynamic_pointer_cast<SoftPd>(pd);
+    if (!softPd || softPd->ctx() != ctx_) return invalidArgument("reregister: PD of another context");
+    if (softPd->closed()) return closedError("reregister: the PD is closed");
+    next->pd = softPd.get();
+  }
+  if (flags & verbs::rereg::kChangeTranslation) {
+    next->addr = static_cast<uint8_t*>(addr);
+    next->length = length;
+  }
+  if (flags & verbs::rereg::kChangeAccess) next->access = access;
+  std::unique_lock<std::shared_mutex> memLock(ctx_->memMu());
+  entry_->revoked = true;
+  ctx_->removeMrLocked(entry_->key);
+  next->key = ctx_->newKeyLocked();
+  ctx_->addMrLocked(next);
+  entry_ = std::move(next);
+  return Status::ok();
+}
+
+void SoftMr::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!entry_) return;
+  {
+    // Waits for any access in progress; none starts after this.
+    std::unique_lock<std::shared_mutex> memLock(ctx_->memMu());
+    entry_->revoked = true;
+    ctx_->removeMrLocked(entry_->key);
+  }
+  entry_.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completion queues and channels.
+
+Result<verbs::CqEvent> SoftCompChannel::getEvent(int timeoutMs) {
+  if (closed_) return closedError("get CQ event: the completion channel is closed");
+  return events_.take(timeoutMs);
+}
+
+Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
+  if (closed_) return closedError("poll CQ: the CQ is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (overflowed_) return Status(StatusCode::kIoError, "poll CQ: the CQ overflowed", EOVERFLOW);
+  int n = 0;
+  while (n < static_cast<int>(out.size()) && !entries_.empty()) {
+    out[n++] = entries_.front();
+    entries_.pop_front();
+  }
+  return n;
+}
+
+Status SoftCq::reqNotify(bool solicitedOnly) {
+  if (closed_) return closedError("request notification: the CQ is closed");
+  if (!channel_) return invalidArgument("request notification: the CQ has no completion channel");
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = solicitedOnly ? (armed_ == 1 ? 1 : 2) : 1;
+  return Status::ok();
+}
+
+Status SoftCq::resize(int cqe) {
+  if (closed_) return closedError("resize CQ: the CQ is closed");
+  if (cqe < 1 || cqe > kMaxCqe) return invalidArgument("resize CQ: cqe must be 1.." + std::to_string(kMaxCqe));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<size_t>(cqe) < entries_.size()) {
+    return invalidArgument("resize CQ: fewer entries than the completions it holds");
+  }
+  capacity_ = cqe;
+  return Status::ok();
+}
+
+int SoftCq::cqe() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacity_;
+}
+
+void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited) {
+  if (closed_) return;
+  bool fire = false;
+  bool overflow = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (overflowed_) return;
+    if (entries_.size() >= static_cast<size_t>(capacity_)) {
+      overflowed_ = true;
+      overflow = true;
+    } else {
+      entries_.push_back(wc);
+      if (armed_ == 1 || (armed_ == 2 && (solicited || wc.status != verbs::WcStatus::kSuccess))) {
+        armed_ = 0;
+        fire = true;
+      }
+    }
+  }
+  if (overflow) {
+    FERRY_LOG(kWarn, "a completion queue of %s overflowed", ctx_->info().name.c_str());
+    ctx_->raiseAsync({.type = AsyncEventType::kCqErr, .cqId = this});
+    return;
+  }
+  if (fire && channel_) channel_->notify({.cqId = this, .cqContext = userContext_});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared receive queues.
+
+Status SoftSrq::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    Status st;
+    if (closed_) {
+      st = closedError("post SRQ recv: the SRQ is closed");
+    } else if (wrs[i].sgList.size() > init_.maxSge) {
+      st = invalidArgument("post SRQ recv: more SGEs than max_sge");
+    } else if (queue_.size() >= init_.maxWr) {
+      st = resourceExhausted("post SRQ recv: the SRQ is full");
+    }
+    if (!st.isOk()) {
+      if (badIndex) *badIndex = i;
+      return st;
+    }
+    queue_.push_back(RecvWqe{wrs[i].wrId, std::vector<verbs::Sge>(wrs[i].sgList.begin(), wrs[i].sgList.end())});
+  }
+  return Status::ok();
+}
+
+Status SoftSrq::armLimit(uint32_t limit) {
+  if (closed_) return closedError("arm SRQ limit: the SRQ is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limit > init_.maxWr) return invalidArgument("arm SRQ limit: limit above max_wr");
+  init_.srqLimit = limit;
+  limitArmed_ = limit > 0;
+  return Status::ok();
+}
+
+Result<verbs::SrqInit> SoftSrq::query() {
+  if (closed_) return closedError("query SRQ: the SRQ is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  verbs::SrqInit q = init_;
+  if (!limitArmed_) q.srqLimit = 0;
+  return q;
+}
+
+bool SoftSrq::take(RecvWqe* out) {
+  bool fire = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || queue_.empty()) return false;
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    if (limitArmed_ && queue_.size() < init_.srqLimit) {
+      limitArmed_ = false;
+      fire = true;
+    }
+  }
+  if (fire) ctx_->raiseAsync({.type = AsyncEventType::kSrqLimitReached, .srqId = this});
+  return true;
+}
+
+void SoftSrq::giveBack(RecvWqe wqe) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_front(std::move(wqe));
+}
+
+}  // namespace ferry::soft

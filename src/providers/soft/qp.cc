@@ -1,0 +1,1133 @@
+#include "providers/soft/qp.h"
+
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <shared_mutex>
+
+#include "common/log.h"
+#include "verbs/qp_state.h"
+
+namespace ferry::soft {
+namespace {
+
+using verbs::QpState;
+using verbs::WcOpcode;
+using verbs::WcStatus;
+using verbs::WrOpcode;
+
+constexpr uint32_t kMaxInline = 512;
+
+bool seqLe(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
+
+bool isReadOrAtomic(WrOpcode op) {
+  return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
+}
+
+WcOpcode wcOpcodeFor(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm: return WcOpcode::kRdmaWrite;
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm: return WcOpcode::kSend;
+    case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
+    case WrOpcode::kAtomicCmpAndSwp: return WcOpcode::kCompSwap;
+    case WrOpcode::kAtomicFetchAndAdd: return WcOpcode::kFetchAdd;
+  }
+  return WcOpcode::kSend;
+}
+
+WcStatus statusForSyndrome(wire::Syndrome s) {
+  switch (s) {
+    case wire::Syndrome::kRemAccess: return WcStatus::kRemAccessErr;
+    case wire::Syndrome::kRemInvReq: return WcStatus::kRemInvReqErr;
+    case wire::Syndrome::kRemOp: return WcStatus::kRemOpErr;
+    case wire::Syndrome::kRnr: return WcStatus::kRnrRetryExcErr;
+    case wire::Syndrome::kOk: break;
+  }
+  return WcStatus::kGeneralErr;
+}
+
+Status refusePost(const std::string& why) { return invalidArgument("post: " + why); }
+
+}  // namespace
+
+SoftQp::SoftQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init)
+    : ctx_(std::move(ctx)),
+      pd_(std::move(pd)),
+      type_(init.type),
+      sendCq_(std::static_pointer_cast<SoftCq>(init.sendCq)),
+      recvCq_(std::static_pointer_cast<SoftCq>(init.recvCq)),
+      srq_(std::static_pointer_cast<SoftSrq>(init.srq)),
+      cap_(init.cap),
+      sqSigAll_(init.sqSigAll) {
+  attr_.cap = cap_;
+}
+
+SoftQp::~SoftQp() = default;
+
+// ---------------------------------------------------------------------------------------------
+// Application-side calls.
+
+Status SoftQp::modify(const verbs::QpAttr& attr, uint32_t mask) {
+  if (closed_) return closedError("modify: the QP is closed");
+  Status result;
+  Status ran = ctx_->reactor().runSync([&] { result = modifyFromLoop(attr, mask); });
+  if (!ran.isOk()) return ran;
+  return result;
+}
+
+Result<verbs::QpAttr> SoftQp::query() {
+  if (closed_) return closedError("query: the QP is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  verbs::QpAttr attr = attr_;
+  attr.state = state_.load();
+  attr.curState = attr.state;
+  attr.cap = cap_;
+  return attr;
+}
+
+Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
+  size_t posted = 0;
+  Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (; posted < wrs.size(); ++posted) {
+      const verbs::SendWr& wr = wrs[posted];
+      QpState state = state_.load();
+      if (closed_) {
+        status = closedError("post send: the QP is closed");
+        break;
+      }
+      if (sendCq_->closed()) {
+        status = closedError("post send: the QP's send CQ is closed");
+        break;
+      }
+      if (state == QpState::kReset || state == QpState::kInit || state == QpState::kRtr) {
+        status = refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state) + ")");
+        break;
+      }
+      if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(WrOpcode::kAtomicFetchAndAdd)) {
+        status = refusePost("unknown opcode");
+        break;
+      }
+      if (wr.sgList.size() > cap_.maxSendSge) {
+        status = refusePost("more SGEs than the QP's max_send_sge");
+        break;
+      }
+      uint64_t total = 0;
+      for (const auto& sge : wr.sgList) total += sge.length;
+      bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+      if (inlined && (isReadOrAtomic(wr.opcode) || total > cap_.maxInlineData)) {
+        status = refusePost(isReadOrAtomic(wr.opcode) ? "inline READ/atomic" : "inline data above max_inline_data");
+        break;
+      }
+      if (total > wire::kMaxMessage) {
+        status = refusePost("message above the 2 GiB limit");
+        break;
+      }
+      if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
+        if (wr.sgList.size() != 1 || total != 8) {
+          status = refusePost("an atomic needs one 8-byte SGE");
+          break;
+        }
+        if (wr.atomic.remoteAddr % 8 != 0) {
+          status = refusePost("atomic remote address not 8-byte aligned");
+          break;
+        }
+      }
+      if (sqOutstanding_.load() >= cap_.maxSendWr) {
+        if (badIndex) *badIndex = posted;
+        status = resourceExhausted("post send: send queue full");
+        break;
+      }
+      SendWqe wqe;
+      wqe.wrId = wr.wrId;
+      wqe.opcode = wr.opcode;
+      wqe.flags = wr.sendFlags;
+      wqe.signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
+      wqe.length = total;
+      wqe.immData = wr.immData;
+      if (isReadOrAtomic(wr.opcode) && wr.opcode != WrOpcode::kRdmaRead) {
+        wqe.remoteAddr = wr.atomic.remoteAddr;
+        wqe.rkey = wr.atomic.rkey;
+        wqe.compareAdd = wr.atomic.compareAdd;
+        wqe.swap = wr.atomic.swap;
+      } else {
+        wqe.remoteAddr = wr.rdma.remoteAddr;
+        wqe.rkey = wr.rdma.rkey;
+      }
+      if (inlined) {
+        // Inline data is copied now: the caller may reuse its buffer as soon as we return.
+        wqe.inlineData.resize(total);
+        size_t off = 0;
+        for (const auto& sge : wr.sgList) {
+          if (sge.length) std::memcpy(wqe.inlineData.data() + off, reinterpret_cast<const void*>(sge.addr), sge.length);
+          off += sge.length;
+        }
+      } else {
+        wqe.sges.assign(wr.sgList.begin(), wr.sgList.end());
+      }
+      posted_.push_back(std::move(wqe));
+      ++sqOutstanding_;
+    }
+  }
+  if (posted > 0) schedulePump();
+  if (!status.isOk() && badIndex) *badIndex = posted;
+  return status;
+}
+
+Status SoftQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
+  size_t posted = 0;
+  Status status;
+  bool flush = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (; posted < wrs.size(); ++posted) {
+      const verbs::RecvWr& wr = wrs[posted];
+      if (closed_) {
+        status = closedError("post recv: the QP is closed");
+        break;
+      }
+      if (srq_) {
+        status = refusePost("the QP takes its receives from an SRQ");
+        break;
+      }
+      if (state_.load() == QpState::kReset) {
+        status = refusePost("receive queue not ready (QP in RESET)");
+        break;
+      }
+      if (wr.sgList.size() > cap_.maxRecvSge) {
+        status = refusePost("more SGEs than the QP's max_recv_sge");
+        break;
+      }
+      if (rq_.size() >= cap_.maxRecvWr) {
+        status = resourceExhausted("post recv: receive queue full");
+        break;
+      }
+      rq_.push_back(RecvWqe{wr.wrId, std::vector<verbs::Sge>(wr.sgList.begin(), wr.sgList.end())});
+    }
+    flush = state_.load() == QpState::kErr && posted > 0;
+  }
+  if (flush) schedulePump();
+  if (!status.isOk() && badIndex) *badIndex = posted;
+  return status;
+}
+
+void SoftQp::close() {
+  if (closed_.exchange(true)) return;
+  auto self = shared_from_this();
+  (void)ctx_->reactor().runSync([self] {
+    self->resetFromLoop();
+    self->state_ = QpState::kErr;
+  });
+  ctx_->removeQp(qpn_);
+}
+
+void SoftQp::schedulePump() {
+  if (pumpScheduled_.exchange(true)) return;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  ctx_->reactor().post([weak] {
+    if (auto self = weak.lock()) self->pumpFromLoop();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// State changes (reactor thread).
+
+Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
+  namespace m = verbs::qp_attr_mask;
+  if (closed_) return closedError("modify: the QP is closed");
+  if (type_ != verbs::QpType::kRc) return notSupported("modify: only RC QPs are offered by the soft provider");
+  QpState current = state_.load();
+  auto next = verbs::checkQpTransition(type_, current, attr, mask);
+  if (!next.isOk()) return next.status();
+  if (mask & m::kAv) {
+    in_addr_t ip;
+    uint16_t port;
+    if (!parseSoftGid(attr.ahAttr.dgid, &ip, &port)) {
+      return invalidArgument("modify QP: the address vector's dgid is not a GID of a software device");
+    }
+  }
+  if ((mask & m::kMaxDestRdAtomic) && attr.maxDestRdAtomic > 16) {
+    return invalidArgument("modify QP: max_dest_rd_atomic above the device limit (16)");
+  }
+  if ((mask & m::kMaxQpRdAtomic) && attr.maxRdAtomic > 16) {
+    return invalidArgument("modify QP: max_rd_atomic above the device limit (16)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (mask & m::kAccessFlags) attr_.qpAccessFlags = attr.qpAccessFlags;
+    if (mask & m::kPkeyIndex) attr_.pkeyIndex = attr.pkeyIndex;
+    if (mask & m::kPort) attr_.portNum = attr.portNum;
+    if (mask & m::kQkey) attr_.qkey = attr.qkey;
+    if (mask & m::kAv) attr_.ahAttr = attr.ahAttr;
+    if (mask & m::kPathMtu) attr_.pathMtu = attr.pathMtu;
+    if (mask & m::kTimeout) attr_.timeout = attr.timeout;
+    if (mask & m::kRetryCnt) attr_.retryCnt = attr.retryCnt;
+    if (mask & m::kRnrRetry) attr_.rnrRetry = attr.rnrRetry;
+    if (mask & m::kRqPsn) attr_.rqPsn = attr.rqPsn;
+    if (mask & m::kSqPsn) attr_.sqPsn = attr.sqPsn;
+    if (mask & m::kMaxQpRdAtomic) attr_.maxRdAtomic = attr.maxRdAtomic;
+    if (mask & m::kMaxDestRdAtomic) attr_.maxDestRdAtomic = attr.maxDestRdAtomic;
+    if (mask & m::kMinRnrTimer) attr_.minRnrTimer = attr.minRnrTimer;
+    if (mask & m::kDestQpn) attr_.destQpNum = attr.destQpNum;
+  }
+  QpState to = *next;
+  if (to == QpState::kReset) {
+    resetFromLoop();
+    return Status::ok();
+  }
+  if (to == QpState::kErr) {
+    enterErrorFromLoop(std::nullopt);
+    return Status::ok();
+  }
+  if (current == QpState::kInit && to == QpState::kRtr) {
+    expectedSeq_ = attr_.rqPsn;
+    respNakPending_ = false;
+  }
+  state_ = to;
+  if (current == QpState::kRtr && to == QpState::kRts) {
+    nextSeq_ = attr_.sqPsn;
+    ackedThrough_ = attr_.sqPsn - 1;
+    connectStarted_ = Clock::now();
+    reconnectDelayMs_ = 1;
+    startConnectFromLoop();
+    pumpFromLoop();
+  }
+  return Status::ok();
+}
+
+void SoftQp::resetFromLoop() {
+  if (reqConn_) reqConn_->close(Status::ok(), true);
+  if (respConn_) respConn_->close(Status::ok(), true);
+  reqConn_.reset();
+  respConn_.reset();
+  reqReady_ = false;
+  for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
+    if (*timer) ctx_->reactor().cancelTimer(*timer);
+    *timer = 0;
+  }
+  sq_.clear();
+  nextToSend_ = 0;
+  rdInFlight_ = 0;
+  localErrorPending_ = false;
+  rnrWaiting_ = false;
+  respNakPending_ = false;
+  respSkip_ = false;
+  ackNeeded_ = false;
+  curRecv_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  posted_.clear();
+  rq_.clear();
+  sqOutstanding_ = 0;
+  verbs::QpAttr fresh;
+  fresh.cap = cap_;
+  attr_ = fresh;
+  state_ = QpState::kReset;
+}
+
+void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
+  bool wasErr = state_.load() == QpState::kErr;
+  state_ = QpState::kErr;
+  if (status && !sq_.empty()) {
+    SendWqe wqe = std::move(sq_.front());
+    sq_.pop_front();
+    if (nextToSend_ > 0) --nextToSend_;
+    pushSendCompletion(wqe, *status);
+  }
+  if (!wasErr) {
+    FERRY_LOG(kDebug, "QP %u moves to ERR", qpn_);
+    if (reqConn_) reqConn_->close(Status::ok(), true);
+    reqConn_.reset();
+    reqReady_ = false;
+    if (respConn_) respConn_->closeAfterFlush();  // a queued NAK still goes out
+    for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
+      if (*timer) ctx_->reactor().cancelTimer(*timer);
+      *timer = 0;
+    }
+    rnrWaiting_ = false;
+    if (srq_) ctx_->raiseAsync({.type = verbs::AsyncEventType::kQpLastWqeReached, .qpNum = qpn_});
+  }
+  flushFromLoop();
+}
+
+void SoftQp::flushFromLoop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!posted_.empty()) {
+      sq_.push_back(std::move(posted_.front()));
+      posted_.pop_front();
+    }
+  }
+  while (!sq_.empty()) {
+    SendWqe wqe = std::move(sq_.front());
+    sq_.pop_front();
+    pushSendCompletion(wqe, WcStatus::kWrFlushErr);
+  }
+  nextToSend_ = 0;
+  rdInFlight_ = 0;
+  std::deque<RecvWqe> flushed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flushed.swap(rq_);
+  }
+  if (curRecv_) {
+    flushed.push_front(std::move(*curRecv_));
+    curRecv_.reset();
+  }
+  for (auto& r : flushed) pushRecvCompletion(r, WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, std::nullopt, false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions.
+
+void SoftQp::pushSendCompletion(const SendWqe& wqe, WcStatus status) {
+  if (sqOutstanding_ > 0) --sqOutstanding_;
+  if (status == WcStatus::kSuccess && !wqe.signaled) return;
+  verbs::WorkCompletion wc;
+  wc.wrId = wqe.wrId;
+  wc.status = status;
+  wc.opcode = wcOpcodeFor(wqe.opcode);
+  wc.byteLen = static_cast<uint32_t>(wqe.length);
+  wc.qpNum = qpn_;
+  wc.vendorErr = status == WcStatus::kSuccess ? 0 : static_cast<uint32_t>(status);
+  sendCq_->push(wc, false);
+}
+
+void SoftQp::pushRecvCompletion(const RecvWqe& wqe, WcStatus status, WcOpcode opcode, uint32_t byteLen,
+                                std::optional<uint32_t> imm, bool solicited) {
+  verbs::WorkCompletion wc;
+  wc.wrId = wqe.wrId;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.byteLen = byteLen;
+  wc.qpNum = qpn_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wc.srcQp = attr_.destQpNum;
+  }
+  if (imm) {
+    wc.immData = *imm;
+    wc.wcFlags |= verbs::wc_flags::kWithImm;
+  }
+  wc.vendorErr = status == WcStatus::kSuccess ? 0 : static_cast<uint32_t>(status);
+  recvCq_->push(wc, solicited);
+}
+
+bool SoftQp::takeRecv(RecvWqe* out) {
+  if (srq_) return srq_->take(out);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rq_.empty()) return false;
+  *out = std::move(rq_.front());
+  rq_.pop_front();
+  return true;
+}
+
+void SoftQp::giveBackRecv(RecvWqe wqe) {
+  if (srq_) {
+    srq_->giveBack(std::move(wqe));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  rq_.push_front(std::move(wqe));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requester (reactor thread).
+
+Status SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
+  wqe.local.clear();
+  if (!wqe.inlineData.empty() || wqe.sges.empty()) return Status::ok();
+  uint32_t need = isReadOrAtomic(wqe.opcode) ? verbs::access::kLocalWrite : 0;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  for (const auto& sge : wqe.sges) {
+    if (sge.length == 0) continue;
+    auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
+    if (!entry) return Status(StatusCode::kPermissionDenied, "bad lkey, range or access in a local SGE");
+    wqe.local.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
+  }
+  return Status::ok();
+}
+
+OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
+  wire::FrameHeader h;
+  h.seq = wqe.seq;
+  h.qpn = attr_.destQpNum;
+  h.remoteAddr = wqe.remoteAddr;
+  h.rkey = wqe.rkey;
+  switch (wqe.opcode) {
+    case WrOpcode::kSend: h.type = wire::FrameType::kSend; break;
+    case WrOpcode::kSendWithImm: h.type = wire::FrameType::kSendImm; h.aux = wqe.immData; break;
+    case WrOpcode::kRdmaWrite: h.type = wire::FrameType::kWrite; break;
+    case WrOpcode::kRdmaWriteWithImm: h.type = wire::FrameType::kWriteImm; h.aux = wqe.immData; break;
+    case WrOpcode::kRdmaRead:
+      h.type = wire::FrameType::kReadReq;
+      h.length = static_cast<uint32_t>(wqe.length);
+      break;
+    case WrOpcode::kAtomicCmpAndSwp:
+      h.type = wire::FrameType::kCmpSwap;
+      h.compareAdd = wqe.compareAdd;
+      h.swap = wqe.swap;
+      break;
+    case WrOpcode::kAtomicFetchAndAdd:
+      h.type = wire::FrameType::kFetchAdd;
+      h.compareAdd = wqe.compareAdd;
+      break;
+  }
+  if (wqe.flags & verbs::send_flags::kSolicited) h.flags |= wire::kFlagSolicited;
+  OutFrame frame;
+  frame.seq = wqe.seq;
+  if (wire::carriesPayload(h.type)) {
+    h.payloadLen = static_cast<uint32_t>(wqe.length);
+    if (!wqe.inlineData.empty()) {
+      frame.ownedPayload = wqe.inlineData;
+    } else {
+      frame.payload = wqe.local;
+    }
+  }
+  frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(h, frame.header));
+  return frame;
+}
+
+void SoftQp::pumpFromLoop() {
+  pumpScheduled_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sq_.empty() && !posted_.empty()) lastProgress_ = Clock::now();
+    while (!posted_.empty()) {
+      sq_.push_back(std::move(posted_.front()));
+      posted_.pop_front();
+    }
+  }
+  QpState state = state_.load();
+  if (state == QpState::kErr) {
+    flushFromLoop();
+    return;
+  }
+  if (state != QpState::kRts || sq_.empty()) return;
+  if (!reqConn_ || !reqReady_) {
+    if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
+    armTimeoutFromLoop();
+    return;
+  }
+  if (rnrWaiting_ || localErrorPending_) return;
+  uint32_t maxRd = std::max<uint32_t>(1, attr_.maxRdAtomic);
+  while (nextToSend_ < sq_.size()) {
+    SendWqe& wqe = sq_[nextToSend_];
+    bool rdAtomic = isReadOrAtomic(wqe.opcode);
+    if (rdAtomic && rdInFlight_ >= maxRd) break;
+    if ((wqe.flags & verbs::send_flags::kFence) && rdInFlight_ > 0) break;
+    wqe.seq = nextSeq_++;
+    ++nextToSend_;
+    if (wqe.rnrLeft < 0) wqe.rnrLeft = attr_.rnrRetry;
+    if (!resolveLocalFromLoop(wqe).isOk()) {
+      wqe.error = WcStatus::kLocProtErr;
+      localErrorPending_ = true;
+      completeFromLoop();
+      return;
+    }
+    if (rdAtomic) ++rdInFlight_;
+    reqConn_->send(buildRequestFrame(wqe));
+    if (state_.load() != QpState::kRts || !reqConn_) return;  // the send failed and closed things
+  }
+  armTimeoutFromLoop();
+}
+
+void SoftQp::completeFromLoop() {
+  while (!sq_.empty() && nextToSend_ > 0) {
+    SendWqe& wqe = sq_.front();
+    if (wqe.error != WcStatus::kSuccess) {
+      enterErrorFromLoop(wqe.error);
+      return;
+    }
+    if (!seqLe(wqe.seq, ackedThrough_)) break;
+    if (isReadOrAtomic(wqe.opcode)) {
+      if (!wqe.responded) {
+        FERRY_LOG(kWarn, "QP %u: acknowledgement skipped a READ/atomic response", qpn_);
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      if (rdInFlight_ > 0) --rdInFlight_;
+    }
+    SendWqe done = std::move(wqe);
+    sq_.pop_front();
+    --nextToSend_;
+    pushSendCompletion(done, WcStatus::kSuccess);
+    lastProgress_ = Clock::now();
+  }
+  if (sq_.empty() && timeoutTimer_) {
+    ctx_->reactor().cancelTimer(timeoutTimer_);
+    timeoutTimer_ = 0;
+  }
+  if (state_.load() == QpState::kRts && nextToSend_ < sq_.size()) pumpFromLoop();
+}
+
+SoftQp::Clock::duration SoftQp::transportBudget() const {
+  // 4.096 us * 2^timeout per try, at least 1 ms; retry_cnt retries after the first try.
+  double perTryUs = 4.096 * static_cast<double>(1ull << attr_.timeout);
+  perTryUs = std::max(perTryUs, 1000.0);
+  return std::chrono::microseconds(static_cast<int64_t>(perTryUs * (attr_.retryCnt + 1)));
+}
+
+void SoftQp::armTimeoutFromLoop() {
+  if (timeoutTimer_ || attr_.timeout == 0 || sq_.empty()) return;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  timeoutTimer_ = ctx_->reactor().addTimer(lastProgress_ + transportBudget(), [weak] {
+    if (auto self = weak.lock()) self->onTimeoutFromLoop();
+  });
+}
+
+void SoftQp::onTimeoutFromLoop() {
+  timeoutTimer_ = 0;
+  if (sq_.empty() || state_.load() != QpState::kRts) return;
+  auto now = Clock::now();
+  if (rnrWaiting_) lastProgress_ = now;
+  if (now - lastProgress_ >= transportBudget()) {
+    FERRY_LOG(kInfo, "QP %u: no progress within the transport timeout; retries exhausted", qpn_);
+    enterErrorFromLoop(WcStatus::kRetryExcErr);
+    return;
+  }
+  armTimeoutFromLoop();
+}
+
+void SoftQp::startConnectFromLoop() {
+  if (reqConn_ || state_.load() != QpState::kRts) return;
+  in_addr_t ip;
+  uint16_t port;
+  if (!parseSoftGid(attr_.ahAttr.dgid, &ip, &port)) return;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    FERRY_LOG(kWarn, "QP %u: socket failed: %s", qpn_, std::strerror(errno));
+    scheduleReconnectFromLoop();
+    return;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = ctx_->ipv4();
+  (void)::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_addr.s_addr = ip;
+  peer.sin_port = htons(port);
+  int r = ::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer);
+  if (r != 0 && errno != EINPROGRESS) {
+    ::close(fd);
+    scheduleReconnectFromLoop();
+    return;
+  }
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, this, true);
+  reqReady_ = false;
+  if (!reqConn_->attach().isOk()) {
+    reqConn_.reset();
+    scheduleReconnectFromLoop();
+  }
+}
+
+void SoftQp::scheduleReconnectFromLoop() {
+  if (reconnectTimer_ || state_.load() != QpState::kRts) return;
+  // Keep trying while work waits, or for a while after RTS (the peer may not be at RTR yet).
+  auto window = std::max<Clock::duration>(transportBudget(), std::chrono::seconds(2));
+  if (sq_.empty() && Clock::now() - connectStarted_ > window) return;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  reconnectTimer_ = ctx_->reactor().addTimer(Clock::now() + std::chrono::milliseconds(reconnectDelayMs_), [weak] {
+    if (auto self = weak.lock()) {
+      self->reconnectTimer_ = 0;
+      self->startConnectFromLoop();
+    }
+  });
+  reconnectDelayMs_ = std::min(reconnectDelayMs_ * 2, 100);
+}
+
+void SoftQp::onConnected(Conn& conn) {
+  if (&conn != reqConn_.get()) return;
+  wire::FrameHeader hello;
+  hello.type = wire::FrameType::kHello;
+  hello.qpn = attr_.destQpNum;
+  hello.srcQpn = qpn_;
+  hello.psn = nextSeq_ & 0xffffff;
+  hello.maxRdAtomic = attr_.maxRdAtomic;
+  hello.srcGid = ctx_->gid().raw;
+  conn.sendHeader(hello);
+}
+
+void SoftQp::onProgress(Conn& conn) {
+  if (&conn == reqConn_.get() && reqReady_) lastProgress_ = Clock::now();
+}
+
+void SoftQp::onClosed(Conn& conn, const Status& why) {
+  if (&conn == respConn_.get()) {
+    // The peer's requester went away; a partly received message gives its receive back.
+    if (curRecv_) {
+      giveBackRecv(std::move(*curRecv_));
+      curRecv_.reset();
+    }
+    respConn_.reset();
+    respSkip_ = false;
+    return;
+  }
+  if (&conn != reqConn_.get()) return;
+  bool wasReady = reqReady_;
+  reqConn_.reset();
+  reqReady_ = false;
+  if (state_.load() != QpState::kRts) return;
+  if (wasReady && nextToSend_ > 0) {
+    FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight: %s", qpn_,
+              why.toString().c_str());
+    enterErrorFromLoop(WcStatus::kRetryExcErr);
+    return;
+  }
+  scheduleReconnectFromLoop();
+}
+
+Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
+  if (&conn == reqConn_.get()) return onResponseHeader(h, plan);
+  if (&conn == respConn_.get()) return onRequestHeader(h, plan);
+  return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
+}
+
+void SoftQp::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  if (&conn == reqConn_.get()) {
+    onResponseFrame(h, plan, trailer);
+  } else if (&conn == respConn_.get()) {
+    onRequestFrame(h, plan);
+  }
+}
+
+Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
+  using wire::FrameType;
+  if (!reqReady_) {
+    if (h.type != FrameType::kHelloReply) return Status(StatusCode::kProtocolError, "expected a hello reply");
+    return Status::ok();
+  }
+  switch (h.type) {
+    case FrameType::kAck:
+    case FrameType::kNak:
+    case FrameType::kAtomicResp:
+      return Status::ok();
+    case FrameType::kReadResp: {
+      // The response belongs to the oldest READ not answered yet.
+      for (size_t i = 0; i < nextToSend_; ++i) {
+        SendWqe& wqe = sq_[i];
+        if (wqe.opcode != WrOpcode::kRdmaRead || wqe.responded) continue;
+        if (wqe.seq != h.seq || h.payloadLen != wqe.length) {
+          return Status(StatusCode::kProtocolError, "READ response does not match the oldest READ");
+        }
+        plan->segments = wqe.local;
+        return Status::ok();
+      }
+      return Status(StatusCode::kProtocolError, "READ response with no READ outstanding");
+    }
+    default:
+      return Status(StatusCode::kProtocolError, "request frame on a requester connection");
+  }
+}
+
+void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  using wire::FrameType;
+  if (h.type == FrameType::kHelloReply) {
+    if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
+      reqReady_ = true;
+      reconnectDelayMs_ = 1;
+      lastProgress_ = Clock::now();
+      pumpFromLoop();
+    } else {
+      // The peer QP is not ready yet (or refuses us): try again until the transport timeout.
+      reqConn_->close(Status::ok(), true);
+      reqConn_.reset();
+      scheduleReconnectFromLoop();
+      armTimeoutFromLoop();
+    }
+    return;
+  }
+  auto findSent = [&](uint32_t seq) -> SendWqe* {
+    for (size_t i = 0; i < nextToSend_; ++i) {
+      if (sq_[i].seq == seq) return &sq_[i];
+    }
+    return nullptr;
+  };
+  switch (h.type) {
+    case FrameType::kAck:
+      if (seqLe(ackedThrough_, h.seq)) ackedThrough_ = h.seq;
+      completeFromLoop();
+      break;
+    case FrameType::kReadResp: {
+      SendWqe* wqe = findSent(h.seq);
+      if (!wqe) return;
+      wqe->responded = true;
+      if (trailer != 0) {
+        wqe->error = statusForSyndrome(static_cast<wire::Syndrome>(trailer));
+        ackedThrough_ = h.seq - 1;
+      } else if (plan.revoked) {
+        wqe->error = WcStatus::kLocProtErr;
+        ackedThrough_ = h.seq - 1;
+      } else {
+        ackedThrough_ = h.seq;
+      }
+      completeFromLoop();
+      break;
+    }
+    case FrameType::kAtomicResp: {
+      SendWqe* wqe = findSent(h.seq);
+      if (!wqe || !isReadOrAtomic(wqe->opcode) || wqe->opcode == WrOpcode::kRdmaRead) {
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      wqe->responded = true;
+      {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        if (wqe->local.empty() || wqe->local[0].entry->revoked) {
+          wqe->error = WcStatus::kLocProtErr;
+        } else {
+          std::memcpy(wqe->local[0].ptr, &h.atomicResult, 8);
+        }
+      }
+      ackedThrough_ = wqe->error == WcStatus::kSuccess ? h.seq : h.seq - 1;
+      completeFromLoop();
+      break;
+    }
+    case FrameType::kNak: {
+      SendWqe* wqe = findSent(h.seq);
+      if (!wqe) {
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      ackedThrough_ = h.seq - 1;
+      auto syndrome = static_cast<wire::Syndrome>(h.aux);
+      if (syndrome != wire::Syndrome::kRnr) {
+        wqe->error = statusForSyndrome(syndrome);
+        completeFromLoop();
+        return;
+      }
+      // Receiver not ready: complete what came before, then resend from the refused request.
+      rnrWaiting_ = true;
+      completeFromLoop();
+      if (state_.load() != QpState::kRts || sq_.empty()) {
+        rnrWaiting_ = false;
+        return;
+      }
+      SendWqe& front = sq_.front();
+      if (attr_.rnrRetry != 7) {
+        if (front.rnrLeft <= 0) {
+          enterErrorFromLoop(WcStatus::kRnrRetryExcErr);
+          return;
+        }
+        --front.rnrLeft;
+      }
+      if (reqConn_) reqConn_->dropUnsentFrames();
+      nextSeq_ = front.seq;
+      nextToSend_ = 0;
+      rdInFlight_ = 0;
+      for (auto& w : sq_) w.responded = false;
+      rnrWaiting_ = true;
+      std::weak_ptr<SoftQp> weak = weak_from_this();
+      auto wait = std::chrono::microseconds(verbs::rnrTimerMicros(static_cast<uint8_t>(h.flags & 31)));
+      rnrTimer_ = ctx_->reactor().addTimer(Clock::now() + wait, [weak] {
+        if (auto self = weak.lock()) {
+          self->rnrTimer_ = 0;
+          self->rnrWaiting_ = false;
+          self->lastProgress_ = Clock::now();
+          self->pumpFromLoop();
+        }
+      });
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {
+  if (&conn != reqConn_.get()) return;  // the responder reports it in the READ_RESP trailer
+  // The application deregistered a source region while its message was being sent.
+  for (size_t i = 0; i < nextToSend_; ++i) {
+    if (sq_[i].seq == frame.seq) {
+      sq_[i].error = WcStatus::kLocProtErr;
+      localErrorPending_ = true;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responder (reactor thread).
+
+wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
+                                         in_addr_t peerIp) {
+  QpState state = state_.load();
+  if (closed_ || (state != QpState::kRtr && state != QpState::kRts)) return wire::HelloResult::kNoSuchQp;
+  in_addr_t ip;
+  uint16_t port;
+  verbs::Gid src;
+  src.raw = hello.srcGid;
+  if (!parseSoftGid(src, &ip, &port) || ip != peerIp) return wire::HelloResult::kMismatch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (attr_.destQpNum != hello.srcQpn || !(attr_.ahAttr.dgid == src)) return wire::HelloResult::kMismatch;
+  }
+  if ((expectedSeq_ & 0xffffff) != hello.psn) return wire::HelloResult::kMismatch;
+  if (respConn_ && !respConn_->closed()) return wire::HelloResult::kBusy;
+  respConn_ = conn;
+  conn->setDelegate(this);
+  respNakPending_ = false;
+  respSkip_ = false;
+  return wire::HelloResult::kAccepted;
+}
+
+void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
+  if (!respConn_) return;
+  wire::FrameHeader nak;
+  nak.type = wire::FrameType::kNak;
+  nak.seq = seq;
+  nak.qpn = attr_.destQpNum;
+  nak.aux = static_cast<uint32_t>(syndrome);
+  if (syndrome == wire::Syndrome::kRnr) nak.flags = attr_.minRnrTimer & 31;
+  respConn_->sendHeader(nak);
+}
+
+void SoftQp::responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event) {
+  if (ackNeeded_ && respConn_) {
+    // Acknowledge what succeeded before the refused request.
+    wire::FrameHeader ack;
+    ack.type = wire::FrameType::kAck;
+    ack.seq = seq - 1;
+    ack.qpn = attr_.destQpNum;
+    respConn_->sendHeader(ack);
+    ackNeeded_ = false;
+  }
+  sendNakFromLoop(seq, syndrome);
+  ctx_->raiseAsync({.type = event, .qpNum = qpn_});
+  respSkip_ = true;
+  enterErrorFromLoop(std::nullopt);
+}
+
+Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
+  using wire::FrameType;
+  respSkip_ = false;
+  QpState state = state_.load();
+  if (state != QpState::kRtr && state != QpState::kRts) {
+    respSkip_ = true;
+    return Status::ok();
+  }
+  if (respNakPending_) {
+    if (h.seq != expectedSeq_) {
+      respSkip_ = true;  // sent before the requester saw our RNR NAK; it comes again
+      return Status::ok();
+    }
+    respNakPending_ = false;
+  }
+  if (h.seq != expectedSeq_) return Status(StatusCode::kProtocolError, "request out of sequence");
+  const uint32_t qpAccess = attr_.qpAccessFlags;
+  auto checkRemote = [&](uint64_t addr, uint64_t len, uint32_t need) -> std::shared_ptr<MrEntry> {
+    if (!(qpAccess & need)) return nullptr;
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    return ctx_->findMrLocked(h.rkey, pd_.get(), addr, len, need);
+  };
+  switch (h.type) {
+    case FrameType::kSend:
+    case FrameType::kSendImm: {
+      RecvWqe rwqe;
+      if (!takeRecv(&rwqe)) {
+        if (ackNeeded_) onInputDrained(*respConn_);
+        sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
+        respNakPending_ = true;
+        respSkip_ = true;
+        return Status::ok();
+      }
+      uint64_t room = 0;
+      std::vector<Segment> segs;
+      bool bad = false;
+      {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        for (const auto& sge : rwqe.sges) {
+          room += sge.length;
+          if (sge.length == 0) continue;
+          auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
+          if (!entry) {
+            bad = true;
+            break;
+          }
+          segs.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
+        }
+      }
+      if (bad) {
+        pushRecvCompletion(rwqe, WcStatus::kLocProtErr, WcOpcode::kRecv, 0, std::nullopt, false);
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
+        return Status::ok();
+      }
+      if (room < h.payloadLen) {
+        pushRecvCompletion(rwqe, WcStatus::kLocLenErr, WcOpcode::kRecv, 0, std::nullopt, false);
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+        return Status::ok();
+      }
+      plan->segments = std::move(segs);
+      curRecv_ = std::move(rwqe);
+      return Status::ok();
+    }
+    case FrameType::kWrite:
+    case FrameType::kWriteImm: {
+      if (h.payloadLen > 0) {
+        auto entry = checkRemote(h.remoteAddr, h.payloadLen, verbs::access::kRemoteWrite);
+        if (!entry) {
+          responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+          return Status::ok();
+        }
+        plan->segments.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
+      }
+      if (h.type == FrameType::kWriteImm) {
+        RecvWqe rwqe;
+        if (!takeRecv(&rwqe)) {
+          if (ackNeeded_) onInputDrained(*respConn_);
+          sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
+          respNakPending_ = true;
+          respSkip_ = true;
+          plan->segments.clear();
+          return Status::ok();
+        }
+        curRecv_ = std::move(rwqe);
+      }
+      return Status::ok();
+    }
+    case FrameType::kReadReq:
+      if (h.length > 0 && !checkRemote(h.remoteAddr, h.length, verbs::access::kRemoteRead)) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+      }
+      return Status::ok();
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd:
+      if (h.remoteAddr % 8 != 0) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+      } else if (!checkRemote(h.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+      }
+      return Status::ok();
+    default:
+      return Status(StatusCode::kProtocolError, "response frame on a responder connection");
+  }
+}
+
+void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  using wire::FrameType;
+  if (respSkip_) {
+    respSkip_ = false;
+    return;
+  }
+  switch (h.type) {
+    case FrameType::kSend:
+    case FrameType::kSendImm: {
+      RecvWqe rwqe = std::move(*curRecv_);
+      curRecv_.reset();
+      if (plan.revoked) {
+        pushRecvCompletion(rwqe, WcStatus::kLocProtErr, WcOpcode::kRecv, 0, std::nullopt, false);
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
+        return;
+      }
+      std::optional<uint32_t> imm;
+      if (h.type == FrameType::kSendImm) imm = h.aux;
+      ++expectedSeq_;
+      ackNeeded_ = true;
+      pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecv, h.payloadLen, imm,
+                         (h.flags & wire::kFlagSolicited) != 0);
+      return;
+    }
+    case FrameType::kWrite:
+    case FrameType::kWriteImm: {
+      if (plan.revoked) {
+        if (curRecv_) {
+          giveBackRecv(std::move(*curRecv_));
+          curRecv_.reset();
+        }
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+        return;
+      }
+      ++expectedSeq_;
+      ackNeeded_ = true;
+      if (h.type == FrameType::kWriteImm) {
+        RecvWqe rwqe = std::move(*curRecv_);
+        curRecv_.reset();
+        pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, h.payloadLen, h.aux,
+                           (h.flags & wire::kFlagSolicited) != 0);
+      }
+      return;
+    }
+    case FrameType::kReadReq: {
+      OutFrame frame;
+      wire::FrameHeader resp;
+      resp.type = FrameType::kReadResp;
+      resp.seq = h.seq;
+      resp.qpn = attr_.destQpNum;
+      resp.payloadLen = h.length;
+      if (h.length > 0) {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, h.length, verbs::access::kRemoteRead);
+        if (entry) {
+          frame.payload.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.length, std::move(entry)});
+        } else {
+          // Deregistered between the check and now: zeros, and the trailer says so.
+          auto gone = std::make_shared<MrEntry>();
+          gone->revoked = true;
+          frame.payload.push_back(Segment{nullptr, h.length, std::move(gone)});
+        }
+      }
+      frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(resp, frame.header));
+      frame.hasTrailer = true;
+      frame.seq = h.seq;
+      ++expectedSeq_;
+      ackNeeded_ = false;  // the response acknowledges everything before it
+      respConn_->send(std::move(frame));
+      return;
+    }
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd: {
+      uint64_t original = 0;
+      bool ok = false;
+      {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, 8, verbs::access::kRemoteAtomic);
+        if (entry) {
+          auto* target = reinterpret_cast<uint64_t*>(h.remoteAddr);
+          if (h.type == FrameType::kCmpSwap) {
+            uint64_t expected = h.compareAdd;
+            __atomic_compare_exchange_n(target, &expected, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            original = expected;
+          } else {
+            original = __atomic_fetch_add(target, h.compareAdd, __ATOMIC_SEQ_CST);
+          }
+          ok = true;
+        }
+      }
+      if (!ok) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+        return;
+      }
+      wire::FrameHeader resp;
+      resp.type = FrameType::kAtomicResp;
+      resp.seq = h.seq;
+      resp.qpn = attr_.destQpNum;
+      resp.atomicResult = original;
+      ++expectedSeq_;
+      ackNeeded_ = false;
+      respConn_->sendHeader(resp);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void SoftQp::onInputDrained(Conn& conn) {
+  if (&conn != respConn_.get() || !ackNeeded_) return;
+  wire::FrameHeader ack;
+  ack.type = wire::FrameType::kAck;
+  ack.seq = expectedSeq_ - 1;
+  ack.qpn = attr_.destQpNum;
+  ackNeeded_ = false;
+  conn.sendHeader(ack);
+}
+
+}  // namespace ferry::soft

@@ -1,0 +1,136 @@
+// SoftQp: a reliable-connected queue pair of the soft provider.
+//
+// Requester half: send work requests get a sequence number each and go out on the requester
+// connection in order; they complete in order when acknowledged (WRITE, SEND), answered (READ,
+// atomics) or failed. A receiver-not-ready NAK rewinds to the refused request and resends it and
+// everything after it once the RNR timer has run (go-back-N). No progress for the transport
+// timeout (4.096 us * 2^timeout * (retry_cnt + 1)), or a connection lost with requests in flight,
+// fails the oldest request with RETRY_EXC_ERR.
+//
+// Responder half: requests from the peer arrive in order on the responder connection; each is
+// checked at access time (keys, protection domain, access flags, range) and carried out by the
+// reactor thread, without the application's help.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "providers/soft/conn.h"
+#include "providers/soft/soft.h"
+
+namespace ferry::soft {
+
+class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::enable_shared_from_this<SoftQp> {
+ public:
+  SoftQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init);
+  ~SoftQp() override;
+
+  uint32_t qpNum() const override { return qpn_; }
+  verbs::QpType type() const override { return type_; }
+  Status modify(const verbs::QpAttr& attr, uint32_t mask) override;
+  Result<verbs::QpAttr> query() override;
+  Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
+  Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
+  void close() override;
+
+  void setQpn(uint32_t qpn) { qpn_ = qpn; }
+  const void* pdId() const { return pd_.get(); }
+  // A hello from a peer for this QP (reactor thread). On kAccepted the QP adopts conn.
+  wire::HelloResult acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
+                                   in_addr_t peerIp);
+
+  // Conn::Delegate
+  Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
+  void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan, uint32_t trailer) override;
+  void onInputDrained(Conn& conn) override;
+  void onPayloadRevoked(Conn& conn, const OutFrame& frame) override;
+  void onProgress(Conn& conn) override;
+  void onConnected(Conn& conn) override;
+  void onClosed(Conn& conn, const Status& why) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  Status modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask);
+  void schedulePump();
+  void pumpFromLoop();
+  void completeFromLoop();
+  void pushSendCompletion(const SendWqe& wqe, verbs::WcStatus status);
+  void pushRecvCompletion(const RecvWqe& wqe, verbs::WcStatus status, verbs::WcOpcode opcode, uint32_t byteLen,
+                          std::optional<uint32_t> imm, bool solicited);
+  // Moves the QP to ERR: the oldest send request gets `status` (when given), everything else
+  // outstanding or posted is flushed, connections close.
+  void enterErrorFromLoop(std::optional<verbs::WcStatus> status);
+  void flushFromLoop();
+  void resetFromLoop();
+  void startConnectFromLoop();
+  void scheduleReconnectFromLoop();
+  void armTimeoutFromLoop();
+  void onTimeoutFromLoop();
+  Clock::duration transportBudget() const;
+  bool takeRecv(RecvWqe* out);
+  void giveBackRecv(RecvWqe wqe);
+  void sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome);
+  // Responder refused the current request: NAK it, record the error, move to ERR.
+  void responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event);
+  OutFrame buildRequestFrame(const SendWqe& wqe);
+  Status resolveLocalFromLoop(SendWqe& wqe);
+
+  // Requester frames (arrive on reqConn_).
+  Status onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan);
+  void onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer);
+  // Responder frames (arrive on respConn_).
+  Status onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan);
+  void onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
+
+  std::shared_ptr<SoftContext> ctx_;
+  std::shared_ptr<SoftPd> pd_;
+  const verbs::QpType type_;
+  std::shared_ptr<SoftCq> sendCq_;
+  std::shared_ptr<SoftCq> recvCq_;
+  std::shared_ptr<SoftSrq> srq_;
+  const verbs::QpCap cap_;
+  const bool sqSigAll_;
+  uint32_t qpn_ = 0;
+
+  std::atomic<verbs::QpState> state_{verbs::QpState::kReset};
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> pumpScheduled_{false};
+  std::atomic<uint32_t> sqOutstanding_{0};
+
+  // Guarded by mu_: attributes, posted sends not yet taken by the reactor, the receive queue.
+  mutable std::mutex mu_;
+  verbs::QpAttr attr_;
+  std::deque<SendWqe> posted_;
+  std::deque<RecvWqe> rq_;
+
+  // Reactor thread only.
+  std::deque<SendWqe> sq_;        // [0, nextToSend_) sent and waiting; the rest not sent yet
+  size_t nextToSend_ = 0;
+  uint32_t nextSeq_ = 0;
+  uint32_t ackedThrough_ = 0;     // every request up to here is done at the responder
+  uint32_t rdInFlight_ = 0;
+  bool localErrorPending_ = false;
+  bool rnrWaiting_ = false;
+  Reactor::TimerId rnrTimer_ = 0;
+  Reactor::TimerId timeoutTimer_ = 0;
+  Reactor::TimerId reconnectTimer_ = 0;
+  Clock::time_point lastProgress_{};
+  Clock::time_point connectStarted_{};
+  int reconnectDelayMs_ = 1;
+  std::shared_ptr<Conn> reqConn_;
+  bool reqReady_ = false;
+
+  std::shared_ptr<Conn> respConn_;
+  uint32_t expectedSeq_ = 0;
+  bool respNakPending_ = false;   // after an RNR NAK: drop requests until the refused one returns
+  bool respSkip_ = false;         // the frame being received is dropped
+  bool ackNeeded_ = false;
+  std::optional<RecvWqe> curRecv_;  // the receive a SEND / WRITE_WITH_IMM being received consumes
+};
+
+}  // namespace ferry::soft

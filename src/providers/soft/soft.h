@@ -1,0 +1,264 @@
+// The software provider ("soft"): a userspace RDMA device over TCP.
+//
+// Each Context owns a progress thread (a Reactor) and a TCP listener on its device's address. A
+// GID names the context: the device's IPv4 address in its last four bytes and the listener port in
+// bytes 8-9. An RC QP opens one TCP connection to its peer's listener for the requests it sends
+// (the "requester" connection) and serves the requests of its peer on the connection the peer
+// opened (the "responder" connection). Frames are described in wire.h and docs/wire-protocol.md.
+//
+// Threads: public calls validate and enqueue under small locks; all protocol work runs on the
+// reactor thread. Registered memory is touched only by the reactor thread while it holds the
+// context's memory lock shared, after checking that the region is still registered; deregistration
+// takes that lock exclusively, so once it returns no access can touch the region again.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/event_queue.h"
+#include "common/reactor.h"
+#include "ferry/verbs/provider.h"
+#include "providers/soft/wire.h"
+
+namespace ferry::soft {
+
+class SoftContext;
+class SoftPd;
+class SoftCq;
+class SoftQp;
+class SoftSrq;
+class Conn;
+class HelloGate;
+
+// ---- devices ----
+struct SoftDeviceInfo {
+  verbs::DeviceInfo info;
+  in_addr_t ipv4 = 0;  // network byte order
+};
+// The software devices of this host: one per up IPv4 interface (soft_lo, soft_eth0, ...).
+std::vector<SoftDeviceInfo> listSoftDevices();
+// Whether the provider works here (it needs only TCP sockets); reason when it does not.
+bool probeSoft(std::string* reason);
+Result<std::shared_ptr<verbs::ContextImpl>> openSoftDevice(const std::string& name);
+
+// A GID of a soft context: port in bytes 8-9 (big-endian), ffff in 10-11, IPv4 in 12-15.
+verbs::Gid makeSoftGid(in_addr_t ipv4, uint16_t port);
+bool parseSoftGid(const verbs::Gid& gid, in_addr_t* ipv4, uint16_t* port);
+
+// ---- registered memory ----
+// One registration. Immutable but for `revoked`, which changes under the context's memory lock.
+struct MrEntry {
+  uint8_t* addr = nullptr;
+  size_t length = 0;
+  uint32_t access = 0;
+  uint32_t key = 0;
+  const void* pd = nullptr;
+  bool revoked = false;
+};
+
+// A piece of a message in registered memory (or, with entry == nullptr, in ferry's own buffer).
+struct Segment {
+  uint8_t* ptr = nullptr;
+  size_t length = 0;
+  std::shared_ptr<MrEntry> entry;
+};
+
+// ---- work requests as the QP keeps them ----
+struct SendWqe {
+  uint64_t wrId = 0;
+  verbs::WrOpcode opcode = verbs::WrOpcode::kSend;
+  uint32_t flags = 0;
+  bool signaled = false;
+  std::vector<verbs::Sge> sges;
+  std::vector<uint8_t> inlineData;
+  uint64_t length = 0;
+  uint32_t immData = 0;
+  uint64_t remoteAddr = 0;
+  uint32_t rkey = 0;
+  uint64_t compareAdd = 0;
+  uint64_t swap = 0;
+  // Reactor state.
+  uint32_t seq = 0;
+  bool responded = false;        // READ/atomic response arrived
+  verbs::WcStatus error = verbs::WcStatus::kSuccess;  // set when the WR failed locally or remotely
+  int rnrLeft = -1;               // RNR retries left (-1: not sent yet)
+  std::vector<Segment> local;    // resolved local SGEs
+};
+
+struct RecvWqe {
+  uint64_t wrId = 0;
+  std::vector<verbs::Sge> sges;
+};
+
+// ---- objects ----
+class SoftContext final : public verbs::ContextImpl, public std::enable_shared_from_this<SoftContext> {
+ public:
+  SoftContext(SoftDeviceInfo device);
+  ~SoftContext() override;
+  Status start();
+
+  const verbs::DeviceInfo& info() const override { return device_.info; }
+  Result<verbs::DeviceAttr> queryDevice() override;
+  Result<verbs::PortAttr> queryPort(uint8_t portNum) override;
+  Result<verbs::Gid> queryGid(uint8_t portNum, int index) override;
+  Result<std::shared_ptr<verbs::PdImpl>> allocPd() override;
+  Result<std::shared_ptr<verbs::CompChannelImpl>> createCompChannel() override;
+  Result<std::shared_ptr<verbs::CqImpl>> createCq(int cqe, std::shared_ptr<verbs::CompChannelImpl> channel,
+                                                  void* userContext) override;
+  Result<verbs::AsyncEvent> getAsyncEvent(int timeoutMs) override;
+  int asyncFd() const override { return asyncEvents_.fd(); }
+  void close() override;
+
+  bool closed() const { return closed_.load(); }
+  Reactor& reactor() { return reactor_; }
+  std::shared_mutex& memMu() { return memMu_; }
+  const verbs::Gid& gid() const { return gid_; }
+  in_addr_t ipv4() const { return device_.ipv4; }
+  void raiseAsync(verbs::AsyncEvent event) { asyncEvents_.push(event); }
+
+  // Memory keys (called by SoftMr under an exclusive memMu_).
+  uint32_t newKeyLocked();
+  void addMrLocked(const std::shared_ptr<MrEntry>& entry) { mrs_[entry->key] = entry; }
+  void removeMrLocked(uint32_t key) { mrs_.erase(key); }
+  // Under a shared memMu_: the live region for key that belongs to pd, allows `need`, and holds
+  // [addr, addr+len). nullptr otherwise.
+  std::shared_ptr<MrEntry> findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
+                                        uint32_t need) const;
+
+  // QP table.
+  Result<uint32_t> addQp(const std::shared_ptr<SoftQp>& qp);
+  void removeQp(uint32_t qpn);
+  std::shared_ptr<SoftQp> findQp(uint32_t qpn);
+
+ private:
+  void onAcceptFromLoop();
+  void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
+
+  SoftDeviceInfo device_;
+  Reactor reactor_;
+  int listenFd_ = -1;
+  verbs::Gid gid_;
+  std::atomic<bool> closed_{false};
+  verbs::ChildList children_;
+  EventQueue<verbs::AsyncEvent> asyncEvents_;
+
+  mutable std::shared_mutex memMu_;
+  std::unordered_map<uint32_t, std::shared_ptr<MrEntry>> mrs_;
+  uint32_t keyGeneration_ = 0;
+
+  std::mutex qpMu_;
+  std::unordered_map<uint32_t, std::weak_ptr<SoftQp>> qps_;
+  uint32_t nextQpn_ = 0;
+
+  // Accepted connections that have not said hello yet (reactor only).
+  std::unordered_map<Conn*, std::shared_ptr<Conn>> pendingConns_;
+  std::unique_ptr<HelloGate> gate_;
+};
+
+class SoftPd final : public verbs::PdImpl, public std::enable_shared_from_this<SoftPd> {
+ public:
+  explicit SoftPd(std::shared_ptr<SoftContext> ctx) : ctx_(std::move(ctx)) {}
+  Result<std::shared_ptr<verbs::MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) override;
+  Result<std::shared_ptr<verbs::QpImpl>> createQp(const verbs::QpInitImpl& init) override;
+  Result<std::shared_ptr<verbs::SrqImpl>> createSrq(const verbs::SrqInit& init) override;
+  void close() override;
+  bool closed() const { return closed_.load(); }
+  const std::shared_ptr<SoftContext>& ctx() const { return ctx_; }
+
+ private:
+  std::shared_ptr<SoftContext> ctx_;
+  std::atomic<bool> closed_{false};
+  verbs::ChildList children_;
+};
+
+class SoftMr final : public verbs::MrImpl {
+ public:
+  SoftMr(std::shared_ptr<SoftContext> ctx, std::shared_ptr<MrEntry> entry)
+      : ctx_(std::move(ctx)), entry_(std::move(entry)) {}
+  void* addr() const override;
+  size_t length() const override;
+  uint32_t lkey() const override;
+  uint32_t rkey() const override;
+  uint32_t access() const override;
+  Status reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& pd, void* addr, size_t length,
+                    uint32_t access) override;
+  void close() override;
+
+ private:
+  std::shared_ptr<SoftContext> ctx_;
+  mutable std::mutex mu_;
+  std::shared_ptr<MrEntry> entry_;  // nullptr once closed
+};
+
+class SoftCompChannel final : public verbs::CompChannelImpl {
+ public:
+  int fd() const override { return events_.fd(); }
+  Result<verbs::CqEvent> getEvent(int timeoutMs) override;
+  void close() override { closed_ = true; }
+  void notify(verbs::CqEvent event) {
+    if (!closed_) events_.push(event);
+  }
+
+ private:
+  std::atomic<bool> closed_{false};
+  EventQueue<verbs::CqEvent> events_;
+};
+
+class SoftCq final : public verbs::CqImpl {
+ public:
+  SoftCq(std::shared_ptr<SoftContext> ctx, int cqe, std::shared_ptr<SoftCompChannel> channel, void* userContext)
+      : ctx_(std::move(ctx)), capacity_(cqe), channel_(std::move(channel)), userContext_(userContext) {}
+  Result<int> poll(std::span<verbs::WorkCompletion> out) override;
+  Status reqNotify(bool solicitedOnly) override;
+  Status resize(int cqe) override;
+  int cqe() const override;
+  void* userContext() const override { return userContext_; }
+  void close() override { closed_ = true; }
+  bool closed() const { return closed_.load(); }
+  // Adds a completion (reactor thread). solicited: a receive of a solicited message.
+  void push(const verbs::WorkCompletion& wc, bool solicited);
+
+ private:
+  std::shared_ptr<SoftContext> ctx_;
+  mutable std::mutex mu_;
+  std::deque<verbs::WorkCompletion> entries_;
+  int capacity_;
+  bool overflowed_ = false;
+  int armed_ = 0;  // 0 not armed, 1 next completion, 2 next solicited or error completion
+  std::shared_ptr<SoftCompChannel> channel_;
+  void* userContext_;
+  std::atomic<bool> closed_{false};
+};
+
+class SoftSrq final : public verbs::SrqImpl {
+ public:
+  SoftSrq(std::shared_ptr<SoftContext> ctx, const void* pd, verbs::SrqInit init)
+      : ctx_(std::move(ctx)), pd_(pd), init_(init) {}
+  Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
+  Status armLimit(uint32_t limit) override;
+  Result<verbs::SrqInit> query() override;
+  void close() override { closed_ = true; }
+  // Takes the oldest receive (reactor thread); false when none is posted.
+  bool take(RecvWqe* out);
+  // Puts back a receive that a message failed to fill (reactor thread).
+  void giveBack(RecvWqe wqe);
+
+ private:
+  std::shared_ptr<SoftContext> ctx_;
+  const void* pd_;
+  std::mutex mu_;
+  verbs::SrqInit init_;
+  bool limitArmed_ = false;
+  std::deque<RecvWqe> queue_;
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace ferry::soft

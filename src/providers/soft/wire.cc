@@ -1,0 +1,202 @@
+#include "providers/soft/wire.h"
+
+#include <cstring>
+#include <string>
+
+namespace ferry::soft::wire {
+namespace {
+
+void put16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+Status protocolError(const std::string& what) { return Status(StatusCode::kProtocolError, what); }
+
+}  // namespace
+
+size_t headerLenFor(FrameType type) {
+  switch (type) {
+    case FrameType::kHello: return kCommonHeaderLen + 40;
+    case FrameType::kHelloReply:
+    case FrameType::kSend:
+    case FrameType::kSendImm:
+    case FrameType::kAck:
+    case FrameType::kNak:
+    case FrameType::kReadResp: return kCommonHeaderLen;
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kReadReq: return kCommonHeaderLen + 16;
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd: return kCommonHeaderLen + 32;
+    case FrameType::kAtomicResp: return kCommonHeaderLen + 8;
+  }
+  return 0;
+}
+
+size_t trailerLen(FrameType type) { return type == FrameType::kReadResp ? 4 : 0; }
+
+bool carriesPayload(FrameType type) {
+  switch (type) {
+    case FrameType::kSend:
+    case FrameType::kSendImm:
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kReadResp: return true;
+    default: return false;
+  }
+}
+
+Result<size_t> peekHeaderLen(std::span<const uint8_t> prefix) {
+  if (prefix.size() < kCommonHeaderLen) return protocolError("frame header truncated");
+  const uint8_t* p = prefix.data();
+  if (get16(p) != kMagic) return protocolError("bad frame magic");
+  if (p[2] != kVersion) return protocolError("unsupported wire version " + std::to_string(p[2]));
+  auto type = static_cast<FrameType>(p[3]);
+  size_t minLen = headerLenFor(type);
+  if (minLen == 0) return protocolError("unknown frame type " + std::to_string(p[3]));
+  size_t headerLen = get16(p + 4);
+  if (headerLen < minLen || headerLen > kMaxHeaderLen) {
+    return protocolError("bad header length " + std::to_string(headerLen) + " for frame type " +
+                         std::to_string(p[3]));
+  }
+  uint32_t payloadLen = get32(p + 8);
+  if (payloadLen != 0 && !carriesPayload(type)) {
+    return protocolError("frame type " + std::to_string(p[3]) + " cannot carry a payload");
+  }
+  if (payloadLen > kMaxMessage) return protocolError("payload length above the message limit");
+  return headerLen;
+}
+
+Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
+  auto len = peekHeaderLen(bytes);
+  if (!len.isOk()) return len.status();
+  if (*len != bytes.size()) return protocolError("header length does not match the bytes given");
+  const uint8_t* p = bytes.data();
+  FrameHeader h;
+  h.type = static_cast<FrameType>(p[3]);
+  h.headerLen = static_cast<uint16_t>(*len);
+  h.flags = get16(p + 6);
+  h.payloadLen = get32(p + 8);
+  h.seq = get32(p + 12);
+  h.qpn = get32(p + 16);
+  h.aux = get32(p + 20);
+  const uint8_t* x = p + kCommonHeaderLen;
+  switch (h.type) {
+    case FrameType::kHello:
+      h.srcQpn = get32(x);
+      h.qpn = get32(x + 4) == 0 ? h.qpn : get32(x + 4);
+      h.psn = get32(x + 8);
+      h.maxRdAtomic = get32(x + 12);
+      std::memcpy(h.srcGid.data(), x + 16, 16);
+      h.nonce = get64(x + 32);
+      if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24) || h.psn >= (1u << 24)) {
+        return protocolError("hello with a QP number or PSN above 24 bits");
+      }
+      break;
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kReadReq:
+      h.remoteAddr = get64(x);
+      h.rkey = get32(x + 8);
+      h.length = get32(x + 12);
+      if (h.type == FrameType::kReadReq && h.length > kMaxMessage) {
+        return protocolError("read request above the message limit");
+      }
+      if (h.type != FrameType::kReadReq && h.remoteAddr + h.payloadLen < h.remoteAddr) {
+        return protocolError("write range wraps around the address space");
+      }
+      if (h.type == FrameType::kReadReq && h.remoteAddr + h.length < h.remoteAddr) {
+        return protocolError("read range wraps around the address space");
+      }
+      break;
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd:
+      h.remoteAddr = get64(x);
+      h.rkey = get32(x + 8);
+      h.compareAdd = get64(x + 16);
+      h.swap = get64(x + 24);
+      break;
+    case FrameType::kAtomicResp:
+      h.atomicResult = get64(x);
+      break;
+    case FrameType::kNak:
+      if (h.aux < static_cast<uint32_t>(Syndrome::kRnr) || h.aux > static_cast<uint32_t>(Syndrome::kRemOp)) {
+        return protocolError("NAK with an unknown syndrome");
+      }
+      break;
+    case FrameType::kHelloReply:
+      if (h.aux > static_cast<uint32_t>(HelloResult::kBusy)) {
+        return protocolError("hello reply with an unknown result");
+      }
+      break;
+    default:
+      break;
+  }
+  *out = h;
+  return Status::ok();
+}
+
+size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
+  size_t len = headerLenFor(h.type);
+  std::memset(out, 0, len);
+  put16(out, kMagic);
+  out[2] = kVersion;
+  out[3] = static_cast<uint8_t>(h.type);
+  put16(out + 4, static_cast<uint16_t>(len));
+  put16(out + 6, h.flags);
+  put32(out + 8, h.payloadLen);
+  put32(out + 12, h.seq);
+  put32(out + 16, h.qpn);
+  put32(out + 20, h.aux);
+  uint8_t* x = out + kCommonHeaderLen;
+  switch (h.type) {
+    case FrameType::kHello:
+      put32(x, h.srcQpn);
+      put32(x + 4, h.qpn);
+      put32(x + 8, h.psn);
+      put32(x + 12, h.maxRdAtomic);
+      std::memcpy(x + 16, h.srcGid.data(), 16);
+      put64(x + 32, h.nonce);
+      break;
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kReadReq:
+      put64(x, h.remoteAddr);
+      put32(x + 8, h.rkey);
+      put32(x + 12, h.length);
+      break;
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd:
+      put64(x, h.remoteAddr);
+      put32(x + 8, h.rkey);
+      put64(x + 16, h.compareAdd);
+      put64(x + 24, h.swap);
+      break;
+    case FrameType::kAtomicResp:
+      put64(x, h.atomicResult);
+      break;
+    default:
+      break;
+  }
+  return len;
+}
+
+}  // namespace ferry::soft::wire

@@ -1,0 +1,104 @@
+// The soft provider's wire protocol: the frames two software devices exchange over TCP.
+//
+// Every frame starts with a 24-byte common header (little-endian):
+//   0 u16 magic (kMagic)   2 u8 version   3 u8 type   4 u16 headerLen   6 u16 flags
+//   8 u32 payloadLen      12 u32 seq     16 u32 qpn  20 u32 aux
+// followed by type-specific header fields up to headerLen bytes, then payloadLen payload bytes,
+// then a trailer for the types that have one (READ_RESP: u32 status). Later versions only append
+// header fields: a decoder reads the fields it knows and skips the rest of headerLen.
+// docs/wire-protocol.md is the full specification. decodeHeader() is the only decoder.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ferry/common/status.h"
+
+namespace ferry::soft::wire {
+
+inline constexpr uint16_t kMagic = 0x5946;  // bytes 'F' 'Y'
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kCommonHeaderLen = 24;
+inline constexpr size_t kMaxHeaderLen = 256;
+inline constexpr uint32_t kMaxMessage = 1u << 31;  // largest payload of one message (2 GiB)
+
+enum class FrameType : uint8_t {
+  kHello = 1,        // requester -> responder, first frame on a new connection
+  kHelloReply = 2,   // responder -> requester: aux = HelloResult
+  kSend = 3,         // flags: kFlagSolicited; payload: the message
+  kSendImm = 4,      // aux = immediate
+  kWrite = 5,        // remoteAddr, rkey; payload: the data
+  kWriteImm = 6,     // aux = immediate; consumes a receive at the target
+  kReadReq = 7,      // remoteAddr, rkey, length
+  kCmpSwap = 8,      // remoteAddr, rkey, compareAdd, swap
+  kFetchAdd = 9,     // remoteAddr, rkey, compareAdd (the addend)
+  kAck = 10,         // seq: every request up to and including seq is done
+  kNak = 11,         // seq: the request refused; aux = Syndrome; flags low 5 bits: RNR timer code
+  kReadResp = 12,    // seq; payload: the data; trailer: u32 Syndrome (0 = all data valid)
+  kAtomicResp = 13,  // seq; atomicResult: the original value
+};
+
+inline constexpr uint16_t kFlagSolicited = 1;
+
+enum class Syndrome : uint32_t {
+  kOk = 0,
+  kRnr = 1,          // receiver not ready: retry after the RNR timer
+  kRemAccess = 2,    // bad rkey, range or permission
+  kRemInvReq = 3,    // invalid request (message too long, misaligned atomic, ...)
+  kRemOp = 4,        // the responder failed to carry out a valid request
+};
+
+enum class HelloResult : uint32_t {
+  kAccepted = 0,
+  kNoSuchQp = 1,     // no QP with that number, or it is not ready (RTR/RTS) yet
+  kMismatch = 2,     // the QP is connected to another peer, or the PSN differs
+  kBusy = 3,         // the QP already has a live connection from its peer
+};
+
+struct FrameHeader {
+  FrameType type = FrameType::kAck;
+  uint16_t headerLen = 0;   // set by encode
+  uint16_t flags = 0;
+  uint32_t payloadLen = 0;
+  uint32_t seq = 0;
+  uint32_t qpn = 0;         // the destination QP number
+  uint32_t aux = 0;
+  // kWrite*, kReadReq, kCmpSwap, kFetchAdd
+  uint64_t remoteAddr = 0;
+  uint32_t rkey = 0;
+  uint32_t length = 0;      // kReadReq
+  uint64_t compareAdd = 0;  // kCmpSwap, kFetchAdd
+  uint64_t swap = 0;        // kCmpSwap
+  uint64_t atomicResult = 0;  // kAtomicResp
+  // kHello
+  uint32_t srcQpn = 0;
+  uint32_t psn = 0;
+  uint32_t maxRdAtomic = 0;
+  std::array<uint8_t, 16> srcGid{};
+  uint64_t nonce = 0;
+};
+
+// The header length version 1 writes for a type (0 for an unknown type).
+size_t headerLenFor(FrameType type);
+// Bytes after the payload (4 for kReadResp, else 0).
+size_t trailerLen(FrameType type);
+// True for the types whose payloadLen may be non-zero.
+bool carriesPayload(FrameType type);
+
+// Checks the common header in `prefix` (at least kCommonHeaderLen bytes) and returns headerLen.
+// kProtocolError for a wrong magic, an unsupported version, an unknown type, a headerLen shorter
+// than its type needs or longer than kMaxHeaderLen, or a payload length the type cannot carry.
+Result<size_t> peekHeaderLen(std::span<const uint8_t> prefix);
+
+// Decodes one whole header (bytes.size() must equal the headerLen peekHeaderLen() returned).
+// Applies every check of peekHeaderLen plus the type's own (e.g. a READ request longer than
+// kMaxMessage). Never reads outside `bytes`.
+Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out);
+
+// Encodes h (headerLen computed from the type) into out, which must hold kMaxHeaderLen bytes.
+// Returns the number of bytes written.
+size_t encodeHeader(const FrameHeader& h, uint8_t* out);
+
+}  // namespace ferry::soft::wire

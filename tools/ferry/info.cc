@@ -1,0 +1,110 @@
+#include <cinttypes>
+#include <cstdio>
+
+#include "commands.h"
+#include "ferry/devices.h"
+#include "ferry/verbs/verbs.h"
+
+namespace ferry::cli {
+namespace {
+
+const char* portStateName(verbs::PortState s) {
+  switch (s) {
+    case verbs::PortState::kDown: return "PORT_DOWN";
+    case verbs::PortState::kInit: return "PORT_INIT";
+    case verbs::PortState::kArmed: return "PORT_ARMED";
+    case verbs::PortState::kActive: return "PORT_ACTIVE";
+    default: return "PORT_NOP";
+  }
+}
+
+const char* linkLayerName(verbs::LinkLayer l) {
+  switch (l) {
+    case verbs::LinkLayer::kInfiniband: return "InfiniBand";
+    case verbs::LinkLayer::kEthernet: return "Ethernet";
+    default: return "Unspecified";
+  }
+}
+
+}  // namespace
+
+int runInfo(const std::vector<std::string>& args) {
+  std::string only;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--device" && i + 1 < args.size()) {
+      only = args[++i];
+    } else {
+      std::fprintf(stderr, "ferry info: unknown option '%s'\n", args[i].c_str());
+      return 2;
+    }
+  }
+  std::printf("providers:\n");
+  for (const auto& p : listProviders()) {
+    std::printf("  %-8s priority %-3d %s%s%s\n", p.name.c_str(), p.priority, p.available ? "available" : "unavailable",
+                p.reason.empty() ? "" : ": ", p.reason.c_str());
+  }
+  auto devices = listDevices();
+  if (!devices.isOk()) {
+    std::fprintf(stderr, "ferry info: %s\n", devices.status().toString().c_str());
+    return 1;
+  }
+  int shown = 0;
+  for (const auto& d : *devices) {
+    if (!only.empty() && d.name != only) continue;
+    ++shown;
+    std::printf("\nhca_id: %s\n", d.name.c_str());
+    std::printf("  provider:            %s\n", d.provider.c_str());
+    std::printf("  transport:           %s\n", d.transport.c_str());
+    if (!d.netdev.empty()) std::printf("  netdev:              %s (%s)\n", d.netdev.c_str(), d.address.c_str());
+    std::printf("  node_guid:           %016" PRIx64 "\n", d.guid);
+    std::printf("  numa_node:           %d\n", d.numaNode);
+    auto ctx = openDevice(d.name);
+    if (!ctx.isOk()) {
+      std::printf("  (cannot open: %s)\n", ctx.status().toString().c_str());
+      continue;
+    }
+    auto attr = ctx->queryDevice();
+    if (attr.isOk()) {
+      const auto& a = *attr;
+      std::printf("  fw_ver:              %s\n", a.fwVer.c_str());
+      std::printf("  vendor_id:           0x%04x\n", a.vendorId);
+      std::printf("  phys_port_cnt:       %u\n", a.physPortCnt);
+      std::printf("  max_mr_size:         0x%" PRIx64 "\n", a.maxMrSize);
+      std::printf("  max_qp:              %d\n", a.maxQp);
+      std::printf("  max_qp_wr:           %d\n", a.maxQpWr);
+      std::printf("  max_sge:             %d\n", a.maxSge);
+      std::printf("  max_cq:              %d\n", a.maxCq);
+      std::printf("  max_cqe:             %d\n", a.maxCqe);
+      std::printf("  max_mr:              %d\n", a.maxMr);
+      std::printf("  max_pd:              %d\n", a.maxPd);
+      std::printf("  max_qp_rd_atom:      %d\n", a.maxQpRdAtom);
+      std::printf("  max_qp_init_rd_atom: %d\n", a.maxQpInitRdAtom);
+      std::printf("  max_srq:             %d\n", a.maxSrq);
+      std::printf("  max_srq_wr:          %d\n", a.maxSrqWr);
+      std::printf("  max_inline_data:     %u\n", a.maxInlineData);
+      std::printf("  atomic_cap:          %s\n", a.atomicCap == 0 ? "ATOMIC_NONE" : a.atomicCap == 1 ? "ATOMIC_HCA" : "ATOMIC_GLOB");
+      for (uint8_t port = 1; port <= a.physPortCnt; ++port) {
+        auto p = ctx->queryPort(port);
+        if (!p.isOk()) continue;
+        std::printf("  port: %u\n", port);
+        std::printf("    state:             %s\n", portStateName(p->state));
+        std::printf("    max_mtu:           %u\n", verbs::mtuBytes(p->maxMtu));
+        std::printf("    active_mtu:        %u\n", verbs::mtuBytes(p->activeMtu));
+        std::printf("    max_msg_sz:        0x%x\n", p->maxMsgSz);
+        std::printf("    link_layer:        %s\n", linkLayerName(p->linkLayer));
+        std::printf("    lid:               %u\n", p->lid);
+        for (int i = 0; i < p->gidTblLen; ++i) {
+          auto gid = ctx->queryGid(port, i);
+          if (gid.isOk()) std::printf("    GID[%d]:            %s\n", i, gid->toString().c_str());
+        }
+      }
+    }
+  }
+  if (shown == 0) {
+    std::printf("\nno devices%s%s\n", only.empty() ? "" : " named ", only.c_str());
+    return only.empty() ? 0 : 1;
+  }
+  return 0;
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,44 @@
+// ferry: the command-line tool. `ferry help` lists the subcommands.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace {
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: ferry <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  info [--device NAME]                 providers, devices, ports, limits, GIDs\n"
+               "  demo [--device NAME] [--size BYTES]  two processes move data with RDMA WRITE and READ,\n"
+               "                                       verify it byte for byte and print throughput\n"
+               "  help                                 this text\n"
+               "\n"
+               "environment:\n"
+               "  FERRY_DEVICES=a,b    only these devices are visible\n"
+               "  FERRY_LOG_LEVEL=L    error, warn (default), info, debug\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "info") return ferry::cli::runInfo(args);
+  if (command == "demo") return ferry::cli::runDemo(args, argv[0]);
+  if (command == "help" || command == "--help" || command == "-h") {
+    usage(stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "ferry: unknown command '%s'\n\n", command.c_str());
+  usage(stderr);
+  return 2;
+}
