@@ -199,11 +199,17 @@ double transfer(Side& s, v::WrOpcode opcode, uint64_t remoteAddr, uint32_t rkey)
 
 int runDemo(const std::vector<std::string>& args, const std::string& self) {
   std::string device = "soft_lo";
+  std::string targetDevice;
+  std::string via;
   size_t size = size_t{1} << 30;
   bool target = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--device" && i + 1 < args.size()) {
       device = args[++i];
+    } else if (args[i] == "--target-device" && i + 1 < args.size()) {
+      targetDevice = args[++i];
+    } else if (args[i] == "--target-via" && i + 1 < args.size()) {
+      via = args[++i];
     } else if (args[i] == "--size" && i + 1 < args.size()) {
       char* end = nullptr;
       size = std::strtoull(args[i + 1].c_str(), &end, 10);
@@ -232,12 +238,21 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   posix_spawn_file_actions_adddup2(&actions, toTarget[0], 0);
   posix_spawn_file_actions_adddup2(&actions, fromTarget[1], 1);
   std::string sizeText = std::to_string(size);
-  std::vector<std::string> argvText = {self, "demo", "--target", "--device", device, "--size", sizeText};
+  if (targetDevice.empty()) targetDevice = device;
+  // The target may start through a launcher (e.g. "ip netns exec NS"): its words come first.
+  std::vector<std::string> argvText;
+  std::istringstream viaWords(via);
+  for (std::string word; viaWords >> word;) argvText.push_back(word);
+  std::string program = argvText.empty() ? self : argvText.front();
+  for (std::string word : {self, std::string("demo"), std::string("--target"), std::string("--device"), targetDevice,
+                           std::string("--size"), sizeText}) {
+    argvText.push_back(word);
+  }
   std::vector<char*> argv;
   for (auto& a : argvText) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = 0;
-  if (posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
+  if (posix_spawnp(&pid, program.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
     std::perror("ferry demo: cannot start the target process");
     return 1;
   }
@@ -259,8 +274,9 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return code;
   };
 
-  std::printf("ferry demo: %s, two processes (initiator %d, target %d), %.2f GiB\n", device.c_str(),
-              static_cast<int>(getpid()), static_cast<int>(pid), static_cast<double>(size) / (1u << 30));
+  std::printf("ferry demo: %s -> %s, two processes (initiator %d, target %d), %.2f GiB\n", device.c_str(),
+              targetDevice.c_str(), static_cast<int>(getpid()), static_cast<int>(pid),
+              static_cast<double>(size) / (1u << 30));
   Side s;
   if (!setUp(s, device, size, "initiator")) return finish(1);
   std::string line;

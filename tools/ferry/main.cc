@@ -1,4 +1,6 @@
 // ferry: the command-line tool. `ferry help` lists the subcommands.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -15,7 +17,9 @@ void usage(FILE* out) {
                "commands:\n"
                "  info [--device NAME]                 providers, devices, ports, limits, GIDs\n"
                "  demo [--device NAME] [--size BYTES]  two processes move data with RDMA WRITE and READ,\n"
-               "                                       verify it byte for byte and print throughput\n"
+               "       [--target-device NAME]          verify it byte for byte and print throughput; the\n"
+               "       [--target-via 'LAUNCHER ...']   target may use another device and start through a\n"
+               "                                       launcher such as 'ip netns exec NS'\n"
                "  help                                 this text\n"
                "\n"
                "environment:\n"
@@ -33,7 +37,13 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "info") return ferry::cli::runInfo(args);
-  if (command == "demo") return ferry::cli::runDemo(args, argv[0]);
+  if (command == "demo") {
+    // The target process runs this same binary; name it by its absolute path.
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    std::string path = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
+    return ferry::cli::runDemo(args, path);
+  }
   if (command == "help" || command == "--help" || command == "-h") {
     usage(stdout);
     return 0;
