@@ -126,7 +126,6 @@ int runTarget(const std::string& device, size_t size) {
   path.sgid = mine.sgid;
   path.sqpn = mine.sqpn;
   path.sqpsn = mine.sqpsn;
-  path.srdatomic = mine.srdatomic;
   st = s.qp.establish(path, v::access::kRemoteWrite | v::access::kRemoteRead);
   if (!st.isOk()) return fail("target", st), 1;
   std::printf("ready\n");

@@ -408,8 +408,13 @@ Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl&
   auto recvCq = std::dynamic_pointer_cast<SoftCq>(init.recvCq);
   if (!sendCq || !recvCq) return invalidArgument("create QP: CQs of another provider");
   if (sendCq->closed() || recvCq->closed()) return closedError("create QP: a CQ is closed");
-  if (init.srq && !std::dynamic_pointer_cast<SoftSrq>(init.srq)) {
-    return invalidArgument("create QP: SRQ of another provider");
+  if (sendCq->context() != ctx_.get() || recvCq->context() != ctx_.get()) {
+    return invalidArgument("create QP: a CQ belongs to another context");
+  }
+  if (init.srq) {
+    auto srq = std::dynamic_pointer_cast<SoftSrq>(init.srq);
+    if (!srq) return invalidArgument("create QP: SRQ of another provider");
+    if (srq->pd() != this) return invalidArgument("create QP: the SRQ belongs to another protection domain");
   }
   auto qp = std::make_shared<SoftQp>(ctx_, shared_from_this(), init);
   FERRY_ASSIGN_OR_RETURN(uint32_t qpn, ctx_->addQp(qp));

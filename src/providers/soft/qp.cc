@@ -135,10 +135,6 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
           status = refusePost("an atomic needs one 8-byte SGE");
           break;
         }
-        if (wr.atomic.remoteAddr % 8 != 0) {
-          status = refusePost("atomic remote address not 8-byte aligned");
-          break;
-        }
       }
       if (sqOutstanding_.load() >= cap_.maxSendWr) {
         if (badIndex) *badIndex = posted;

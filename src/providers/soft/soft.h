@@ -223,6 +223,7 @@ class SoftCq final : public verbs::CqImpl {
   void* userContext() const override { return userContext_; }
   void close() override { closed_ = true; }
   bool closed() const { return closed_.load(); }
+  const SoftContext* context() const { return ctx_.get(); }
   // Adds a completion (reactor thread). solicited: a receive of a solicited message.
   void push(const verbs::WorkCompletion& wc, bool solicited);
 
@@ -246,6 +247,7 @@ class SoftSrq final : public verbs::SrqImpl {
   Status armLimit(uint32_t limit) override;
   Result<verbs::SrqInit> query() override;
   void close() override { closed_ = true; }
+  const void* pd() const { return pd_; }
   // Takes the oldest receive (reactor thread); false when none is posted.
   bool take(RecvWqe* out);
   // Puts back a receive that a message failed to fill (reactor thread).
