@@ -66,7 +66,7 @@ lint-deps:
 configure: deps ## Configure build/ (Ninja, RelWithDebInfo, gcc)
 	@$(RUN)
 	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(BUILD_DIR) -G Ninja \
-	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=$(VENV)/bin/python
 
 build: configure ## Build everything in build/ (library, ferry CLI, tests)
 	@$(RUN)

@@ -23,9 +23,12 @@ void ChildList::closeAll() {
     std::lock_guard<std::mutex> lock(mu_);
     children.swap(children_);
   }
+  std::vector<std::shared_ptr<Closeable>> live;
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
-    if (auto child = it->lock()) child->close();
+    if (auto child = it->lock()) live.push_back(std::move(child));
   }
+  std::stable_sort(live.begin(), live.end(), [](const auto& a, const auto& b) { return a->closeOrder() < b->closeOrder(); });
+  for (auto& child : live) child->close();
 }
 
 namespace {
@@ -113,6 +116,14 @@ Result<SharedReceiveQueue> ProtectionDomain::createSrq(const SrqInit& init) {
   FERRY_ASSIGN_OR_RETURN(auto srq, impl_->createSrq(init));
   return SharedReceiveQueue(std::move(srq));
 }
+
+Result<AddressHandle> ProtectionDomain::createAh(const AhAttr& attr) {
+  if (!impl_) return emptyHandle("ProtectionDomain");
+  FERRY_ASSIGN_OR_RETURN(auto ah, impl_->createAh(attr));
+  return AddressHandle(std::move(ah));
+}
+
+AhAttr AddressHandle::attr() const { return impl_ ? impl_->attr() : AhAttr{}; }
 
 // ---- MemoryRegion ----
 void* MemoryRegion::addr() const { return impl_ ? impl_->addr() : nullptr; }

@@ -26,7 +26,7 @@ bool sameFields(const FrameHeader& a, const FrameHeader& b) {
          a.qpn == b.qpn && a.aux == b.aux && a.remoteAddr == b.remoteAddr && a.rkey == b.rkey &&
          a.length == b.length && a.compareAdd == b.compareAdd && a.swap == b.swap &&
          a.atomicResult == b.atomicResult && a.srcQpn == b.srcQpn && a.psn == b.psn &&
-         a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.nonce == b.nonce;
+         a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.qkey == b.qkey && a.nonce == b.nonce;
 }
 
 void checkAccepted(const FrameHeader& h, size_t headerLen) {

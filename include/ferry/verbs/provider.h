@@ -22,13 +22,17 @@ class Closeable {
  public:
   virtual ~Closeable() = default;
   virtual void close() = 0;
+  // Lower closes first among siblings: queue pairs (0) before the memory they use (1), as when a
+  // process exits, so a peer sees its connection go rather than its keys vanish.
+  virtual int closeOrder() const { return 1; }
 };
 
 // The children of a verbs object, so that closing the parent closes them first (newest first).
 class ChildList {
  public:
   void add(std::weak_ptr<Closeable> child);
-  // Closes every live child, newest first. Safe to call more than once and concurrently with add().
+  // Closes every live child, by closeOrder() and then newest first. Safe to call more than once and
+  // concurrently with add().
   void closeAll();
 
  private:
@@ -42,6 +46,7 @@ class CqImpl;
 class CompChannelImpl;
 class QpImpl;
 class SrqImpl;
+class AhImpl;
 
 struct CqEvent {
   const void* cqId = nullptr;     // CompletionQueue::id() of the CQ that fired
@@ -82,6 +87,13 @@ class PdImpl : public Closeable {
   virtual Result<std::shared_ptr<MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) = 0;
   virtual Result<std::shared_ptr<QpImpl>> createQp(const QpInitImpl& init) = 0;
   virtual Result<std::shared_ptr<SrqImpl>> createSrq(const SrqInit& init) = 0;
+  // An address handle for UD sends (kNotSupported where the provider has no UD QPs).
+  virtual Result<std::shared_ptr<AhImpl>> createAh(const AhAttr& attr) = 0;
+};
+
+class AhImpl : public Closeable {
+ public:
+  virtual AhAttr attr() const = 0;
 };
 
 class MrImpl : public Closeable {
@@ -112,6 +124,7 @@ class CompChannelImpl : public Closeable {
 
 class QpImpl : public Closeable {
  public:
+  int closeOrder() const override { return 0; }
   virtual uint32_t qpNum() const = 0;
   virtual QpType type() const = 0;
   virtual Status modify(const QpAttr& attr, uint32_t mask) = 0;

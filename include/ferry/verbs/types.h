@@ -276,6 +276,12 @@ struct SendWr {
     uint64_t swap = 0;
     uint32_t rkey = 0;
   } atomic;
+  // UD QPs only: where the datagram goes.
+  struct Ud {
+    const void* ah = nullptr;  // AddressHandle::id() of an address handle of the QP's PD
+    uint32_t remoteQpn = 0;
+    uint32_t remoteQkey = 0;
+  } ud;
 };
 
 // A receive-queue work request (ibv_recv_wr).

@@ -33,6 +33,7 @@ class CompletionQueue;
 class CompletionChannel;
 class QueuePair;
 class SharedReceiveQueue;
+class AddressHandle;
 struct Path;
 
 // Base of every handle: move-only ownership of one shared implementation.
@@ -116,6 +117,17 @@ class ProtectionDomain : public Handle<PdImpl> {
   // A QP; EINVAL when its caps exceed the device's or its CQs are missing or of another context.
   Result<QueuePair> createQp(const QpInit& init);
   Result<SharedReceiveQueue> createSrq(const SrqInit& init);
+  // An address handle for UD work requests (SendWr::ud.ah = ah.id()). EINVAL for an address the
+  // device cannot reach (e.g. a GID of another provider); kNotSupported without UD support.
+  Result<AddressHandle> createAh(const AhAttr& attr);
+};
+
+// Where a UD datagram goes (ibv_ah). Lives until closed or its PD is closed.
+class AddressHandle : public Handle<AhImpl> {
+ public:
+  using Handle::Handle;
+  AhAttr attr() const;
+  const void* id() const { return impl_.get(); }
 };
 
 class MemoryRegion : public Handle<MrImpl> {

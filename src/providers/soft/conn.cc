@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -100,13 +101,27 @@ void Conn::close(const Status& why, bool quiet) {
   if (!quiet && delegate_) delegate_->onClosed(*this, why);
 }
 
-void Conn::closeAfterFlush() {
+void Conn::closeAfterFlush(bool drain) {
   if (fd_ < 0) return;
-  if (out_.empty()) {
-    close(Status::ok(), true);
-    return;
-  }
+  drainOnClose_ = drainOnClose_ || drain;
   closeAfterFlush_ = true;
+  if (out_.empty()) {
+    if (drainOnClose_) {
+      startDrain();
+    } else {
+      close(Status::ok(), true);
+    }
+  }
+}
+
+void Conn::startDrain() {
+  if (draining_ || fd_ < 0) return;
+  draining_ = true;
+  ::shutdown(fd_, SHUT_WR);
+  std::weak_ptr<Conn> weak = weak_from_this();
+  ctx_->reactor().addTimer(Reactor::Clock::now() + std::chrono::seconds(5), [weak] {
+    if (auto self = weak.lock()) self->close(Status::ok(), true);
+  });
 }
 
 void Conn::onWritable() { flush(); }
@@ -214,11 +229,28 @@ void Conn::flush() {
       if (closed()) return;
     }
   }
-  if (out_.empty() && closeAfterFlush_) close(Status::ok(), true);
+  if (out_.empty() && closeAfterFlush_) {
+    if (drainOnClose_) {
+      startDrain();
+    } else {
+      close(Status::ok(), true);
+    }
+  }
 }
 
 void Conn::onReadable() {
   auto self = shared_from_this();
+  if (draining_) {
+    // Closing: discard whatever arrives until the peer closes its side.
+    for (;;) {
+      ssize_t n = ::recv(fd_, staged_.data(), staged_.size(), MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      close(Status::ok(), true);
+      return;
+    }
+  }
   for (int round = 0; round < 64 && !closed(); ++round) {
     if (inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
         segIndex_ < plan_.segments.size()) {

@@ -75,8 +75,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void sendHeader(const wire::FrameHeader& header);
   // Closes at once (queued output is dropped). Calls onClosed(why) unless quiet.
   void close(const Status& why, bool quiet = false);
-  // Closes once the queued output is written.
-  void closeAfterFlush();
+  // Closes once the queued output is written. With drain, it then half-closes (FIN) and discards
+  // what the peer still sends until the peer closes too (or drainTimeout passes), so the peer reads
+  // everything queued before (a close with unread input would reset the connection and lose it).
+  void closeAfterFlush(bool drain = false);
   bool closed() const { return fd_ < 0; }
   int fd() const { return fd_; }
   bool connected() const { return !connecting_ && fd_ >= 0; }
@@ -103,6 +105,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Delegate* delegate_;
   bool connecting_;
   bool closeAfterFlush_ = false;
+  bool drainOnClose_ = false;
+  bool draining_ = false;
+  void startDrain();
   bool wantWrite_ = false;
 
   // Input state.

@@ -18,6 +18,7 @@
 #include "providers/soft/conn.h"
 #include "providers/soft/qp.h"
 #include "providers/soft/soft.h"
+#include "providers/soft/ud_qp.h"
 
 namespace ferry::soft {
 namespace {
@@ -153,21 +154,34 @@ SoftContext::SoftContext(SoftDeviceInfo device) : device_(std::move(device)) {
 SoftContext::~SoftContext() {
   close();
   if (listenFd_ >= 0) ::close(listenFd_);
+  if (udpFd_ >= 0) ::close(udpFd_);
 }
 
 Status SoftContext::start() {
   if (!asyncEvents_.valid()) return ioError("eventfd for async events");
-  listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listenFd_ < 0) return ioError("socket");
+  // A TCP listener and a UDP socket on one address and port: the GID names both.
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = device_.ipv4;
-  if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return ioError("bind to " + device_.info.address);
+  for (int attempt = 0;; ++attempt) {
+    listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listenFd_ < 0) return ioError("socket");
+    addr = sockaddr_in{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = device_.ipv4;
+    if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      return ioError("bind to " + device_.info.address);
+    }
+    if (::listen(listenFd_, 512) != 0) return ioError("listen");
+    socklen_t len = sizeof addr;
+    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    udpFd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (udpFd_ < 0) return ioError("socket(UDP)");
+    if (::bind(udpFd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+    int err = errno;
+    ::close(udpFd_);
+    ::close(listenFd_);
+    udpFd_ = listenFd_ = -1;
+    if (err != EADDRINUSE || attempt == 64) return ioError("bind UDP to " + device_.info.address, err);
   }
-  if (::listen(listenFd_, 512) != 0) return ioError("listen");
-  socklen_t len = sizeof addr;
-  getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
   gid_ = makeSoftGid(device_.ipv4, ntohs(addr.sin_port));
   FERRY_RETURN_IF_ERROR(reactor_.start("ferry-" + device_.info.name));
   gate_ = std::make_unique<HelloGate>(this);
@@ -176,6 +190,7 @@ Status SoftContext::start() {
   Status added;
   FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
     added = reactor_.addFd(listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); });
+    if (added.isOk()) added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); });
   }));
   FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
             static_cast<unsigned>(ntohs(addr.sin_port)));
@@ -192,6 +207,11 @@ void SoftContext::close() {
       reactor_.removeFd(listenFd_);
       ::close(listenFd_);
       listenFd_ = -1;
+    }
+    if (udpFd_ >= 0) {
+      reactor_.removeFd(udpFd_);
+      ::close(udpFd_);
+      udpFd_ = -1;
     }
   });
   reactor_.stop();
@@ -223,6 +243,28 @@ void SoftContext::onAcceptFromLoop() {
       pendingConns_.erase(it);
       c->close(Status::ok(), true);
     });
+  }
+}
+
+void SoftContext::onDatagramsFromLoop() {
+  uint8_t buf[wire::kMaxHeaderLen + wire::kMaxDatagram];
+  for (int i = 0; i < 64; ++i) {
+    sockaddr_in from{};
+    socklen_t fromLen = sizeof from;
+    ssize_t n = ::recvfrom(udpFd_, buf, sizeof buf, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fromLen);
+    if (n < 0) return;
+    // A malformed datagram is dropped; it never affects anyone else's traffic.
+    auto headerLen = wire::peekHeaderLen(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
+    if (!headerLen.isOk() || *headerLen > static_cast<size_t>(n)) continue;
+    wire::FrameHeader h;
+    if (!wire::decodeHeader(std::span<const uint8_t>(buf, *headerLen), &h).isOk()) continue;
+    if (h.type != wire::FrameType::kDatagram || *headerLen + h.payloadLen != static_cast<size_t>(n)) continue;
+    in_addr_t ip;
+    uint16_t port;
+    verbs::Gid src;
+    src.raw = h.srcGid;
+    if (!parseSoftGid(src, &ip, &port) || ip != from.sin_addr.s_addr || port != ntohs(from.sin_port)) continue;
+    if (auto qp = findUdQp(h.qpn)) qp->onDatagramFromLoop(h, buf + *headerLen);
   }
 }
 
@@ -348,22 +390,39 @@ std::shared_ptr<MrEntry> SoftContext::findMrLocked(uint32_t key, const void* pd,
   return e;
 }
 
-Result<uint32_t> SoftContext::addQp(const std::shared_ptr<SoftQp>& qp) {
-  std::lock_guard<std::mutex> lock(qpMu_);
-  if (qps_.size() >= static_cast<size_t>(kMaxQp)) return resourceExhausted("create QP: too many QPs");
+Result<uint32_t> SoftContext::allocQpnLocked() {
+  if (qps_.size() + udQps_.size() >= static_cast<size_t>(kMaxQp)) return resourceExhausted("create QP: too many QPs");
   for (;;) {
     uint32_t qpn = nextQpn_++ & 0xffffff;
-    if (qpn < 2) continue;
-    auto it = qps_.find(qpn);
-    if (it != qps_.end() && !it->second.expired()) continue;
-    qps_[qpn] = qp;
+    if (qpn < 2 || qps_.count(qpn) || udQps_.count(qpn)) continue;
     return qpn;
   }
+}
+
+Result<uint32_t> SoftContext::addQp(const std::shared_ptr<SoftQp>& qp) {
+  std::lock_guard<std::mutex> lock(qpMu_);
+  FERRY_ASSIGN_OR_RETURN(uint32_t qpn, allocQpnLocked());
+  qps_[qpn] = qp;
+  return qpn;
+}
+
+Result<uint32_t> SoftContext::addUdQp(const std::shared_ptr<SoftUdQp>& qp) {
+  std::lock_guard<std::mutex> lock(qpMu_);
+  FERRY_ASSIGN_OR_RETURN(uint32_t qpn, allocQpnLocked());
+  udQps_[qpn] = qp;
+  return qpn;
 }
 
 void SoftContext::removeQp(uint32_t qpn) {
   std::lock_guard<std::mutex> lock(qpMu_);
   qps_.erase(qpn);
+  udQps_.erase(qpn);
+}
+
+std::shared_ptr<SoftUdQp> SoftContext::findUdQp(uint32_t qpn) {
+  std::lock_guard<std::mutex> lock(qpMu_);
+  auto it = udQps_.find(qpn);
+  return it == udQps_.end() ? nullptr : it->second.lock();
 }
 
 std::shared_ptr<SoftQp> SoftContext::findQp(uint32_t qpn) {
@@ -395,8 +454,8 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t
 
 Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl& init) {
   if (closed_ || ctx_->closed()) return closedError("create QP: the PD is closed");
-  if (init.type != verbs::QpType::kRc) {
-    return notSupported("create QP: the soft provider offers RC QPs");
+  if (init.type != verbs::QpType::kRc && init.type != verbs::QpType::kUd) {
+    return notSupported("create QP: the soft provider offers RC and UD QPs");
   }
   const auto& c = init.cap;
   if (c.maxSendWr > static_cast<uint32_t>(kMaxWr) || c.maxRecvWr > static_cast<uint32_t>(kMaxWr) ||
@@ -416,6 +475,13 @@ Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl&
     if (!srq) return invalidArgument("create QP: SRQ of another provider");
     if (srq->pd() != this) return invalidArgument("create QP: the SRQ belongs to another protection domain");
   }
+  if (init.type == verbs::QpType::kUd) {
+    auto ud = std::make_shared<SoftUdQp>(ctx_, shared_from_this(), init);
+    FERRY_ASSIGN_OR_RETURN(uint32_t udQpn, ctx_->addUdQp(ud));
+    ud->setQpn(udQpn);
+    children_.add(ud);
+    return std::shared_ptr<verbs::QpImpl>(ud);
+  }
   auto qp = std::make_shared<SoftQp>(ctx_, shared_from_this(), init);
   FERRY_ASSIGN_OR_RETURN(uint32_t qpn, ctx_->addQp(qp));
   qp->setQpn(qpn);
@@ -433,6 +499,30 @@ Result<std::shared_ptr<verbs::SrqImpl>> SoftPd::createSrq(const verbs::SrqInit& 
   if (init.srqLimit > 0) (void)srq->armLimit(init.srqLimit);
   children_.add(srq);
   return std::shared_ptr<verbs::SrqImpl>(srq);
+}
+
+Result<std::shared_ptr<verbs::AhImpl>> SoftPd::createAh(const verbs::AhAttr& attr) {
+  if (closed_ || ctx_->closed()) return closedError("create AH: the PD is closed");
+  in_addr_t ip;
+  uint16_t port;
+  if (!attr.isGlobal || !parseSoftGid(attr.dgid, &ip, &port)) {
+    return invalidArgument("create AH: the destination must be a GID of a software device (is_global, dgid)");
+  }
+  if (attr.portNum != 1) return invalidArgument("create AH: port_num must be 1");
+  auto ah = std::make_shared<SoftAh>(this, attr, ip, port);
+  children_.add(ah);
+  std::lock_guard<std::mutex> lock(ahMu_);
+  for (auto it = ahs_.begin(); it != ahs_.end();) it = it->second.expired() ? ahs_.erase(it) : std::next(it);
+  ahs_[ah.get()] = ah;
+  return std::shared_ptr<verbs::AhImpl>(ah);
+}
+
+std::shared_ptr<SoftAh> SoftPd::findAh(const void* id) {
+  std::lock_guard<std::mutex> lock(ahMu_);
+  auto it = ahs_.find(id);
+  if (it == ahs_.end()) return nullptr;
+  auto ah = it->second.lock();
+  return ah && !ah->closed() ? ah : nullptr;
 }
 
 void SoftPd::close() {

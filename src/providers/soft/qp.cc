@@ -341,7 +341,7 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
     if (reqConn_) reqConn_->close(Status::ok(), true);
     reqConn_.reset();
     reqReady_ = false;
-    if (respConn_) respConn_->closeAfterFlush();  // a queued NAK still goes out
+    if (respConn_) respConn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
     for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
       if (*timer) ctx_->reactor().cancelTimer(*timer);
       *timer = 0;

@@ -37,6 +37,8 @@ class SoftQp;
 class SoftSrq;
 class Conn;
 class HelloGate;
+class SoftUdQp;
+class SoftAh;
 
 // ---- devices ----
 struct SoftDeviceInfo {
@@ -133,18 +135,25 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   std::shared_ptr<MrEntry> findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
                                         uint32_t need) const;
 
-  // QP table.
+  // QP table (RC and UD QPs share the number space).
   Result<uint32_t> addQp(const std::shared_ptr<SoftQp>& qp);
+  Result<uint32_t> addUdQp(const std::shared_ptr<SoftUdQp>& qp);
   void removeQp(uint32_t qpn);
   std::shared_ptr<SoftQp> findQp(uint32_t qpn);
+  std::shared_ptr<SoftUdQp> findUdQp(uint32_t qpn);
+  // The UDP socket for UD datagrams, bound to the same address and port as the listener.
+  int udpFd() const { return udpFd_; }
 
  private:
+  Result<uint32_t> allocQpnLocked();
   void onAcceptFromLoop();
+  void onDatagramsFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
   SoftDeviceInfo device_;
   Reactor reactor_;
   int listenFd_ = -1;
+  int udpFd_ = -1;
   verbs::Gid gid_;
   std::atomic<bool> closed_{false};
   verbs::ChildList children_;
@@ -156,6 +165,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   std::mutex qpMu_;
   std::unordered_map<uint32_t, std::weak_ptr<SoftQp>> qps_;
+  std::unordered_map<uint32_t, std::weak_ptr<SoftUdQp>> udQps_;
   uint32_t nextQpn_ = 0;
 
   // Accepted connections that have not said hello yet (reactor only).
@@ -169,14 +179,39 @@ class SoftPd final : public verbs::PdImpl, public std::enable_shared_from_this<S
   Result<std::shared_ptr<verbs::MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) override;
   Result<std::shared_ptr<verbs::QpImpl>> createQp(const verbs::QpInitImpl& init) override;
   Result<std::shared_ptr<verbs::SrqImpl>> createSrq(const verbs::SrqInit& init) override;
+  Result<std::shared_ptr<verbs::AhImpl>> createAh(const verbs::AhAttr& attr) override;
   void close() override;
   bool closed() const { return closed_.load(); }
   const std::shared_ptr<SoftContext>& ctx() const { return ctx_; }
+  // The live address handle of this PD with that id (AddressHandle::id()), or nullptr.
+  std::shared_ptr<SoftAh> findAh(const void* id);
 
  private:
   std::shared_ptr<SoftContext> ctx_;
   std::atomic<bool> closed_{false};
   verbs::ChildList children_;
+  std::mutex ahMu_;
+  std::unordered_map<const void*, std::weak_ptr<SoftAh>> ahs_;
+};
+
+// An address handle: a soft GID (address and port of a peer context) plus the attributes given.
+class SoftAh final : public verbs::AhImpl {
+ public:
+  SoftAh(const void* pd, verbs::AhAttr attr, in_addr_t ipv4, uint16_t port)
+      : pd_(pd), attr_(attr), ipv4_(ipv4), port_(port) {}
+  verbs::AhAttr attr() const override { return attr_; }
+  void close() override { closed_ = true; }
+  bool closed() const { return closed_.load(); }
+  const void* pd() const { return pd_; }
+  in_addr_t ipv4() const { return ipv4_; }
+  uint16_t port() const { return port_; }
+
+ private:
+  const void* pd_;
+  verbs::AhAttr attr_;
+  in_addr_t ipv4_;
+  uint16_t port_;
+  std::atomic<bool> closed_{false};
 };
 
 class SoftMr final : public verbs::MrImpl {

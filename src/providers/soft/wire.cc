@@ -47,6 +47,7 @@ size_t headerLenFor(FrameType type) {
     case FrameType::kCmpSwap:
     case FrameType::kFetchAdd: return kCommonHeaderLen + 32;
     case FrameType::kAtomicResp: return kCommonHeaderLen + 8;
+    case FrameType::kDatagram: return kCommonHeaderLen + 24;
   }
   return 0;
 }
@@ -59,7 +60,8 @@ bool carriesPayload(FrameType type) {
     case FrameType::kSendImm:
     case FrameType::kWrite:
     case FrameType::kWriteImm:
-    case FrameType::kReadResp: return true;
+    case FrameType::kReadResp:
+    case FrameType::kDatagram: return true;
     default: return false;
   }
 }
@@ -137,6 +139,13 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
     case FrameType::kAtomicResp:
       h.atomicResult = get64(x);
       break;
+    case FrameType::kDatagram:
+      h.srcQpn = get32(x);
+      h.qkey = get32(x + 4);
+      std::memcpy(h.srcGid.data(), x + 8, 16);
+      if (h.payloadLen > kMaxDatagram) return protocolError("datagram above the MTU");
+      if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24)) return protocolError("datagram QP number above 24 bits");
+      break;
     case FrameType::kNak:
       if (h.aux < static_cast<uint32_t>(Syndrome::kRnr) || h.aux > static_cast<uint32_t>(Syndrome::kRemOp)) {
         return protocolError("NAK with an unknown syndrome");
@@ -192,6 +201,11 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
       break;
     case FrameType::kAtomicResp:
       put64(x, h.atomicResult);
+      break;
+    case FrameType::kDatagram:
+      put32(x, h.srcQpn);
+      put32(x + 4, h.qkey);
+      std::memcpy(x + 8, h.srcGid.data(), 16);
       break;
     default:
       break;

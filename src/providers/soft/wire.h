@@ -38,9 +38,13 @@ enum class FrameType : uint8_t {
   kNak = 11,         // seq: the request refused; aux = Syndrome; flags low 5 bits: RNR timer code
   kReadResp = 12,    // seq; payload: the data; trailer: u32 Syndrome (0 = all data valid)
   kAtomicResp = 13,  // seq; atomicResult: the original value
+  kDatagram = 14,    // UD over UDP: qpn = destination QP; srcQpn, qkey, srcGid; aux = immediate
+                     // when flags has kFlagImm; payload: the message (at most kMaxDatagram)
 };
 
 inline constexpr uint16_t kFlagSolicited = 1;
+inline constexpr uint16_t kFlagImm = 2;  // kDatagram: aux carries an immediate
+inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 
 enum class Syndrome : uint32_t {
   kOk = 0,
@@ -72,11 +76,12 @@ struct FrameHeader {
   uint64_t compareAdd = 0;  // kCmpSwap, kFetchAdd
   uint64_t swap = 0;        // kCmpSwap
   uint64_t atomicResult = 0;  // kAtomicResp
-  // kHello
+  // kHello, kDatagram
   uint32_t srcQpn = 0;
   uint32_t psn = 0;
   uint32_t maxRdAtomic = 0;
-  std::array<uint8_t, 16> srcGid{};
+  std::array<uint8_t, 16> srcGid{};  // kHello, kDatagram
+  uint32_t qkey = 0;                 // kDatagram
   uint64_t nonce = 0;
 };
 

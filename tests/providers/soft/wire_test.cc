@@ -48,6 +48,7 @@ void expectSameFields(const FrameHeader& a, const FrameHeader& b) {
   EXPECT_EQ(a.psn, b.psn);
   EXPECT_EQ(a.maxRdAtomic, b.maxRdAtomic);
   EXPECT_EQ(a.srcGid, b.srcGid);
+  EXPECT_EQ(a.qkey, b.qkey);
   EXPECT_EQ(a.nonce, b.nonce);
 }
 
@@ -108,12 +109,20 @@ std::vector<FrameHeader> oneOfEachType() {
   frames.push_back({.type = FrameType::kReadResp, .payloadLen = kMaxMessage, .seq = 6, .qpn = 3});
   frames.push_back(
       {.type = FrameType::kAtomicResp, .seq = 7, .qpn = 3, .atomicResult = 0xfedcba9876543210ULL});
+  frames.push_back({.type = FrameType::kDatagram,
+                    .flags = kFlagImm,
+                    .payloadLen = kMaxDatagram,
+                    .qpn = 0x123456,
+                    .aux = 0xabcdef01,
+                    .srcQpn = 0x654321,
+                    .srcGid = {0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0xff, 0xff, 127, 0, 0, 1},
+                    .qkey = 0x11111111});
   return frames;
 }
 
 TEST(WireTest, EveryFrameTypeRoundTrips) {
   std::vector<FrameHeader> frames = oneOfEachType();
-  ASSERT_EQ(frames.size(), 13u);  // kHello .. kAtomicResp
+  ASSERT_EQ(frames.size(), 14u);  // kHello .. kDatagram
   for (const FrameHeader& h : frames) {
     SCOPED_TRACE("frame type " + std::to_string(static_cast<int>(h.type)));
     Bytes bytes = encode(h);
@@ -151,13 +160,14 @@ TEST(WireTest, HeaderLengthsAndTrailers) {
   EXPECT_EQ(headerLenFor(FrameType::kAtomicResp), 32u);
   EXPECT_EQ(headerLenFor(FrameType::kAck), 24u);
   EXPECT_EQ(headerLenFor(static_cast<FrameType>(0)), 0u);
-  EXPECT_EQ(headerLenFor(static_cast<FrameType>(14)), 0u);
+  EXPECT_EQ(headerLenFor(FrameType::kDatagram), 48u);
+  EXPECT_EQ(headerLenFor(static_cast<FrameType>(15)), 0u);
   EXPECT_EQ(trailerLen(FrameType::kReadResp), 4u);
   EXPECT_EQ(trailerLen(FrameType::kSend), 0u);
   for (const FrameHeader& h : oneOfEachType()) {
     bool expected = h.type == FrameType::kSend || h.type == FrameType::kSendImm ||
                     h.type == FrameType::kWrite || h.type == FrameType::kWriteImm ||
-                    h.type == FrameType::kReadResp;
+                    h.type == FrameType::kReadResp || h.type == FrameType::kDatagram;
     EXPECT_EQ(carriesPayload(h.type), expected) << static_cast<int>(h.type);
   }
 }
@@ -216,7 +226,7 @@ TEST(WireTest, RefusesOtherVersions) {
 }
 
 TEST(WireTest, RefusesUnknownTypes) {
-  for (uint8_t t : {0, 14, 15, 128, 255}) {
+  for (uint8_t t : {0, 15, 16, 128, 255}) {
     Bytes b = ack();
     b[3] = t;
     expectRefusedByPeek(b, "type " + std::to_string(t));

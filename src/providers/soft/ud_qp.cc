@@ -1,0 +1,283 @@
+#include "providers/soft/ud_qp.h"
+
+#include <arpa/inet.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <shared_mutex>
+
+#include "verbs/qp_state.h"
+
+namespace ferry::soft {
+namespace {
+
+using verbs::QpState;
+using verbs::WcOpcode;
+using verbs::WcStatus;
+using verbs::WrOpcode;
+
+constexpr uint32_t kMaxInline = 512;
+
+Status refusePost(const std::string& why) { return invalidArgument("post: " + why); }
+
+}  // namespace
+
+SoftUdQp::SoftUdQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init)
+    : ctx_(std::move(ctx)),
+      pd_(std::move(pd)),
+      sendCq_(std::static_pointer_cast<SoftCq>(init.sendCq)),
+      recvCq_(std::static_pointer_cast<SoftCq>(init.recvCq)),
+      srq_(std::static_pointer_cast<SoftSrq>(init.srq)),
+      cap_(init.cap),
+      sqSigAll_(init.sqSigAll) {
+  attr_.cap = cap_;
+}
+
+Status SoftUdQp::modify(const verbs::QpAttr& attr, uint32_t mask) {
+  namespace m = verbs::qp_attr_mask;
+  if (closed_) return closedError("modify: the QP is closed");
+  bool flush = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto next = verbs::checkQpTransition(verbs::QpType::kUd, state_, attr, mask);
+    if (!next.isOk()) return next.status();
+    if (mask & m::kPkeyIndex) attr_.pkeyIndex = attr.pkeyIndex;
+    if (mask & m::kPort) attr_.portNum = attr.portNum;
+    if (mask & m::kQkey) attr_.qkey = attr.qkey;
+    if (mask & m::kSqPsn) attr_.sqPsn = attr.sqPsn;
+    if (*next == QpState::kReset) {
+      rq_.clear();
+      verbs::QpAttr fresh;
+      fresh.cap = cap_;
+      attr_ = fresh;
+    }
+    flush = *next == QpState::kErr;
+    state_ = *next;
+  }
+  if (flush) flushRecvs();
+  return Status::ok();
+}
+
+Result<verbs::QpAttr> SoftUdQp::query() {
+  if (closed_) return closedError("query: the QP is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  verbs::QpAttr attr = attr_;
+  attr.state = attr.curState = state_;
+  attr.cap = cap_;
+  attr.pathMtu = verbs::Mtu::k4096;
+  return attr;
+}
+
+void SoftUdQp::complete(const std::shared_ptr<SoftCq>& cq, const verbs::WorkCompletion& wc, bool solicited) {
+  cq->push(wc, solicited);
+}
+
+Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    const verbs::SendWr& wr = wrs[i];
+    Status status;
+    uint64_t total = 0;
+    for (const auto& sge : wr.sgList) total += sge.length;
+    bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+    std::shared_ptr<SoftAh> ah;
+    if (closed_) {
+      status = closedError("post send: the QP is closed");
+    } else if (sendCq_->closed()) {
+      status = closedError("post send: the QP's send CQ is closed");
+    } else if (state_ != QpState::kRts && state_ != QpState::kErr) {
+      status = refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state_) + ")");
+    } else if (wr.opcode != WrOpcode::kSend && wr.opcode != WrOpcode::kSendWithImm) {
+      status = refusePost("a UD QP sends only SEND and SEND_WITH_IMM");
+    } else if (wr.sgList.size() > cap_.maxSendSge) {
+      status = refusePost("more SGEs than the QP's max_send_sge");
+    } else if (inlined && total > cap_.maxInlineData) {
+      status = refusePost("inline data above max_inline_data");
+    } else if (total > wire::kMaxDatagram) {
+      status = refusePost("message above the UD MTU (4096 bytes)");
+    } else if (!(ah = pd_->findAh(wr.ud.ah))) {
+      status = refusePost("unknown or closed address handle (of another PD?)");
+    }
+    if (!status.isOk()) {
+      if (badIndex) *badIndex = i;
+      return status;
+    }
+    verbs::WorkCompletion wc;
+    wc.wrId = wr.wrId;
+    wc.opcode = WcOpcode::kSend;
+    wc.qpNum = qpn_;
+    wc.byteLen = static_cast<uint32_t>(total);
+    if (state_ == QpState::kErr) {
+      wc.status = WcStatus::kWrFlushErr;
+      complete(sendCq_, wc, false);
+      continue;
+    }
+    wire::FrameHeader h;
+    h.type = wire::FrameType::kDatagram;
+    h.qpn = wr.ud.remoteQpn & 0xffffff;
+    h.srcQpn = qpn_;
+    // A Q_Key with the high bit set means: use the QP's own (IBA 10.2.5).
+    h.qkey = (wr.ud.remoteQkey & 0x80000000u) ? attr_.qkey : wr.ud.remoteQkey;
+    h.srcGid = ctx_->gid().raw;
+    h.payloadLen = static_cast<uint32_t>(total);
+    if (wr.opcode == WrOpcode::kSendWithImm) {
+      h.flags |= wire::kFlagImm;
+      h.aux = wr.immData;
+    }
+    if (wr.sendFlags & verbs::send_flags::kSolicited) h.flags |= wire::kFlagSolicited;
+    uint8_t header[wire::kMaxHeaderLen];
+    size_t headerLen = wire::encodeHeader(h, header);
+    iovec iov[1 + 32];
+    int count = 0;
+    iov[count++] = {header, headerLen};
+    bool localOk = true;
+    {
+      std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+      for (const auto& sge : wr.sgList) {
+        if (sge.length == 0) continue;
+        if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, 0)) {
+          localOk = false;
+          break;
+        }
+        iov[count++] = {reinterpret_cast<void*>(sge.addr), sge.length};
+      }
+      if (localOk) {
+        sockaddr_in dest{};
+        dest.sin_family = AF_INET;
+        dest.sin_addr.s_addr = ah->ipv4();
+        dest.sin_port = htons(ah->port());
+        msghdr msg{};
+        msg.msg_name = &dest;
+        msg.msg_namelen = sizeof dest;
+        msg.msg_iov = iov;
+        msg.msg_iovlen = count;
+        // A datagram the kernel refuses is lost, as UD allows; the send still completes.
+        (void)::sendmsg(ctx_->udpFd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
+    wc.status = localOk ? WcStatus::kSuccess : WcStatus::kLocProtErr;
+    if (!localOk || sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled)) complete(sendCq_, wc, false);
+  }
+  return Status::ok();
+}
+
+Status SoftUdQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
+  bool flush = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < wrs.size(); ++i) {
+      Status status;
+      if (closed_) {
+        status = closedError("post recv: the QP is closed");
+      } else if (srq_) {
+        status = refusePost("the QP takes its receives from an SRQ");
+      } else if (state_ == QpState::kReset) {
+        status = refusePost("receive queue not ready (QP in RESET)");
+      } else if (wrs[i].sgList.size() > cap_.maxRecvSge) {
+        status = refusePost("more SGEs than the QP's max_recv_sge");
+      } else if (rq_.size() >= cap_.maxRecvWr) {
+        status = resourceExhausted("post recv: receive queue full");
+      }
+      if (!status.isOk()) {
+        if (badIndex) *badIndex = i;
+        return status;
+      }
+      rq_.push_back(RecvWqe{wrs[i].wrId, std::vector<verbs::Sge>(wrs[i].sgList.begin(), wrs[i].sgList.end())});
+    }
+    flush = state_ == QpState::kErr;
+  }
+  if (flush) flushRecvs();
+  return Status::ok();
+}
+
+void SoftUdQp::flushRecvs() {
+  std::deque<RecvWqe> flushed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flushed.swap(rq_);
+  }
+  for (auto& r : flushed) {
+    verbs::WorkCompletion wc;
+    wc.wrId = r.wrId;
+    wc.status = WcStatus::kWrFlushErr;
+    wc.opcode = WcOpcode::kRecv;
+    wc.qpNum = qpn_;
+    complete(recvCq_, wc, false);
+  }
+}
+
+void SoftUdQp::close() {
+  if (closed_.exchange(true)) return;
+  ctx_->removeQp(qpn_);
+}
+
+bool SoftUdQp::takeRecv(RecvWqe* out) {
+  if (srq_) return srq_->take(out);
+  if (rq_.empty()) return false;
+  *out = std::move(rq_.front());
+  rq_.pop_front();
+  return true;
+}
+
+void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* payload) {
+  RecvWqe rwqe;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || (state_ != QpState::kRtr && state_ != QpState::kRts)) return;  // dropped
+    if (h.qkey != attr_.qkey) return;  // wrong Q_Key: dropped silently, as on UD
+    if (!takeRecv(&rwqe)) return;      // no receive posted: dropped
+  }
+  verbs::WorkCompletion wc;
+  wc.wrId = rwqe.wrId;
+  wc.opcode = WcOpcode::kRecv;
+  wc.qpNum = qpn_;
+  wc.srcQp = h.srcQpn;
+  wc.wcFlags = verbs::wc_flags::kGrh;
+  if (h.flags & wire::kFlagImm) {
+    wc.wcFlags |= verbs::wc_flags::kWithImm;
+    wc.immData = h.aux;
+  }
+  uint8_t grh[kGrhBytes] = {};
+  grh[0] = 0x60;  // IP version 6
+  uint16_t payloadLen = static_cast<uint16_t>(h.payloadLen);
+  grh[4] = static_cast<uint8_t>(payloadLen >> 8);
+  grh[5] = static_cast<uint8_t>(payloadLen);
+  grh[6] = 0x1b;  // next header: IBA transport
+  grh[7] = 64;    // hop limit
+  std::memcpy(grh + 8, h.srcGid.data(), 16);
+  std::memcpy(grh + 24, ctx_->gid().raw.data(), 16);
+  const size_t need = kGrhBytes + h.payloadLen;
+  {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    size_t room = 0;
+    bool ok = true;
+    for (const auto& sge : rwqe.sges) {
+      room += sge.length;
+      if (sge.length && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite)) {
+        ok = false;
+      }
+    }
+    if (!ok || room < need) {
+      wc.status = ok ? WcStatus::kLocLenErr : WcStatus::kLocProtErr;
+    } else {
+      size_t done = 0;
+      for (const auto& sge : rwqe.sges) {
+        auto* dst = reinterpret_cast<uint8_t*>(sge.addr);
+        size_t left = sge.length;
+        while (left > 0 && done < need) {
+          size_t piece = std::min(left, need - done);
+          const uint8_t* src = done < kGrhBytes ? grh + done : payload + (done - kGrhBytes);
+          if (done < kGrhBytes) piece = std::min(piece, kGrhBytes - done);
+          std::memcpy(dst, src, piece);
+          dst += piece;
+          left -= piece;
+          done += piece;
+        }
+      }
+      wc.byteLen = static_cast<uint32_t>(need);
+    }
+  }
+  complete(recvCq_, wc, (h.flags & wire::kFlagSolicited) != 0);
+}
+
+}  // namespace ferry::soft

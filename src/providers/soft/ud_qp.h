@@ -1,0 +1,59 @@
+// SoftUdQp: an unreliable-datagram queue pair of the soft provider, over the context's UDP socket.
+//
+// A send is one UDP datagram (a kDatagram frame) to the address and port in the address handle's
+// GID; it completes as soon as the kernel took it — delivery is not guaranteed, as on UD. At the
+// target, the context's progress thread hands the datagram to the QP it names: the Q_Key must
+// match, a receive must be posted (else the datagram is dropped), and the receive gets a 40-byte
+// GRH (sender's GID at bytes 8-23, receiver's at 24-39) followed by the message.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "providers/soft/soft.h"
+
+namespace ferry::soft {
+
+inline constexpr size_t kGrhBytes = 40;
+
+class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this<SoftUdQp> {
+ public:
+  SoftUdQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init);
+
+  uint32_t qpNum() const override { return qpn_; }
+  verbs::QpType type() const override { return verbs::QpType::kUd; }
+  Status modify(const verbs::QpAttr& attr, uint32_t mask) override;
+  Result<verbs::QpAttr> query() override;
+  // Sends at once from the caller's thread (a datagram needs no progress thread).
+  Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
+  Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
+  void close() override;
+
+  void setQpn(uint32_t qpn) { qpn_ = qpn; }
+  // A datagram for this QP arrived (reactor thread).
+  void onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* payload);
+
+ private:
+  bool takeRecv(RecvWqe* out);
+  void flushRecvs();
+  void complete(const std::shared_ptr<SoftCq>& cq, const verbs::WorkCompletion& wc, bool solicited);
+
+  std::shared_ptr<SoftContext> ctx_;
+  std::shared_ptr<SoftPd> pd_;
+  std::shared_ptr<SoftCq> sendCq_;
+  std::shared_ptr<SoftCq> recvCq_;
+  std::shared_ptr<SoftSrq> srq_;
+  const verbs::QpCap cap_;
+  const bool sqSigAll_;
+  uint32_t qpn_ = 0;
+  std::atomic<bool> closed_{false};
+
+  mutable std::mutex mu_;
+  verbs::QpState state_ = verbs::QpState::kReset;
+  verbs::QpAttr attr_;
+  std::deque<RecvWqe> rq_;
+};
+
+}  // namespace ferry::soft

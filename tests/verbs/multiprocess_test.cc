@@ -1,0 +1,455 @@
+// Two-process verbs tests: this process against verbs_peer (a separate program, fork/exec'd), the
+// two exchanging paths, addresses and keys over the peer's stdin/stdout as a real application would
+// over its own channel. Covers byte-exact transfers both ways and what a requester sees when the
+// peer process is killed or stopped mid-transfer.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/verbs_fixture.h"
+
+namespace ferry::test {
+namespace {
+
+namespace v = ferry::verbs;
+namespace access = ferry::verbs::access;
+using std::chrono::milliseconds;
+using v::WcOpcode;
+using v::WcStatus;
+using v::WorkCompletion;
+using v::WrOpcode;
+
+constexpr size_t kMiB = 1024 * 1024;
+constexpr milliseconds kPeerLossBound{5000};
+
+std::string peerProgram() { return std::string(FERRY_TEST_BIN_DIR) + "/verbs_peer"; }
+
+// One verbs_peer child: commands go to its stdin, one reply line per command comes from its stdout.
+// The destructor kills (SIGKILL) and reaps it if it is still running.
+class PeerProcess {
+ public:
+  PeerProcess() = default;
+  PeerProcess(const PeerProcess&) = delete;
+  PeerProcess& operator=(const PeerProcess&) = delete;
+  ~PeerProcess() { killAndReap(); }
+
+  Status start() {
+    const std::string program = peerProgram();
+    int toChild[2] = {-1, -1};
+    int fromChild[2] = {-1, -1};
+    if (::pipe2(toChild, O_CLOEXEC) != 0) return ioError("pipe2");
+    if (::pipe2(fromChild, O_CLOEXEC) != 0) {
+      ::close(toChild[0]);
+      ::close(toChild[1]);
+      return ioError("pipe2");
+    }
+    char* const argv[] = {const_cast<char*>(program.c_str()), nullptr};
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) return ioError("fork");
+    if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(126);
+      ::dup2(toChild[0], STDIN_FILENO);
+      ::dup2(fromChild[1], STDOUT_FILENO);
+      ::execv(program.c_str(), argv);
+      ::_exit(127);
+    }
+    pid_ = pid;
+    ::close(toChild[0]);
+    ::close(fromChild[1]);
+    toPeer_ = toChild[1];
+    fromPeer_ = fromChild[0];
+    return Status::ok();
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Sends one command; returns the text after "ok" or the peer's error.
+  Result<std::string> call(const std::string& command, milliseconds timeout = kWaitTimeout) {
+    const std::string line = command + "\n";
+    size_t sent = 0;
+    while (sent < line.size()) {
+      const ssize_t n = ::write(toPeer_, line.data() + sent, line.size() - sent);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ioError("write to verbs_peer");
+      sent += static_cast<size_t>(n);
+    }
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const size_t newline = buffered_.find('\n');
+      if (newline != std::string::npos) {
+        std::string reply = buffered_.substr(0, newline);
+        buffered_.erase(0, newline + 1);
+        if (reply == "ok") return std::string();
+        if (reply.rfind("ok ", 0) == 0) return reply.substr(3);
+        return Status(StatusCode::kInternal, "verbs_peer '" + command.substr(0, 80) + "': " + reply);
+      }
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0)
+        return Status(StatusCode::kTimedOut, "no reply from verbs_peer to '" + command.substr(0, 80) + "'");
+      pollfd p{.fd = fromPeer_, .events = POLLIN, .revents = 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(left));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = ::read(fromPeer_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status(StatusCode::kUnavailable, "verbs_peer exited");
+      buffered_.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+  void signal(int sig) const {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+
+  // Waits up to timeout for the child to exit; true and its wait status when it did.
+  bool reap(milliseconds timeout, int* waitStatus) {
+    if (pid_ <= 0) return false;
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const pid_t done = ::waitpid(pid_, waitStatus, WNOHANG);
+      if (done == pid_) {
+        pid_ = -1;
+        closePipes();
+        return true;
+      }
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+
+  // Waits until the child is stopped (after SIGSTOP).
+  bool waitStopped(milliseconds timeout) const {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      int status = 0;
+      const pid_t done = ::waitpid(pid_, &status, WNOHANG | WUNTRACED);
+      if (done == pid_ && WIFSTOPPED(status)) return true;
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
+
+  void killAndReap() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::kill(pid_, SIGCONT);
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      pid_ = -1;
+    }
+    closePipes();
+  }
+
+ private:
+  void closePipes() {
+    if (toPeer_ >= 0) ::close(toPeer_);
+    if (fromPeer_ >= 0) ::close(fromPeer_);
+    toPeer_ = fromPeer_ = -1;
+  }
+
+  pid_t pid_ = -1;
+  int toPeer_ = -1;
+  int fromPeer_ = -1;
+  std::string buffered_;
+};
+
+// A region of the peer, as its "mr" command describes it.
+struct PeerRegion {
+  int index = -1;
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint64_t length = 0;
+};
+
+class CrossProcess : public VerbsTest {
+ protected:
+  void SetUp() override {
+    VerbsTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    // A write to the pipe of a peer that was just killed must fail, not kill the test.
+    std::signal(SIGPIPE, SIG_IGN);
+    ASSERT_EQ(::access(peerProgram().c_str(), X_OK), 0) << peerProgram() << ": " << std::strerror(errno);
+    ASSERT_OK(peer_.start());
+    ASSERT_TRUE(isOk(peer_.call("open " + providerPath().device)));
+  }
+
+  void TearDown() override {
+    // On success the peer must shut down cleanly (closing its device does not hang); on failure,
+    // or when a test already disposed of it, it is killed and reaped.
+    if (peer_.pid() > 0 && !HasFailure()) {
+      EXPECT_OK(peer_.call("exit"));
+      int status = 0;
+      EXPECT_TRUE(peer_.reap(kWaitTimeout, &status)) << "verbs_peer did not exit";
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "verbs_peer wait status " << status;
+    }
+    peer_.killAndReap();
+    VerbsTest::TearDown();
+  }
+
+  // Creates this side's QP and one of the peer's, and connects them through the peer's pipe.
+  void connect(Side& side, const LinkOptions& link = {}) {
+    ASSERT_OK(openSide(side, nullptr, 1024));
+    ASSERT_OK(
+        createQp(side, {.cap = {.maxSendWr = 256, .maxRecvWr = 256, .maxSendSge = 4, .maxRecvSge = 4}}));
+    ASSERT_OK_AND_ASSIGN(std::string reply, peer_.call("qp"));
+    std::istringstream in(reply);
+    in >> peerQp_;
+    std::string json;
+    std::getline(in, json);
+    ASSERT_OK_AND_ASSIGN(v::Path peerPath, v::Path::fromJson(json));
+    ASSERT_OK_AND_ASSIGN(v::Path local, makeLocalPath(*side.context, side.qp));
+    ASSERT_OK_AND_ASSIGN(v::Path path, pathTowardsPeer(*side.context, side.qp, local, peerPath, link));
+    std::ostringstream command;
+    command << "connect " << peerQp_ << " " << int(link.timeout) << " " << int(link.retries) << " "
+            << int(link.rnrRetries) << " " << int(link.minRnrTimer) << " " << kRemoteAccess << " "
+            << local.toJson();
+    ASSERT_OK(peer_.call(command.str()));
+    ASSERT_OK(side.qp.establish(path, kRemoteAccess));
+    side.path = path;
+  }
+
+  void peerRegion(size_t size, uint32_t accessFlags, uint64_t seed, PeerRegion* out) {
+    ASSERT_OK_AND_ASSIGN(std::string reply,
+                         peer_.call("mr " + std::to_string(size) + " " + std::to_string(accessFlags) + " " +
+                                    std::to_string(seed)));
+    std::istringstream in(reply);
+    ASSERT_TRUE(static_cast<bool>(in >> out->index >> out->addr >> out->rkey >> out->length)) << reply;
+    ASSERT_EQ(out->length, size);
+  }
+
+  // Sends a command built from the arguments, separated by spaces.
+  template <typename... Args>
+  Result<std::string> peer(const Args&... args) {
+    std::ostringstream command;
+    ((command << args << ' '), ...);
+    std::string text = command.str();
+    text.pop_back();
+    return peer_.call(text);
+  }
+
+  PeerProcess peer_;
+  int peerQp_ = -1;
+};
+
+TEST_P(CrossProcess, TransfersAreByteExactBothWays) {
+  Side side;
+  ASSERT_NO_FATAL_FAILURE(connect(side));
+  constexpr size_t kSize = 16 * kMiB;
+  PeerRegion remote;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(kSize, access::kAll, 500, &remote));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, kSize, access::kLocalWrite, 501));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(side.pd, kSize, access::kLocalWrite, 502));
+  WorkCompletion wc;
+
+  // WRITE 16 MiB into the peer.
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 1,
+                           .sges = {sgeOf(src, 0, kSize)},
+                           .remoteAddr = remote.addr,
+                           .rkey = remote.rkey}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  EXPECT_TRUE(wc.status == WcStatus::kSuccess && wc.wrId == 1) << describe(wc);
+  EXPECT_OK(peer("check", remote.index, 0, kSize, 501));
+
+  // READ 16 MiB back after the peer rewrote it.
+  ASSERT_OK(peer("fill", remote.index, 0, kSize, 503));
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaRead,
+                           .wrId = 2,
+                           .sges = {sgeOf(dst, 0, kSize)},
+                           .remoteAddr = remote.addr,
+                           .rkey = remote.rkey}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  EXPECT_TRUE(wc.status == WcStatus::kSuccess && wc.wrId == 2) << describe(wc);
+  EXPECT_TRUE(matchesPattern(bytesOf(dst), 503));
+
+  // SEND 1 MiB into a posted receive.
+  ASSERT_OK(peer("recv", peerQp_, 7, remote.index, 0, 2 * kMiB));
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 0, kMiB)}}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  EXPECT_TRUE(wc.status == WcStatus::kSuccess && wc.wrId == 3) << describe(wc);
+  ASSERT_OK_AND_ASSIGN(std::string received, peer("poll", "recv", 1, 10000));
+  EXPECT_EQ(received, "7:SUCCESS:RECV:1048576:0");
+  EXPECT_OK(peer("check", remote.index, 0, kMiB, 501));
+  EXPECT_OK(peer("check", remote.index, kMiB, kMiB, 503)) << "past the message";
+
+  // WRITE_WITH_IMM: data plus the immediate in a receive.
+  ASSERT_OK(peer("recv", peerQp_, 8, remote.index, 0, 16));
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWriteWithImm,
+                           .wrId = 4,
+                           .sges = {sgeOf(src, 0, 4096)},
+                           .remoteAddr = remote.addr + 8 * kMiB,
+                           .rkey = remote.rkey,
+                           .imm = 2748}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  EXPECT_TRUE(wc.status == WcStatus::kSuccess && wc.wrId == 4) << describe(wc);
+  ASSERT_OK_AND_ASSIGN(received, peer("poll", "recv", 1, 10000));
+  EXPECT_EQ(received, "8:SUCCESS:RECV_RDMA_WITH_IMM:4096:2748");
+  EXPECT_OK(peer("check", remote.index, 8 * kMiB, 4096, 501, 0));
+
+  // Atomics on the peer's memory.
+  ASSERT_OK(peer("set64", remote.index, 64, 100));
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kAtomicFetchAndAdd,
+                           .wrId = 5,
+                           .sges = {sgeOf(dst, 0, 8)},
+                           .remoteAddr = remote.addr + 64,
+                           .rkey = remote.rkey,
+                           .compareAdd = 5}));
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kAtomicCmpAndSwp,
+                           .wrId = 6,
+                           .sges = {sgeOf(dst, 8, 8)},
+                           .remoteAddr = remote.addr + 64,
+                           .rkey = remote.rkey,
+                           .compareAdd = 105,
+                           .swap = 7}));
+  std::vector<WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(side.sendCq, 2, &completions));
+  EXPECT_TRUE(completions[0].status == WcStatus::kSuccess && completions[0].opcode == WcOpcode::kFetchAdd)
+      << describe(completions[0]);
+  EXPECT_TRUE(completions[1].status == WcStatus::kSuccess && completions[1].opcode == WcOpcode::kCompSwap)
+      << describe(completions[1]);
+  uint64_t fetched = 0, compared = 0;
+  std::memcpy(&fetched, dst.data(), 8);
+  std::memcpy(&compared, dst.data() + 8, 8);
+  EXPECT_EQ(fetched, 100u);
+  EXPECT_EQ(compared, 105u);
+  ASSERT_OK_AND_ASSIGN(std::string value, peer("get64", remote.index, 64));
+  EXPECT_EQ(value, "7");
+}
+
+TEST_P(CrossProcess, PeerReadsAndWritesAnIdleProcess) {
+  // This process only registers memory: its provider serves the peer's requests on its own.
+  Side side;
+  ASSERT_NO_FATAL_FAILURE(connect(side));
+  constexpr size_t kSize = 4 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto target, registerBuffer(side.pd, 2 * kSize, access::kAll, 510));
+  PeerRegion remote;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(2 * kSize, access::kAll, 511, &remote));
+  ASSERT_OK(peer("post", peerQp_, "write", 1, remote.index, 0, kSize, target.address(), target.mr.rkey()));
+  ASSERT_OK(
+      peer("post", peerQp_, "read", 2, remote.index, kSize, kSize, target.address(kSize), target.mr.rkey()));
+  ASSERT_OK_AND_ASSIGN(std::string done, peer("poll", "send", 2, 10000));
+  std::istringstream in(done);
+  std::string first, second;
+  in >> first >> second;
+  // wr_id:STATUS:OPCODE:byte_len:imm; a WRITE's byte_len is undefined, a READ's is what was read.
+  EXPECT_EQ(first.rfind("1:SUCCESS:RDMA_WRITE:", 0), 0u) << done;
+  EXPECT_EQ(second, "2:SUCCESS:RDMA_READ:" + std::to_string(kSize) + ":0") << done;
+  EXPECT_TRUE(matchesPattern(bytesOf(target, 0, kSize), 511, 0));
+  EXPECT_OK(peer("check", remote.index, kSize, kSize, 510, kSize));
+}
+
+TEST_P(CrossProcess, KilledPeerFailsOutstandingWritesQuickly) {
+  Side side;
+  ASSERT_NO_FATAL_FAILURE(connect(side, {.timeout = 14, .retries = 2}));
+  constexpr size_t kChunk = 4 * kMiB;
+  constexpr uint64_t kCount = 64;
+  PeerRegion remote;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(kChunk, access::kAll, 520, &remote));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, kChunk, access::kLocalWrite, 521));
+  WorkCompletion wc;
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 0,
+                           .sges = {sgeOf(src, 0, kChunk)},
+                           .remoteAddr = remote.addr,
+                           .rkey = remote.rkey}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+
+  std::vector<SendOp> ops;
+  for (uint64_t id = 1; id <= kCount; ++id) {
+    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
+                   .wrId = id,
+                   .sges = {sgeOf(src, 0, kChunk)},
+                   .remoteAddr = remote.addr,
+                   .rkey = remote.rkey});
+  }
+  ASSERT_OK(postAll(side.qp, ops));
+  peer_.signal(SIGKILL);
+  const auto killed = Clock::now();
+  int status = 0;
+  ASSERT_TRUE(peer_.reap(kWaitTimeout, &status));
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+  std::vector<WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(side.sendCq, kCount, &completions, kPeerLossBound))
+      << "outstanding WRs after the peer was killed";
+  EXPECT_LT(Clock::now() - killed, kPeerLossBound);
+  size_t i = 0;
+  while (i < kCount && completions[i].status == WcStatus::kSuccess) {
+    EXPECT_EQ(completions[i].wrId, i + 1);
+    ++i;
+  }
+  ASSERT_LT(i, kCount) << "every write finished before the kill; nothing was in flight";
+  EXPECT_EQ(completions[i].wrId, i + 1);
+  EXPECT_EQ(completions[i].status, WcStatus::kRetryExcErr) << describe(completions[i]);
+  for (++i; i < kCount; ++i) {
+    EXPECT_EQ(completions[i].wrId, i + 1);
+    EXPECT_EQ(completions[i].status, WcStatus::kWrFlushErr) << describe(completions[i]);
+  }
+  EXPECT_TRUE(reachesState(side.qp, v::QpState::kErr));
+}
+
+TEST_P(CrossProcess, StoppedPeerTimesOutWithRetryExceeded) {
+  Side side;
+  const LinkOptions link{.timeout = 12, .retries = 2};
+  ASSERT_NO_FATAL_FAILURE(connect(side, link));
+  PeerRegion remote;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(1 * kMiB, access::kAll, 530, &remote));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 1 * kMiB, access::kLocalWrite, 531));
+  WorkCompletion wc;
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 1,
+                           .sges = {sgeOf(src, 0, 4096)},
+                           .remoteAddr = remote.addr,
+                           .rkey = remote.rkey}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+
+  // The peer's sockets stay open, but nothing answers.
+  peer_.signal(SIGSTOP);
+  ASSERT_TRUE(peer_.waitStopped(kWaitTimeout));
+  const auto start = Clock::now();
+  ASSERT_OK(postAll(side.qp, {{.opcode = WrOpcode::kRdmaWrite,
+                               .wrId = 2,
+                               .sges = {sgeOf(src, 0, 64 * 1024)},
+                               .remoteAddr = remote.addr,
+                               .rkey = remote.rkey},
+                              {.opcode = WrOpcode::kRdmaWrite,
+                               .wrId = 3,
+                               .sges = {sgeOf(src, 0, 4096)},
+                               .remoteAddr = remote.addr,
+                               .rkey = remote.rkey}}));
+  std::vector<WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(side.sendCq, 2, &completions, kPeerLossBound));
+  const auto elapsed = Clock::now() - start;
+  EXPECT_EQ(completions[0].wrId, 2u);
+  EXPECT_EQ(completions[0].status, WcStatus::kRetryExcErr) << describe(completions[0]);
+  EXPECT_EQ(completions[1].wrId, 3u);
+  EXPECT_EQ(completions[1].status, WcStatus::kWrFlushErr) << describe(completions[1]);
+  // Not before one transport timeout (4.096 us * 2^12 = 16.8 ms), well within the bound.
+  EXPECT_GE(elapsed, milliseconds(16));
+  EXPECT_LT(elapsed, kPeerLossBound);
+  EXPECT_TRUE(reachesState(side.qp, v::QpState::kErr));
+  peer_.signal(SIGCONT);
+  peer_.killAndReap();
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, CrossProcess, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+
+}  // namespace
+}  // namespace ferry::test

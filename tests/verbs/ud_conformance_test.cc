@@ -1,0 +1,237 @@
+// Conformance of unreliable-datagram (UD) queue pairs, over every provider path that offers them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "support/verbs_fixture.h"
+
+namespace ferry::test {
+namespace {
+
+namespace v = ferry::verbs;
+using v::QpState;
+using v::WcStatus;
+
+constexpr uint32_t kQkey = 0x11111111;
+constexpr size_t kGrh = 40;
+
+struct UdSide {
+  Side side;
+  v::QueuePair qp;
+};
+
+class UdConformance : public VerbsTest {
+ protected:
+  // Opens a context, PD, CQs and a UD QP brought to RTS with kQkey.
+  void openUd(UdSide& ud, uint32_t qkey = kQkey) {
+    ASSERT_TRUE(isOk(openSide(ud.side, nullptr, 256)));
+    auto qp = ud.side.pd.createQp({.type = v::QpType::kUd,
+                                   .sendCq = &ud.side.sendCq,
+                                   .recvCq = &ud.side.recvCq,
+                                   .cap = {.maxSendWr = 64, .maxRecvWr = 64, .maxSendSge = 2, .maxRecvSge = 2}});
+    if (!qp.isOk() && qp.status().code() == StatusCode::kNotSupported) {
+      GTEST_SKIP() << providerPath().name << " offers no UD QPs: " << qp.status().message();
+    }
+    ASSERT_TRUE(isOk(qp.status()));
+    ud.qp = std::move(*qp);
+    namespace m = v::qp_attr_mask;
+    v::QpAttr attr;
+    attr.state = QpState::kInit;
+    attr.portNum = 1;
+    attr.qkey = qkey;
+    ASSERT_TRUE(isOk(ud.qp.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey)));
+    attr.state = QpState::kRtr;
+    ASSERT_TRUE(isOk(ud.qp.modify(attr, m::kState)));
+    attr.state = QpState::kRts;
+    attr.sqPsn = 0x123;
+    ASSERT_TRUE(isOk(ud.qp.modify(attr, m::kState | m::kSqPsn)));
+  }
+
+  v::Gid gidOf(UdSide& ud) {
+    auto gid = ud.side.context->queryGid(1, 0);
+    EXPECT_TRUE(isOk(gid.status()));
+    return gid.isOk() ? *gid : v::Gid{};
+  }
+
+  Result<v::AddressHandle> ahTo(UdSide& from, UdSide& to) {
+    v::AhAttr attr;
+    attr.dgid = gidOf(to);
+    attr.isGlobal = true;
+    attr.portNum = 1;
+    return from.side.pd.createAh(attr);
+  }
+
+  Status sendTo(UdSide& from, const v::AddressHandle& ah, uint32_t remoteQpn, const RegisteredBuffer& buf,
+                size_t len, uint64_t wrId, uint32_t qkey = kQkey, bool imm = false) {
+    v::Sge sge = sgeOf(buf, 0, len);
+    v::SendWr wr{.wrId = wrId,
+                 .opcode = imm ? v::WrOpcode::kSendWithImm : v::WrOpcode::kSend,
+                 .sendFlags = v::send_flags::kSignaled,
+                 .sgList = std::span<const v::Sge>(&sge, len ? 1 : 0),
+                 .immData = 0xfeedbeef};
+    wr.ud = {.ah = ah.id(), .remoteQpn = remoteQpn, .remoteQkey = qkey};
+    return from.qp.postSend(wr);
+  }
+};
+
+TEST_P(UdConformance, DatagramArrivesWithGrhSourceAndImmediate) {
+  UdSide a, b;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  ASSERT_OK_AND_ASSIGN(auto out, registerBuffer(a.side.pd, 4096, v::access::kLocalWrite, 1));
+  ASSERT_OK_AND_ASSIGN(auto in, registerBuffer(b.side.pd, kGrh + 4096, v::access::kLocalWrite, 2));
+  ASSERT_OK(postReceive(b.qp, 7, {sgeOf(in, 0, in.size())}));
+  ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, b));
+  ASSERT_OK(sendTo(a, ah, b.qp.qpNum(), out, 1000, 3, kQkey, /*imm=*/true));
+  v::WorkCompletion sent, got;
+  ASSERT_TRUE(pollOne(a.side.sendCq, &sent));
+  EXPECT_EQ(sent.status, WcStatus::kSuccess) << describe(sent);
+  EXPECT_EQ(sent.wrId, 3u);
+  ASSERT_TRUE(pollOne(b.side.recvCq, &got));
+  ASSERT_EQ(got.status, WcStatus::kSuccess) << describe(got);
+  EXPECT_EQ(got.wrId, 7u);
+  EXPECT_EQ(got.opcode, v::WcOpcode::kRecv);
+  EXPECT_EQ(got.byteLen, kGrh + 1000);
+  EXPECT_EQ(got.srcQp, a.qp.qpNum());
+  EXPECT_EQ(got.wcFlags & v::wc_flags::kGrh, v::wc_flags::kGrh);
+  EXPECT_EQ(got.wcFlags & v::wc_flags::kWithImm, v::wc_flags::kWithImm);
+  EXPECT_EQ(got.immData, 0xfeedbeefu);
+  v::Gid sgid, dgid;
+  std::memcpy(sgid.raw.data(), in.data() + 8, 16);
+  std::memcpy(dgid.raw.data(), in.data() + 24, 16);
+  EXPECT_EQ(sgid, gidOf(a));
+  EXPECT_EQ(dgid, gidOf(b));
+  EXPECT_EQ(firstPatternMismatch(bytesOf(in, kGrh, 1000), 1), 1000u) << "payload differs";
+  EXPECT_EQ(firstPatternMismatch(bytesOf(in, kGrh + 1000, 16), 2, kGrh + 1000), 16u)
+      << "bytes past the message were written";
+}
+
+TEST_P(UdConformance, OneQpReachesSeveralDestinationsAndTheyReplyFromTheCompletion) {
+  UdSide a, b1, b2;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b1));
+  ASSERT_NO_FATAL_FAILURE(openUd(b2));
+  ASSERT_OK_AND_ASSIGN(auto out, registerBuffer(a.side.pd, 256, v::access::kLocalWrite, 3));
+  ASSERT_OK_AND_ASSIGN(auto back, registerBuffer(a.side.pd, kGrh + 256, v::access::kLocalWrite, 0));
+  ASSERT_OK(postReceive(a.qp, 100, {sgeOf(back, 0, back.size())}));
+  ASSERT_OK(postReceive(a.qp, 101, {sgeOf(back, 0, back.size())}));
+  for (UdSide* b : {&b1, &b2}) {
+    ASSERT_OK_AND_ASSIGN(auto in, registerBuffer(b->side.pd, kGrh + 256, v::access::kLocalWrite, 0));
+    ASSERT_OK(postReceive(b->qp, 1, {sgeOf(in, 0, in.size())}));
+    ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, *b));
+    ASSERT_OK(sendTo(a, ah, b->qp.qpNum(), out, 256, 5));
+    v::WorkCompletion got;
+    ASSERT_TRUE(pollOne(b->side.recvCq, &got));
+    ASSERT_EQ(got.status, WcStatus::kSuccess) << describe(got);
+    EXPECT_EQ(firstPatternMismatch(bytesOf(in, kGrh, 256), 3), 256u);
+    // The reply path: the source GID from the GRH and the source QP from the completion.
+    v::AhAttr reply;
+    std::memcpy(reply.dgid.raw.data(), in.data() + 8, 16);
+    reply.portNum = 1;
+    ASSERT_OK_AND_ASSIGN(auto replyAh, b->side.pd.createAh(reply));
+    ASSERT_OK(sendTo(*b, replyAh, got.srcQp, in, kGrh + 16, 9));
+    v::WorkCompletion answered;
+    ASSERT_TRUE(pollOne(a.side.recvCq, &answered));
+    EXPECT_EQ(answered.status, WcStatus::kSuccess) << describe(answered);
+    EXPECT_EQ(answered.srcQp, b->qp.qpNum());
+  }
+}
+
+TEST_P(UdConformance, WrongQkeyOrNoReceiveDropsTheDatagram) {
+  UdSide a, b;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  ASSERT_OK_AND_ASSIGN(auto out, registerBuffer(a.side.pd, 64, v::access::kLocalWrite, 4));
+  ASSERT_OK_AND_ASSIGN(auto in, registerBuffer(b.side.pd, kGrh + 64, v::access::kLocalWrite, 5));
+  ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, b));
+  // No receive posted: the datagram is lost, the send still completes.
+  ASSERT_OK(sendTo(a, ah, b.qp.qpNum(), out, 64, 1));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(a.side.sendCq, &wc));
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  ASSERT_TRUE(noCompletionFor(b.side.recvCq, std::chrono::milliseconds(100)));
+  // A wrong Q_Key is dropped even with a receive posted.
+  ASSERT_OK(postReceive(b.qp, 2, {sgeOf(in, 0, in.size())}));
+  ASSERT_OK(sendTo(a, ah, b.qp.qpNum(), out, 64, 2, kQkey + 1));
+  ASSERT_TRUE(pollOne(a.side.sendCq, &wc));
+  ASSERT_TRUE(noCompletionFor(b.side.recvCq, std::chrono::milliseconds(100)));
+  EXPECT_EQ(firstPatternMismatch(bytesOf(in), 5), in.size()) << "a dropped datagram touched memory";
+  // The right Q_Key takes the receive that waited.
+  ASSERT_OK(sendTo(a, ah, b.qp.qpNum(), out, 64, 3));
+  ASSERT_TRUE(pollOne(b.side.recvCq, &wc));
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  EXPECT_EQ(wc.wrId, 2u);
+}
+
+TEST_P(UdConformance, ShortReceiveBufferFailsWithLocLenErr) {
+  UdSide a, b;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  ASSERT_OK_AND_ASSIGN(auto out, registerBuffer(a.side.pd, 512, v::access::kLocalWrite, 6));
+  ASSERT_OK_AND_ASSIGN(auto in, registerBuffer(b.side.pd, kGrh + 512, v::access::kLocalWrite, 7));
+  ASSERT_OK(postReceive(b.qp, 1, {sgeOf(in, 0, kGrh + 100)}));
+  ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, b));
+  ASSERT_OK(sendTo(a, ah, b.qp.qpNum(), out, 512, 1));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(b.side.recvCq, &wc));
+  EXPECT_EQ(wc.status, WcStatus::kLocLenErr) << describe(wc);
+  EXPECT_EQ(firstPatternMismatch(bytesOf(in), 7), in.size()) << "a refused datagram touched memory";
+}
+
+TEST_P(UdConformance, PostingRefusesWhatUdCannotCarry) {
+  UdSide a, b;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  ASSERT_OK_AND_ASSIGN(auto big, registerBuffer(a.side.pd, 8192, v::access::kLocalWrite, 8));
+  ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, b));
+  // Above the MTU.
+  EXPECT_TRUE(hasCode(sendTo(a, ah, b.qp.qpNum(), big, 8192, 1), StatusCode::kInvalidArgument, EINVAL));
+  // RDMA opcodes.
+  v::Sge sge = sgeOf(big, 0, 8);
+  v::SendWr write{.wrId = 2, .opcode = v::WrOpcode::kRdmaWrite, .sgList = std::span<const v::Sge>(&sge, 1)};
+  write.ud = {.ah = ah.id(), .remoteQpn = b.qp.qpNum(), .remoteQkey = kQkey};
+  EXPECT_TRUE(hasCode(a.qp.postSend(write), StatusCode::kInvalidArgument, EINVAL));
+  // An address handle that does not exist, or belongs to another PD.
+  v::SendWr noAh{.wrId = 3, .opcode = v::WrOpcode::kSend, .sgList = std::span<const v::Sge>(&sge, 1)};
+  noAh.ud = {.ah = &sge, .remoteQpn = b.qp.qpNum(), .remoteQkey = kQkey};
+  EXPECT_TRUE(hasCode(a.qp.postSend(noAh), StatusCode::kInvalidArgument, EINVAL));
+  ASSERT_OK_AND_ASSIGN(auto foreignAh, ahTo(b, a));
+  noAh.ud.ah = foreignAh.id();
+  EXPECT_TRUE(hasCode(a.qp.postSend(noAh), StatusCode::kInvalidArgument, EINVAL));
+  // An address that is not a software device's GID.
+  v::AhAttr bogus;
+  bogus.dgid.raw[0] = 0xfe;
+  bogus.dgid.raw[1] = 0x80;
+  EXPECT_TRUE(hasCode(a.side.pd.createAh(bogus).status(), StatusCode::kInvalidArgument, EINVAL));
+  EXPECT_TRUE(noCompletionFor(a.side.sendCq, std::chrono::milliseconds(50)));
+}
+
+TEST_P(UdConformance, UdTransitionsFollowTheUdTable) {
+  UdSide a;
+  ASSERT_TRUE(isOk(openSide(a.side, nullptr, 16)));
+  auto qp = a.side.pd.createQp({.type = v::QpType::kUd, .sendCq = &a.side.sendCq, .recvCq = &a.side.recvCq,
+                                .cap = {.maxSendWr = 4, .maxRecvWr = 4}});
+  if (!qp.isOk() && qp.status().code() == StatusCode::kNotSupported) GTEST_SKIP() << "no UD QPs";
+  ASSERT_TRUE(isOk(qp.status()));
+  namespace m = v::qp_attr_mask;
+  v::QpAttr attr;
+  attr.state = QpState::kInit;
+  attr.portNum = 1;
+  // RESET -> INIT needs a Q_Key on UD, and access flags are not allowed.
+  EXPECT_TRUE(hasCode(qp->modify(attr, m::kState | m::kPkeyIndex | m::kPort), StatusCode::kInvalidArgument, EINVAL));
+  EXPECT_TRUE(hasCode(qp->modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey | m::kAccessFlags),
+                      StatusCode::kInvalidArgument, EINVAL));
+  ASSERT_OK(qp->modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey));
+  attr.state = QpState::kRtr;
+  ASSERT_OK(qp->modify(attr, m::kState));
+  attr.state = QpState::kRts;
+  EXPECT_TRUE(hasCode(qp->modify(attr, m::kState), StatusCode::kInvalidArgument, EINVAL)) << "RTS needs sq_psn";
+  ASSERT_OK(qp->modify(attr, m::kState | m::kSqPsn));
+  ASSERT_OK_AND_ASSIGN(auto q, qp->query());
+  EXPECT_EQ(q.state, QpState::kRts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, UdConformance, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+
+}  // namespace
+}  // namespace ferry::test
