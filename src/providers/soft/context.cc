@@ -365,6 +365,15 @@ Result<std::shared_ptr<verbs::CqImpl>> SoftContext::createCq(int cqe, std::share
   return std::shared_ptr<verbs::CqImpl>(cq);
 }
 
+void SoftContext::raiseAsync(verbs::AsyncEvent event) {
+  if (asyncEvents_.size() >= kMaxAsyncEvents) {
+    FERRY_LOG(kWarn, "%s: %zu async events unread; dropping %s", device_.info.name.c_str(), kMaxAsyncEvents,
+              verbs::asyncEventName(event.type));
+    return;
+  }
+  asyncEvents_.push(event);
+}
+
 Result<verbs::AsyncEvent> SoftContext::getAsyncEvent(int timeoutMs) {
   if (closed_) return closedError("get async event: the context is closed");
   if (timeoutMs < 0) return invalidArgument("get async event: a wait needs a timeout (>= 0 ms)");

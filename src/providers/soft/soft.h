@@ -124,7 +124,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   std::shared_mutex& memMu() { return memMu_; }
   const verbs::Gid& gid() const { return gid_; }
   in_addr_t ipv4() const { return device_.ipv4; }
-  void raiseAsync(verbs::AsyncEvent event) { asyncEvents_.push(event); }
+  // Queues an async event; past kMaxAsyncEvents unread ones, new events are dropped (and logged).
+  void raiseAsync(verbs::AsyncEvent event);
+  static constexpr size_t kMaxAsyncEvents = 4096;
 
   // Memory keys (called by SoftMr under an exclusive memMu_).
   uint32_t newKeyLocked();
