@@ -35,6 +35,12 @@ TEST_ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # Extra arguments for `ferry demo`.
 DEMO_ARGS ?=
+# The rxe VM (QEMU guest with the kernel's soft-RoCE, rdma_rxe) that runs the RDMA tests, and the
+# time limit of its one boot in seconds. FERRY_REQUIRE_RDMA_VM=1 (set by .ci/run) makes a VM that
+# cannot be built or booted a failure; otherwise test-rdma says why and passes.
+RXEVM_TOOLS ?= $(abspath $(ROOT)/../shared/tools/rxe-vm)
+RXEVM_DIR ?= /var/tmp/rxe-vm
+RDMA_TIMEOUT ?= 1500
 CLANG_FORMAT ?= clang-format-14
 CLANG_TIDY ?= clang-tidy-14
 TIDY_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -46,7 +52,8 @@ DEBUG_O1 := '-DCMAKE_C_FLAGS_DEBUG=-O1 -g' '-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g'
 # Shell prelude for recipes: `run CMD...` prints the command, then runs it.
 RUN := run() { printf '+ %s\n' "$$*"; "$$@"; }
 
-.PHONY: help deps lint-deps configure build demo check build-asan build-fuzz fuzz test test-run env format \
+.PHONY: help deps lint-deps configure build demo check build-asan build-fuzz fuzz test test-run test-rdma \
+	test-rdma-run env format \
 	format-check tidy clean distclean
 
 help: ## List the targets
@@ -76,9 +83,9 @@ demo: build ## Two processes move 1 GiB by RDMA WRITE and READ over a software d
 	@$(RUN)
 	run $(BUILD_DIR)/ferry demo $(DEMO_ARGS)
 
-check: build ## Build build/ and run its tests (the quick loop; no sanitizers, no fuzzing)
+check: build ## Build build/ and run its tests (the quick loop; no sanitizers, no fuzzing, no VM)
 	@$(RUN)
-	run $(CTEST) --test-dir $(BUILD_DIR) -j$(TEST_JOBS) --output-on-failure
+	run $(CTEST) --test-dir $(BUILD_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
 
 build-asan: deps ## Build build-asan/ (AddressSanitizer + UBSan, Debug at -O1)
 	@$(RUN)
@@ -123,18 +130,60 @@ fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds
 	done
 
 # Sub-makes, one after the other (also under make -j); the ctest runs come last, so the last
-# line printed is ctest's summary.
-test: deps ## The whole suite: build, sanitizer build, fuzzing, then both test runs
+# line printed is the sanitizer ctest's summary.
+test: deps ## The whole suite: builds, fuzzing, tests, RDMA tests in the rxe VM, sanitizer tests
 	@$(MAKE) build
 	$(MAKE) build-asan
 	$(MAKE) fuzz
 	$(MAKE) test-run
 
+# The tests labelled "rdma" need rxe0 and run only inside the VM (test-rdma-run).
 test-run:
 	@$(RUN)
-	run $(CTEST) --test-dir $(BUILD_DIR) -j$(TEST_JOBS) --output-on-failure
+	run $(CTEST) --test-dir $(BUILD_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
+	$(MAKE) test-rdma-run
 	run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
-	  $(CTEST) --test-dir $(ASAN_DIR) -j$(TEST_JOBS) --output-on-failure
+	  $(CTEST) --test-dir $(ASAN_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
+
+test-rdma: build ## The RDMA tests (ctest -L rdma: ibverbs on rxe0) in one boot of the rxe VM
+	@$(MAKE) test-rdma-run
+
+# Builds the VM image when it is missing or older than make-image.sh, boots the VM with build/
+# shared read-write and runs ctest -L rdma there. A VM that cannot be built or booted (no qemu,
+# no kernel package, TCG failure: run-in-vm.sh exits 125) fails only under
+# FERRY_REQUIRE_RDMA_VM=1; a test failure or a timeout (124) always fails.
+test-rdma-run:
+	@$(RUN)
+	unavailable() {
+	  echo "test-rdma: RDMA tests not run: $$*" >&2
+	  if [[ "$${FERRY_REQUIRE_RDMA_VM:-0}" == 1 ]]; then
+	    echo "test-rdma: FAILED: FERRY_REQUIRE_RDMA_VM=1 requires them" >&2
+	    exit 1
+	  fi
+	  exit 0
+	}
+	if [[ ! -x $(RXEVM_TOOLS)/run-in-vm.sh || ! -f $(RXEVM_TOOLS)/make-image.sh ]]; then
+	  unavailable "no rxe VM scripts in $(RXEVM_TOOLS) (set RXEVM_TOOLS)"
+	fi
+	if ! $(CTEST) --test-dir $(BUILD_DIR) -N -L rdma | grep -q '^Total Tests: [1-9]'; then
+	  unavailable "no tests labelled rdma in $(BUILD_DIR) (the ibverbs provider needs libibverbs-dev to build)"
+	fi
+	image=$(RXEVM_DIR)/initrd.img
+	if [[ ! -f $$image || ! -f $(RXEVM_DIR)/vmlinuz || $(RXEVM_TOOLS)/make-image.sh -nt $$image ]]; then
+	  if ! run env RXEVM_DIR=$(RXEVM_DIR) bash $(RXEVM_TOOLS)/make-image.sh; then
+	    unavailable "the VM image could not be built (make-image.sh failed, see above)"
+	  fi
+	fi
+	rc=0
+	cd $(BUILD_DIR)
+	run env RXEVM_DIR=$(RXEVM_DIR) RXEVM_SHARE=$(BUILD_DIR) RXEVM_TIMEOUT=$(RDMA_TIMEOUT) \
+	  $(RXEVM_TOOLS)/run-in-vm.sh $(CTEST) --test-dir $(BUILD_DIR) -L rdma --output-on-failure || rc=$$?
+	case $$rc in
+	  0) ;;
+	  124) echo "test-rdma: FAILED: the VM run exceeded $(RDMA_TIMEOUT) s (RDMA_TIMEOUT)" >&2; exit 1 ;;
+	  125) unavailable "the rxe VM did not boot or set up rxe0 (run-in-vm.sh exit 125, log above)" ;;
+	  *) echo "test-rdma: FAILED: ctest -L rdma in the rxe VM exited $$rc" >&2; exit "$$rc" ;;
+	esac
 
 env: ## Print shell exports: eval "$(make -s env)"
 	@if [[ ! -x $(BUILD_DIR)/ferry ]]; then echo "# note: $(BUILD_DIR)/ferry is not built yet (make build)" >&2; fi

@@ -7,6 +7,9 @@
 
 #include "ferry/devices.h"
 #include "providers/soft/soft.h"
+#ifdef FERRY_PROVIDER_IBVERBS
+#include "providers/ibverbs/ibverbs.h"
+#endif
 
 namespace ferry {
 namespace {
@@ -21,6 +24,10 @@ struct ProviderEntry {
 
 const std::vector<ProviderEntry>& providerTable() {
   static const std::vector<ProviderEntry> table = {
+#ifdef FERRY_PROVIDER_IBVERBS
+      // Real RDMA devices (and rxe) list before the software devices.
+      {"ibverbs", 20, ibverbs::probeIbverbs, ibverbs::listIbvDevices, ibverbs::openIbvDevice},
+#endif
       {"soft", 10, soft::probeSoft,
        [] {
          std::vector<verbs::DeviceInfo> out;

@@ -193,7 +193,12 @@ uint8_t clampDepth(int limit) { return static_cast<uint8_t>(std::clamp(limit, 1,
 
 Status fillPath(const Context& context, const QueuePair& qp, Path& path) {
   if (!qp.valid()) return closedError("fillPath: the QueuePair handle is empty or closed");
-  FERRY_ASSIGN_OR_RETURN(Gid gid, context.queryGid(path.portNum, path.sgidIndex));
+  // Index 0 is the default: the device's choice (a RoCE v2 GID on RoCE), 0 on other devices.
+  uint8_t gidIndex = path.sgidIndex;
+  if (gidIndex == 0 && context.impl()) {
+    gidIndex = static_cast<uint8_t>(std::clamp(context.impl()->defaultGidIndex(path.portNum), 0, 255));
+  }
+  FERRY_ASSIGN_OR_RETURN(Gid gid, context.queryGid(path.portNum, gidIndex));
   FERRY_ASSIGN_OR_RETURN(PortAttr port, context.queryPort(path.portNum));
   FERRY_ASSIGN_OR_RETURN(DeviceAttr device, context.queryDevice());
 
@@ -210,6 +215,8 @@ Status fillPath(const Context& context, const QueuePair& qp, Path& path) {
   }
 
   path.sgid = gid;
+  path.sgidIndex = gidIndex;
+  path.slid = port.lid;  // InfiniBand: the peer's AV needs this port's LID (0 on RoCE)
   path.sqpn = qp.qpNum();
   path.sqpsn = randomPsn();
   path.mtu = mtu;

@@ -21,10 +21,11 @@ using verbs::WorkCompletion;
 // ---- provider paths ----
 
 const std::vector<ProviderPath>& providerPaths() {
-  // The soft provider over TCP on the loopback interface. Further paths (the soft provider's
-  // same-host path, ibverbs on rxe0) are one entry each.
+  // The soft provider over TCP on the loopback interface; the ibverbs provider on the kernel's
+  // soft-RoCE device rxe0 (the rxe VM, shared/tools/rxe-vm). Further paths are one entry each.
   static const std::vector<ProviderPath> paths = {
       {.name = "soft_tcp", .device = "soft_lo", .env = {}},
+      {.name = "ibverbs_rxe", .device = "rxe0", .env = {}},
   };
   return paths;
 }

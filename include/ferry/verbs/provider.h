@@ -74,6 +74,9 @@ class ContextImpl : public Closeable {
   virtual Result<DeviceAttr> queryDevice() = 0;
   virtual Result<PortAttr> queryPort(uint8_t portNum) = 0;
   virtual Result<Gid> queryGid(uint8_t portNum, int index) = 0;
+  // The GID index fillPath() uses when a path asks for index 0 (the default): the one a peer can
+  // reach best, e.g. a RoCE v2 GID on a RoCE port. 0 unless the provider knows better.
+  virtual int defaultGidIndex(uint8_t portNum) { return 0; }
   virtual Result<std::shared_ptr<PdImpl>> allocPd() = 0;
   virtual Result<std::shared_ptr<CompChannelImpl>> createCompChannel() = 0;
   virtual Result<std::shared_ptr<CqImpl>> createCq(int cqe, std::shared_ptr<CompChannelImpl> channel,
