@@ -389,11 +389,12 @@ uint32_t SoftContext::newKeyLocked() {
 }
 
 std::shared_ptr<MrEntry> SoftContext::findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
-                                                   uint32_t need) const {
+                                                   uint32_t need, bool anyRange) const {
   auto it = mrs_.find(key);
   if (it == mrs_.end()) return nullptr;
   const auto& e = it->second;
   if (e->revoked || e->pd != pd || (e->access & need) != need) return nullptr;
+  if (anyRange) return e;
   uint64_t begin = reinterpret_cast<uintptr_t>(e->addr);
   if (addr < begin || addr + len < addr || addr + len > begin + e->length) return nullptr;
   return e;

@@ -135,6 +135,10 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
           status = refusePost("an atomic needs one 8-byte SGE");
           break;
         }
+        if (wr.atomic.remoteAddr % 8 != 0) {  // refused here, as the kernel's rxe does
+          status = refusePost("atomic remote address not 8-byte aligned");
+          break;
+        }
       }
       if (sqOutstanding_.load() >= cap_.maxSendWr) {
         if (badIndex) *badIndex = posted;
@@ -436,18 +440,24 @@ void SoftQp::giveBackRecv(RecvWqe wqe) {
 // ---------------------------------------------------------------------------------------------
 // Requester (reactor thread).
 
-Status SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
+WcStatus SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
   wqe.local.clear();
-  if (!wqe.inlineData.empty() || wqe.sges.empty()) return Status::ok();
-  uint32_t need = isReadOrAtomic(wqe.opcode) ? verbs::access::kLocalWrite : 0;
+  if (!wqe.inlineData.empty() || wqe.sges.empty()) return WcStatus::kSuccess;
+  const bool intoLocal = isReadOrAtomic(wqe.opcode);
+  uint32_t need = intoLocal ? verbs::access::kLocalWrite : 0;
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
   for (const auto& sge : wqe.sges) {
     if (sge.length == 0) continue;
     auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
-    if (!entry) return Status(StatusCode::kPermissionDenied, "bad lkey, range or access in a local SGE");
+    if (!entry) {
+      // As the kernel's rxe: a source key naming no region is a local QP operation error; a
+      // range or permission the region refuses (and any bad destination) a protection error.
+      bool keyKnown = ctx_->findMrLocked(sge.lkey, pd_.get(), 0, 0, 0, /*anyRange=*/true) != nullptr;
+      return (!intoLocal && !keyKnown) ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr;
+    }
     wqe.local.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
   }
-  return Status::ok();
+  return WcStatus::kSuccess;
 }
 
 OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
@@ -521,8 +531,8 @@ void SoftQp::pumpFromLoop() {
     wqe.seq = nextSeq_++;
     ++nextToSend_;
     if (wqe.rnrLeft < 0) wqe.rnrLeft = attr_.rnrRetry;
-    if (!resolveLocalFromLoop(wqe).isOk()) {
-      wqe.error = WcStatus::kLocProtErr;
+    if (WcStatus local = resolveLocalFromLoop(wqe); local != WcStatus::kSuccess) {
+      wqe.error = local;
       localErrorPending_ = true;
       completeFromLoop();
       return;
@@ -920,9 +930,15 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
   if (h.seq != expectedSeq_) return Status(StatusCode::kProtocolError, "request out of sequence");
   const uint32_t qpAccess = attr_.qpAccessFlags;
   auto checkRemote = [&](uint64_t addr, uint64_t len, uint32_t need) -> std::shared_ptr<MrEntry> {
-    if (!(qpAccess & need)) return nullptr;
     std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
     return ctx_->findMrLocked(h.rkey, pd_.get(), addr, len, need);
+  };
+  // A QP whose access flags do not allow the operation refuses it as an invalid request (as the
+  // kernel's rxe); a region that does not allow it, as a remote access error.
+  auto qpAllows = [&](uint32_t need) {
+    if (qpAccess & need) return true;
+    responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+    return false;
   };
   switch (h.type) {
     case FrameType::kSend:
@@ -951,14 +967,11 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
           segs.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
         }
       }
-      if (bad) {
-        pushRecvCompletion(rwqe, WcStatus::kLocProtErr, WcOpcode::kRecv, 0, std::nullopt, false);
+      if (bad || room < h.payloadLen) {
+        // The receive cannot hold the message (a bad key or range, or too short): as the kernel's
+        // rxe, a malformed receive — LOC_QP_OP_ERR here, REM_OP_ERR at the requester.
+        pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
-        return Status::ok();
-      }
-      if (room < h.payloadLen) {
-        pushRecvCompletion(rwqe, WcStatus::kLocLenErr, WcOpcode::kRecv, 0, std::nullopt, false);
-        responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
         return Status::ok();
       }
       plan->segments = std::move(segs);
@@ -968,6 +981,7 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     case FrameType::kWrite:
     case FrameType::kWriteImm: {
       if (h.payloadLen > 0) {
+        if (!qpAllows(verbs::access::kRemoteWrite)) return Status::ok();
         auto entry = checkRemote(h.remoteAddr, h.payloadLen, verbs::access::kRemoteWrite);
         if (!entry) {
           responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
@@ -990,6 +1004,7 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
       return Status::ok();
     }
     case FrameType::kReadReq:
+      if (h.length > 0 && !qpAllows(verbs::access::kRemoteRead)) return Status::ok();
       if (h.length > 0 && !checkRemote(h.remoteAddr, h.length, verbs::access::kRemoteRead)) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
       }
@@ -998,6 +1013,8 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     case FrameType::kFetchAdd:
       if (h.remoteAddr % 8 != 0) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+      } else if (!qpAllows(verbs::access::kRemoteAtomic)) {
+        return Status::ok();
       } else if (!checkRemote(h.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
       }
@@ -1019,7 +1036,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       RecvWqe rwqe = std::move(*curRecv_);
       curRecv_.reset();
       if (plan.revoked) {
-        pushRecvCompletion(rwqe, WcStatus::kLocProtErr, WcOpcode::kRecv, 0, std::nullopt, false);
+        pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
         return;
       }

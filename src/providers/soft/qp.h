@@ -78,7 +78,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // Responder refused the current request: NAK it, record the error, move to ERR.
   void responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event);
   OutFrame buildRequestFrame(const SendWqe& wqe);
-  Status resolveLocalFromLoop(SendWqe& wqe);
+  // Resolves the local SGEs of wqe; the completion status a bad one fails it with, else kSuccess.
+  verbs::WcStatus resolveLocalFromLoop(SendWqe& wqe);
 
   // Requester frames (arrive on reqConn_).
   Status onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan);

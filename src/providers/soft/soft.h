@@ -134,8 +134,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   void removeMrLocked(uint32_t key) { mrs_.erase(key); }
   // Under a shared memMu_: the live region for key that belongs to pd, allows `need`, and holds
   // [addr, addr+len). nullptr otherwise.
+  // With anyRange, only the key and PD are checked.
   std::shared_ptr<MrEntry> findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
-                                        uint32_t need) const;
+                                        uint32_t need, bool anyRange = false) const;
 
   // QP table (RC and UD QPs share the number space).
   Result<uint32_t> addQp(const std::shared_ptr<SoftQp>& qp);

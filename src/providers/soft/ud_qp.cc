@@ -258,7 +258,7 @@ void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* pay
       }
     }
     if (!ok || room < need) {
-      wc.status = ok ? WcStatus::kLocLenErr : WcStatus::kLocProtErr;
+      wc.status = WcStatus::kLocQpOpErr;  // the receive cannot hold GRH and message (as rxe)
     } else {
       size_t done = 0;
       for (const auto& sge : rwqe.sges) {

@@ -1,0 +1,87 @@
+// OpState: the state of one operation of an endpoint, shared by the endpoint and the operation's
+// futures. Internal to the endpoint layer: users see it only through a Future (future.h).
+//
+// Every operation has its own OpState (never a slot reused by a counter), so a late completion can
+// only ever reach the operation it belongs to. It completes exactly once: with success, an error,
+// a cancellation or a failure of the connection.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "ferry/common/status.h"
+#include "ferry/endpoint/assignment.h"
+
+namespace ferry::endpoint {
+
+// A resolved range of a one-sided transfer: addresses and keys, checked against both regions.
+struct Transfer {
+  uint64_t localAddr = 0;
+  uint64_t remoteAddr = 0;
+  uint64_t length = 0;
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+};
+
+// A resolved piece of a message (a send's gather list or a recv's scatter list).
+struct MessagePiece {
+  MrHandle mr = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t lkey = 0;
+};
+
+class OpState {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit OpState(OpKind kind) : kind_(kind) {}
+  OpState(const OpState&) = delete;
+  OpState& operator=(const OpState&) = delete;
+
+  OpKind kind() const { return kind_; }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+
+  // Completes the operation; the first call wins and wakes every waiter, later calls change
+  // nothing. Returns whether this call completed it.
+  bool complete(Status status, uint32_t immData = 0, uint64_t bytes = 0);
+
+  // Waits until done or the deadline; the operation's status when done, else kTimedOut.
+  Status waitUntil(Clock::time_point deadline) const;
+  // The status once done (kBusy while still running).
+  Status status() const;
+  uint32_t immData() const;
+  uint64_t bytes() const;
+
+  // ---- Progress state: owned by the endpoint, touched only under its lock. ----
+  std::vector<Transfer> transfers;  // READ / WRITE / WRITE_WITH_IMM
+  size_t nextTransfer = 0;
+  uint64_t transferOffset = 0;       // bytes of transfers[nextTransfer] already posted
+  std::vector<MessagePiece> pieces;  // send: gather list; recv: scatter list
+  size_t nextPiece = 0;
+  uint64_t pieceOffset = 0;
+  uint64_t totalBytes = 0;   // send: message length; recv: room of the scatter list
+  uint64_t movedBytes = 0;   // send: bytes posted; recv: bytes received so far
+  uint32_t imm = 0;          // WRITE_WITH_IMM: the immediate to deliver
+  size_t markersPosted = 0;  // WRITE_WITH_IMM: lanes that carry the immediate already
+  uint64_t messageSeq = 0;   // send / recv: the message's number
+  uint64_t wrsInFlight = 0;  // work requests posted and not completed yet
+  bool allPosted = false;
+  bool overflow = false;  // recv: the message was longer than the scatter list
+  Status firstError;
+
+ private:
+  const OpKind kind_;
+  std::atomic<bool> done_{false};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  Status status_;
+  uint32_t immData_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace ferry::endpoint

@@ -1,0 +1,22 @@
+"""ferry: RDMA-semantics data transfer between processes and hosts.
+
+Registered memory, one-sided READ/WRITE, WRITE with immediate data, SEND/RECV and atomics over
+RDMA NICs and over ferry's own software devices (TCP between hosts, loopback within one).
+
+Layers, each its own module:
+
+- ``ferry.verbs`` (with ``ferry.path`` and ``ferry.vtools``): an object-oriented verbs interface;
+  ``ferry.get_end_port()`` and ``ferry.get_verbs()`` open a device.
+- the Endpoint API: ``ferry.RDMAEndpoint``, ``ferry.available_nic()`` and friends.
+- ``ferry.Error`` and one exception class per status code (``ferry.errors``).
+"""
+
+from ._core import __version__
+from .errors import *  # noqa: F401,F403
+from .errors import __all__ as _errors_all
+from .rdma import *  # noqa: F401,F403
+from .rdma import __all__ as _rdma_all
+from .endpoint import *  # noqa: F401,F403
+from .endpoint import __all__ as _endpoint_all
+
+__all__ = ["__version__"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all)

@@ -1,0 +1,570 @@
+"""ferry.path: paths between end ports (the `rdma.path` module of the verbs specification).
+
+An :class:`IBPath` holds everything a queue pair needs to reach its peer: addresses (GIDs, LIDs),
+QP numbers and PSNs of both sides, Q_Key and P_Key, MTU, timers and retry counts. The convention
+is that of the wire: a path for sending from here has :attr:`~IBPath.SGID` = this end and
+:attr:`~IBPath.DGID` = the peer; :meth:`~IBPath.reverse` turns one into the other.
+
+ferry has no subnet administrator: :func:`resolve_path` completes a path locally from what the end
+port knows (its MTU, rate, P_Keys, GIDs, the GRH for RoCE-style GIDs) and checks it.
+
+A path travels between processes with :meth:`IBPath.to_json` / :meth:`IBPath.from_json`, a
+strict, versioned text encoding that is safe to read from an untrusted peer. :meth:`IBPath.__reduce__`
+exists (the specification's examples pickle paths), but never unpickle data you did not produce.
+"""
+
+import json as _json
+import secrets as _secrets
+
+from . import IBA
+from . import errors as _errors
+from ._core import verbs as _core
+
+__all__ = [
+    "Path", "IBPath", "SAPathNotFoundError", "LocalPathResolver", "fill_path", "resolve_path", "get_mad_path",
+]
+
+# Default packet lifetime (IBA timer code, 4.096 us * 2**14 = 67 ms) of ferry's end ports, which
+# have no subnet manager to report a subnet timeout.
+DEFAULT_SUBNET_TIMEOUT = 14
+
+# Longest path text from_json() reads; a path is a few hundred bytes.
+_MAX_JSON_CHARS = 64 * 1024
+
+
+class SAPathNotFoundError(_errors.RDMAError, LookupError):
+    """No path to the destination: :func:`resolve_path` found it unreachable from the end port
+    (the `rdma.path.SAPathNotFoundError` of the specification)."""
+
+    code = _errors.NotFound.code
+
+
+class Path:
+    """Describe an RDMA path. This also caches what is derived from it (the AH of a PD, see
+    :meth:`ferry.verbs.PD.ah`). Once a path is in use its content should not change; call
+    :meth:`drop_cache` after changing it.
+
+    *end_port* is the :class:`ferry.EndPort` the path starts at (a name such as ``"soft_lo"`` is
+    looked up); *kwargs* set attributes."""
+
+    #: Number of times a request is retried: the retry_cnt of an RC QP (0..7).
+    retries = 7
+    #: The end port this path is associated with.
+    end_port = None
+
+    def __init__(self, end_port, **kwargs):
+        if isinstance(end_port, str):
+            from . import rdma
+            end_port = rdma.get_end_port(end_port)
+        self.end_port = end_port
+        cls = type(self)
+        for k, v in kwargs.items():
+            if not hasattr(cls, k):
+                raise TypeError("%s has no attribute %r" % (cls.__name__, k))
+            setattr(self, k, v)
+
+    def copy(self, **kwargs):
+        """A new path with the same content (without cached objects); *kwargs* then set
+        attributes."""
+        cls, args, state = self.__reduce__()
+        state.update(kwargs)
+        return cls(self.end_port, **state)
+
+    def drop_cache(self):
+        """Release any cached information (address handles, derived indexes)."""
+        for name in [k for k in self.__dict__ if k.startswith("_cached")]:
+            del self.__dict__[name]
+
+    def _public_items(self):
+        cls = type(self)
+        return {k: v for k, v in self.__dict__.items()
+                if k[0] != "_" and k != "end_port" and getattr(cls, k, None) != v}
+
+    def __repr__(self):
+        ep = None if self.end_port is None else str(self.end_port)
+        keys = ", ".join("%s=%r" % (k, v) for k, v in sorted(self._public_items().items()))
+        return "%s(end_port=%r, %s)" % (type(self).__name__, ep, keys)
+
+    def __reduce__(self):
+        """For pickling: the attributes that differ from the defaults; *end_port* is not kept
+        (set it again after unpickling). Pickle is not a safe exchange format: use
+        :meth:`IBPath.to_json` with peers you do not control."""
+        return (type(self), (None,), self._public_items())
+
+
+class IBPath(Path):
+    """Describe a path with LRH, GRH and BTH fields. A path for packets sent from here has
+    :attr:`SGID` = this end, :attr:`sqpn` = the local QP; a path for a received packet is the
+    other way round (:meth:`reverse`).
+
+    How the attributes set up a QP (:meth:`ferry.verbs.QP.modify_to_init` ...) and an AH
+    (:meth:`ferry.verbs.PD.ah`):
+
+    ================== ==========================================
+    end_port.port_id   qp_attr.port_num, ah_attr.port_num
+    pkey               qp_attr.pkey_index (through end_port.pkeys)
+    qkey               qp_attr.qkey
+    MTU                qp_attr.path_mtu
+    retries            qp_attr.retry_cnt
+    rnr_retries        qp_attr.rnr_retry
+    min_rnr_timer      qp_attr.min_rnr_timer
+    packet_life_time   qp_attr.timeout (with dack_resp_time)
+    dack_resp_time     qp_attr.timeout
+    dqpn               qp_attr.dest_qp_num
+    dqpsn              qp_attr.rq_psn
+    sqpsn              qp_attr.sq_psn
+    drdatomic          qp_attr.max_dest_rd_atomic
+    srdatomic          qp_attr.max_rd_atomic
+    has_grh            ah_attr.is_global
+    DGID               ah_attr.grh.dgid
+    SGID               ah_attr.grh.sgid_index
+    flow_label         ah_attr.grh.flow_label
+    hop_limit          ah_attr.grh.hop_limit
+    traffic_class      ah_attr.grh.traffic_class
+    DLID               ah_attr.dlid
+    SLID               ah_attr.src_path_bits
+    SL                 ah_attr.sl
+    rate               ah_attr.static_rate
+    ================== ==========================================
+    """
+
+    #: Destination LID (0 on RoCE-style and ferry software devices).
+    DLID = 0
+    #: Source LID.
+    SLID = 0
+    #: Service level.
+    SL = 0
+    #: Partition key (the value; :attr:`pkey_index` is its index at the end port).
+    pkey = IBA.PKEY_DEFAULT
+    #: True if a GRH is present (always for RoCE-style GIDs).
+    has_grh = False
+    #: Destination QP number.
+    dqpn = None
+    #: Source QP number.
+    sqpn = None
+    #: Q_Key (UD).
+    qkey = None
+    #: Path MTU code (IBA.MTU_*).
+    MTU = IBA.MTU_256
+    #: Static rate (ibv_rate; 0 is the port's full rate).
+    rate = 0
+    #: Source GID.
+    SGID = None
+    #: Destination GID.
+    DGID = None
+    #: GRH hop limit.
+    hop_limit = 0
+    #: GRH traffic class.
+    traffic_class = 0
+    #: GRH flow label.
+    flow_label = 0
+    #: Response time of MADs (timer code); used by :attr:`mad_timeout`.
+    resp_time = 20
+    #: Minimum RNR NAK timer code (12: 0.64 ms).
+    min_rnr_timer = 12
+    #: Receiver-not-ready retries of an RC QP (7: retry forever).
+    rnr_retries = 7
+    #: Destination's ACK delay (timer code); used by :attr:`qp_timeout`.
+    dack_resp_time = 20
+    #: Source's ACK delay (timer code), from the device (see :func:`fill_path`).
+    sack_resp_time = 20
+    #: Destination's first PSN (the peer's :attr:`sqpsn`).
+    dqpsn = 0
+    #: First PSN sent from here.
+    sqpsn = 0
+    #: READ/atomic requests the destination may have outstanding here (responder resources).
+    drdatomic = 255
+    #: READ/atomic requests this side may have outstanding.
+    srdatomic = 255
+
+    @property
+    def dpqn(self):
+        """Same as :attr:`dqpn` (a spelling the specification's examples use)."""
+        return self.dqpn
+
+    @dpqn.setter
+    def dpqn(self, value):
+        self.dqpn = value
+
+    def reverse(self, for_reply=True):
+        """Reverse this path in place (IBA 13.5.4): source and destination LIDs, GIDs, QP
+        numbers, PSNs, ACK delays and READ/atomic depths swap. With *for_reply* the hop limit of a
+        GRH becomes 255, as for a reply. Returns self."""
+        self.DLID, self.SLID = self.SLID, self.DLID
+        self.dqpn, self.sqpn = self.sqpn, self.dqpn
+        self.DGID, self.SGID = self.SGID, self.DGID
+        if self.has_grh and for_reply:
+            self.hop_limit = 0xFF
+        self.dack_resp_time, self.sack_resp_time = self.sack_resp_time, self.dack_resp_time
+        self.dqpsn, self.sqpsn = self.sqpsn, self.dqpsn
+        self.drdatomic, self.srdatomic = self.srdatomic, self.drdatomic
+        self.drop_cache()
+        return self
+
+    @property
+    def SGID_index(self):
+        """The index of :attr:`SGID` in the end port's GID table (cached). Assignment sets the
+        SGID from the table. On ferry's software devices each verbs context has one GID, at
+        index 0."""
+        cached = self.__dict__.get("_cached_SGID_index")
+        if cached is not None:
+            return cached
+        if self.SGID is None:
+            index = 0
+        else:
+            index = self.end_port._gid_index(IBA.GID(self.SGID))
+            if index is None:
+                raise _errors.RDMAError("GID %s is not available on %s" % (self.SGID, self.end_port))
+        self.__dict__["_cached_SGID_index"] = index
+        return index
+
+    @SGID_index.setter
+    def SGID_index(self, value):
+        self.SGID = self.end_port.gids[value]
+        self.__dict__["_cached_SGID_index"] = value
+
+    @property
+    def pkey_index(self):
+        """The index of :attr:`pkey` in the end port's P_Key table (cached). Assignment sets the
+        pkey from the table."""
+        cached = self.__dict__.get("_cached_pkey_index")
+        if cached is not None:
+            return cached
+        try:
+            index = self.end_port.pkeys.index(self.pkey)
+        except ValueError:
+            raise _errors.RDMAError("PKey 0x%x is not available on %s" % (self.pkey, self.end_port)) from None
+        self.__dict__["_cached_pkey_index"] = index
+        return index
+
+    @pkey_index.setter
+    def pkey_index(self, value):
+        self.pkey = self.end_port.pkeys[value]
+        self.__dict__["_cached_pkey_index"] = value
+
+    @property
+    def SLID_bits(self):
+        """The path bits (LMC part) of :attr:`SLID`. Assignment sets SLID from the end port's
+        LID."""
+        return self.SLID & 0xFF
+
+    @SLID_bits.setter
+    def SLID_bits(self, value):
+        self.SLID = value | self.end_port.lid
+
+    @property
+    def DLID_bits(self):
+        """The path bits (LMC part) of :attr:`DLID`. Assignment sets DLID from the end port's
+        LID."""
+        return self.DLID & 0xFF
+
+    @DLID_bits.setter
+    def DLID_bits(self, value):
+        self.DLID = value | self.end_port.lid
+
+    @property
+    def packet_life_time(self):
+        """The expected one-way transit time (timer code: 4.096 us * 2**value). When not set, the
+        end port's :attr:`~ferry.EndPort.subnet_timeout`."""
+        value = self.__dict__.get("packet_life_time")
+        if value is not None:
+            return value
+        if self.end_port is not None:
+            return self.end_port.subnet_timeout
+        return DEFAULT_SUBNET_TIMEOUT
+
+    @packet_life_time.setter
+    def packet_life_time(self, value):
+        self.__dict__["packet_life_time"] = value
+
+    @property
+    def mad_timeout(self):
+        """Timeout for a request/response on this path, in seconds."""
+        return 4.096e-6 * (2 ** (self.packet_life_time + 1) + 2 ** self.resp_time)
+
+    @property
+    def qp_timeout(self):
+        """The ACK timeout of an RC QP on this path, in seconds: 2 * packet_life_time + the
+        destination's ACK delay."""
+        return 4.096e-6 * (2 ** (self.packet_life_time + 1) + 2 ** self.dack_resp_time)
+
+    def __str__(self):
+        if self.has_grh:
+            res = "%s %r -> %s %r TC=%r FL=%r HL=%r" % (self.SGID, self.SLID, self.DGID, self.DLID,
+                                                        self.traffic_class, self.flow_label, self.hop_limit)
+        else:
+            res = "%r -> %r" % (self.SLID, self.DLID)
+        return "Path %s SL=%r PKey=0x%x DQPN=%r" % (res, self.SL, self.pkey, self.dqpn)
+
+    # ---- the safe text encoding ----
+
+    def to_json(self):
+        """This path as a JSON object (``{"ferry_path": 1, ...}``, the encoding of
+        ``ferry::verbs::Path::toJson`` plus ``pkey``, ``dack_resp_time`` and ``sack_resp_time``).
+        The end port is not encoded. Raises :class:`ferry.InvalidArgument` for a field out of
+        range."""
+        def gid_text(gid):
+            return "::" if gid is None else str(IBA.GID(gid))
+
+        sgid_index = self.__dict__.get("_cached_SGID_index", 0)
+        pkey_index = self.__dict__.get("_cached_pkey_index", 0)
+        fields = {
+            "ferry_path": 1,
+            "sgid": gid_text(self.SGID), "dgid": gid_text(self.DGID), "sgid_index": sgid_index,
+            "slid": self.SLID, "dlid": self.DLID,
+            "sqpn": self.sqpn or 0, "dqpn": self.dqpn or 0, "sqpsn": self.sqpsn, "dqpsn": self.dqpsn,
+            "qkey": self.qkey or 0, "pkey_index": pkey_index, "mtu": self.MTU, "retries": self.retries,
+            "rnr_retries": self.rnr_retries, "min_rnr_timer": self.min_rnr_timer,
+            "packet_life_time": self.packet_life_time, "srdatomic": self.srdatomic, "drdatomic": self.drdatomic,
+            "port_num": self.end_port.port_id if self.end_port is not None else 1, "sl": self.SL,
+            "has_grh": bool(self.has_grh), "hop_limit": self.hop_limit, "traffic_class": self.traffic_class,
+            "flow_label": self.flow_label, "rate": self.rate,
+        }
+        for name, value in fields.items():
+            if name in ("sgid", "dgid", "has_grh"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _errors.InvalidArgument("path field %r must be an int, not %r" % (name, type(value).__name__))
+        canonical = _core.path_normalize_json(_json.dumps(fields))
+        doc = _json.loads(canonical)
+        for name, value, limit in (("pkey", self.pkey, 0xFFFF), ("dack_resp_time", self.dack_resp_time, 31),
+                                   ("sack_resp_time", self.sack_resp_time, 31)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+                raise _errors.InvalidArgument("path field %r must be an int in [0, %d]" % (name, limit))
+            doc[name] = value
+        return _json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text, end_port=None):
+        """Decode a path made by :meth:`to_json` (text or UTF-8 bytes) and attach it to
+        *end_port*. The decoder is strict (``ferry::verbs::Path::fromJson``: types, ranges, the
+        version) and runs no code, so the text may come from an untrusted peer. Raises
+        :class:`ferry.InvalidArgument` for anything malformed."""
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _errors.InvalidArgument("path: not UTF-8 text") from None
+        if not isinstance(text, str):
+            raise TypeError("from_json expects str or bytes")
+        if len(text) > _MAX_JSON_CHARS:
+            raise _errors.InvalidArgument("path: text longer than %d characters" % _MAX_JSON_CHARS)
+        fields = _core.path_from_json(text)
+        try:
+            doc = _json.loads(text)
+        except (ValueError, RecursionError):
+            raise _errors.InvalidArgument("path: malformed JSON") from None
+        extras = {}
+        for name, limit in (("pkey", 0xFFFF), ("dack_resp_time", 31), ("sack_resp_time", 31)):
+            if name not in doc:
+                continue
+            value = doc[name]
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+                raise _errors.InvalidArgument("path field %r must be an integer in [0, %d]" % (name, limit))
+            extras[name] = value
+
+        def gid(raw):
+            g = IBA.GID(raw, raw=True)
+            return None if g.is_zero() else g
+
+        values = {
+            "SGID": gid(fields["sgid"]), "DGID": gid(fields["dgid"]), "SLID": fields["slid"],
+            "DLID": fields["dlid"], "sqpn": fields["sqpn"], "dqpn": fields["dqpn"], "sqpsn": fields["sqpsn"],
+            "dqpsn": fields["dqpsn"], "qkey": fields["qkey"], "MTU": fields["mtu"], "retries": fields["retries"],
+            "rnr_retries": fields["rnr_retries"], "min_rnr_timer": fields["min_rnr_timer"],
+            "srdatomic": fields["srdatomic"], "drdatomic": fields["drdatomic"], "SL": fields["sl"],
+            "has_grh": fields["has_grh"], "hop_limit": fields["hop_limit"],
+            "traffic_class": fields["traffic_class"], "flow_label": fields["flow_label"], "rate": fields["rate"],
+        }
+        path = cls(end_port)
+        # Only what differs from the defaults is set, as unpickling a path does (so that, e.g.,
+        # resolve_path still fills in what the sender left open).
+        for name, value in values.items():
+            default = getattr(cls, name)
+            if name in ("sqpn", "dqpn", "qkey") and value == 0 and default is None:
+                continue
+            if value != default:
+                setattr(path, name, value)
+        if fields["packet_life_time"] != path.packet_life_time:
+            path.packet_life_time = fields["packet_life_time"]
+        if "pkey" in extras:
+            path.pkey = extras["pkey"]
+        elif end_port is not None:
+            pkeys = end_port.pkeys
+            if fields["pkey_index"] < len(pkeys):
+                path.pkey = pkeys[fields["pkey_index"]]
+        if "dack_resp_time" in extras:
+            path.dack_resp_time = extras["dack_resp_time"]
+        if "sack_resp_time" in extras:
+            path.sack_resp_time = extras["sack_resp_time"]
+        return path
+
+
+class LocalPathResolver:
+    """What :func:`ferry.get_gmp_mad` returns: the stand-in for the GMP MAD object (``umad``) of
+    the specification. ferry's devices have no subnet administrator; this completes paths from what
+    the end port (and, when given, the verbs context) knows. A context manager; :meth:`close` is
+    idempotent."""
+
+    def __init__(self, end_port, verbs=None):
+        self.end_port = end_port
+        self.verbs = verbs
+        self.closed = False
+
+    @property
+    def parent(self):
+        return self.end_port
+
+    @property
+    def default_gid(self):
+        """The source GID for paths resolved here: the GID of the verbs context when one was given,
+        else :attr:`ferry.EndPort.default_gid`."""
+        if self.verbs is not None and not self.verbs.closed:
+            port_id = self.end_port.port_id
+            return IBA.GID(self.verbs.query_gid(port_id, self.verbs._default_gid_index(port_id)), raw=True)
+        return self.end_port.default_gid
+
+    def resolve_path(self, path, reversible=False, properties=None):
+        """Same as :func:`resolve_path` with this resolver."""
+        return resolve_path(self, path, reversible, properties)
+
+    def close(self):
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return "LocalPathResolver(%r)" % (str(self.end_port),)
+
+
+# Path-record component names accepted in resolve_path(properties=...) and the path attribute each
+# one sets.
+_PROPERTY_ATTRS = {
+    "PKey": "pkey", "SL": "SL", "MTU": "MTU", "rate": "rate", "TClass": "traffic_class",
+    "flowLabel": "flow_label", "hopLimit": "hop_limit", "SGID": "SGID", "DGID": "DGID", "DLID": "DLID",
+    "SLID": "SLID", "packetLifeTime": "packet_life_time",
+}
+
+
+def _is_soft_gid(gid):
+    raw = bytes(gid)
+    return (not any(raw[0:8]) and raw[10:12] == b"\xff\xff" and raw[8:10] != b"\x00\x00"
+            and raw[12:16] != b"\x00\x00\x00\x00")
+
+
+def resolve_path(mad, path, reversible=False, properties=None):
+    """Resolve *path* to a full path for use with a QP. *path* must have at least a DGID (or, on
+    InfiniBand, a DLID). *mad* is what :func:`ferry.get_gmp_mad` returned.
+
+    Without a subnet administrator the path is completed locally: SGID from the resolver, MTU,
+    rate, packet lifetime and, for
+    RoCE-style (Ethernet link layer) ports such as ferry's software devices, the GRH (has_grh,
+    hop limit 64). As with a subnet administrator's answer, the MTU is the port's active one
+    (or the smaller ``MTU`` property). *properties* is a dict of path-record fields (``PKey``, ``SL``, ``MTU``,
+    ``rate``, ``TClass``, ``flowLabel``, ``hopLimit``, ``SGID``, ``DGID``, ``DLID``, ``SLID``,
+    ``packetLifeTime``) that the path must have. Paths here are always reversible.
+    Returns *path*.
+
+    :raises SAPathNotFoundError: if the destination cannot be reached from the end port.
+    :raises ValueError: if *path* names no destination or a property is unknown."""
+    if path.end_port is None:
+        path.end_port = mad.end_port
+    end_port = path.end_port
+    wanted_mtu = None
+    if properties:
+        for key, value in properties.items():
+            attr = _PROPERTY_ATTRS.get(key)
+            if attr is None:
+                raise ValueError("path record property %r cannot be resolved without a subnet administrator "
+                                 "(known: %s)" % (key, ", ".join(sorted(_PROPERTY_ATTRS))))
+            if attr in ("SGID", "DGID"):
+                value = IBA.GID(value)
+            if attr == "MTU":
+                wanted_mtu = value
+            setattr(path, attr, value)
+    if path.DGID is None and not path.DLID:
+        raise ValueError("the path needs a DGID (or a DLID) to resolve")
+    if path.SGID is None:
+        path.SGID = mad.default_gid
+    if end_port._gid_index(IBA.GID(path.SGID)) is None:
+        raise SAPathNotFoundError("no path from %s: the source GID is not one of %s" % (path.SGID, end_port))
+    if path.pkey not in end_port.pkeys:
+        raise SAPathNotFoundError("no path with P_Key 0x%x: %s has %s" % (
+            path.pkey, end_port, ", ".join("0x%x" % p for p in end_port.pkeys)))
+
+    if end_port.link_layer == 2 or end_port.parent.provider == "soft":
+        # RoCE-style addressing: GIDs route, every packet has a GRH, LIDs are unused.
+        if path.DGID is None:
+            raise SAPathNotFoundError("%s addresses peers by GID: the path needs a DGID" % end_port)
+        dgid = IBA.GID(path.DGID)
+        if end_port.parent.provider == "soft" and not _is_soft_gid(dgid):
+            raise SAPathNotFoundError("no path to %s from %s: not the GID of a ferry software device "
+                                      "(a verbs context)" % (dgid, end_port))
+        path.DGID = dgid
+        path.has_grh = True
+        if not path.hop_limit:
+            path.hop_limit = 64
+        path.DLID = 0
+        path.SLID = 0
+    else:
+        if not path.DLID:
+            raise SAPathNotFoundError("%s needs a DLID: there is no subnet administrator to look up %s"
+                                      % (end_port, path.DGID))
+        if path.DGID is not None:
+            path.has_grh = True
+            if not path.hop_limit:
+                path.hop_limit = 64
+
+    active_mtu = end_port.mtu
+    path.MTU = min(active_mtu, wanted_mtu) if wanted_mtu else active_mtu
+    if "rate" not in path.__dict__:
+        path.rate = end_port.rate
+    if "packet_life_time" not in path.__dict__:
+        path.packet_life_time = end_port.subnet_timeout
+    path.drop_cache()
+    return path
+
+
+def get_mad_path(mad, ep_addr, **kwargs):
+    """A resolved, reversible path from the end port of *mad* to *ep_addr* (a GID, its text, or a
+    LID). *kwargs* set attributes first."""
+    if isinstance(ep_addr, int) and not isinstance(ep_addr, bool) and ep_addr < 0x10000:
+        path = IBPath(mad.end_port, DLID=ep_addr, **kwargs)
+    else:
+        path = IBPath(mad.end_port, DGID=IBA.GID(ep_addr), **kwargs)
+    return resolve_path(mad, path, True)
+
+
+def fill_path(qp, path, max_rd_atomic=255):
+    """Fill in the fields of *path* that come from *qp*, for use with that QP: the source QP
+    number, the source GID (the QP's context), the ACK delay of the device, the READ/atomic depths
+    (the smaller of the path's, the device's and *max_rd_atomic*) and random initial PSNs where
+    they are 0. Fields describing the peer are kept. Set *max_rd_atomic* to 0 if RDMA READ and
+    atomics will not be used."""
+    ctx = qp.ctx
+    if path.end_port is None:
+        path.end_port = ctx.end_port if ctx.end_port is not None else ctx.node.end_ports[0]
+    path.sqpn = qp.qp_num
+    devinfo = ctx.query_device()
+    path.sack_resp_time = devinfo.local_ca_ack_delay
+    path.srdatomic = min(path.srdatomic, devinfo.max_qp_init_rd_atom, max_rd_atomic)
+    path.drdatomic = min(path.drdatomic, devinfo.max_qp_rd_atom, max_rd_atomic)
+    if path.sqpsn == 0:
+        path.sqpsn = 1 + _secrets.randbelow(0xFFFFFF)
+    if path.dqpsn == 0:
+        path.dqpsn = 1 + _secrets.randbelow(0xFFFFFF)
+    # The source GID must be one of the QP's context (on ferry's software devices each context has
+    # exactly one, which also names it).
+    port_id = path.end_port.port_id
+    gids = [IBA.GID(ctx.query_gid(port_id, i), raw=True)
+            for i in range(max(1, min(ctx.query_port(port_id).gid_tbl_len, 256)))]
+    if path.SGID is None or IBA.GID(path.SGID) not in gids:
+        index = ctx._default_gid_index(port_id)
+        path.SGID = gids[index] if index < len(gids) else gids[0]
+    path.drop_cache()
+    return path

@@ -1,0 +1,294 @@
+"""Devices, end ports and the entry points of the verbs interface (the top-level `rdma` names of
+the verbs specification: ``get_end_port``, ``get_verbs``, ``get_gmp_mad``).
+
+::
+
+    import ferry
+    end_port = ferry.get_end_port()          # the first device's port 1
+    with ferry.get_verbs(end_port) as ctx:   # a ferry.verbs.Context
+        pd = ctx.pd()
+
+Importing :mod:`ferry` also makes :mod:`ferry.verbs`, :mod:`ferry.path`, :mod:`ferry.vtools`,
+:mod:`ferry.IBA` and :mod:`ferry.tools` available as attributes.
+"""
+
+import threading as _threading
+import weakref as _weakref
+
+from . import IBA, tools  # noqa: F401  (imported so that ferry.IBA, ferry.tools exist)
+from . import errors as _errors
+from . import path  # noqa: F401
+from . import verbs
+from . import vtools  # noqa: F401
+from ._core import verbs as _core
+
+__all__ = ["RDMADevice", "EndPort", "get_devices", "get_device", "get_end_port", "get_verbs", "get_gmp_mad"]
+
+
+class DeviceNotFoundError(_errors.RDMAError, _errors.NotFound):
+    """No device or end port of that name."""
+
+
+class RDMADevice:
+    """One verbs device (for ferry's software devices: one per IP interface, ``soft_lo`` ...).
+
+    :attr:`name`, :attr:`provider` ("soft", "ibverbs"), :attr:`transport`, :attr:`netdev`,
+    :attr:`address` (its IP address), :attr:`node_guid`, :attr:`numa_node`, and
+    :attr:`end_ports`, a list of :class:`EndPort` (index 0 is port 1)."""
+
+    def __init__(self, info):
+        self.name = info["name"]
+        self.provider = info["provider"]
+        self.transport = info["transport"]
+        self.netdev = info["netdev"]
+        self.address = info["address"]
+        self.node_guid = IBA.GUID(info["guid"])
+        self.numa_node = info["numa_node"]
+        self._contexts = []
+        self._lock = _threading.Lock()
+        self._end_ports = None
+
+    @property
+    def end_ports(self):
+        if self._end_ports is None:
+            if self.provider == "soft":
+                count = 1
+            else:
+                with _TemporaryContext(self.name) as ctx:
+                    count = ctx._query_device()["phys_port_cnt"]
+            self._end_ports = [EndPort(self, i + 1) for i in range(count)]
+        return self._end_ports
+
+    def _context_opened(self, ctx):
+        with self._lock:
+            self._contexts = [w for w in self._contexts if w() is not None and not w().closed]
+            self._contexts.append(_weakref.ref(ctx))
+
+    def _live_context(self):
+        """The most recently opened verbs context of this device that is still open, or None."""
+        with self._lock:
+            for ref in reversed(self._contexts):
+                ctx = ref()
+                if ctx is not None and not ctx.closed:
+                    return ctx
+        return None
+
+    def __str__(self):
+        return self.name
+
+    def __repr__(self):
+        return "RDMADevice(%r, provider=%r, address=%r)" % (self.name, self.provider, self.address)
+
+
+class _TemporaryContext:
+    """A verbs context opened only to query the device, closed on exit."""
+
+    def __init__(self, name):
+        self._ctx = _core.Context(name)
+
+    def __enter__(self):
+        return self._ctx
+
+    def __exit__(self, *exc_info):
+        self._ctx.close()
+        return False
+
+
+class EndPort:
+    """One port of an :class:`RDMADevice`: :attr:`parent` is the device, :attr:`port_id` the
+    port number (from 1). Port attributes are read from a verbs context of the device (an open one,
+    else one opened for the query) and cached until an async event says they changed.
+
+    On ferry's software devices a GID names one verbs context (the device's IPv4 address and that
+    context's port): :attr:`default_gid` is the GID of the most recently opened context of the
+    device that is still open."""
+
+    #: Packet lifetime (IBA timer code) used for paths that do not set one. ferry's devices have no
+    #: subnet manager, so this is ferry's default rather than a value read from the port.
+    subnet_timeout = path.DEFAULT_SUBNET_TIMEOUT
+
+    def __init__(self, parent, port_id):
+        self.parent = parent
+        self.port_id = port_id
+        self._cached_attr = None
+
+    def _port_attr(self):
+        if self._cached_attr is None:
+            ctx = self.parent._live_context()
+            if ctx is not None:
+                self._cached_attr = ctx._query_port(self.port_id)
+            else:
+                with _TemporaryContext(self.parent.name) as tmp:
+                    self._cached_attr = tmp._query_port(self.port_id)
+        return self._cached_attr
+
+    @property
+    def default_gid(self):
+        """The GID paths from this port use by default: index 0, or the one the device prefers
+        (a RoCE v2 GID on RoCE ports). See the class note for software devices."""
+        ctx = self.parent._live_context()
+        if ctx is None:
+            raise _errors.RDMAError(
+                "no verbs context is open on %s: on this device a GID names a context, open one with "
+                "ferry.get_verbs() first" % self)
+        return IBA.GID(ctx.query_gid(self.port_id, ctx._default_gid_index(self.port_id)), raw=True)
+
+    @property
+    def gids(self):
+        """The GID table of this port (of the most recent open context, for software devices)."""
+        ctx = self.parent._live_context()
+        if ctx is None:
+            return []
+        count = max(1, min(self._port_attr()["gid_tbl_len"], 256))
+        return [IBA.GID(ctx.query_gid(self.port_id, i), raw=True) for i in range(count)]
+
+    def _gid_index(self, gid):
+        """The GID table index of *gid* at this port, or None if it is not one of the port's."""
+        gid = IBA.GID(gid)
+        if self.parent.provider == "soft":
+            # Every context of a software device has one GID (index 0), holding the device's IPv4
+            # address; any context of this device may be the source.
+            raw = bytes(gid)
+            if path._is_soft_gid(gid) and ".".join(str(b) for b in raw[12:16]) == self.parent.address:
+                return 0
+            return None
+        gids = self.gids
+        return gids.index(gid) if gid in gids else None
+
+    @property
+    def pkeys(self):
+        """The P_Key table (ferry's devices have the default P_Key only)."""
+        return [IBA.PKEY_DEFAULT] * max(1, self._port_attr()["pkey_tbl_len"])
+
+    @property
+    def lid(self):
+        return self._port_attr()["lid"]
+
+    @property
+    def lmc(self):
+        return 0
+
+    @property
+    def sm_lid(self):
+        return self._port_attr()["sm_lid"]
+
+    @property
+    def sm_sl(self):
+        return 0
+
+    @property
+    def state(self):
+        """The IBV_PORT_* state."""
+        return self._port_attr()["state"]
+
+    @property
+    def mtu(self):
+        """The active MTU code (IBA.MTU_*)."""
+        return self._port_attr()["active_mtu"]
+
+    @property
+    def link_layer(self):
+        """IBV_LINK_LAYER_*: 2 (Ethernet) for RoCE-style ports and ferry's software devices."""
+        return self._port_attr()["link_layer"]
+
+    @property
+    def rate(self):
+        """The static rate to use on paths from this port (0: the port's full rate)."""
+        return 0
+
+    def lid_change(self):
+        """Forget cached port attributes (called on IBV_EVENT_LID_CHANGE)."""
+        self._cached_attr = None
+
+    def pkey_change(self):
+        """Forget cached port attributes (called on IBV_EVENT_PKEY_CHANGE)."""
+        self._cached_attr = None
+
+    def sm_change(self):
+        """Forget cached port attributes (called on IBV_EVENT_SM_CHANGE and port events)."""
+        self._cached_attr = None
+
+    def __eq__(self, other):
+        if not isinstance(other, EndPort):
+            return NotImplemented
+        return self.parent.name == other.parent.name and self.port_id == other.port_id
+
+    def __hash__(self):
+        return hash((self.parent.name, self.port_id))
+
+    def __str__(self):
+        return "%s/%d" % (self.parent.name, self.port_id)
+
+    def __repr__(self):
+        return "EndPort(%r)" % str(self)
+
+
+_devices = None
+_devices_lock = _threading.Lock()
+
+
+def get_devices(refresh=False):
+    """Every visible device (``FERRY_DEVICES=name,...`` restricts them), highest-priority
+    provider first, as :class:`RDMADevice` objects. The list is cached; *refresh* reads it
+    again."""
+    global _devices
+    with _devices_lock:
+        if _devices is None or refresh:
+            _devices = [RDMADevice(info) for info in _core.list_devices()]
+        return list(_devices)
+
+
+def get_device(name=None):
+    """The device called *name*, or the first device when None."""
+    devices = get_devices()
+    if name is None:
+        if not devices:
+            raise DeviceNotFoundError("no RDMA device is visible (see ferry.verbs list_providers and FERRY_DEVICES)")
+        return devices[0]
+    for dev in devices:
+        if dev.name == name:
+            return dev
+    for dev in get_devices(refresh=True):
+        if dev.name == name:
+            return dev
+    raise DeviceNotFoundError("RDMA device %r not found" % (name,))
+
+
+def get_end_port(name=None):
+    """The :class:`EndPort` called *name*: ``"soft_lo"`` (port 1), ``"soft_lo/1"`` or
+    ``"soft_lo:1"``; with None, port 1 of the first device."""
+    if isinstance(name, EndPort):
+        return name
+    if name is None:
+        return get_device().end_ports[0]
+    device_name, port = name, 1
+    for sep in ("/", ":"):
+        if sep in name:
+            device_name, _, port_text = name.rpartition(sep)
+            try:
+                port = int(port_text)
+            except ValueError:
+                raise DeviceNotFoundError("RDMA end port %r not found (bad port number)" % (name,)) from None
+            break
+    dev = get_device(device_name)
+    if not 1 <= port <= len(dev.end_ports):
+        raise DeviceNotFoundError("RDMA end port %r not found: %s has %d port(s)" % (name, dev, len(dev.end_ports)))
+    return dev.end_ports[port - 1]
+
+
+def get_verbs(end_port=None):
+    """Open a :class:`ferry.verbs.Context` for *end_port* (an :class:`EndPort`, an
+    :class:`RDMADevice`, a name, or None for the default end port)."""
+    if end_port is None or isinstance(end_port, str):
+        end_port = get_end_port(end_port)
+    return verbs.Context(end_port)
+
+
+def get_gmp_mad(end_port=None, verbs=None):
+    """The path resolver for *end_port*, a context manager standing in for the specification's
+    GMP MAD object: pass it to :func:`ferry.path.resolve_path`. With *verbs* (a :class:`ferry.verbs.Context`)
+    resolved paths start at that context's GID. ferry's devices have no subnet administrator:
+    paths are completed locally (see :func:`ferry.path.resolve_path`)."""
+    if end_port is None or isinstance(end_port, str):
+        end_port = get_end_port(end_port)
+    return path.LocalPathResolver(end_port, verbs)

@@ -1,0 +1,11 @@
+"""Small functions shared by the verbs modules (the `rdma.tools` names of the verbs specification)."""
+
+import time as _time
+
+__all__ = ["clock_monotonic"]
+
+
+def clock_monotonic():
+    """Seconds of a clock that never goes backwards (:func:`time.monotonic`). Deadlines such as
+    :attr:`ferry.vtools.CQPoller.wakeat` are values of this clock."""
+    return _time.monotonic()

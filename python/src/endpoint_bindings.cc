@@ -1,0 +1,654 @@
+// ferry._core.endpoint: the Endpoint API's C++ classes for Python. python/ferry/endpoint.py adds the
+// document's constructor forms and names on top; the per-operation calls (read, write, send, ...)
+// are these, so a batch is turned into work without a Python-level loop.
+//
+// The GIL is released while posting and while waiting; a wait wakes every 100 ms to let Python
+// handle signals (Ctrl-C interrupts a wait, the operation goes on).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/endpoint/endpoint.h"
+#include "status.h"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+namespace {
+
+using endpoint::Assignment;
+using endpoint::Chunk;
+using endpoint::Endpoint;
+using endpoint::MemoryPool;
+using endpoint::MrHandle;
+using endpoint::OpKind;
+using endpoint::RdmaContext;
+using endpoint::Worker;
+
+bool interpreterAlive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// Keeps a Python object (or its exported buffer) alive while its memory is registered. Released
+// with the GIL, on whatever thread the registration ends.
+struct PyOwner {
+  PyObject* object = nullptr;
+  std::optional<Py_buffer> view;
+  ~PyOwner() {
+    if (!interpreterAlive()) return;  // the interpreter is going away: leave it to the OS
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (view) PyBuffer_Release(&*view);
+    Py_XDECREF(object);
+    PyGILState_Release(gil);
+  }
+};
+
+[[noreturn]] void raiseInvalid(const std::string& message) { raiseStatus(invalidArgument(message)); }
+
+// An exact non-negative integer from a Python int (or anything with __index__, e.g. NumPy ints).
+uint64_t toU64(PyObject* o, const char* what, size_t index) {
+  PyObject* number = PyLong_Check(o) ? (Py_INCREF(o), o) : PyNumber_Index(o);
+  if (number == nullptr) {
+    PyErr_Clear();
+    raiseInvalid(std::string(what) + " of item " + std::to_string(index) + " is not an integer");
+  }
+  unsigned long long v = PyLong_AsUnsignedLongLong(number);
+  Py_DECREF(number);
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    raiseInvalid(std::string(what) + " of item " + std::to_string(index) + " is negative or above 2^64-1");
+  }
+  return v;
+}
+
+// A region key as a handle: an int is the handle, a str a name looked up (the last one is cached).
+class KeyResolver {
+ public:
+  KeyResolver(const Endpoint& ep, bool remote) : ep_(ep), remote_(remote) {}
+  MrHandle resolve(PyObject* key, size_t index) {
+    if (PyUnicode_Check(key)) {
+      if (key == lastKey_) return lastHandle_;
+      Py_ssize_t size = 0;
+      const char* text = PyUnicode_AsUTF8AndSize(key, &size);
+      if (text == nullptr) {
+        PyErr_Clear();
+        raiseInvalid("region name of item " + std::to_string(index) + " is not valid text");
+      }
+      std::string_view name(text, static_cast<size_t>(size));
+      auto handle = remote_ ? ep_.remoteHandle(name) : ep_.localHandle(name);
+      if (!handle.isOk()) raiseInvalid("item " + std::to_string(index) + ": " + handle.status().message());
+      lastKey_ = key;
+      lastHandle_ = *handle;
+      return *handle;
+    }
+    return toU64(key, remote_ ? "remote_mr_key" : "mr_key", index);
+  }
+
+ private:
+  const Endpoint& ep_;
+  bool remote_;
+  PyObject* lastKey_ = nullptr;  // borrowed: alive as long as the batch is
+  MrHandle lastHandle_ = 0;
+};
+
+// "Q", "<Q", "=Q", "q", "L" (8-byte on LP64), ...: one 8-byte integer.
+bool isU64Format(std::string_view f) {
+  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f.remove_prefix(1);
+  return f == "Q" || f == "q" || f == "L" || f == "l";
+}
+
+// NumPy's format of a structured dtype: "T{<Q:mr_key:<Q:remote_mr_key:...:}". True when it has
+// exactly five 8-byte integer fields.
+bool isFiveU64Struct(std::string_view f) {
+  if (f.size() < 3 || f.substr(0, 2) != "T{" || f.back() != '}') return false;
+  f = f.substr(2, f.size() - 3);
+  int fields = 0;
+  while (!f.empty()) {
+    size_t colon = f.find(':');
+    if (colon == std::string_view::npos) return false;
+    if (!isU64Format(f.substr(0, colon))) return false;
+    f.remove_prefix(colon + 1);
+    size_t end = f.find(':');
+    if (end == std::string_view::npos) return false;
+    f.remove_prefix(end + 1);
+    ++fields;
+  }
+  return fields == 5;
+}
+
+Assignment tupleToAssignment(OpKind kind, MrHandle local, MrHandle remote, uint64_t target, uint64_t source,
+                             uint64_t length) {
+  return endpoint::fromTuple(kind, local, remote, target, source, length);
+}
+
+// A batch of assignments from Python: a list of (mr_key, remote_mr_key, target_offset,
+// source_offset, length) tuples or ferry.Assignment objects, or an array (N x 5 of 8-byte integers,
+// or a structured array of five such fields) in the tuple's column order.
+std::vector<Assignment> toBatch(const Endpoint& ep, py::handle batch, OpKind kind) {
+  std::vector<Assignment> out;
+  PyObject* obj = batch.ptr();
+  if (!PyList_Check(obj) && !PyTuple_Check(obj) && PyObject_CheckBuffer(obj)) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      raiseInvalid("an array batch must be C-contiguous");
+    }
+    std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
+    std::string_view format = view.format ? view.format : "B";
+    size_t rows = 0;
+    if (view.ndim == 2 && view.itemsize == 8 && isU64Format(format) && view.shape[1] == 5) {
+      rows = static_cast<size_t>(view.shape[0]);
+    } else if (view.ndim == 1 && view.itemsize == 40 && isFiveU64Struct(format)) {
+      rows = static_cast<size_t>(view.shape[0]);
+    } else {
+      raiseInvalid(
+          "an array batch must be N x 5 of 8-byte integers or a structured array of five 8-byte integer "
+          "fields (ferry.assignment_dtype), not format '" +
+          std::string(format) + "' with " + std::to_string(view.ndim) + " dimension(s)");
+    }
+    const bool isSigned = format.back() == 'q' || format.back() == 'l';
+    const auto* words = static_cast<const uint64_t*>(view.buf);
+    out.reserve(rows);
+    for (size_t i = 0; i < rows; ++i) {
+      const uint64_t* w = words + i * 5;
+      if (isSigned) {
+        for (int k = 0; k < 5; ++k) {
+          if (static_cast<int64_t>(w[k]) < 0)
+            raiseInvalid("row " + std::to_string(i) + " has a negative value");
+        }
+      }
+      out.push_back(tupleToAssignment(kind, w[0], w[1], w[2], w[3], w[4]));
+    }
+    return out;
+  }
+
+  PyObject* seq = PySequence_Fast(obj, "a batch must be a list of assignment tuples or an array");
+  if (seq == nullptr) throw py::error_already_set();
+  std::unique_ptr<PyObject, void (*)(PyObject*)> seqRef(seq, [](PyObject* p) { Py_DECREF(p); });
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out.reserve(static_cast<size_t>(n));
+  KeyResolver local(ep, false), remote(ep, true);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = items[i];
+    const size_t idx = static_cast<size_t>(i);
+    if (PyTuple_Check(item) || PyList_Check(item)) {
+      if (PySequence_Fast_GET_SIZE(item) != 5) {
+        raiseInvalid("assignment " + std::to_string(idx) +
+                     " must have 5 fields (mr_key, remote_mr_key, target_offset, source_offset, length)");
+      }
+      PyObject** f = PySequence_Fast_ITEMS(item);
+      out.push_back(tupleToAssignment(kind, local.resolve(f[0], idx), remote.resolve(f[1], idx),
+                                      toU64(f[2], "target_offset", idx), toU64(f[3], "source_offset", idx),
+                                      toU64(f[4], "length", idx)));
+      continue;
+    }
+    // A ferry.Assignment (named fields).
+    py::handle h(item);
+    if (!py::hasattr(h, "local") || !py::hasattr(h, "remote")) {
+      raiseInvalid("assignment " + std::to_string(idx) + " is neither a 5-tuple nor a ferry.Assignment");
+    }
+    py::object l = h.attr("local"), r = h.attr("remote");
+    py::object lo = h.attr("local_offset"), ro = h.attr("remote_offset"), len = h.attr("length");
+    out.push_back(Assignment{.local = local.resolve(l.ptr(), idx),
+                             .remote = remote.resolve(r.ptr(), idx),
+                             .localOffset = toU64(lo.ptr(), "local_offset", idx),
+                             .remoteOffset = toU64(ro.ptr(), "remote_offset", idx),
+                             .length = toU64(len.ptr(), "length", idx)});
+  }
+  return out;
+}
+
+// Chunks of a message: a (mr_key, offset, length) tuple or a list of them.
+std::vector<Chunk> toChunks(const Endpoint& ep, py::handle chunks) {
+  std::vector<Chunk> out;
+  PyObject* obj = chunks.ptr();
+  auto isChunk = [](PyObject* o) {
+    if (!PyTuple_Check(o) && !PyList_Check(o)) return false;
+    if (PySequence_Fast_GET_SIZE(o) != 3) return false;
+    PyObject* first = PySequence_Fast_ITEMS(o)[0];
+    return !PyTuple_Check(first) && !PyList_Check(first);
+  };
+  KeyResolver local(ep, false);
+  auto one = [&](PyObject* o, size_t idx) {
+    if (!isChunk(o))
+      raiseInvalid("chunk " + std::to_string(idx) + " must be a (mr_key, offset, length) tuple");
+    PyObject** f = PySequence_Fast_ITEMS(o);
+    out.push_back(Chunk{.mr = local.resolve(f[0], idx),
+                        .offset = toU64(f[1], "offset", idx),
+                        .length = toU64(f[2], "length", idx)});
+  };
+  if (isChunk(obj)) {
+    one(obj, 0);
+    return out;
+  }
+  PyObject* seq = PySequence_Fast(obj, "chunks must be a (mr_key, offset, length) tuple or a list of them");
+  if (seq == nullptr) throw py::error_already_set();
+  std::unique_ptr<PyObject, void (*)(PyObject*)> seqRef(seq, [](PyObject* p) { Py_DECREF(p); });
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  for (Py_ssize_t i = 0; i < n; ++i) one(PySequence_Fast_ITEMS(seq)[i], static_cast<size_t>(i));
+  return out;
+}
+
+// What register_memory_region() got: an address, a buffer object, or a tensor-like object
+// (data_ptr(), numel(), element_size(), on the CPU), plus an offset (bytes added to the address)
+// and a length (None: to the end of the buffer or tensor).
+struct Memory {
+  void* addr = nullptr;
+  uint64_t length = 0;
+  endpoint::RegionOptions options;
+};
+
+Memory toMemory(py::handle target, uint64_t offset, py::handle lengthObj) {
+  Memory m;
+  PyObject* obj = target.ptr();
+  std::optional<uint64_t> length;
+  if (!lengthObj.is_none()) length = toU64(lengthObj.ptr(), "length", 0);
+  if (PyLong_Check(obj)) {
+    if (!length) raiseInvalid("register_memory_region: a length is needed with an address");
+    uint64_t base = toU64(obj, "address", 0);
+    m.addr = reinterpret_cast<void*>(base + offset);
+    m.length = *length;
+    return m;
+  }
+  auto owner = std::make_shared<PyOwner>();
+  uint64_t base = 0, size = 0;
+  if (PyObject_CheckBuffer(obj)) {
+    Py_buffer view;
+    bool writable = true;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      writable = false;
+      if (PyObject_GetBuffer(obj, &view, PyBUF_ANY_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        raiseInvalid("register_memory_region: the buffer is not contiguous");
+      }
+    }
+    // Held until the region is unregistered: the exporter cannot resize or free it meanwhile.
+    owner->view = view;
+    base = reinterpret_cast<uint64_t>(view.buf);
+    size = static_cast<uint64_t>(view.len);
+    m.options.writable = writable;
+  } else if (py::hasattr(target, "data_ptr") && py::hasattr(target, "numel") &&
+             py::hasattr(target, "element_size")) {
+    if (py::hasattr(target, "device") &&
+        py::str(target.attr("device").attr("type")).cast<std::string>() != "cpu") {
+      raiseStatus(notSupported("register_memory_region: only CPU tensors can be registered here"));
+    }
+    if (py::hasattr(target, "is_contiguous") && !target.attr("is_contiguous")().cast<bool>()) {
+      raiseInvalid("register_memory_region: the tensor is not contiguous");
+    }
+    base = target.attr("data_ptr")().cast<uint64_t>();
+    size = target.attr("numel")().cast<uint64_t>() * target.attr("element_size")().cast<uint64_t>();
+    Py_INCREF(obj);
+    owner->object = obj;
+  } else {
+    raiseInvalid(
+        "register_memory_region: expected an address (int), a buffer (bytearray, memoryview, mmap, "
+        "NumPy array) or a CPU tensor");
+  }
+  if (offset > size)
+    raiseInvalid("register_memory_region: offset " + std::to_string(offset) + " is beyond the " +
+                 std::to_string(size) + "-byte buffer");
+  if (!length) length = size - offset;
+  if (*length > size - offset) {
+    raiseInvalid("register_memory_region: offset + length (" + std::to_string(offset + *length) +
+                 ") exceeds the " + std::to_string(size) + "-byte buffer");
+  }
+  m.addr = reinterpret_cast<void*>(base + offset);
+  m.length = *length;
+  m.options.owner = std::move(owner);
+  return m;
+}
+
+MrHandle registerInPool(MemoryPool& pool, py::handle key, py::handle target, uint64_t offset,
+                        py::handle length) {
+  Memory m = toMemory(target, offset, length);
+  Result<MrHandle> h = Status(StatusCode::kInternal, "unset");
+  if (PyUnicode_Check(key.ptr())) {
+    std::string name = key.cast<std::string>();
+    py::gil_scoped_release release;
+    h = pool.registerMemoryRegion(name, m.addr, m.length, std::move(m.options));
+  } else {
+    uint64_t k = toU64(key.ptr(), "key", 0);
+    py::gil_scoped_release release;
+    h = pool.registerMemoryRegion(k, m.addr, m.length, std::move(m.options));
+  }
+  return unwrap(std::move(h));
+}
+
+void unregisterInPool(MemoryPool& pool, py::handle key) {
+  if (PyUnicode_Check(key.ptr())) {
+    check(pool.unregisterMemoryRegion(key.cast<std::string>()));
+  } else {
+    check(pool.unregisterMemoryRegion(static_cast<MrHandle>(toU64(key.ptr(), "key", 0))));
+  }
+}
+
+// Waits in slices so that signals reach Python; raises the operation's error.
+int waitFuture(const endpoint::Future& f, py::object timeout) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> deadline;
+  if (!timeout.is_none()) {
+    double seconds = timeout.cast<double>();
+    if (!(seconds >= 0)) raiseInvalid("wait: the timeout must be a non-negative number of seconds or None");
+    deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+  for (;;) {
+    auto slice = std::chrono::milliseconds(100);
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+      slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
+    }
+    Status st;
+    {
+      py::gil_scoped_release release;
+      st = f.wait(slice);
+    }
+    if (f.done()) {
+      check(st);
+      return 0;
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (deadline && Clock::now() >= *deadline) {
+      raiseStatus(Status(StatusCode::kTimedOut, "wait: the operation did not complete within the timeout",
+                         ETIMEDOUT));
+    }
+  }
+}
+
+std::shared_ptr<Endpoint> makeEndpoint(py::object context, py::object pool, const std::string& deviceName,
+                                       int ibPort, const std::string& linkType, size_t numQp,
+                                       std::shared_ptr<Worker> worker, std::optional<uint32_t> sendDepth,
+                                       std::optional<uint32_t> recvDepth,
+                                       std::optional<uint32_t> recvBufferSize, uint8_t gidIndex) {
+  endpoint::EndpointOptions o;
+  o.numQp = numQp;
+  o.worker = std::move(worker);
+  if (sendDepth) o.sendDepth = *sendDepth;
+  if (recvDepth) o.recvDepth = *recvDepth;
+  if (recvBufferSize) o.recvBufferSize = *recvBufferSize;
+  o.gidIndex = gidIndex;
+  Result<std::shared_ptr<Endpoint>> ep = Status(StatusCode::kInternal, "unset");
+  if (!pool.is_none()) {
+    auto p = pool.cast<std::shared_ptr<MemoryPool>>();
+    py::gil_scoped_release release;
+    ep = Endpoint::create(std::move(p), std::move(o));
+  } else if (!context.is_none()) {
+    auto c = context.cast<std::shared_ptr<RdmaContext>>();
+    py::gil_scoped_release release;
+    ep = Endpoint::create(std::move(c), std::move(o));
+  } else {
+    py::gil_scoped_release release;
+    ep = Endpoint::create(
+        endpoint::ContextOptions{.deviceName = deviceName, .ibPort = ibPort, .linkType = linkType},
+        std::move(o));
+  }
+  // Raised with the GIL held.
+  return unwrap(std::move(ep));
+}
+
+template <typename F>
+F submitOp(const std::shared_ptr<Endpoint>& ep, py::handle batch, OpKind kind, uint32_t imm = 0) {
+  std::vector<Assignment> assignments = toBatch(*ep, batch, kind);
+  Result<endpoint::ReadWriteFuture> f = Status(StatusCode::kInternal, "unset");
+  {
+    py::gil_scoped_release release;
+    if (kind == OpKind::kRead) {
+      f = ep->read(assignments);
+    } else if (kind == OpKind::kWrite) {
+      f = ep->write(assignments);
+    } else {
+      f = ep->writeWithImm(assignments, imm);
+    }
+  }
+  return unwrap(std::move(f));
+}
+
+uint32_t toImm(py::handle value) {
+  long long v = value.cast<long long>();
+  if (v < -(1ll << 31) || v >= (1ll << 32)) raiseInvalid("imm_data must fit in 32 bits");
+  return static_cast<uint32_t>(v);
+}
+
+}  // namespace
+
+void bindEndpoint(py::module_& m) {
+  m.def(
+      "available_nic", [] { return unwrap(endpoint::availableNics()); },
+      "The names of every usable device (software devices included), in ferry's device order.");
+  m.def(
+      "socket_id", [](const std::string& device) { return endpoint::socketId(device); }, py::arg("device"),
+      "The NUMA node of a device; 0 where unknown.");
+
+  py::class_<RdmaContext, std::shared_ptr<RdmaContext>>(m, "Context", "An opened device port (RdmaContext).")
+      .def(py::init([](const std::string& deviceName, int ibPort, const std::string& linkType) {
+             Result<std::shared_ptr<RdmaContext>> ctx = Status(StatusCode::kInternal, "unset");
+             {
+               py::gil_scoped_release release;
+               ctx = RdmaContext::open({.deviceName = deviceName, .ibPort = ibPort, .linkType = linkType});
+             }
+             return unwrap(std::move(ctx));
+           }),
+           py::arg("device_name") = "", py::arg("ib_port") = 1, py::arg("link_type") = "RoCE")
+      .def_property_readonly("device_name", &RdmaContext::deviceName)
+      .def_property_readonly("ib_port", &RdmaContext::ibPort)
+      .def_property_readonly("link_type", &RdmaContext::linkType)
+      .def_property_readonly("socket_id", &RdmaContext::socketId);
+
+  py::class_<MemoryPool, std::shared_ptr<MemoryPool>>(m, "MemoryPool",
+                                                      "Local memory regions shared by endpoints.")
+      .def(py::init([](std::shared_ptr<RdmaContext> context) {
+             if (!context) raiseInvalid("MemoryPool: a context is needed");
+             return unwrap(MemoryPool::create(std::move(context)));
+           }),
+           py::arg("context"))
+      .def(
+          "_register",
+          [](MemoryPool& pool, py::handle key, py::handle target, uint64_t offset, py::handle length) {
+            return registerInPool(pool, key, target, offset, length);
+          },
+          py::arg("key"), py::arg("target"), py::arg("offset") = 0, py::arg("length") = py::none())
+      .def(
+          "unregister_memory_region", [](MemoryPool& pool, py::handle key) { unregisterInPool(pool, key); },
+          py::arg("key"), "Deregisters a region (by handle or name); its memory may be freed afterwards.")
+      .def(
+          "get_handle", [](MemoryPool& pool, const std::string& name) { return unwrap(pool.handleOf(name)); },
+          py::arg("name"))
+      .def("_mr_info_json", &MemoryPool::mrInfo)
+      .def_property_readonly("context", &MemoryPool::context)
+      .def("__len__", &MemoryPool::size);
+
+  py::class_<Worker, std::shared_ptr<Worker>>(m, "Worker", "A progress thread for one or more endpoints.")
+      .def(py::init([](int id) { return unwrap(Worker::create({.socketId = -1, .id = id})); }),
+           py::arg("id") = 0)
+      .def(py::init([](const std::string& device, int id) { return unwrap(Worker::forDevice(device, id)); }),
+           py::arg("dev_name"), py::arg("id") = 0)
+      .def(
+          py::init([](int socket, int id) { return unwrap(Worker::create({.socketId = socket, .id = id})); }),
+          py::arg("socket_id"), py::arg("id"))
+      .def("start",
+           [](Worker& w) {
+             check(w.start());
+             return 0;
+           })
+      .def("stop", &Worker::stop, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "add_endpoint",
+          [](Worker& w, const std::shared_ptr<Endpoint>& ep) {
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = w.addEndpoint(ep);
+            }
+            check(st);
+          },
+          py::arg("endpoint"))
+      .def_property_readonly("socket_id", &Worker::socketId)
+      .def_property_readonly("id", &Worker::id)
+      .def_property_readonly("running", &Worker::running)
+      .def("__len__", &Worker::endpointCount);
+
+  py::class_<endpoint::Future>(m, "Future", "An asynchronous operation of an endpoint.")
+      .def(
+          "wait", [](const endpoint::Future& f, py::object timeout) { return waitFuture(f, timeout); },
+          py::arg("timeout") = py::none(),
+          "Waits for the operation (timeout in seconds; None: until it completes). Returns 0; raises the "
+          "operation's error (ferry.WorkCompletionError, ferry.Cancelled, ...) or ferry.TimedOut.")
+      .def("done", &endpoint::Future::done)
+      .def("__repr__", [](const endpoint::Future& f) {
+        std::string state = !f.done()           ? "pending"
+                            : f.status().isOk() ? "done"
+                                                : "failed: " + f.status().message();
+        return "<ferry future " + state + ">";
+      });
+  py::class_<endpoint::ReadWriteFuture, endpoint::Future>(m, "ReadWriteFuture");
+  py::class_<endpoint::SendFuture, endpoint::Future>(m, "SendFuture");
+  py::class_<endpoint::RecvFuture, endpoint::Future>(m, "RecvFuture")
+      .def("nbytes", &endpoint::RecvFuture::bytes, "The received message's length (once done).");
+  py::class_<endpoint::ImmRecvFuture, endpoint::Future>(m, "ImmRecvFuture")
+      .def("imm_data", &endpoint::ImmRecvFuture::immData, "The immediate value (once done).");
+
+  py::class_<Endpoint, std::shared_ptr<Endpoint>>(m, "Endpoint",
+                                                  "One connection to a peer (see ferry.RDMAEndpoint).")
+      .def(py::init(&makeEndpoint), py::kw_only(), py::arg("context") = py::none(),
+           py::arg("pool") = py::none(), py::arg("device_name") = "", py::arg("ib_port") = 1,
+           py::arg("link_type") = "RoCE", py::arg("num_qp") = 1, py::arg("worker") = nullptr,
+           py::arg("send_depth") = py::none(), py::arg("recv_depth") = py::none(),
+           py::arg("recv_buffer_size") = py::none(), py::arg("gid_index") = 0)
+      .def(
+          "_register",
+          [](Endpoint& ep, py::handle key, py::handle target, uint64_t offset, py::handle length) {
+            return registerInPool(*ep.pool(), key, target, offset, length);
+          },
+          py::arg("key"), py::arg("target"), py::arg("offset") = 0, py::arg("length") = py::none())
+      .def(
+          "unregister_memory_region", [](Endpoint& ep, py::handle key) { unregisterInPool(*ep.pool(), key); },
+          py::arg("key"))
+      .def(
+          "_register_remote",
+          [](Endpoint& ep, const std::string& name, const std::string& info) {
+            return unwrap(ep.registerRemoteMemoryRegion(name, info));
+          },
+          py::arg("name"), py::arg("info"))
+      .def("_endpoint_info_json", &Endpoint::endpointInfo)
+      .def("_mr_info_json", &Endpoint::mrInfo)
+      .def("_connect",
+           [](Endpoint& ep, const std::string& info) {
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = ep.connect(info);
+             }
+             check(st);
+           })
+      .def(
+          "read",
+          [](const std::shared_ptr<Endpoint>& ep, py::handle assign, py::handle stream) {
+            return submitOp<endpoint::ReadWriteFuture>(ep, assign, OpKind::kRead);
+          },
+          py::arg("assign"), py::arg("stream") = py::none(),
+          "READ a batch: [(mr_key, remote_mr_key, target_offset, source_offset, length), ...] where the "
+          "target is "
+          "local. Returns a ReadWriteFuture.")
+      .def(
+          "write",
+          [](const std::shared_ptr<Endpoint>& ep, py::handle assign, py::handle stream) {
+            return submitOp<endpoint::ReadWriteFuture>(ep, assign, OpKind::kWrite);
+          },
+          py::arg("assign"), py::arg("stream") = py::none(),
+          "WRITE a batch: [(mr_key, remote_mr_key, target_offset, source_offset, length), ...] where the "
+          "target is "
+          "remote. Returns a ReadWriteFuture.")
+      .def(
+          "write_with_imm",
+          [](const std::shared_ptr<Endpoint>& ep, py::handle assign, py::handle imm, py::handle stream) {
+            return submitOp<endpoint::ReadWriteFuture>(ep, assign, OpKind::kWriteWithImm, toImm(imm));
+          },
+          py::arg("assign"), py::arg("imm_data") = 0, py::arg("stream") = py::none(),
+          "write() whose immediate the peer's imm_recv() gets once all the data is in place.")
+      .def(
+          "send",
+          [](const std::shared_ptr<Endpoint>& ep, py::handle chunks, py::handle stream) {
+            std::vector<Chunk> list = toChunks(*ep, chunks);
+            Result<endpoint::SendFuture> f = Status(StatusCode::kInternal, "unset");
+            {
+              py::gil_scoped_release release;
+              f = ep->send(list);
+            }
+            return unwrap(std::move(f));
+          },
+          py::arg("chunk"), py::arg("stream_handler") = py::none(),
+          "Sends one message gathered from [(mr_key, offset, length), ...].")
+      .def(
+          "recv",
+          [](const std::shared_ptr<Endpoint>& ep, py::handle chunks, py::handle stream) {
+            std::vector<Chunk> list = toChunks(*ep, chunks);
+            Result<endpoint::RecvFuture> f = Status(StatusCode::kInternal, "unset");
+            {
+              py::gil_scoped_release release;
+              f = ep->recv(list);
+            }
+            return unwrap(std::move(f));
+          },
+          py::arg("chunk"), py::arg("stream_handler") = py::none(),
+          "Receives the next message into [(mr_key, offset, length), ...].")
+      .def(
+          "imm_recv",
+          [](const std::shared_ptr<Endpoint>& ep, py::handle stream) {
+            Result<endpoint::ImmRecvFuture> f = Status(StatusCode::kInternal, "unset");
+            {
+              py::gil_scoped_release release;
+              f = ep->immRecv();
+            }
+            return unwrap(std::move(f));
+          },
+          py::arg("stream") = py::none(), "The peer's next write_with_imm immediate.")
+      .def("shutdown", &Endpoint::shutdown, py::call_guard<py::gil_scoped_release>(),
+           "Fails every pending operation with ferry.Cancelled and releases the queue pairs. Idempotent.")
+      .def(
+          "local_handle",
+          [](const Endpoint& ep, const std::string& name) { return unwrap(ep.localHandle(name)); },
+          py::arg("name"))
+      .def(
+          "remote_handle",
+          [](const Endpoint& ep, const std::string& name) { return unwrap(ep.remoteHandle(name)); },
+          py::arg("name"))
+      .def_property_readonly("num_qp", &Endpoint::numQp)
+      .def_property_readonly("connected", &Endpoint::connected)
+      .def_property_readonly("is_shutdown", &Endpoint::isShutdown)
+      .def("get_pool", &Endpoint::pool)
+      .def_property_readonly("context", &Endpoint::context)
+      .def_property_readonly("worker", &Endpoint::worker)
+      .def("stats", [](const Endpoint& ep) {
+        endpoint::EndpointStats s = ep.stats();
+        py::list lanes;
+        for (const auto& l : s.lanes) {
+          py::dict d;
+          d["work_requests"] = l.workRequests;
+          d["bytes"] = l.bytes;
+          d["max_outstanding"] = l.maxOutstanding;
+          d["receives_posted"] = l.receivesPosted;
+          lanes.append(d);
+        }
+        py::dict out;
+        out["lanes"] = lanes;
+        out["operations_queued"] = s.operationsQueued;
+        out["unexpected_bytes"] = s.unexpectedBytes;
+        out["immediates_queued"] = s.immediatesQueued;
+        return out;
+      });
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,176 @@
+// Bindings of sge, send_wr, recv_wr and wc, and the conversions the objects share.
+#include "verbs_structs.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "status.h"
+#include "verbs_objects.h"
+
+namespace ferry::python {
+
+namespace {
+
+// Keyword (and positional, in field order) construction, repr and equality for a struct class.
+// Construction goes through the typed attribute setters, so it checks types exactly as
+// assignment does, and an unknown keyword raises AttributeError.
+template <typename T>
+void defStructProtocol(py::class_<T>& cls, std::vector<std::string> fields) {
+  auto names = std::make_shared<std::vector<std::string>>(std::move(fields));
+  std::string typeName = py::str(cls.attr("__name__"));
+  cls.def(
+      py::init([names, typeName](py::args args, py::kwargs kwargs) {
+        if (args.size() > names->size()) {
+          throw py::type_error(typeName + "() takes at most " + std::to_string(names->size()) +
+                               " positional arguments");
+        }
+        py::object obj = py::cast(T{});
+        for (size_t i = 0; i < args.size(); ++i) py::setattr(obj, (*names)[i].c_str(), args[i]);
+        for (auto item : kwargs) py::setattr(obj, item.first, item.second);
+        return obj.cast<T>();
+      }),
+      ("Create a " + typeName + "; fields may be given by keyword (or by position in field order).").c_str());
+  py::tuple fieldTuple(names->size());
+  for (size_t i = 0; i < names->size(); ++i) fieldTuple[i] = py::str((*names)[i]);
+  cls.attr("_fields") = fieldTuple;
+  cls.def("__repr__", [names, typeName](py::handle self) {
+    std::string out = typeName + "(";
+    for (size_t i = 0; i < names->size(); ++i) {
+      if (i) out += ", ";
+      out += (*names)[i] + "=" + std::string(py::repr(self.attr((*names)[i].c_str())));
+    }
+    return out + ")";
+  });
+  cls.def("__eq__", [names](py::handle self, py::handle other) -> py::object {
+    if (!py::isinstance<T>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    for (const auto& name : *names) {
+      if (!self.attr(name.c_str()).equal(other.attr(name.c_str()))) return py::bool_(false);
+    }
+    return py::bool_(true);
+  });
+  cls.def("__copy__", [](const T& self) { return T(self); });
+  cls.def("__deepcopy__", [](const T& self, py::handle) { return T(self); });
+  cls.def("_asdict", [names](py::handle self) {
+    py::dict d;
+    for (const auto& name : *names) d[name.c_str()] = self.attr(name.c_str());
+    return d;
+  });
+}
+
+}  // namespace
+
+py::object makeWc(const verbs::WorkCompletion& wc) {
+  WcValue v;
+  v.wr_id = wc.wrId;
+  v.status = static_cast<int>(wc.status);
+  v.opcode = static_cast<int>(wc.opcode);
+  v.vendor_err = wc.vendorErr;
+  v.byte_len = wc.byteLen;
+  v.imm_data = wc.immData;
+  v.qp_num = wc.qpNum;
+  v.src_qp = wc.srcQp;
+  v.wc_flags = wc.wcFlags;
+  v.pkey_index = wc.pkeyIndex;
+  v.slid = wc.slid;
+  v.sl = wc.sl;
+  v.dlid_path_bits = wc.dlidPathBits;
+  return py::cast(std::move(v));
+}
+
+verbs::AhAttr ahAttrFromPython(py::handle attr) {
+  auto readInt = [](py::handle obj, const char* name, uint64_t max) -> uint64_t {
+    py::object value = obj.attr(name);
+    if (!py::isinstance<py::int_>(value)) {
+      throw py::type_error(std::string("ah_attr.") + name + " must be an int");
+    }
+    long long v = value.cast<long long>();
+    if (v < 0 || static_cast<uint64_t>(v) > max) {
+      throw py::value_error(std::string("ah_attr.") + name + " is out of range (0.." + std::to_string(max) +
+                            ")");
+    }
+    return static_cast<uint64_t>(v);
+  };
+  verbs::AhAttr out;
+  out.isGlobal = py::bool_(attr.attr("is_global"));
+  out.dlid = static_cast<uint16_t>(readInt(attr, "dlid", 0xFFFF));
+  out.sl = static_cast<uint8_t>(readInt(attr, "sl", 0xFF));
+  out.srcPathBits = static_cast<uint8_t>(readInt(attr, "src_path_bits", 0xFF));
+  out.staticRate = static_cast<uint8_t>(readInt(attr, "static_rate", 0xFF));
+  out.portNum = static_cast<uint8_t>(readInt(attr, "port_num", 0xFF));
+  py::object grh = attr.attr("grh");
+  if (!grh.is_none()) {
+    py::object dgid = grh.attr("dgid");
+    if (!dgid.is_none()) {
+      py::buffer_info raw = py::buffer(dgid).request();
+      if (raw.size * raw.itemsize != 16) throw py::value_error("ah_attr.grh.dgid must be 16 bytes (a GID)");
+      std::memcpy(out.dgid.raw.data(), raw.ptr, 16);
+    }
+    out.flowLabel = static_cast<uint32_t>(readInt(grh, "flow_label", 0xFFFFF));
+    out.sgidIndex = static_cast<uint8_t>(readInt(grh, "sgid_index", 0xFF));
+    out.hopLimit = static_cast<uint8_t>(readInt(grh, "hop_limit", 0xFF));
+    out.trafficClass = static_cast<uint8_t>(readInt(grh, "traffic_class", 0xFF));
+  } else if (out.isGlobal) {
+    throw py::value_error("ah_attr.is_global is set but ah_attr.grh is None");
+  }
+  return out;
+}
+
+void raiseWrError(const Status& status, const char* func, size_t badIndex) {
+  py::object verbsModule = py::module_::import("ferry.verbs");
+  py::object error = verbsModule.attr("_make_wr_error")(static_cast<int>(status.code()), status.message(),
+                                                        status.cause(), func, badIndex);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  throw py::error_already_set();
+}
+
+void bindVerbsStructs(py::module_& m) {
+  py::class_<SgeValue> sge(m, "sge", "ibv_sge: length bytes at addr, in the memory region with key lkey.");
+  sge.def_readwrite("addr", &SgeValue::addr)
+      .def_readwrite("length", &SgeValue::length)
+      .def_readwrite("lkey", &SgeValue::lkey);
+  defStructProtocol(sge, {"addr", "length", "lkey"});
+
+  py::class_<SendWrValue> sendWr(m, "send_wr",
+                                 "ibv_send_wr. sg_list is an sge, a list/tuple of sge, or None; "
+                                 "remote_addr/rkey serve RDMA and atomic opcodes, compare_add/swap atomics, "
+                                 "ah/remote_qpn/remote_qkey UD sends.");
+  sendWr.def_readwrite("wr_id", &SendWrValue::wr_id)
+      .def_readwrite("sg_list", &SendWrValue::sg_list)
+      .def_readwrite("opcode", &SendWrValue::opcode)
+      .def_readwrite("send_flags", &SendWrValue::send_flags)
+      .def_readwrite("imm_data", &SendWrValue::imm_data)
+      .def_readwrite("remote_addr", &SendWrValue::remote_addr)
+      .def_readwrite("rkey", &SendWrValue::rkey)
+      .def_readwrite("compare_add", &SendWrValue::compare_add)
+      .def_readwrite("swap", &SendWrValue::swap)
+      .def_readwrite("ah", &SendWrValue::ah)
+      .def_readwrite("remote_qpn", &SendWrValue::remote_qpn)
+      .def_readwrite("remote_qkey", &SendWrValue::remote_qkey);
+  defStructProtocol(sendWr, {"wr_id", "sg_list", "opcode", "send_flags", "imm_data", "remote_addr", "rkey",
+                             "compare_add", "swap", "ah", "remote_qpn", "remote_qkey"});
+
+  py::class_<RecvWrValue> recvWr(m, "recv_wr",
+                                 "ibv_recv_wr. sg_list is an sge, a list/tuple of sge, or None.");
+  recvWr.def_readwrite("wr_id", &RecvWrValue::wr_id).def_readwrite("sg_list", &RecvWrValue::sg_list);
+  defStructProtocol(recvWr, {"wr_id", "sg_list"});
+
+  py::class_<WcValue> wc(m, "wc", "ibv_wc: one work completion.");
+  wc.def_readwrite("wr_id", &WcValue::wr_id)
+      .def_readwrite("status", &WcValue::status)
+      .def_readwrite("opcode", &WcValue::opcode)
+      .def_readwrite("vendor_err", &WcValue::vendor_err)
+      .def_readwrite("byte_len", &WcValue::byte_len)
+      .def_readwrite("imm_data", &WcValue::imm_data)
+      .def_readwrite("qp_num", &WcValue::qp_num)
+      .def_readwrite("src_qp", &WcValue::src_qp)
+      .def_readwrite("wc_flags", &WcValue::wc_flags)
+      .def_readwrite("pkey_index", &WcValue::pkey_index)
+      .def_readwrite("slid", &WcValue::slid)
+      .def_readwrite("sl", &WcValue::sl)
+      .def_readwrite("dlid_path_bits", &WcValue::dlid_path_bits);
+  defStructProtocol(wc, {"wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num",
+                         "src_qp", "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits"});
+}
+
+}  // namespace ferry::python

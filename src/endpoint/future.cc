@@ -1,0 +1,61 @@
+#include "ferry/endpoint/future.h"
+
+#include "ferry/endpoint/op_state.h"
+
+namespace ferry::endpoint {
+
+bool OpState::complete(Status status, uint32_t immData, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_.load(std::memory_order_relaxed)) return false;
+    status_ = std::move(status);
+    immData_ = immData;
+    bytes_ = bytes;
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  return true;
+}
+
+Status OpState::waitUntil(Clock::time_point deadline) const {
+  if (!done()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_relaxed); })) {
+      return Status(StatusCode::kTimedOut, "the operation has not completed within the timeout", ETIMEDOUT);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+Status OpState::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_.load(std::memory_order_relaxed))
+    return Status(StatusCode::kBusy, "the operation is still running", EBUSY);
+  return status_;
+}
+
+uint32_t OpState::immData() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return immData_;
+}
+
+uint64_t OpState::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+Status Future::wait(std::chrono::milliseconds timeout) const {
+  if (!op_) return invalidArgument("wait: empty future");
+  return op_->waitUntil(OpState::Clock::now() + timeout);
+}
+
+Status Future::wait() const {
+  if (!op_) return invalidArgument("wait: empty future");
+  for (;;) {
+    Status st = op_->waitUntil(OpState::Clock::now() + std::chrono::hours(1));
+    if (st.code() != StatusCode::kTimedOut || op_->done()) return st;
+  }
+}
+
+}  // namespace ferry::endpoint

@@ -1,0 +1,683 @@
+// The endpoint layer against ferry's first device (soft_lo where the software provider runs): two
+// endpoints of one process, connected to each other, moving bytes that are checked byte for byte.
+#include "ferry/endpoint/endpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ferry::endpoint {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kWait = 20s;
+
+// A byte pattern that depends on the seed and the position.
+uint8_t patternByte(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
+  return static_cast<uint8_t>((z ^ (z >> 29)) >> 7);
+}
+
+void fill(std::vector<uint8_t>& buf, uint64_t seed) {
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = patternByte(seed, i);
+}
+
+// Offset of the first byte of buf[off, off+len) that differs from the pattern at patternOff, or -1.
+int64_t mismatch(const std::vector<uint8_t>& buf, size_t off, size_t len, uint64_t seed, size_t patternOff) {
+  for (size_t i = 0; i < len; ++i) {
+    if (buf[off + i] != patternByte(seed, patternOff + i)) return static_cast<int64_t>(off + i);
+  }
+  return -1;
+}
+
+struct Pair {
+  std::shared_ptr<Endpoint> a;
+  std::shared_ptr<Endpoint> b;
+};
+
+std::shared_ptr<Endpoint> makeEndpoint(EndpointOptions options) {
+  auto ep = Endpoint::create(ContextOptions{}, std::move(options));
+  EXPECT_TRUE(ep.isOk()) << ep.status().toString();
+  return ep.isOk() ? *ep : nullptr;
+}
+
+Pair connectedPair(EndpointOptions a = {}, EndpointOptions b = {}) {
+  Pair p{makeEndpoint(a), makeEndpoint(b)};
+  if (!p.a || !p.b) return {};
+  Status st = p.a->connect(p.b->endpointInfo());
+  EXPECT_TRUE(st.isOk()) << st.toString();
+  st = p.b->connect(p.a->endpointInfo());
+  EXPECT_TRUE(st.isOk()) << st.toString();
+  return p;
+}
+
+// The mr_info entry of a local region of ep, as the peer receives it.
+std::string entryOf(const Endpoint& ep, MrHandle handle) {
+  auto r = ep.pool()->find(handle);
+  EXPECT_TRUE(r.isOk()) << r.status().toString();
+  if (!r.isOk()) return "{}";
+  return "{\"addr\":" + std::to_string(r->addr) + ",\"length\":" + std::to_string(r->length) +
+         ",\"rkey\":" + std::to_string(r->rkey) + ",\"handle\":" + std::to_string(handle) + "}";
+}
+
+// Registers buf on ep under name, and on other as the peer's region of that name.
+std::pair<MrHandle, MrHandle> share(Endpoint& ep, Endpoint& other, const std::string& name,
+                                    std::vector<uint8_t>& buf) {
+  auto local = ep.registerMemoryRegion(name, buf.data(), buf.size());
+  EXPECT_TRUE(local.isOk()) << local.status().toString();
+  if (!local.isOk()) return {0, 0};
+  auto remote = other.registerRemoteMemoryRegion(name, entryOf(ep, *local));
+  EXPECT_TRUE(remote.isOk()) << remote.status().toString();
+  return {*local, remote.isOk() ? *remote : 0};
+}
+
+TEST(EndpointTest, DocumentReadAndWriteTuples) {
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> local(16, 0), remote(16, 1);
+  for (size_t i = 0; i < 16; ++i) remote[i] = static_cast<uint8_t>(100 + i);
+  auto [lh, unused] = share(*p.a, *p.b, "buffer", local);
+  auto [unused2, rh] = share(*p.b, *p.a, "buffer", remote);
+  (void)unused;
+  (void)unused2;
+
+  // read [(local, remote, 0, 8, 8)]: the 8 bytes at remote offset 8 land at local offset 0.
+  Assignment a = fromTuple(OpKind::kRead, lh, rh, 0, 8, 8);
+  EXPECT_EQ(a.localOffset, 0u);
+  EXPECT_EQ(a.remoteOffset, 8u);
+  auto f = p.a->read({&a, 1});
+  ASSERT_TRUE(f.isOk()) << f.status().toString();
+  ASSERT_TRUE(f->wait(kWait).isOk());
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(local[i], 108 + i) << i;
+  for (size_t i = 8; i < 16; ++i) EXPECT_EQ(local[i], 0) << i;
+
+  // write [(local, remote, 0, 8, 8)] (the peer example): local offset 8 goes to remote offset 0.
+  std::fill(local.begin(), local.end(), 0);
+  std::fill(remote.begin(), remote.end(), 1);
+  Assignment w = fromTuple(OpKind::kWrite, lh, rh, 0, 8, 8);
+  auto g = p.a->write({&w, 1});
+  ASSERT_TRUE(g.isOk());
+  ASSERT_TRUE(g->wait(kWait).isOk());
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(remote[i], 0) << i;
+  for (size_t i = 8; i < 16; ++i) EXPECT_EQ(remote[i], 1) << i;
+}
+
+TEST(EndpointTest, NamedFieldsAndHandles) {
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> src(4096), dst(4096, 0);
+  fill(src, 7);
+  auto key = p.a->registerMemoryRegion(uint64_t{42}, src.data(), src.size());
+  ASSERT_TRUE(key.isOk());
+  EXPECT_EQ(*key, 42u);  // an integer key is its own handle
+  auto named = p.b->registerMemoryRegion("dst", dst.data(), dst.size());
+  ASSERT_TRUE(named.isOk());
+  EXPECT_GE(*named, kNamedHandleBase);
+  // connect() recorded the peer's regions that existed then; these came later.
+  auto remote = p.a->registerRemoteMemoryRegion("dst", entryOf(*p.b, *named));
+  ASSERT_TRUE(remote.isOk()) << remote.status().toString();
+  EXPECT_EQ(*remote, *named);  // the peer's handle, where free
+  Assignment a{.local = 42, .remote = *remote, .localOffset = 100, .remoteOffset = 200, .length = 1000};
+  auto f = p.a->write({&a, 1});
+  ASSERT_TRUE(f.isOk());
+  ASSERT_TRUE(f->wait(kWait).isOk());
+  EXPECT_EQ(std::memcmp(dst.data() + 200, src.data() + 100, 1000), 0);
+  EXPECT_EQ(dst[199], 0);
+  EXPECT_EQ(dst[1200], 0);
+}
+
+class EndpointStriping : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(EndpointStriping, LargeTransferUsesEveryQueuePair) {
+  const size_t numQp = GetParam();
+  EndpointOptions o{.numQp = numQp, .maxWorkRequestBytes = 1 << 20, .minStripeBytes = 64 << 10};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  const size_t size = 8u << 20;
+  std::vector<uint8_t> src(size), dst(size, 0), back(size, 0);
+  fill(src, 11);
+  auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
+  auto [dl, dr] = share(*p.b, *p.a, "dst", dst);
+  auto [bl, unusedB] = share(*p.a, *p.b, "back", back);
+  (void)unusedA;
+  (void)unusedB;
+  (void)dl;
+  Assignment w{.local = sl, .remote = dr, .length = size};
+  auto f = p.a->write({&w, 1});
+  ASSERT_TRUE(f.isOk());
+  ASSERT_TRUE(f->wait(kWait).isOk()) << f->status().toString();
+  EXPECT_EQ(mismatch(dst, 0, size, 11, 0), -1);
+  Assignment r{.local = bl, .remote = dr, .length = size};
+  auto g = p.a->read({&r, 1});
+  ASSERT_TRUE(g.isOk());
+  ASSERT_TRUE(g->wait(kWait).isOk()) << g->status().toString();
+  EXPECT_EQ(mismatch(back, 0, size, 11, 0), -1);
+
+  EndpointStats s = p.a->stats();
+  ASSERT_EQ(s.lanes.size(), numQp);
+  for (size_t i = 0; i < numQp; ++i) {
+    // Both transfers were split evenly enough that every queue pair carried a share.
+    EXPECT_GE(s.lanes[i].bytes, 2 * size / numQp / 2) << "queue pair " << i;
+    EXPECT_GE(s.lanes[i].workRequests, 2u) << "queue pair " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(NumQp, EndpointStriping, ::testing::Values(1, 2, 4));
+
+TEST(EndpointTest, HundredThousandAssignmentsStayWithinQueueDepth) {
+  EndpointOptions o{.numQp = 2, .sendDepth = 64};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  const size_t count = 100000;
+  const size_t piece = 8;
+  std::vector<uint8_t> src(count * piece), dst(count * piece, 0);
+  fill(src, 3);
+  auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
+  auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
+  (void)unusedA;
+  (void)unusedB;
+  // Scattered: assignment i moves source piece i to destination piece (i * 7919) % count.
+  std::vector<Assignment> batch(count);
+  for (size_t i = 0; i < count; ++i) {
+    batch[i] = {.local = sl,
+                .remote = dr,
+                .localOffset = i * piece,
+                .remoteOffset = (i * 7919) % count * piece,
+                .length = piece};
+  }
+  auto start = std::chrono::steady_clock::now();
+  auto f = p.a->write(batch);
+  ASSERT_TRUE(f.isOk()) << f.status().toString();
+  ASSERT_TRUE(f->wait(60s).isOk()) << f->status().toString();
+  auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < count; ++i) {
+    size_t to = (i * 7919) % count * piece;
+    ASSERT_EQ(std::memcmp(dst.data() + to, src.data() + i * piece, piece), 0) << "assignment " << i;
+  }
+  EndpointStats s = p.a->stats();
+  for (const auto& lane : s.lanes) {
+    EXPECT_LE(lane.maxOutstanding, 64u);
+    EXPECT_GT(lane.workRequests, count / 4);
+  }
+  EXPECT_EQ(s.operationsQueued, 0u);
+  std::printf("100000 x 8-byte WRITE assignments over 2 queue pairs: %.3f s (%.2f us each)\n", seconds,
+              seconds * 1e6 / count);
+}
+
+TEST(EndpointTest, ConsecutiveRangesShareWorkRequests) {
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  const size_t pages = 1024, page = 4096;
+  std::vector<uint8_t> src(pages * page), dst(pages * page, 0);
+  fill(src, 13);
+  auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
+  auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
+  (void)unusedA;
+  (void)unusedB;
+  std::vector<Assignment> batch;
+  for (size_t i = 0; i < pages; ++i) {
+    batch.push_back(
+        {.local = sl, .remote = dr, .localOffset = i * page, .remoteOffset = i * page, .length = page});
+  }
+  auto f = p.a->write(batch);
+  ASSERT_TRUE(f.isOk());
+  ASSERT_TRUE(f->wait(kWait).isOk());
+  EXPECT_EQ(dst, src);
+  // 4 MiB of consecutive pages: one work request of maxWorkRequestBytes, not 1024.
+  EXPECT_EQ(p.a->stats().lanes[0].workRequests, 1u);
+}
+
+class EndpointManyOperations : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(EndpointManyOperations, MoreThanTheQueueDepthInFlight) {
+  const size_t numQp = GetParam();
+  EndpointOptions o{.numQp = numQp, .sendDepth = 8, .recvDepth = 4, .recvBufferSize = 1024};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  const size_t ops = 600;
+  const size_t piece = 3000;  // not a multiple of anything in particular
+  std::vector<uint8_t> src(ops * piece), dst(ops * piece, 0), back(ops * piece, 0);
+  fill(src, 5);
+  auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
+  auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
+  auto [bl, unusedC] = share(*p.a, *p.b, "back", back);
+  (void)unusedA;
+  (void)unusedB;
+  (void)unusedC;
+  std::vector<ReadWriteFuture> writes;
+  for (size_t i = 0; i < ops; ++i) {
+    Assignment a{
+        .local = sl, .remote = dr, .localOffset = i * piece, .remoteOffset = i * piece, .length = piece};
+    auto f = p.a->write({&a, 1});
+    ASSERT_TRUE(f.isOk()) << f.status().toString();
+    writes.push_back(*f);
+  }
+  for (auto& f : writes) ASSERT_TRUE(f.wait(kWait).isOk()) << f.status().toString();
+  EXPECT_EQ(mismatch(dst, 0, dst.size(), 5, 0), -1);
+  std::vector<ReadWriteFuture> reads;
+  for (size_t i = 0; i < ops; ++i) {
+    Assignment a{
+        .local = bl, .remote = dr, .localOffset = i * piece, .remoteOffset = i * piece, .length = piece};
+    auto f = p.a->read({&a, 1});
+    ASSERT_TRUE(f.isOk());
+    reads.push_back(*f);
+  }
+  for (auto& f : reads) ASSERT_TRUE(f.wait(kWait).isOk()) << f.status().toString();
+  EXPECT_EQ(mismatch(back, 0, back.size(), 5, 0), -1);
+  for (const auto& lane : p.a->stats().lanes) EXPECT_LE(lane.maxOutstanding, 8u);
+
+  // Messages too: many more than the receive depth, several fragments each.
+  std::vector<uint8_t> sendBuf(ops * 2500), recvBuf(ops * 2500, 0);
+  fill(sendBuf, 9);
+  auto sh = p.a->registerMemoryRegion("send", sendBuf.data(), sendBuf.size());
+  auto rh = p.b->registerMemoryRegion("recv", recvBuf.data(), recvBuf.size());
+  ASSERT_TRUE(sh.isOk() && rh.isOk());
+  std::vector<SendFuture> sends;
+  std::vector<RecvFuture> recvs;
+  for (size_t i = 0; i < ops; ++i) {
+    Chunk c{.mr = *sh, .offset = i * 2500, .length = 2500};
+    auto s = p.a->send({&c, 1});
+    ASSERT_TRUE(s.isOk()) << s.status().toString();
+    sends.push_back(*s);
+    if (i % 3 == 0) {  // some recv()s come before their message, some after
+      Chunk r{.mr = *rh, .offset = recvs.size() * 2500, .length = 2500};
+      auto f = p.b->recv({&r, 1});
+      ASSERT_TRUE(f.isOk());
+      recvs.push_back(*f);
+    }
+  }
+  while (recvs.size() < ops) {
+    Chunk r{.mr = *rh, .offset = recvs.size() * 2500, .length = 2500};
+    auto f = p.b->recv({&r, 1});
+    ASSERT_TRUE(f.isOk());
+    recvs.push_back(*f);
+  }
+  for (auto& s : sends) ASSERT_TRUE(s.wait(kWait).isOk()) << s.status().toString();
+  for (auto& r : recvs) {
+    ASSERT_TRUE(r.wait(kWait).isOk()) << r.status().toString();
+    EXPECT_EQ(r.bytes(), 2500u);
+  }
+  EXPECT_EQ(mismatch(recvBuf, 0, recvBuf.size(), 9, 0), -1);
+}
+
+INSTANTIATE_TEST_SUITE_P(NumQp, EndpointManyOperations, ::testing::Values(1, 2, 4));
+
+class EndpointImmediates : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(EndpointImmediates, ExactlyOnceInOrderWhateverCameFirst) {
+  const size_t numQp = GetParam();
+  EndpointOptions o{.numQp = numQp, .sendDepth = 16, .recvDepth = 8, .minStripeBytes = 4096};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  const size_t block = 64 << 10;
+  const size_t rounds = 40;
+  std::vector<uint8_t> src(block * rounds), dst(block * rounds, 0);
+  fill(src, 21);
+  auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
+  auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
+  (void)unusedA;
+  (void)unusedB;
+  auto writeBlock = [&](size_t i) {
+    Assignment a{
+        .local = sl, .remote = dr, .localOffset = i * block, .remoteOffset = i * block, .length = block};
+    auto f = p.a->writeWithImm({&a, 1}, static_cast<uint32_t>(1000 + i));
+    EXPECT_TRUE(f.isOk()) << f.status().toString();
+    return *f;
+  };
+  auto expectImm = [&](ImmRecvFuture& f, size_t i) {
+    ASSERT_TRUE(f.wait(kWait).isOk()) << f.status().toString();
+    EXPECT_EQ(f.immData(), 1000 + i);
+    // The data of that write is in place when its immediate is seen.
+    EXPECT_EQ(mismatch(dst, i * block, block, 21, i * block), -1) << "round " << i;
+  };
+  size_t i = 0;
+  // Pre-posted: immRecv() before the write.
+  for (; i < 10; ++i) {
+    auto r = p.b->immRecv();
+    ASSERT_TRUE(r.isOk());
+    auto w = writeBlock(i);
+    ASSERT_TRUE(w.wait(kWait).isOk());
+    expectImm(*r, i);
+  }
+  // Write first: all arrive before anyone asks.
+  std::vector<ReadWriteFuture> writes;
+  for (; i < 25; ++i) writes.push_back(writeBlock(i));
+  for (auto& w : writes) ASSERT_TRUE(w.wait(kWait).isOk());
+  // The peer's completions reach its worker thread shortly after the writes complete here.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (p.b->stats().immediatesQueued < 15 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(p.b->stats().immediatesQueued, 15u);
+  for (size_t k = 10; k < 25; ++k) {
+    auto r = p.b->immRecv();
+    ASSERT_TRUE(r.isOk());
+    expectImm(*r, k);
+  }
+  // Interleaved from two threads.
+  std::vector<ImmRecvFuture> recvs;
+  std::thread writer([&] {
+    for (size_t k = 25; k < rounds; ++k) {
+      auto w = writeBlock(k);
+      EXPECT_TRUE(w.wait(kWait).isOk());
+    }
+  });
+  for (size_t k = 25; k < rounds; ++k) {
+    auto r = p.b->immRecv();
+    ASSERT_TRUE(r.isOk());
+    recvs.push_back(*r);
+    if (k % 4 == 0) std::this_thread::sleep_for(1ms);
+  }
+  writer.join();
+  for (size_t k = 25; k < rounds; ++k) expectImm(recvs[k - 25], k);
+  // Exactly once: nothing is left over.
+  auto extra = p.b->immRecv();
+  ASSERT_TRUE(extra.isOk());
+  EXPECT_EQ(extra->wait(200ms).code(), StatusCode::kTimedOut);
+  EXPECT_EQ(p.b->stats().immediatesQueued, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(NumQp, EndpointImmediates, ::testing::Values(1, 3));
+
+TEST(EndpointTest, SendRecvSizesAndChecks) {
+  EndpointOptions o{.numQp = 2, .recvDepth = 4, .recvBufferSize = 4096, .maxUnexpectedBytes = 16 << 10};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> src(256 << 10), dst(256 << 10, 0);
+  fill(src, 33);
+  auto sh = p.a->registerMemoryRegion("src", src.data(), src.size());
+  auto rh = p.b->registerMemoryRegion("dst", dst.data(), dst.size());
+  ASSERT_TRUE(sh.isOk() && rh.isOk());
+
+  auto roundTrip = [&](std::vector<Chunk> sendChunks, std::vector<Chunk> recvChunks) {
+    auto r = p.b->recv(recvChunks);
+    EXPECT_TRUE(r.isOk());
+    auto s = p.a->send(sendChunks);
+    EXPECT_TRUE(s.isOk());
+    EXPECT_TRUE(s->wait(kWait).isOk()) << s->status().toString();
+    Status st = r->wait(kWait);
+    return std::make_pair(st, r->bytes());
+  };
+  // One fragment, many fragments, empty.
+  for (uint64_t len : {uint64_t{100}, uint64_t{4096}, uint64_t{4097}, uint64_t{200000}, uint64_t{0}}) {
+    std::fill(dst.begin(), dst.end(), 0);
+    auto [st, bytes] =
+        roundTrip({{.mr = *sh, .offset = 5, .length = len}}, {{.mr = *rh, .offset = 0, .length = 250000}});
+    ASSERT_TRUE(st.isOk()) << len << ": " << st.toString();
+    EXPECT_EQ(bytes, len);
+    EXPECT_EQ(mismatch(dst, 0, len, 33, 5), -1) << len;
+    EXPECT_EQ(dst[len], 0) << len;
+  }
+  // Gather and scatter over several chunks.
+  std::fill(dst.begin(), dst.end(), 0);
+  auto [st, bytes] =
+      roundTrip({{.mr = *sh, .offset = 0, .length = 3000}, {.mr = *sh, .offset = 3000, .length = 7000}},
+                {{.mr = *rh, .offset = 0, .length = 1}, {.mr = *rh, .offset = 1, .length = 20000}});
+  ASSERT_TRUE(st.isOk()) << st.toString();
+  EXPECT_EQ(bytes, 10000u);
+  EXPECT_EQ(mismatch(dst, 0, 10000, 33, 0), -1);
+
+  // Longer than the receive buffer: that recv() fails clearly; the next message is unaffected.
+  auto small = p.b->recv(std::vector<Chunk>{{.mr = *rh, .offset = 0, .length = 1000}});
+  auto big = p.a->send(std::vector<Chunk>{{.mr = *sh, .offset = 0, .length = 5000}});
+  ASSERT_TRUE(small.isOk() && big.isOk());
+  EXPECT_TRUE(big->wait(kWait).isOk());
+  Status tooLong = small->wait(kWait);
+  EXPECT_EQ(tooLong.code(), StatusCode::kInvalidArgument) << tooLong.toString();
+  EXPECT_NE(tooLong.message().find("longer than the receive buffer"), std::string::npos) << tooLong.message();
+  auto [st2, bytes2] =
+      roundTrip({{.mr = *sh, .offset = 64, .length = 64}}, {{.mr = *rh, .offset = 0, .length = 64}});
+  EXPECT_TRUE(st2.isOk()) << st2.toString();
+  EXPECT_EQ(mismatch(dst, 0, 64, 33, 64), -1);
+
+  // Messages ahead of their recv(): more than the receive depth and than maxUnexpectedBytes.
+  std::vector<SendFuture> early;
+  for (int i = 0; i < 12; ++i) {
+    auto s = p.a->send(std::vector<Chunk>{{.mr = *sh, .offset = uint64_t(i) * 8192, .length = 8192}});
+    ASSERT_TRUE(s.isOk());
+    early.push_back(*s);
+  }
+  std::this_thread::sleep_for(100ms);
+  std::fill(dst.begin(), dst.end(), 0);
+  for (int i = 0; i < 12; ++i) {
+    auto r = p.b->recv(std::vector<Chunk>{{.mr = *rh, .offset = uint64_t(i) * 8192, .length = 8192}});
+    ASSERT_TRUE(r.isOk());
+    ASSERT_TRUE(r->wait(kWait).isOk()) << r->status().toString();
+  }
+  for (auto& s : early) EXPECT_TRUE(s.wait(kWait).isOk());
+  EXPECT_EQ(mismatch(dst, 0, 12 * 8192, 33, 0), -1);
+  EXPECT_EQ(p.b->stats().unexpectedBytes, 0u);
+}
+
+TEST(EndpointTest, BadInputIsRefusedBeforeAnythingMoves) {
+  auto lone = makeEndpoint({});
+  ASSERT_TRUE(lone);
+  std::vector<uint8_t> buf(64);
+  auto h = lone->registerMemoryRegion("buf", buf.data(), buf.size());
+  ASSERT_TRUE(h.isOk());
+  Assignment a{.local = *h, .remote = *h, .length = 8};
+  // Not connected yet.
+  EXPECT_EQ(lone->read({&a, 1}).status().code(), StatusCode::kInvalidArgument);  // no such remote region
+  auto self = lone->registerRemoteMemoryRegion(
+      "buf",
+      "{\"addr\":" + std::to_string(reinterpret_cast<uintptr_t>(buf.data())) + ",\"length\":64,\"rkey\":1}");
+  ASSERT_TRUE(self.isOk());
+  Assignment b{.local = *h, .remote = *self, .length = 8};
+  EXPECT_EQ(lone->read({&b, 1}).status().code(), StatusCode::kUnavailable);
+  // Out of range, unknown handles.
+  Assignment c{.local = *h, .remote = *self, .localOffset = 60, .length = 8};
+  EXPECT_EQ(lone->write({&c, 1}).status().code(), StatusCode::kInvalidArgument);
+  Assignment d{.local = *h, .remote = *self, .remoteOffset = uint64_t(-4), .length = 8};
+  EXPECT_EQ(lone->write({&d, 1}).status().code(), StatusCode::kInvalidArgument);
+  Assignment e{.local = 12345, .remote = *self, .length = 8};
+  EXPECT_EQ(lone->write({&e, 1}).status().code(), StatusCode::kInvalidArgument);
+  // Registration errors.
+  EXPECT_EQ(lone->registerMemoryRegion("buf", buf.data() + 1, 8).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(lone->registerMemoryRegion("buf", buf.data(), buf.size()).value(),
+            *h);  // same range: same handle
+  EXPECT_EQ(lone->registerMemoryRegion(uint64_t{1} << 40, buf.data(), 8).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(lone->registerRemoteMemoryRegion("x", "{\"addr\":1}").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(lone->registerRemoteMemoryRegion("x", "{\"addr\":1,\"length\":2,\"rkey\":-1}").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(lone->registerRemoteMemoryRegion("x", "not json").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(EndpointTest, MalformedPeerInfoChangesNothing) {
+  auto a = makeEndpoint({.numQp = 2});
+  auto b = makeEndpoint({.numQp = 2});
+  auto c = makeEndpoint({.numQp = 1});
+  ASSERT_TRUE(a && b && c);
+  std::string good = b->endpointInfo();
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? s : s.replace(at, from.size(), to);
+  };
+  std::vector<std::string> bad = {
+      "",
+      "[]",
+      "{}",
+      "{\"io_info\":{}}",
+      good.substr(0, good.size() / 2),
+      replace("\"ferry_endpoint\":1", "\"ferry_endpoint\":99"),
+      replace("\"ferry_endpoint\":1", "\"ferry_endpoint\":\"1\""),
+      replace("\"num_qp\":2", "\"num_qp\":3"),
+      replace("\"qp_paths\":[", "\"qp_paths\":[{},"),
+      replace("\"qp_paths\":[", "\"qp_paths\":7,\"x\":["),
+      replace("\"recv_buffer_size\":65536", "\"recv_buffer_size\":1"),
+      replace("\"mr_info\":{", "\"mr_info\":{\"evil\":{\"addr\":-1,\"length\":1,\"rkey\":1},"),
+      replace("\"sqpn\":", "\"sqpn\":-"),
+      c->endpointInfo(),
+  };
+  for (const auto& info : bad) {
+    Status st = a->connect(info);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << info << " -> " << st.toString();
+    EXPECT_FALSE(a->connected());
+    EXPECT_TRUE(a->failure().isOk()) << a->failure().toString();
+    EXPECT_EQ(a->remoteHandle("evil").status().code(), StatusCode::kNotFound);
+  }
+  // Still usable: the real thing connects and moves bytes.
+  ASSERT_TRUE(a->connect(good).isOk());
+  ASSERT_TRUE(b->connect(a->endpointInfo()).isOk());
+  EXPECT_EQ(a->connect(good).code(), StatusCode::kInvalidArgument);  // already connected
+  std::vector<uint8_t> x(1000), y(1000, 0);
+  fill(x, 1);
+  auto [xl, unusedA] = share(*a, *b, "x", x);
+  auto [unusedB, yr] = share(*b, *a, "y", y);
+  (void)unusedA;
+  (void)unusedB;
+  Assignment w{.local = xl, .remote = yr, .length = 1000};
+  auto f = a->write({&w, 1});
+  ASSERT_TRUE(f.isOk());
+  ASSERT_TRUE(f->wait(kWait).isOk());
+  EXPECT_EQ(x, y);
+}
+
+TEST(EndpointTest, ShutdownFailsPendingWaitsPromptly) {
+  EndpointOptions o{.numQp = 2, .sendDepth = 4};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> src(32 << 20), dst(32 << 20), rbuf(4096);
+  auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
+  auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
+  (void)unusedA;
+  (void)unusedB;
+  auto rh = p.a->registerMemoryRegion("r", rbuf.data(), rbuf.size());
+  ASSERT_TRUE(rh.isOk());
+  std::vector<Future> pending;
+  for (int i = 0; i < 3; ++i) pending.push_back(*p.a->recv(std::vector<Chunk>{{.mr = *rh, .length = 4096}}));
+  for (int i = 0; i < 3; ++i) pending.push_back(*p.a->immRecv());
+  std::vector<Assignment> many(2000, Assignment{.local = sl, .remote = dr, .length = 16 << 10});
+  for (int i = 0; i < 3; ++i) pending.push_back(*p.a->write(many));
+
+  std::atomic<int> returned{0};
+  std::vector<StatusCode> codes(pending.size());
+  std::vector<std::thread> waiters;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    waiters.emplace_back([&, i] {
+      codes[i] = pending[i].wait(30s).code();
+      ++returned;
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  auto start = std::chrono::steady_clock::now();
+  p.a->shutdown();
+  for (auto& t : waiters) t.join();
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 5s);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(codes[i], StatusCode::kCancelled) << i;
+  for (size_t i = 6; i < codes.size(); ++i) {
+    // A write may have finished before the shutdown; otherwise it was cancelled.
+    EXPECT_TRUE(codes[i] == StatusCode::kCancelled || codes[i] == StatusCode::kOk) << i;
+  }
+  p.a->shutdown();  // idempotent
+  EXPECT_EQ(p.a->read({&many[0], 1}).status().code(), StatusCode::kClosed);
+  EXPECT_EQ(p.a->recv(std::vector<Chunk>{{.mr = *rh, .length = 1}}).status().code(), StatusCode::kClosed);
+}
+
+TEST(EndpointTest, PeerGoneFailsPendingOperations) {
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> buf(1 << 20), rbuf(4096);
+  auto [bl, unusedA] = share(*p.a, *p.b, "buf", buf);
+  auto [unusedB, br] = share(*p.b, *p.a, "buf", buf);
+  (void)unusedA;
+  (void)unusedB;
+  auto rh = p.a->registerMemoryRegion("r", rbuf.data(), rbuf.size());
+  ASSERT_TRUE(rh.isOk());
+  // The peer answered once (before that, a silent peer may still be connecting: no probing).
+  Assignment first{.local = bl, .remote = br, .length = 8};
+  auto once = p.a->write({&first, 1});
+  ASSERT_TRUE(once.isOk());
+  ASSERT_TRUE(once->wait(kWait).isOk());
+  auto recv = p.a->recv(std::vector<Chunk>{{.mr = *rh, .length = 4096}});
+  auto imm = p.a->immRecv();
+  ASSERT_TRUE(recv.isOk() && imm.isOk());
+  auto start = std::chrono::steady_clock::now();
+  p.b->shutdown();  // its queue pairs are gone: like a peer process that died
+  Status r = recv->wait(15s);
+  Status i = imm->wait(15s);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.code(), StatusCode::kWorkCompletionError) << r.toString();
+  EXPECT_EQ(i.code(), StatusCode::kWorkCompletionError) << i.toString();
+  EXPECT_LT(took, 6s);
+  // Later operations fail at once with the same cause.
+  Assignment a{.local = bl, .remote = br, .length = 8};
+  EXPECT_EQ(p.a->write({&a, 1}).status().code(), StatusCode::kWorkCompletionError);
+}
+
+TEST(EndpointTest, SharedPoolAndWorker) {
+  auto ctx = RdmaContext::open({});
+  ASSERT_TRUE(ctx.isOk()) << ctx.status().toString();
+  auto pool = MemoryPool::create(*ctx);
+  ASSERT_TRUE(pool.isOk());
+  auto worker = Worker::create({.id = 7});
+  ASSERT_TRUE(worker.isOk());
+  std::vector<uint8_t> shared(1 << 16);
+  fill(shared, 77);
+  auto h = (*pool)->registerMemoryRegion("shared", shared.data(), shared.size());
+  ASSERT_TRUE(h.isOk());
+  // Two endpoints on the same pool and worker, each connected to its own peer.
+  std::vector<std::shared_ptr<Endpoint>> mine, peers;
+  std::vector<std::vector<uint8_t>> sinks(2, std::vector<uint8_t>(1 << 16, 0));
+  for (int i = 0; i < 2; ++i) {
+    auto ep = Endpoint::create(*pool, {.numQp = 2, .worker = *worker});
+    ASSERT_TRUE(ep.isOk()) << ep.status().toString();
+    auto peer = makeEndpoint({.numQp = 2, .worker = *worker});
+    ASSERT_TRUE(peer);
+    ASSERT_TRUE(peer->registerMemoryRegion("sink", sinks[i].data(), sinks[i].size()).isOk());
+    ASSERT_TRUE((*ep)->connect(peer->endpointInfo()).isOk());
+    ASSERT_TRUE(peer->connect((*ep)->endpointInfo()).isOk());
+    mine.push_back(*ep);
+    peers.push_back(peer);
+  }
+  EXPECT_EQ((*worker)->endpointCount(), 4u);
+  EXPECT_EQ(mine[0]->context().get(), mine[1]->context().get());
+  for (int i = 0; i < 2; ++i) {
+    auto sink = mine[i]->remoteHandle("sink");
+    ASSERT_TRUE(sink.isOk());
+    Assignment a{.local = *h, .remote = *sink, .length = shared.size()};
+    auto f = mine[i]->write({&a, 1});
+    ASSERT_TRUE(f.isOk());
+    ASSERT_TRUE(f->wait(kWait).isOk());
+    EXPECT_EQ(sinks[i], shared);
+  }
+  // The peer's mr_info names the pool's region for both endpoints of the pool.
+  EXPECT_NE(mine[1]->endpointInfo().find("\"shared\""), std::string::npos);
+  (*worker)->stop();
+  EXPECT_TRUE(mine[0]->isShutdown());
+  EXPECT_FALSE((*worker)->running());
+}
+
+TEST(EndpointTest, LinkTypeAndPortAreChecked) {
+  auto nics = availableNics();
+  ASSERT_TRUE(nics.isOk());
+  ASSERT_FALSE(nics->empty());
+  auto ok = RdmaContext::open({.deviceName = nics->front(), .ibPort = 1, .linkType = "RoCE"});
+  ASSERT_TRUE(ok.isOk()) << ok.status().toString();
+  EXPECT_EQ((*ok)->linkType(), "RoCE");
+  EXPECT_TRUE(RdmaContext::open({.deviceName = nics->front(), .linkType = (*ok)->info().transport}).isOk());
+  auto ib = RdmaContext::open({.deviceName = nics->front(), .linkType = "IB"});
+  EXPECT_EQ(ib.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ib.status().message().find("RoCE"), std::string::npos) << ib.status().message();
+  EXPECT_EQ(RdmaContext::open({.deviceName = nics->front(), .ibPort = 2}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(RdmaContext::open({.deviceName = "no_such_device"}).status().code(), StatusCode::kNotFound);
+  EXPECT_GE(socketId(nics->front()), 0);
+  EXPECT_EQ(socketId("no_such_device"), 0);
+}
+
+}  // namespace
+}  // namespace ferry::endpoint
