@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "commands.h"
 
 namespace {
@@ -20,6 +21,10 @@ void usage(FILE* out) {
                "       [--target-device NAME]          verify it byte for byte and print throughput; the\n"
                "       [--target-via 'LAUNCHER ...']   target may use another device and start through a\n"
                "                                       launcher such as 'ip netns exec NS'\n"
+               "  bench --local|--server|HOST[:PORT]   perftest-style bandwidth and latency of WRITE, READ,\n"
+               "        [--op OP] [--mode bw|lat]      SEND, WRITE_WITH_IMM and atomics between two\n"
+               "        [--size N | --sweep] [--json]  processes; `ferry bench --help` lists every option\n"
+               "        [--plot FILE.png]\n"
                "  help                                 this text\n"
                "\n"
                "environment:\n"
@@ -37,11 +42,12 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "info") return ferry::cli::runInfo(args);
-  if (command == "demo") {
-    // The target process runs this same binary; name it by its absolute path.
+  if (command == "demo" || command == "bench") {
+    // The target (demo) or --local server (bench) runs this same binary; name it by its absolute path.
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     std::string path = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
+    if (command == "bench") return ferry::cli::runBench(args, path);
     return ferry::cli::runDemo(args, path);
   }
   if (command == "help" || command == "--help" || command == "-h") {

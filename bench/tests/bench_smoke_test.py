@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""ferry bench end to end: every operation in both modes between two processes (--local), checking
+what a user reads: the JSON document's fields, positive figures for every requested size, the CPU
+time of both sides, and a PNG plot that decodes to the size it claims.
+
+    bench_smoke_test.py FERRY_BINARY
+"""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+SWEEP = [8, 4096, 65536, 1 << 20, 16 << 20, 64 << 20]
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def bench(ferry, *args, timeout=240):
+    cmd = [ferry, "bench", "--local", "--json", "--timeout", "20"] + list(args)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        fail("%s did not finish within %d s" % (" ".join(cmd), timeout))
+    if r.returncode != 0:
+        fail("%s exited with %d:\n%s" % (" ".join(cmd), r.returncode, r.stderr))
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        fail("%s printed no JSON document:\n%s" % (" ".join(cmd), r.stdout))
+
+
+def check_doc(doc, op, mode, sizes):
+    for key, want in (("ferry_bench", 1), ("op", op), ("mode", mode)):
+        if doc.get(key) != want:
+            fail("%s %s: field %r is %r, expected %r" % (op, mode, key, doc.get(key), want))
+    for key in ("client_device", "server_device", "threads", "qps", "depth", "batch", "results"):
+        if key not in doc:
+            fail("%s %s: no field %r" % (op, mode, key))
+    got = [r["size"] for r in doc["results"]]
+    if got != sizes:
+        fail("%s %s: results for sizes %s, expected %s" % (op, mode, got, sizes))
+    for r in doc["results"]:
+        where = "%s %s size %d" % (op, mode, r["size"])
+        for key in ("iterations", "seconds", "bw_gbps", "msg_rate_mpps", "client_cpu_seconds",
+                    "server_cpu_seconds", "client_cpu_percent", "server_cpu_percent"):
+            if not isinstance(r.get(key), (int, float)) or not r[key] > 0:
+                fail("%s: %r is %r, expected a positive number" % (where, key, r.get(key)))
+        if mode == "lat":
+            lat = r.get("lat_us")
+            if not lat:
+                fail("%s: no lat_us" % where)
+            if not 0 < lat["min"] <= lat["median"] <= lat["p99"] <= lat["max"]:
+                fail("%s: latency figures out of order: %s" % (where, lat))
+
+
+def check_png(path):
+    data = open(path, "rb").read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        fail("plot is not a PNG")
+    pos, chunks, idat = 8, {}, b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        crc, = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            fail("plot: bad CRC in chunk %r" % kind)
+        chunks[kind] = body
+        if kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    raw = zlib.decompress(idat)
+    if len(raw) != (width + 1) * height or depth != 8 or color != 3:
+        fail("plot: %d bytes of pixels for %dx%d" % (len(raw), width, height))
+    # Not blank: a chart has several colors.
+    if len(set(raw)) < 4:
+        fail("plot: the image is blank")
+
+
+def main():
+    ferry = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        plot = os.path.join(tmp, "bw.png")
+        check_doc(bench(ferry, "--sweep", "--iters", "8", "--plot", plot), "write", "bw", SWEEP)
+        check_png(plot)
+        plot = os.path.join(tmp, "lat.png")
+        check_doc(bench(ferry, "--mode", "lat", "--sweep", "--iters", "8", "--plot", plot), "write", "lat", SWEEP)
+        check_png(plot)
+    small = [8, 65536]
+    for op in ("read", "send", "write_imm"):
+        for mode in ("bw", "lat"):
+            check_doc(bench(ferry, "--op", op, "--mode", mode, "--size", "8,64K", "--iters", "50"), op, mode, small)
+    for mode in ("bw", "lat"):
+        check_doc(bench(ferry, "--op", "atomic", "--mode", mode, "--iters", "50"), "atomic", mode, [8])
+    # Several threads and QPs, batches, and a run by time instead of iterations.
+    doc = bench(ferry, "--threads", "2", "--qps", "3", "--batch", "4", "--depth", "16", "--size", "4K",
+                "--duration", "0.3")
+    check_doc(doc, "write", "bw", [4096])
+    if (doc["threads"], doc["qps"], doc["batch"], doc["depth"]) != (2, 3, 4, 16):
+        fail("the JSON document does not echo the run's shape: %s" % doc)
+    print("bench smoke: all operations and modes, JSON and plots checked")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+// `ferry bench`: a perftest / ucx_perftest style benchmark of ferry's verbs layer between two
+// processes. One side serves (`--server`), the other connects (`HOST[:PORT]`) or starts the server
+// as a child process (`--local`). A TCP control connection carries only parameters, paths, memory
+// keys and results as versioned JSON lines (see docs/performance.md); data moves by verbs alone.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/common/status.h"
+
+namespace ferry::cli {
+
+// `ferry bench ...`; self is the absolute path of this binary (the --local server runs it).
+int runBench(const std::vector<std::string>& args, const std::string& self);
+
+namespace bench {
+
+inline constexpr uint16_t kDefaultPort = 18520;
+// The protocol version this ferry speaks on the control connection ({"ferry_bench": 1, ...}).
+inline constexpr int kProtocolVersion = 1;
+// Largest message one run may use; the buffers of both sides are sized from it.
+inline constexpr uint64_t kMaxMessageSize = uint64_t{1} << 30;
+// The standard sizes of --sweep.
+inline constexpr uint64_t kSweepSizes[] = {8, 4096, 65536, 1u << 20, 16u << 20, 64u << 20};
+
+enum class Op : uint8_t { kWrite, kRead, kSend, kWriteImm, kAtomic };
+enum class Mode : uint8_t { kBandwidth, kLatency };
+
+const char* opName(Op op);      // "write", "read", "send", "write_imm", "atomic"
+const char* modeName(Mode mode);  // "bw", "lat"
+bool parseOp(std::string_view text, Op* out);
+bool parseMode(std::string_view text, Mode* out);
+
+// The shape of a run both sides must agree on; the client sends it in its hello and the server
+// checks it with validateShape() before allocating anything.
+struct RunShape {
+  Op op = Op::kWrite;
+  Mode mode = Mode::kBandwidth;
+  int threads = 1;       // each thread has its own CQ, QPs and buffer on both sides
+  int qps = 1;           // QPs per thread, used round-robin
+  int depth = 64;        // outstanding work requests per QP (bandwidth mode)
+  int batch = 1;         // work requests per postSend call (bandwidth mode)
+  uint64_t maxSize = 0;  // largest message of the run
+};
+
+inline constexpr int kMaxThreads = 64;
+inline constexpr int kMaxQpsPerThread = 256;
+inline constexpr int kMaxTotalQps = 1024;
+inline constexpr int kMaxDepth = 4096;
+// Memory one side may register for a run: threads x buffer bytes.
+inline constexpr uint64_t kMaxRegisteredBytes = uint64_t{8} << 30;
+
+// Bytes of one thread's buffer for a shape: latency WRITE ping-pong keeps a send half and a landing
+// half, so twice the largest message; at least one page.
+uint64_t bufferBytes(const RunShape& shape);
+// kInvalidArgument naming the first field out of range (and atomics with a size other than 8).
+Status validateShape(const RunShape& shape);
+
+struct Options {
+  enum class Role : uint8_t { kClient, kServer, kLocal };
+  Role role = Role::kClient;
+  std::string host;             // client: the server's host name or address
+  uint16_t port = kDefaultPort;
+  std::string bind = "0.0.0.0";  // server: the address to listen on
+  std::string device;           // empty: the device bound to the control connection's address
+  std::string serverDevice;     // --local: the server's device (default: same as --device)
+  RunShape shape;
+  std::vector<uint64_t> sizes;
+  uint64_t iters = 0;      // 0: chosen per size (see autoIterations)
+  double duration = 0;     // seconds per size; 0: run by iterations
+  bool json = false;
+  std::string plotPath;
+  double timeout = 30;     // seconds: control messages and stalled transfers
+  bool announce = false;   // server: print {"type":"listening"} on stdout (used by --local)
+};
+
+// Parses the arguments after "bench". On a usage error returns kInvalidArgument with the message
+// to print; `--help` yields kCancelled (print the usage, exit 0).
+Result<Options> parseOptions(const std::vector<std::string>& args);
+void printUsage(FILE* out);
+
+// "8", "4K", "64K", "1M", "1536" (exact: a K/M/G suffix only where it divides evenly).
+std::string formatSize(uint64_t bytes);
+// One size: a positive integer with an optional K, M or G suffix (binary: K = 1024), optionally
+// followed by "B" or "iB" ("4K", "4KiB", "64k", "1M"). Refuses 0, garbage and sizes above
+// kMaxMessageSize.
+Result<uint64_t> parseSize(std::string_view text);
+
+// Iterations when neither --iters nor --duration is given: enough to move a few hundred MiB (at
+// least a handful, at most tens of thousands) so every size takes about the same time.
+uint64_t autoIterations(Mode mode, uint64_t size);
+
+}  // namespace bench
+}  // namespace ferry::cli

@@ -1,0 +1,378 @@
+// The control connection of `ferry bench` (see bench_control.h).
+#include "bench_control.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "bench.h"
+
+namespace ferry::cli::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadlineAfter(double seconds) {
+  return Clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+}
+
+// Milliseconds left until deadline, for poll() (at least 0).
+int msLeft(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+std::string addressText(const sockaddr_storage& ss) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(ss).sin_addr, text, sizeof text);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
+    if (IN6_IS_ADDR_V4MAPPED(&in6.sin6_addr)) {
+      inet_ntop(AF_INET, &in6.sin6_addr.s6_addr[12], text, sizeof text);
+    } else {
+      inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof text);
+    }
+  }
+  return text;
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string typeOf(const json::Value& message) {
+  const json::Value* type = message.find("type");
+  auto text = type ? type->getString() : Result<std::string_view>(invalidArgument(""));
+  return text.isOk() ? std::string(*text) : std::string("?");
+}
+
+Status fieldError(const json::Value& message, std::string_view field, const std::string& what) {
+  return Status(StatusCode::kProtocolError,
+                "control message '" + typeOf(message) + "': field '" + std::string(field) + "' " + what);
+}
+
+}  // namespace
+
+ControlChannel::ControlChannel(ControlChannel&& other) noexcept
+    : fd_(other.fd_), buffered_(std::move(other.buffered_)) {
+  other.fd_ = -1;
+}
+
+ControlChannel& ControlChannel::operator=(ControlChannel&& other) noexcept {
+  if (this != &other) {
+    close();
+    fd_ = other.fd_;
+    buffered_ = std::move(other.buffered_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+ControlChannel::~ControlChannel() { close(); }
+
+void ControlChannel::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Result<ControlChannel> ControlChannel::connect(const std::string& host, uint16_t port, double timeoutSec) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
+  if (rc != 0) {
+    return Status(StatusCode::kNotFound, "cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  auto deadline = deadlineAfter(timeoutSec);
+  Status last(StatusCode::kUnavailable, "no address for '" + host + "'");
+  // A server that is still starting refuses; try again until the deadline.
+  while (true) {
+    for (addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+      if (fd < 0) {
+        last = ioError("socket");
+        continue;
+      }
+      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        last = ioError("cannot connect to " + host + ":" + service);
+        ::close(fd);
+        continue;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      int n = poll(&p, 1, msLeft(deadline));
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (n == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (n != 1 || err != 0) {
+        last = n == 1 ? ioError("cannot connect to " + host + ":" + service, err)
+                      : Status(StatusCode::kTimedOut, "no answer from " + host + ":" + service);
+        ::close(fd);
+        continue;
+      }
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      setNoDelay(fd);
+      freeaddrinfo(list);
+      return ControlChannel(fd);
+    }
+    if (Clock::now() >= deadline) break;
+    usleep(100 * 1000);
+  }
+  freeaddrinfo(list);
+  return Status(last.code(), last.message() + " (gave up after " + std::to_string(static_cast<int>(timeoutSec)) +
+                                 " s)", last.cause());
+}
+
+Status ControlChannel::send(std::string_view type, const json::Value& message, double timeoutSec) {
+  if (fd_ < 0) return closedError("the control connection is closed");
+  json::Value full = json::Value::emptyObject();
+  full.set("ferry_bench", kProtocolVersion);
+  full.set("type", std::string(type));
+  if (const json::Object* members = message.object()) {
+    for (const auto& [key, value] : *members) full.set(key, value);
+  }
+  std::string line = json::serialize(full);
+  line.push_back('\n');
+  auto deadline = deadlineAfter(timeoutSec);
+  size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd_, POLLOUT, 0};
+      if (poll(&p, 1, msLeft(deadline)) != 1) {
+        return Status(StatusCode::kTimedOut, "the peer did not take a control message within " +
+                                                 std::to_string(static_cast<int>(timeoutSec)) + " s");
+      }
+      continue;
+    }
+    return Status(StatusCode::kUnavailable, "the peer closed the control connection", errno);
+  }
+  return Status::ok();
+}
+
+void ControlChannel::sendError(const std::string& message) {
+  json::Value body = json::Value::emptyObject();
+  body.set("message", message);
+  (void)send("error", body, 2);
+}
+
+bool ControlChannel::readable(int timeoutMs) {
+  if (buffered_.find('\n') != std::string::npos) return true;
+  pollfd p{fd_, POLLIN, 0};
+  return poll(&p, 1, timeoutMs) == 1;
+}
+
+Result<json::Value> ControlChannel::receive(double timeoutSec) {
+  if (fd_ < 0) return closedError("the control connection is closed");
+  auto deadline = deadlineAfter(timeoutSec);
+  size_t newline;
+  while ((newline = buffered_.find('\n')) == std::string::npos) {
+    if (buffered_.size() > kMaxControlLine) {
+      return Status(StatusCode::kProtocolError, "malformed control message: a line longer than " +
+                                                    std::to_string(kMaxControlLine) + " bytes");
+    }
+    pollfd p{fd_, POLLIN, 0};
+    int n = poll(&p, 1, msLeft(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      return Status(StatusCode::kTimedOut, "no control message from the peer within " +
+                                               std::to_string(static_cast<int>(std::ceil(timeoutSec))) + " s");
+    }
+    char chunk[65536];
+    ssize_t got = ::read(fd_, chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return Status(StatusCode::kUnavailable, buffered_.empty() ? "the peer closed the control connection"
+                                                                : "the peer closed the control connection "
+                                                                  "in the middle of a message");
+    }
+    buffered_.append(chunk, static_cast<size_t>(got));
+  }
+  std::string line = buffered_.substr(0, newline);
+  buffered_.erase(0, newline + 1);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  auto parsed = json::parse(line);
+  if (!parsed.isOk()) {
+    return Status(StatusCode::kProtocolError, "malformed control message (" + parsed.status().message() + ")");
+  }
+  json::Value message = std::move(*parsed);
+  if (!message.isObject()) {
+    return Status(StatusCode::kProtocolError, "malformed control message: not a JSON object");
+  }
+  const json::Value* version = message.find("ferry_bench");
+  if (version == nullptr) {
+    return Status(StatusCode::kProtocolError,
+                  "malformed control message: no \"ferry_bench\" version field (is the peer a ferry bench?)");
+  }
+  auto v = version->getInt();
+  if (!v.isOk() || *v != kProtocolVersion) {
+    return Status(StatusCode::kProtocolError, "the peer speaks ferry_bench protocol version " +
+                                                  json::serialize(*version) + "; this ferry speaks " +
+                                                  std::to_string(kProtocolVersion));
+  }
+  const json::Value* type = message.find("type");
+  if (type == nullptr || !type->isString()) {
+    return Status(StatusCode::kProtocolError, "malformed control message: no \"type\" string");
+  }
+  if (*type->getString() == "error") {
+    auto text = stringField(message, "message");
+    return Status(StatusCode::kUnavailable,
+                  "the peer gave up: " + (text.isOk() ? *text : std::string("(no message)")));
+  }
+  return message;
+}
+
+Result<json::Value> ControlChannel::expect(std::string_view type, double timeoutSec) {
+  auto message = receive(timeoutSec);
+  if (!message.isOk()) return message;
+  std::string got = typeOf(*message);
+  if (got != type) {
+    return Status(StatusCode::kProtocolError,
+                  "unexpected control message '" + got + "' (expected '" + std::string(type) + "')");
+  }
+  return message;
+}
+
+std::string ControlChannel::localAddress() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  return addressText(ss);
+}
+
+std::string ControlChannel::peerAddress() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  return addressText(ss);
+}
+
+ControlListener::ControlListener(ControlListener&& other) noexcept : fd_(other.fd_), port_(other.port_) {
+  other.fd_ = -1;
+}
+
+ControlListener::~ControlListener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<ControlListener> ControlListener::listen(const std::string& address, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+  addrinfo* list = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &list);
+  if (rc != 0) return invalidArgument("--bind '" + address + "': " + gai_strerror(rc));
+  int fd = socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC, list->ai_protocol);
+  if (fd < 0) {
+    freeaddrinfo(list);
+    return ioError("socket");
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, 4) != 0) {
+    Status st = ioError("cannot listen on " + address + ":" + service);
+    ::close(fd);
+    freeaddrinfo(list);
+    return st;
+  }
+  freeaddrinfo(list);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  ControlListener listener;
+  listener.fd_ = fd;
+  listener.port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(ss).sin_port
+                                                 : reinterpret_cast<sockaddr_in6&>(ss).sin6_port);
+  return listener;
+}
+
+Result<ControlChannel> ControlListener::accept(double timeoutSec) {
+  auto deadline = deadlineAfter(timeoutSec < 0 ? 0 : timeoutSec);
+  while (true) {
+    pollfd p{fd_, POLLIN, 0};
+    int n = poll(&p, 1, timeoutSec < 0 ? -1 : msLeft(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ioError("poll");
+    if (n == 0) return Status(StatusCode::kTimedOut, "no client came");
+    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return ioError("accept");
+    }
+    setNoDelay(fd);
+    return ControlChannel(fd);
+  }
+}
+
+Result<int64_t> intField(const json::Value& message, std::string_view field, int64_t lo, int64_t hi) {
+  const json::Value* v = message.find(field);
+  if (v == nullptr) return fieldError(message, field, "is missing");
+  auto n = v->getInt();
+  if (!n.isOk() || *n < lo || *n > hi) {
+    return fieldError(message, field, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                          "], not " + json::serialize(*v).substr(0, 64));
+  }
+  return *n;
+}
+
+Result<double> numberField(const json::Value& message, std::string_view field, double lo, double hi) {
+  const json::Value* v = message.find(field);
+  if (v == nullptr) return fieldError(message, field, "is missing");
+  auto d = v->getDouble();
+  if (!d.isOk() || !std::isfinite(*d) || *d < lo || *d > hi) {
+    return fieldError(message, field, "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                          "], not " + json::serialize(*v).substr(0, 64));
+  }
+  return *d;
+}
+
+Result<std::string> stringField(const json::Value& message, std::string_view field, size_t maxLength) {
+  const json::Value* v = message.find(field);
+  if (v == nullptr) return fieldError(message, field, "is missing");
+  auto s = v->getString();
+  if (!s.isOk()) return fieldError(message, field, "must be a string");
+  if (s->size() > maxLength) return fieldError(message, field, "is longer than " + std::to_string(maxLength));
+  return std::string(*s);
+}
+
+Result<bool> boolField(const json::Value& message, std::string_view field) {
+  const json::Value* v = message.find(field);
+  if (v == nullptr) return fieldError(message, field, "is missing");
+  auto b = v->getBool();
+  if (!b.isOk()) return fieldError(message, field, "must be true or false");
+  return *b;
+}
+
+Result<const json::Array*> arrayField(const json::Value& message, std::string_view field, size_t count) {
+  const json::Value* v = message.find(field);
+  if (v == nullptr) return fieldError(message, field, "is missing");
+  const json::Array* a = v->array();
+  if (a == nullptr) return fieldError(message, field, "must be an array");
+  if (a->size() != count) {
+    return fieldError(message, field, "must have " + std::to_string(count) + " elements, not " +
+                                          std::to_string(a->size()));
+  }
+  return a;
+}
+
+}  // namespace ferry::cli::bench

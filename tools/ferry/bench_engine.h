@@ -1,0 +1,122 @@
+// The data path of `ferry bench`: each side's verbs objects, the client's measured loops and the
+// server's responders. Only the public verbs API is used, so the same code measures every device.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bench.h"
+#include "common/json.h"
+#include "ferry/verbs/path.h"
+#include "ferry/verbs/verbs.h"
+
+namespace ferry::cli::bench {
+
+using Clock = std::chrono::steady_clock;
+
+// The peer's buffer of one thread, as its hello described it.
+struct RemoteBuffer {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint64_t length = 0;
+};
+
+// One benchmark thread's objects on one side: a CQ for its QPs' sends and receives, its QPs and
+// one registered buffer.
+struct ThreadResources {
+  verbs::CompletionQueue cq;
+  std::vector<verbs::QueuePair> qps;
+  std::unordered_map<uint32_t, size_t> qpIndex;  // QP number -> index in qps
+  std::vector<uint32_t> recvPosted;              // receives outstanding per QP
+  std::vector<verbs::Path> localPaths;
+  uint8_t* buffer = nullptr;
+  size_t bufferSize = 0;
+  verbs::MemoryRegion mr;
+  RemoteBuffer remote;
+};
+
+// What one run of one message size asks for.
+struct RunSpec {
+  uint64_t size = 0;
+  uint64_t iters = 0;       // timed iterations per thread (ignored when duration > 0)
+  uint64_t warmup = 0;      // untimed iterations per thread before them
+  double duration = 0;      // seconds of timed work per thread; 0: run by iters
+  double stallTimeout = 30; // seconds without progress before a run fails
+};
+
+// What the client measured in one run (all threads together).
+struct RunMeasurement {
+  uint64_t iterations = 0;  // timed iterations, all threads
+  double seconds = 0;       // first timed post to last completion
+  std::vector<double> latencyUs;  // latency mode: one sample per timed iteration, sorted
+};
+
+// Shared by a run's threads and the thread watching them.
+struct RunControl {
+  std::atomic<bool> abort{false};
+  std::atomic<bool> go{false};
+  std::atomic<int> warmedUp{0};
+  std::vector<std::unique_ptr<std::atomic<uint64_t>>> done;  // timed iterations per thread
+};
+
+class BenchSide {
+ public:
+  // Opens `device` and creates, per thread of `shape`, a CQ, shape.qps RC QPs and a buffer of
+  // bufferBytes(shape) registered for local write and remote read, write and atomics.
+  static Result<std::unique_ptr<BenchSide>> create(const std::string& device, const RunShape& shape);
+  ~BenchSide();
+
+  const std::string& deviceName() const { return device_; }
+  const RunShape& shape() const { return shape_; }
+  std::vector<ThreadResources>& threads() { return threads_; }
+
+  // Client, first: fills the local half of each QP's path. Returns them, thread-major, as JSON
+  // objects (Path::toJson).
+  Result<json::Array> localPaths();
+  // Server: takes the client's paths (one per QP, thread-major), connects each QP to its peer and
+  // returns this side's paths for the client.
+  Result<json::Array> acceptPaths(const json::Array& peerPaths);
+  // Client, last: connects each QP with the path the server returned for it.
+  Status completePaths(const json::Array& peerPaths);
+  // This side's buffers, one {"addr","rkey","length"} object per thread.
+  json::Array bufferDescriptions() const;
+  // Takes the peer's buffer descriptions; each must hold at least bufferBytes(shape).
+  Status setRemoteBuffers(const json::Array& buffers);
+
+  // Client: one measured run on every thread. `control` is shared with the watching thread:
+  // threads bump control.warmedUp after their warmup, wait for control.go, then count timed
+  // iterations in control.done; control.abort stops them early.
+  Status measure(const RunSpec& spec, RunControl& control, RunMeasurement* out);
+
+  // Server: prepares for a run of `size` (posts receives, clears landing bytes) and starts the
+  // threads that answer the client (ping-pong partners and receive reposting), if the run needs
+  // any. stopResponders() ends them and returns the first error they hit.
+  Status startResponders(uint64_t size, double stallTimeout);
+  Status stopResponders();
+
+ private:
+  BenchSide() = default;
+  Status postReceives(ThreadResources& t, size_t qp, uint32_t count);
+  Status topUpReceives(ThreadResources& t);
+
+  std::string device_;
+  RunShape shape_;
+  verbs::Context ctx_;
+  verbs::ProtectionDomain pd_;
+  std::vector<ThreadResources> threads_;
+  uint32_t maxRecvWr_ = 0;
+  std::atomic<bool> stopResponders_{false};
+  std::vector<std::thread> responders_;
+  std::vector<Status> responderStatus_;
+};
+
+// Process CPU time (all threads, including the devices' progress threads), in seconds.
+double processCpuSeconds();
+
+}  // namespace ferry::cli::bench

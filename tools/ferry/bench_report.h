@@ -1,0 +1,48 @@
+// Results of `ferry bench`: the perftest-style table, the JSON document and the PNG plot.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "common/json.h"
+
+namespace ferry::cli::bench {
+
+// The figures of one message size.
+struct SizeResult {
+  uint64_t size = 0;
+  uint64_t iterations = 0;  // timed iterations, all threads
+  double seconds = 0;       // bandwidth: first timed post to last completion
+  double gbps = 0;          // 10^9 bytes per second
+  double mpps = 0;          // 10^6 messages per second
+  bool latency = false;
+  double minUs = 0, medianUs = 0, p99Us = 0, avgUs = 0, maxUs = 0;
+  double clientCpuSeconds = 0, clientWallSeconds = 0;
+  double serverCpuSeconds = 0, serverWallSeconds = 0;
+};
+
+struct BenchReport {
+  RunShape shape;
+  std::string clientDevice;
+  std::string serverDevice;
+  std::string server;          // host:port of the control connection
+  std::string iterationsRule;  // "--iters 100", "--duration 2", "auto"
+  std::vector<SizeResult> results;
+};
+
+// The figures of a run from what the client measured (latency samples sorted ascending).
+SizeResult summarize(uint64_t size, Mode mode, uint64_t iterations, double seconds,
+                     const std::vector<double>& sortedLatencyUs);
+// Nearest-rank percentile of sorted samples (p in [0, 100]); 0 for none.
+double percentile(const std::vector<double>& sorted, double p);
+
+void printHeader(FILE* out, const BenchReport& report);
+void printRow(FILE* out, const RunShape& shape, const SizeResult& r);
+json::Value reportJson(const BenchReport& report);
+// A line chart of bandwidth (bw) or latency (lat: min, median, p99) against message size.
+Status writePlot(const std::string& path, const BenchReport& report);
+
+}  // namespace ferry::cli::bench
