@@ -93,9 +93,12 @@ int runInfo(const std::vector<std::string>& args) {
         std::printf("    max_msg_sz:        0x%x\n", p->maxMsgSz);
         std::printf("    link_layer:        %s\n", linkLayerName(p->linkLayer));
         std::printf("    lid:               %u\n", p->lid);
+        // Only the GIDs in use: NICs have tables of hundreds of entries, mostly empty.
         for (int i = 0; i < p->gidTblLen; ++i) {
           auto gid = ctx->queryGid(port, i);
-          if (gid.isOk()) std::printf("    GID[%d]:            %s\n", i, gid->toString().c_str());
+          if (gid.isOk() && (!gid->isZero() || i == 0)) {
+            std::printf("    GID[%d]:            %s\n", i, gid->toString().c_str());
+          }
         }
       }
     }
