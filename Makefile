@@ -36,7 +36,7 @@ TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # Extra arguments for `ferry demo`.
 DEMO_ARGS ?=
 # The rxe VM (QEMU guest with the kernel's soft-RoCE, rdma_rxe) that runs the RDMA tests, and the
-# time limit of its one boot in seconds. FERRY_REQUIRE_RDMA_VM=1 (set by .ci/run) makes a VM that
+# time limit of its one boot in seconds. FERRY_REQUIRE_RDMA_VM=1 makes a VM that
 # cannot be built or booted a failure; otherwise test-rdma says why and passes.
 RXEVM_TOOLS ?= $(abspath $(ROOT)/../shared/tools/rxe-vm)
 RXEVM_DIR ?= /var/tmp/rxe-vm
