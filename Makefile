@@ -148,8 +148,8 @@ test-run:
 test-rdma: build ## The RDMA tests (ctest -L rdma: ibverbs on rxe0) in one boot of the rxe VM
 	@$(MAKE) test-rdma-run
 
-# Builds the VM image when it is missing or older than make-image.sh, boots the VM with build/
-# shared read-write and runs ctest -L rdma there. A VM that cannot be built or booted (no qemu,
+# Builds the VM image when it is missing or older than make-image.sh, boots the VM with the checkout
+# (sources, build/ and .venv) shared read-write and runs ctest -L rdma there. A VM that cannot be built or booted (no qemu,
 # no kernel package, TCG failure: run-in-vm.sh exits 125) fails only under
 # FERRY_REQUIRE_RDMA_VM=1; a test failure or a timeout (124) always fails.
 test-rdma-run:
@@ -176,7 +176,7 @@ test-rdma-run:
 	fi
 	rc=0
 	cd $(BUILD_DIR)
-	run env RXEVM_DIR=$(RXEVM_DIR) RXEVM_SHARE=$(BUILD_DIR) RXEVM_TIMEOUT=$(RDMA_TIMEOUT) \
+	run env RXEVM_DIR=$(RXEVM_DIR) RXEVM_SHARE=$(ROOT) RXEVM_TIMEOUT=$(RDMA_TIMEOUT) \
 	  $(RXEVM_TOOLS)/run-in-vm.sh $(CTEST) --test-dir $(BUILD_DIR) -L rdma --output-on-failure || rc=$$?
 	case $$rc in
 	  0) ;;
