@@ -1009,25 +1009,10 @@ Status IbvSrq::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
     return closedError("post SRQ recv: the SRQ is closed");
   }
   if (wrs.empty()) return Status::ok();
-  size_t sgeCount = 0;
-  for (const auto& wr : wrs) sgeCount += wr.sgList.size();
-  thread_local std::vector<ibv_recv_wr> chain;
-  thread_local std::vector<ibv_sge> sges;
-  chain.assign(wrs.size(), ibv_recv_wr{});
-  sges.resize(sgeCount);
-  size_t at = 0;
-  for (size_t i = 0; i < wrs.size(); ++i) {
-    ibv_recv_wr& w = chain[i];
-    w.wr_id = wrs[i].wrId;
-    w.next = i + 1 < wrs.size() ? &chain[i + 1] : nullptr;
-    w.sg_list = sges.data() + at;
-    w.num_sge = static_cast<int>(wrs[i].sgList.size());
-    for (const verbs::Sge& s : wrs[i].sgList)
-      sges[at++] = ibv_sge{.addr = s.addr, .length = s.length, .lkey = s.lkey};
-  }
+  ibv_recv_wr* chain = buildRecvChain(wrs);
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_srq_recv(srq_, chain.data(), &bad); rc != 0) {
-    if (badIndex) *badIndex = bad != nullptr ? static_cast<size_t>(bad - chain.data()) : 0;
+  if (int rc = ibv_post_srq_recv(srq_, chain, &bad); rc != 0) {
+    if (badIndex) *badIndex = bad != nullptr ? static_cast<size_t>(bad - chain) : 0;
     return verbsError("ibv_post_srq_recv", errnoOf(rc));
   }
   return Status::ok();

@@ -310,6 +310,9 @@ class IbvQp final : public verbs::QpImpl {
 
 // ---- conversions (numbers are libibverbs'; see the static_asserts in context.cc) ----
 ibv_ah_attr toIbv(const verbs::AhAttr& attr);
+// The libibverbs receive chain for wrs, in this thread's scratch storage (valid until the next call
+// on the same thread); nullptr for an empty list.
+ibv_recv_wr* buildRecvChain(std::span<const verbs::RecvWr> wrs);
 verbs::AhAttr fromIbv(const ibv_ah_attr& attr);
 
 }  // namespace ferry::ibverbs

@@ -37,6 +37,30 @@ ibv_sge toIbv(const verbs::Sge& sge) {
   return ibv_sge{.addr = sge.addr, .length = sge.length, .lkey = sge.lkey};
 }
 
+}  // namespace
+
+ibv_recv_wr* buildRecvChain(std::span<const verbs::RecvWr> wrs) {
+  if (wrs.empty()) return nullptr;
+  size_t sgeCount = 0;
+  for (const auto& wr : wrs) sgeCount += wr.sgList.size();
+  thread_local std::vector<ibv_recv_wr> chain;
+  thread_local std::vector<ibv_sge> sges;
+  chain.assign(wrs.size(), ibv_recv_wr{});
+  sges.resize(sgeCount);
+  size_t at = 0;
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    ibv_recv_wr& w = chain[i];
+    w.wr_id = wrs[i].wrId;
+    w.next = i + 1 < wrs.size() ? &chain[i + 1] : nullptr;
+    w.sg_list = sges.data() + at;
+    w.num_sge = static_cast<int>(wrs[i].sgList.size());
+    for (const verbs::Sge& s : wrs[i].sgList) sges[at++] = toIbv(s);
+  }
+  return chain.data();
+}
+
+namespace {
+
 // The index of `bad` in chain (0 when libibverbs named none).
 template <typename Wr>
 size_t indexOf(const std::vector<Wr>& chain, const Wr* bad) {
@@ -306,24 +330,10 @@ Status IbvQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
   if (recvCq_->closed()) return refuse(0, closedError("post recv: the QP's receive CQ is closed"));
   if (state_.load() == QpState::kReset) return refuse(0, invalidArgument("post recv: the QP is in RESET"));
   if (wrs.empty()) return Status::ok();
-  size_t sgeCount = 0;
-  for (const auto& wr : wrs) sgeCount += wr.sgList.size();
-  thread_local std::vector<ibv_recv_wr> chain;
-  thread_local std::vector<ibv_sge> sges;
-  chain.assign(wrs.size(), ibv_recv_wr{});
-  sges.resize(sgeCount);
-  size_t at = 0;
-  for (size_t i = 0; i < wrs.size(); ++i) {
-    ibv_recv_wr& w = chain[i];
-    w.wr_id = wrs[i].wrId;
-    w.next = i + 1 < wrs.size() ? &chain[i + 1] : nullptr;
-    w.sg_list = sges.data() + at;
-    w.num_sge = static_cast<int>(wrs[i].sgList.size());
-    for (const verbs::Sge& s : wrs[i].sgList) sges[at++] = toIbv(s);
-  }
+  ibv_recv_wr* chain = buildRecvChain(wrs);
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(qp_, chain.data(), &bad); rc != 0) {
-    return refuse(indexOf(chain, bad), verbsError("ibv_post_recv", errnoOf(rc)));
+  if (int rc = ibv_post_recv(qp_, chain, &bad); rc != 0) {
+    return refuse(bad != nullptr ? static_cast<size_t>(bad - chain) : 0, verbsError("ibv_post_recv", errnoOf(rc)));
   }
   return Status::ok();
 }
