@@ -293,19 +293,24 @@ Result<MrHandle> Endpoint::registerRemoteMemoryRegion(std::string_view name, std
       ParsedRegion r,
       parseRegion(std::string(name), *parsed, "register_remote_memory_region '" + std::string(name) + "'"));
   std::unique_lock<std::shared_mutex> lock(remoteMu_);
-  auto named = remoteNames_.find(r.name);
+  return recordRemoteLocked(
+      RemoteRegion{.name = r.name, .addr = r.addr, .length = r.length, .rkey = r.rkey, .writable = r.writable},
+      r.handle);
+}
+
+MrHandle Endpoint::recordRemoteLocked(RemoteRegion region, std::optional<MrHandle> wanted) {
+  auto named = remoteNames_.find(region.name);
   MrHandle handle;
   if (named != remoteNames_.end()) {
     handle = named->second;
-  } else if (r.handle && remotes_.count(*r.handle) == 0) {
-    handle = *r.handle;
+  } else if (wanted && remotes_.count(*wanted) == 0) {
+    handle = *wanted;
   } else {
     while (remotes_.count(nextRemote_) != 0) ++nextRemote_;
     handle = nextRemote_++;
   }
-  remotes_[handle] = RemoteRegion{
-      .name = r.name, .addr = r.addr, .length = r.length, .rkey = r.rkey, .writable = r.writable};
-  remoteNames_[r.name] = handle;
+  remoteNames_[region.name] = handle;
+  remotes_[handle] = std::move(region);
   return handle;
 }
 
@@ -437,19 +442,9 @@ Status Endpoint::connect(std::string_view peerInfo) {
       return a.handle.value_or(~MrHandle{0}) < b.handle.value_or(~MrHandle{0});
     });
     for (auto& r : regions) {
-      auto named = remoteNames_.find(r.name);
-      MrHandle handle;
-      if (named != remoteNames_.end()) {
-        handle = named->second;
-      } else if (r.handle && remotes_.count(*r.handle) == 0) {
-        handle = *r.handle;
-      } else {
-        while (remotes_.count(nextRemote_) != 0) ++nextRemote_;
-        handle = nextRemote_++;
-      }
-      remotes_[handle] = RemoteRegion{
-          .name = r.name, .addr = r.addr, .length = r.length, .rkey = r.rkey, .writable = r.writable};
-      remoteNames_[r.name] = handle;
+      recordRemoteLocked(
+          RemoteRegion{.name = r.name, .addr = r.addr, .length = r.length, .rkey = r.rkey, .writable = r.writable},
+          r.handle);
     }
   }
   auto worker = this->worker();

@@ -50,6 +50,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <shared_mutex>
 #include <span>
@@ -258,6 +259,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::unordered_map<MrHandle, RemoteRegion> remotes_;
   std::unordered_map<std::string, MrHandle> remoteNames_;
   MrHandle nextRemote_ = MrHandle{1} << 32;
+  // Records a peer region under remoteMu_ (held exclusively): a name seen before keeps its handle,
+  // else the peer's own handle when free here, else a fresh one. Returns the handle.
+  MrHandle recordRemoteLocked(RemoteRegion region, std::optional<MrHandle> wanted);
 };
 
 }  // namespace ferry::endpoint
