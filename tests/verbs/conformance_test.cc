@@ -616,6 +616,18 @@ constexpr size_t kSrcOffset = 3;
 constexpr size_t kDstOffset = 5;
 constexpr size_t kGuard = 61;
 
+// The `size` bytes at kDstOffset of dst equal source, and the guard bytes on both sides still hold
+// the pattern `seed` that filled them before the transfer.
+::testing::AssertionResult placedWithGuards(const RegisteredBuffer& dst, std::span<const uint8_t> source,
+                                            size_t size, uint64_t seed) {
+  if (auto r = bytesEqual(bytesOf(dst, kDstOffset, size), source); !r) return r << " (the transferred bytes)";
+  if (auto r = matchesPattern(bytesOf(dst, 0, kDstOffset), seed, 0); !r) return r << " (bytes before the destination)";
+  if (auto r = matchesPattern(bytesOf(dst, kDstOffset + size, kGuard), seed, kDstOffset + size); !r) {
+    return r << " (bytes past the destination)";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST_P(VerbsConformance, WriteIsByteExactForEverySize) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kLargest + 64, access::kLocalWrite, 11));
@@ -634,9 +646,7 @@ TEST_P(VerbsConformance, WriteIsByteExactForEverySize) {
     WorkCompletion wc;
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     EXPECT_TRUE(succeeded(wc, wrId, WcOpcode::kRdmaWrite));
-    EXPECT_TRUE(bytesEqual(bytesOf(dst, kDstOffset, size), bytesOf(src, kSrcOffset, size)));
-    EXPECT_TRUE(matchesPattern(bytesOf(dst, 0, kDstOffset), seed, 0));
-    EXPECT_TRUE(matchesPattern(bytesOf(dst, kDstOffset + size, kGuard), seed, kDstOffset + size));
+    EXPECT_TRUE(placedWithGuards(dst, bytesOf(src, kSrcOffset, size), size, seed));
   }
   EXPECT_TRUE(noCompletionFor(pair->b.recvCq, milliseconds(1))) << "a plain WRITE consumes no receive";
 }
@@ -660,9 +670,7 @@ TEST_P(VerbsConformance, ReadIsByteExactForEverySize) {
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     EXPECT_TRUE(succeeded(wc, wrId, WcOpcode::kRdmaRead));
     EXPECT_EQ(wc.byteLen, size) << "a READ completion reports the bytes read";
-    EXPECT_TRUE(bytesEqual(bytesOf(local, kDstOffset, size), bytesOf(remote, kSrcOffset, size)));
-    EXPECT_TRUE(matchesPattern(bytesOf(local, 0, kDstOffset), seed, 0));
-    EXPECT_TRUE(matchesPattern(bytesOf(local, kDstOffset + size, kGuard), seed, kDstOffset + size));
+    EXPECT_TRUE(placedWithGuards(local, bytesOf(remote, kSrcOffset, size), size, seed));
   }
 }
 
@@ -689,10 +697,7 @@ TEST_P(VerbsConformance, SendIsByteExactForEverySize) {
     EXPECT_EQ(wc.byteLen, size);
     EXPECT_EQ(wc.qpNum, pair->b.qp.qpNum());
     EXPECT_EQ(wc.wcFlags & v::wc_flags::kWithImm, 0u);
-    EXPECT_TRUE(bytesEqual(bytesOf(dst, kDstOffset, size), bytesOf(src, kSrcOffset, size)));
-    EXPECT_TRUE(matchesPattern(bytesOf(dst, 0, kDstOffset), seed, 0));
-    EXPECT_TRUE(matchesPattern(bytesOf(dst, kDstOffset + size, kGuard), seed, kDstOffset + size))
-        << "receive buffer past the message";
+    EXPECT_TRUE(placedWithGuards(dst, bytesOf(src, kSrcOffset, size), size, seed));
   }
 }
 
