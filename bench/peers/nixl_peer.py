@@ -62,20 +62,7 @@ def measure(hello, args):
 
 
 def main():
-    args = peer_common.parse_args()
-    try:
-        import nixl  # noqa: F401
-    except Exception as e:
-        peer_common.emit({"peer": "nixl", "error": "cannot import nixl: %s" % e})
-        return 1
-    if args.role == "target":
-        try:
-            target(args)
-        except Exception as e:
-            peer_common.emit({"error": "%s: %s" % (type(e).__name__, e)})
-            return 1
-        return 0
-    return peer_common.run_initiator("nixl", os.path.abspath(__file__), args, measure)
+    return peer_common.main("nixl", "nixl", __file__, target, measure)
 
 
 if __name__ == "__main__":

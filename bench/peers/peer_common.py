@@ -12,6 +12,7 @@ or {"peer": NAME, "error": "why it could not run"}. All traffic stays on 127.0.0
 """
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -139,3 +140,22 @@ def run_initiator(name, script, args, measure):
     # results are already out.
     sys.stderr.flush()
     os._exit(code)
+
+
+def main(name, module, script, target, measure):
+    """A peer driver's entry point: imports `module` (reporting why it cannot), then runs the
+    target role (`target(args)`) or the initiator role (`measure`, through run_initiator)."""
+    args = parse_args()
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        emit({"peer": name, "error": "cannot import %s: %s" % (module, e)})
+        return 1
+    if args.role == "target":
+        try:
+            target(args)
+        except Exception as e:
+            emit({"error": "%s: %s" % (type(e).__name__, e)})
+            return 1
+        return 0
+    return run_initiator(name, os.path.abspath(script), args, measure)
