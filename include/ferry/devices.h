@@ -19,6 +19,9 @@ struct ProviderInfo {
   int priority = 0;       // higher is listed first
   bool available = false;
   std::string reason;     // why it is unavailable (empty when available)
+  // The data paths the provider will use here, one "name: state" line each (the soft provider's
+  // same-host path, for instance).
+  std::vector<std::string> paths;
 };
 
 // The providers in the table, with whether each is usable here and why not.

@@ -20,6 +20,7 @@ struct ProviderEntry {
   std::function<bool(std::string*)> probe;
   std::function<std::vector<verbs::DeviceInfo>()> list;
   std::function<Result<std::shared_ptr<verbs::ContextImpl>>(const std::string&)> open;
+  std::function<std::vector<std::string>()> paths = [] { return std::vector<std::string>{}; };
 };
 
 const std::vector<ProviderEntry>& providerTable() {
@@ -34,7 +35,12 @@ const std::vector<ProviderEntry>& providerTable() {
          for (auto& d : soft::listSoftDevices()) out.push_back(d.info);
          return out;
        },
-       soft::openSoftDevice},
+       soft::openSoftDevice,
+       [] {
+         std::string sameHost;
+         soft::sameHostAllowed(&sameHost);
+         return std::vector<std::string>{"same-host path: " + sameHost};
+       }},
   };
   return table;
 }
@@ -68,6 +74,7 @@ std::vector<ProviderInfo> listProviders() {
   for (const auto* e : byPriority()) {
     ProviderInfo info{e->name, e->priority, false, ""};
     info.available = e->probe(&info.reason);
+    if (info.available) info.paths = e->paths();
     out.push_back(std::move(info));
   }
   return out;

@@ -42,6 +42,7 @@ int runInfo(const std::vector<std::string>& args) {
   for (const auto& p : listProviders()) {
     std::printf("  %-8s priority %-3d %s%s%s\n", p.name.c_str(), p.priority, p.available ? "available" : "unavailable",
                 p.reason.empty() ? "" : ": ", p.reason.c_str());
+    for (const auto& path : p.paths) std::printf("           %s\n", path.c_str());
   }
   auto devices = listDevices();
   if (!devices.isOk()) {

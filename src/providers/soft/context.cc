@@ -183,6 +183,14 @@ Status SoftContext::start() {
     if (err != EADDRINUSE || attempt == 64) return ioError("bind UDP to " + device_.info.address, err);
   }
   gid_ = makeSoftGid(device_.ipv4, ntohs(addr.sin_port));
+  if (sameHostAllowed()) {
+    auto table = ShareTable::create();
+    if (table.isOk()) {
+      share_ = std::move(*table);
+    } else {
+      FERRY_LOG(kWarn, "%s: no same-host path: %s", device_.info.name.c_str(), table.status().toString().c_str());
+    }
+  }
   FERRY_RETURN_IF_ERROR(reactor_.start("ferry-" + device_.info.name));
   gate_ = std::make_unique<HelloGate>(this);
   gate_->hello = [this](const std::shared_ptr<Conn>& conn, const wire::FrameHeader& h) { onHelloFromLoop(conn, h); };
@@ -280,6 +288,12 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
   reply.type = wire::FrameType::kHelloReply;
   reply.qpn = hello.srcQpn;
   reply.aux = static_cast<uint32_t>(result);
+  if (result == wire::HelloResult::kAccepted && share_) {
+    ShareInfo info = share_->info();
+    reply.sharePid = info.pid;
+    reply.shareFd = info.fd;
+    reply.shareCookie = info.cookie;
+  }
   conn->sendHeader(reply);
   if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
 }
@@ -382,10 +396,28 @@ Result<verbs::AsyncEvent> SoftContext::getAsyncEvent(int timeoutMs) {
 
 uint32_t SoftContext::newKeyLocked() {
   // 24 unguessable bits and an 8-bit generation: a key from an earlier registration never matches.
-  for (;;) {
+  // Where it can, the key is one whose record slot in the same-host table is free.
+  for (int attempt = 0;; ++attempt) {
     uint32_t key = (randomU32() & 0xffffff00u) | (++keyGeneration_ & 0xff);
-    if (key != 0 && mrs_.find(key) == mrs_.end()) return key;
+    if (key == 0 || mrs_.find(key) != mrs_.end()) continue;
+    if (!share_ || attempt >= 64 || share_->keyFits(key)) return key;
   }
+}
+
+Result<std::shared_ptr<SharePeer>> SoftContext::sharePeer(const ShareInfo& info) {
+  std::lock_guard<std::mutex> lock(peersMu_);
+  std::erase_if(peers_, [](const std::weak_ptr<SharePeer>& w) { return w.expired(); });
+  for (const auto& weak : peers_) {
+    auto peer = weak.lock();
+    if (peer && peer->info().pid == info.pid && peer->info().fd == info.fd && peer->info().cookie == info.cookie &&
+        peer->alive()) {
+      return peer;
+    }
+  }
+  auto opened = SharePeer::open(info);
+  if (!opened.isOk()) return opened.status();
+  peers_.push_back(*opened);
+  return opened;
 }
 
 std::shared_ptr<MrEntry> SoftContext::findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
@@ -456,6 +488,7 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t
     std::unique_lock<std::shared_mutex> lock(ctx_->memMu());
     entry->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(entry);
+    if (auto* table = ctx_->share()) table->publishMr(entry->key, entry->addr, entry->length, entry->access, this);
   }
   auto mr = std::make_shared<SoftMr>(ctx_, std::move(entry));
   children_.add(mr);
@@ -578,12 +611,19 @@ Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& 
     next->length = length;
   }
   if (flags & verbs::rereg::kChangeAccess) next->access = access;
-  std::unique_lock<std::shared_mutex> memLock(ctx_->memMu());
-  entry_->revoked = true;
-  ctx_->removeMrLocked(entry_->key);
-  next->key = ctx_->newKeyLocked();
-  ctx_->addMrLocked(next);
-  entry_ = std::move(next);
+  const uint32_t oldKey = entry_->key;
+  {
+    std::unique_lock<std::shared_mutex> memLock(ctx_->memMu());
+    entry_->revoked = true;
+    ctx_->removeMrLocked(oldKey);
+    if (auto* table = ctx_->share()) table->withdrawMr(oldKey);
+    next->key = ctx_->newKeyLocked();
+    ctx_->addMrLocked(next);
+    if (auto* table = ctx_->share()) table->publishMr(next->key, next->addr, next->length, next->access, next->pd);
+    entry_ = std::move(next);
+  }
+  // Returns once no same-host peer is still copying under the old key.
+  if (auto* table = ctx_->share()) table->waitForAccessors(oldKey);
   return Status::ok();
 }
 
@@ -595,7 +635,10 @@ void SoftMr::close() {
     std::unique_lock<std::shared_mutex> memLock(ctx_->memMu());
     entry_->revoked = true;
     ctx_->removeMrLocked(entry_->key);
+    if (auto* table = ctx_->share()) table->withdrawMr(entry_->key);
   }
+  // Nor does any same-host peer's copy: this waits for one in progress to end.
+  if (auto* table = ctx_->share()) table->waitForAccessors(entry_->key);
   entry_.reset();
 }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <shared_mutex>
 
@@ -94,8 +95,9 @@ Result<verbs::QpAttr> SoftQp::query() {
 Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   size_t posted = 0;
   Status status;
+  bool queued = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     for (; posted < wrs.size(); ++posted) {
       const verbs::SendWr& wr = wrs[posted];
       QpState state = state_.load();
@@ -172,11 +174,26 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       } else {
         wqe.sges.assign(wr.sgList.begin(), wr.sgList.end());
       }
-      posted_.push_back(std::move(wqe));
       ++sqOutstanding_;
+      if (auto fp = fastPathForLocked(wqe)) {
+        fastBusy_ = true;
+        lock.unlock();
+        bool done = runFastPath(*fp, wqe);
+        if (done) pushSendCompletion(wqe, WcStatus::kSuccess);
+        lock.lock();
+        fastBusy_ = false;
+        if (!done) {
+          posted_.push_front(std::move(wqe));  // ahead of anything posted meanwhile
+          queued = true;
+        }
+        queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
+        continue;
+      }
+      posted_.push_back(std::move(wqe));
+      queued = true;
     }
   }
-  if (posted > 0) schedulePump();
+  if (queued) schedulePump();
   if (!status.isOk() && badIndex) *badIndex = posted;
   return status;
 }
@@ -225,6 +242,7 @@ void SoftQp::close() {
     self->resetFromLoop();
     self->state_ = QpState::kErr;
   });
+  if (auto* table = ctx_->share()) table->retractQp(qpn_);
   ctx_->removeQp(qpn_);
 }
 
@@ -286,11 +304,13 @@ Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
     enterErrorFromLoop(std::nullopt);
     return Status::ok();
   }
+  // Published before the QP acts on its new state, so a same-host peer never sees it stale-ready.
+  state_ = to;
+  publishShareFromLoop();
   if (current == QpState::kInit && to == QpState::kRtr) {
     expectedSeq_ = attr_.rqPsn;
     respNakPending_ = false;
   }
-  state_ = to;
   if (current == QpState::kRtr && to == QpState::kRts) {
     nextSeq_ = attr_.sqPsn;
     ackedThrough_ = attr_.sqPsn - 1;
@@ -329,6 +349,8 @@ void SoftQp::resetFromLoop() {
   fresh.cap = cap_;
   attr_ = fresh;
   state_ = QpState::kReset;
+  fast_.reset();
+  publishShareFromLoop();
 }
 
 void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
@@ -342,6 +364,8 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
   }
   if (!wasErr) {
     FERRY_LOG(kDebug, "QP %u moves to ERR", qpn_);
+    publishShareFromLoop();
+    dropFastPath();
     if (reqConn_) reqConn_->close(Status::ok(), true);
     reqConn_.reset();
     reqReady_ = false;
@@ -359,7 +383,8 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
 void SoftQp::flushFromLoop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (!posted_.empty()) {
+    // A post copying on the same-host path completes first; it then has the rest flushed.
+    while (!fastBusy_ && !posted_.empty()) {
       sq_.push_back(std::move(posted_.front()));
       posted_.pop_front();
     }
@@ -504,6 +529,7 @@ void SoftQp::pumpFromLoop() {
   pumpScheduled_ = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (fastBusy_) return;  // the post copying on the same-host path schedules us when it ends
     if (sq_.empty() && !posted_.empty()) lastProgress_ = Clock::now();
     while (!posted_.empty()) {
       sq_.push_back(std::move(posted_.front()));
@@ -682,6 +708,7 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   bool wasReady = reqReady_;
   reqConn_.reset();
   reqReady_ = false;
+  dropFastPath();
   if (state_.load() != QpState::kRts) return;
   if (wasReady && nextToSend_ > 0) {
     FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight: %s", qpn_,
@@ -740,6 +767,7 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
   if (h.type == FrameType::kHelloReply) {
     if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
       reqReady_ = true;
+      setupFastPathFromLoop(h);
       reconnectDelayMs_ = 1;
       lastProgress_ = Clock::now();
       pumpFromLoop();
@@ -846,6 +874,74 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
     }
     default:
       break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Same-host path.
+
+std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(const SendWqe& wqe) const {
+  if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
+  if (wqe.opcode != WrOpcode::kRdmaWrite && wqe.opcode != WrOpcode::kRdmaRead) return nullptr;
+  // Only with nothing else outstanding (this request is counted): it must not overtake one.
+  if (wqe.length == 0 || sqOutstanding_.load() != 1) return nullptr;
+  return fast_;
+}
+
+bool SoftQp::runFastPath(const FastPath& fp, const SendWqe& wqe) {
+  const bool write = wqe.opcode == WrOpcode::kRdmaWrite;
+  if (!fp.peer->alive()) return false;
+  std::array<iovec, 64> iov;
+  size_t n = 0;
+  // Our own memory stays registered while the lock is held (deregistration takes it exclusively).
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  if (!wqe.inlineData.empty()) {
+    iov[n++] = iovec{const_cast<uint8_t*>(wqe.inlineData.data()), wqe.inlineData.size()};
+  } else {
+    const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
+    for (const auto& sge : wqe.sges) {
+      if (sge.length == 0) continue;
+      if (n == iov.size() || !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+      iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
+    }
+  }
+  const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
+  if (!fp.slot->begin(fp.destQpn, qpn_, wqe.rkey, wqe.remoteAddr, wqe.length, remoteNeed)) return false;
+  bool copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wqe.remoteAddr, wqe.length);
+  fp.slot->end();
+  if (copied) countSameHostOp();
+  return copied;
+}
+
+void SoftQp::setupFastPathFromLoop(const wire::FrameHeader& reply) {
+  if (!ctx_->share() || reply.sharePid == 0) return;
+  auto peer = ctx_->sharePeer(ShareInfo{reply.sharePid, reply.shareFd, reply.shareCookie});
+  if (!peer.isOk()) {
+    FERRY_LOG(kDebug, "QP %u: no same-host path to its peer: %s", qpn_, peer.status().toString().c_str());
+    return;
+  }
+  auto slot = SharePeer::claim(*peer);
+  if (!slot.isOk()) {
+    FERRY_LOG(kInfo, "QP %u: no same-host path to its peer: %s", qpn_, slot.status().toString().c_str());
+    return;
+  }
+  auto fp = std::make_shared<FastPath>();
+  fp->peer = std::move(*peer);
+  fp->slot = std::move(*slot);
+  fp->destQpn = attr_.destQpNum;
+  FERRY_LOG(kDebug, "QP %u: same-host path to process %u", qpn_, reply.sharePid);
+  std::lock_guard<std::mutex> lock(mu_);
+  fast_ = std::move(fp);
+}
+
+void SoftQp::dropFastPath() {
+  std::lock_guard<std::mutex> lock(mu_);
+  fast_.reset();
+}
+
+void SoftQp::publishShareFromLoop() {
+  if (auto* table = ctx_->share()) {
+    table->publishQp(qpn_, state_.load(), attr_.qpAccessFlags, pd_.get(), attr_.destQpNum);
   }
 }
 

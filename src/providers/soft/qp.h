@@ -10,6 +10,12 @@
 // Responder half: requests from the peer arrive in order on the responder connection; each is
 // checked at access time (keys, protection domain, access flags, range) and carried out by the
 // reactor thread, without the application's help.
+//
+// Same-host path (share.h): when the peer's hello reply offers its table and we can reach its
+// memory, a WRITE or READ posted while nothing else is outstanding on the QP is carried out by the
+// posting thread itself — checked against the peer's records, one process_vm_writev/readv, and its
+// completion — before ibv_post_send returns. Anything else, or anything the records refuse, goes
+// over TCP in order behind it.
 #pragma once
 
 #include <atomic>
@@ -81,6 +87,21 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // Resolves the local SGEs of wqe; the completion status a bad one fails it with, else kSuccess.
   verbs::WcStatus resolveLocalFromLoop(SendWqe& wqe);
 
+  // The same-host path.
+  struct FastPath {
+    std::shared_ptr<SharePeer> peer;
+    std::unique_ptr<SharePeer::Slot> slot;
+    uint32_t destQpn = 0;
+  };
+  // Under mu_: the same-host path when wqe may take it now.
+  std::shared_ptr<FastPath> fastPathForLocked(const SendWqe& wqe) const;
+  // Carries out wqe on the same-host path (no lock held); false: it must go over TCP.
+  bool runFastPath(const FastPath& fp, const SendWqe& wqe);
+  void setupFastPathFromLoop(const wire::FrameHeader& reply);
+  void dropFastPath();
+  // Shows the QP's state to same-host requesters (the context's share table).
+  void publishShareFromLoop();
+
   // Requester frames (arrive on reqConn_).
   Status onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan);
   void onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer);
@@ -108,6 +129,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   verbs::QpAttr attr_;
   std::deque<SendWqe> posted_;
   std::deque<RecvWqe> rq_;
+  std::shared_ptr<FastPath> fast_;
+  bool fastBusy_ = false;  // a post is copying on the same-host path: posted_ waits behind it
 
   // Reactor thread only.
   std::deque<SendWqe> sq_;        // [0, nextToSend_) sent and waiting; the rest not sent yet

@@ -26,6 +26,7 @@
 #include "common/event_queue.h"
 #include "common/reactor.h"
 #include "ferry/verbs/provider.h"
+#include "providers/soft/share.h"
 #include "providers/soft/wire.h"
 
 namespace ferry::soft {
@@ -147,6 +148,11 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // The UDP socket for UD datagrams, bound to the same address and port as the listener.
   int udpFd() const { return udpFd_; }
 
+  // The same-host path (share.h): the table this context publishes (nullptr when it offers
+  // none), and the mapped table of a peer context, shared by the QPs that reach it.
+  ShareTable* share() const { return share_.get(); }
+  Result<std::shared_ptr<SharePeer>> sharePeer(const ShareInfo& info);
+
  private:
   Result<uint32_t> allocQpnLocked();
   void onAcceptFromLoop();
@@ -174,6 +180,10 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // Accepted connections that have not said hello yet (reactor only).
   std::unordered_map<Conn*, std::shared_ptr<Conn>> pendingConns_;
   std::unique_ptr<HelloGate> gate_;
+
+  std::unique_ptr<ShareTable> share_;
+  std::mutex peersMu_;
+  std::vector<std::weak_ptr<SharePeer>> peers_;
 };
 
 class SoftPd final : public verbs::PdImpl, public std::enable_shared_from_this<SoftPd> {

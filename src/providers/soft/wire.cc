@@ -52,6 +52,12 @@ size_t headerLenFor(FrameType type) {
   return 0;
 }
 
+size_t encodedHeaderLen(const FrameHeader& h) {
+  size_t len = headerLenFor(h.type);
+  if (h.type == FrameType::kHelloReply && h.sharePid != 0) len += kHelloReplyShareLen;
+  return len;
+}
+
 size_t trailerLen(FrameType type) { return type == FrameType::kReadResp ? 4 : 0; }
 
 bool carriesPayload(FrameType type) {
@@ -155,6 +161,11 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       if (h.aux > static_cast<uint32_t>(HelloResult::kBusy)) {
         return protocolError("hello reply with an unknown result");
       }
+      if (*len >= kCommonHeaderLen + kHelloReplyShareLen) {
+        h.sharePid = get32(x);
+        h.shareFd = get32(x + 4);
+        h.shareCookie = get64(x + 8);
+      }
       break;
     default:
       break;
@@ -164,7 +175,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
 }
 
 size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
-  size_t len = headerLenFor(h.type);
+  size_t len = encodedHeaderLen(h);
   std::memset(out, 0, len);
   put16(out, kMagic);
   out[2] = kVersion;
@@ -206,6 +217,13 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
       put32(x, h.srcQpn);
       put32(x + 4, h.qkey);
       std::memcpy(x + 8, h.srcGid.data(), 16);
+      break;
+    case FrameType::kHelloReply:
+      if (h.sharePid != 0) {
+        put32(x, h.sharePid);
+        put32(x + 4, h.shareFd);
+        put64(x + 8, h.shareCookie);
+      }
       break;
     default:
       break;

@@ -26,7 +26,8 @@ inline constexpr uint32_t kMaxMessage = 1u << 31;  // largest payload of one mes
 
 enum class FrameType : uint8_t {
   kHello = 1,        // requester -> responder, first frame on a new connection
-  kHelloReply = 2,   // responder -> requester: aux = HelloResult
+  kHelloReply = 2,   // responder -> requester: aux = HelloResult; optionally sharePid, shareFd,
+                     // shareCookie: where a same-host requester finds the responder's table
   kSend = 3,         // flags: kFlagSolicited; payload: the message
   kSendImm = 4,      // aux = immediate
   kWrite = 5,        // remoteAddr, rkey; payload: the data
@@ -83,10 +84,17 @@ struct FrameHeader {
   std::array<uint8_t, 16> srcGid{};  // kHello, kDatagram
   uint32_t qkey = 0;                 // kDatagram
   uint64_t nonce = 0;
+  // kHelloReply (optional: present when sharePid != 0; a shorter reply means "none")
+  uint32_t sharePid = 0;
+  uint32_t shareFd = 0;
+  uint64_t shareCookie = 0;
 };
 
-// The header length version 1 writes for a type (0 for an unknown type).
+// The shortest header version 1 accepts for a type (0 for an unknown type).
 size_t headerLenFor(FrameType type);
+// The header length encodeHeader() writes for h: headerLenFor(h.type) plus its optional fields.
+size_t encodedHeaderLen(const FrameHeader& h);
+inline constexpr size_t kHelloReplyShareLen = 16;  // sharePid, shareFd, shareCookie
 // Bytes after the payload (4 for kReadResp, else 0).
 size_t trailerLen(FrameType type);
 // True for the types whose payloadLen may be non-zero.

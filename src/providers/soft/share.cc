@@ -1,0 +1,450 @@
+#include "providers/soft/share.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/log.h"
+
+namespace ferry::soft {
+namespace share_layout {
+
+inline constexpr uint64_t kMagic = 0x4c42544879727266ull;  // "ferryHTBL"-ish, little-endian
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kMrSlots = 8192;
+inline constexpr uint32_t kQpSlots = 16384;
+inline constexpr uint32_t kAccessorSlots = 512;
+inline constexpr uint32_t kQpValid = 0x80000000u;
+
+// Every field is an atomic: the owner writes while accessors read, in two processes.
+struct Header {
+  std::atomic<uint64_t> magic;
+  std::atomic<uint32_t> version;
+  std::atomic<uint32_t> ownerPid;
+  std::atomic<uint64_t> cookie;
+  std::atomic<uint64_t> cookieAddr;   // where the owner keeps its private copy of the cookie
+  std::atomic<uint32_t> mrSlots;
+  std::atomic<uint32_t> qpSlots;
+  std::atomic<uint32_t> accessorSlots;
+  std::atomic<uint32_t> accessorsUsed;  // slots [0, accessorsUsed) have ever been claimed
+};
+
+// A region; a seqlock (seq odd while the owner rewrites it). key == 0: empty.
+struct alignas(64) MrRecord {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> key;
+  std::atomic<uint32_t> access;
+  std::atomic<uint64_t> pd;
+  std::atomic<uint64_t> addr;
+  std::atomic<uint64_t> length;
+};
+
+// An RC QP; same seqlock. qpn carries kQpValid while the record describes a QP.
+struct alignas(32) QpRecord {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> qpn;
+  std::atomic<uint32_t> state;
+  std::atomic<uint32_t> access;
+  std::atomic<uint32_t> destQpn;
+  std::atomic<uint64_t> pd;
+};
+
+// One accessor QP: its process (pid and start time, so a reused pid is not mistaken for it) and
+// the key it is copying with now (0: none).
+struct alignas(64) AccessorSlot {
+  std::atomic<uint32_t> pid;
+  std::atomic<uint32_t> busyKey;
+  std::atomic<uint64_t> startTime;
+};
+
+inline constexpr size_t kHeaderSize = 256;
+inline constexpr size_t kMrOffset = kHeaderSize;
+inline constexpr size_t kQpOffset = kMrOffset + sizeof(MrRecord) * kMrSlots;
+inline constexpr size_t kAccessorOffset = kQpOffset + sizeof(QpRecord) * kQpSlots;
+inline constexpr size_t kTableSize = kAccessorOffset + sizeof(AccessorSlot) * kAccessorSlots;
+static_assert(sizeof(Header) <= kHeaderSize);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the shared table needs address-free atomics");
+
+inline MrRecord* mrs(uint8_t* base) { return reinterpret_cast<MrRecord*>(base + kMrOffset); }
+inline QpRecord* qps(uint8_t* base) { return reinterpret_cast<QpRecord*>(base + kQpOffset); }
+inline AccessorSlot* accessors(uint8_t* base) { return reinterpret_cast<AccessorSlot*>(base + kAccessorOffset); }
+inline uint32_t mrSlotOf(uint32_t key) { return (key >> 8) % kMrSlots; }
+inline uint32_t qpSlotOf(uint32_t qpn) { return qpn % kQpSlots; }
+
+}  // namespace share_layout
+
+namespace {
+
+using namespace share_layout;
+using verbs::QpState;
+
+// The start time of a process (field 22 of /proc/<pid>/stat, in clock ticks); 0 if unknown.
+uint64_t processStartTime(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return 0;
+  }
+  return std::strtoull(field.c_str(), nullptr, 10);
+}
+
+// Whether the accessor that claimed a slot still runs.
+bool accessorAlive(const AccessorSlot& slot) {
+  pid_t pid = static_cast<pid_t>(slot.pid.load());
+  if (pid == 0) return false;
+  if (pid == getpid()) return true;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  uint64_t start = processStartTime(pid);
+  return start == 0 || start == slot.startTime.load();
+}
+
+uint64_t selfStartTime() {
+  static const uint64_t start = processStartTime(getpid());
+  return start;
+}
+
+int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+// Seqlock writes (the owner, under its write lock).
+template <typename Record, typename Fill>
+void rewrite(Record& r, Fill fill) {
+  uint32_t s = r.seq.load(std::memory_order_relaxed);
+  r.seq.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  fill(r);
+  r.seq.store(s + 2, std::memory_order_release);
+}
+
+// Seqlock read: copies the record's fields through read() until it sees a stable version.
+template <typename Record, typename Read>
+bool readStable(const Record& r, Read read) {
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    uint32_t s1 = r.seq.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    read(r);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.seq.load(std::memory_order_relaxed) == s1) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool sameHostAllowed(std::string* reason) {
+  // What the kernel allows is probed once; the variable is read each time (a context at a time).
+  static const std::pair<bool, std::string> kernel = [] {
+    // Cross-memory attach may be refused altogether (seccomp in containers, old kernels).
+    uint64_t probe = 0x5a5a, got = 0;
+    iovec local{&got, sizeof got}, remote{&probe, sizeof probe};
+    if (::process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof got) || got != probe) {
+      return std::make_pair(false, std::string("off: process_vm_readv refused here (") + std::strerror(errno) +
+                                       "): same-host traffic uses TCP");
+    }
+    int pidfd = pidfdOpen(getpid());
+    if (pidfd < 0) {
+      return std::make_pair(false, std::string("off: pidfd_open unavailable (") + std::strerror(errno) +
+                                       "): same-host traffic uses TCP");
+    }
+    ::close(pidfd);
+    return std::make_pair(true, std::string("on: WRITE and READ move with one process_vm_writev/readv between "
+                                            "processes that may read each other's memory (TCP otherwise)"));
+  }();
+  static std::once_flag logged;
+  std::call_once(logged, [] { FERRY_LOG(kInfo, "soft: same-host path %s", kernel.second.c_str()); });
+  const char* env = std::getenv("FERRY_SOFT_SAME_HOST");
+  if (env && std::strcmp(env, "0") == 0) {
+    if (reason) *reason = "off (FERRY_SOFT_SAME_HOST=0): same-host traffic uses TCP";
+    return false;
+  }
+  if (reason) *reason = kernel.second;
+  return kernel.first;
+}
+
+namespace {
+std::atomic<uint64_t> sameHostOps{0};
+}  // namespace
+
+uint64_t sameHostOpsDone() { return sameHostOps.load(std::memory_order_relaxed); }
+void countSameHostOp() { sameHostOps.fetch_add(1, std::memory_order_relaxed); }
+
+// ---------------------------------------------------------------------------------------------
+// Owner.
+
+Result<std::unique_ptr<ShareTable>> ShareTable::create() {
+  std::unique_ptr<ShareTable> t(new ShareTable());
+  t->fd_ = ::memfd_create("ferry-soft-share", MFD_CLOEXEC);
+  if (t->fd_ < 0) return Status(StatusCode::kIoError, "same-host table: memfd_create", errno);
+  if (::ftruncate(t->fd_, static_cast<off_t>(kTableSize)) != 0) {
+    return Status(StatusCode::kIoError, "same-host table: ftruncate", errno);
+  }
+  void* p = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, t->fd_, 0);
+  if (p == MAP_FAILED) return Status(StatusCode::kIoError, "same-host table: mmap", errno);
+  t->base_ = static_cast<uint8_t*>(p);
+  t->size_ = kTableSize;
+  while (t->cookie_ == 0) {
+    if (getrandom(&t->cookie_, sizeof t->cookie_, 0) != sizeof t->cookie_) {
+      return Status(StatusCode::kIoError, "same-host table: getrandom", errno);
+    }
+  }
+  auto* h = reinterpret_cast<Header*>(t->base_);
+  h->version.store(kVersion);
+  h->ownerPid.store(static_cast<uint32_t>(getpid()));
+  h->cookie.store(t->cookie_);
+  h->cookieAddr.store(reinterpret_cast<uintptr_t>(&t->cookie_));
+  h->mrSlots.store(kMrSlots);
+  h->qpSlots.store(kQpSlots);
+  h->accessorSlots.store(kAccessorSlots);
+  h->magic.store(kMagic, std::memory_order_release);
+  return t;
+}
+
+ShareTable::~ShareTable() {
+  if (base_) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+ShareInfo ShareTable::info() const {
+  return ShareInfo{static_cast<uint32_t>(getpid()), static_cast<uint32_t>(fd_), cookie_};
+}
+
+bool ShareTable::keyFits(uint32_t key) const { return mrs(base_)[mrSlotOf(key)].key.load() == 0; }
+
+void ShareTable::publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd) {
+  std::lock_guard<std::mutex> lock(writeMu_);
+  MrRecord& r = mrs(base_)[mrSlotOf(key)];
+  if (r.key.load() != 0) return;
+  rewrite(r, [&](MrRecord& w) {
+    w.key.store(key, std::memory_order_relaxed);
+    w.access.store(access, std::memory_order_relaxed);
+    w.pd.store(reinterpret_cast<uintptr_t>(pd), std::memory_order_relaxed);
+    w.addr.store(reinterpret_cast<uintptr_t>(addr), std::memory_order_relaxed);
+    w.length.store(length, std::memory_order_relaxed);
+  });
+}
+
+void ShareTable::withdrawMr(uint32_t key) {
+  std::lock_guard<std::mutex> lock(writeMu_);
+  MrRecord& r = mrs(base_)[mrSlotOf(key)];
+  if (r.key.load() != key) return;  // never published
+  rewrite(r, [](MrRecord& w) {
+    w.key.store(0, std::memory_order_relaxed);
+    w.length.store(0, std::memory_order_relaxed);
+  });
+}
+
+void ShareTable::waitForAccessors(uint32_t key) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  auto* h = reinterpret_cast<Header*>(base_);
+  AccessorSlot* slots = accessors(base_);
+  uint32_t used = std::min(h->accessorsUsed.load(), kAccessorSlots);
+  for (uint32_t i = 0; i < used; ++i) {
+    AccessorSlot& slot = slots[i];
+    auto start = std::chrono::steady_clock::now();
+    bool warned = false;
+    for (int spins = 0; slot.busyKey.load(std::memory_order_seq_cst) == key; ++spins) {
+      if (spins < 1000) continue;
+      if (!accessorAlive(slot)) {
+        uint32_t expected = key;
+        slot.busyKey.compare_exchange_strong(expected, 0);
+        break;
+      }
+      if (!warned && std::chrono::steady_clock::now() - start > std::chrono::seconds(1)) {
+        FERRY_LOG(kWarn, "deregistration waits for process %u, which is copying from or to the region",
+                  slot.pid.load());
+        warned = true;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void ShareTable::publishQp(uint32_t qpn, QpState state, uint32_t access, const void* pd, uint32_t destQpn) {
+  std::lock_guard<std::mutex> lock(writeMu_);
+  QpRecord& r = qps(base_)[qpSlotOf(qpn)];
+  uint32_t current = r.qpn.load();
+  if (current != 0 && current != (qpn | kQpValid)) return;  // the slot holds another QP
+  rewrite(r, [&](QpRecord& w) {
+    w.qpn.store(qpn | kQpValid, std::memory_order_relaxed);
+    w.state.store(static_cast<uint32_t>(state), std::memory_order_relaxed);
+    w.access.store(access, std::memory_order_relaxed);
+    w.destQpn.store(destQpn, std::memory_order_relaxed);
+    w.pd.store(reinterpret_cast<uintptr_t>(pd), std::memory_order_relaxed);
+  });
+}
+
+void ShareTable::retractQp(uint32_t qpn) {
+  std::lock_guard<std::mutex> lock(writeMu_);
+  QpRecord& r = qps(base_)[qpSlotOf(qpn)];
+  if (r.qpn.load() != (qpn | kQpValid)) return;
+  rewrite(r, [](QpRecord& w) {
+    w.qpn.store(0, std::memory_order_relaxed);
+    w.state.store(static_cast<uint32_t>(QpState::kReset), std::memory_order_relaxed);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accessor.
+
+Result<std::shared_ptr<SharePeer>> SharePeer::open(const ShareInfo& info) {
+  auto fail = [](const std::string& what, int err = 0) { return Status(StatusCode::kUnavailable, what, err); };
+  if (info.pid == 0) return fail("the peer offers no same-host path");
+  std::shared_ptr<SharePeer> peer(new SharePeer());
+  peer->info_ = info;
+  const auto pid = static_cast<pid_t>(info.pid);
+  peer->pidfd_ = pidfdOpen(pid);
+  if (peer->pidfd_ < 0) return fail("pidfd_open of the peer", errno);
+  std::string path = "/proc/" + std::to_string(info.pid) + "/fd/" + std::to_string(info.fd);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return fail("open " + path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < kTableSize) {
+    ::close(fd);
+    return fail(path + " is not a same-host table");
+  }
+  void* p = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int mapErr = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) return fail("mmap " + path, mapErr);
+  peer->base_ = static_cast<uint8_t*>(p);
+  peer->size_ = kTableSize;
+  Header* h = peer->header();
+  if (h->magic.load(std::memory_order_acquire) != kMagic || h->version.load() != kVersion ||
+      h->ownerPid.load() != info.pid || h->cookie.load() != info.cookie || h->mrSlots.load() != kMrSlots ||
+      h->qpSlots.load() != kQpSlots || h->accessorSlots.load() != kAccessorSlots) {
+    return fail(path + " is not the table the peer described");
+  }
+  // The cookie must be in the owner's own memory where the table says: this proves the pid is
+  // the owner (in our pid namespace) and that the kernel lets us reach its memory.
+  uint64_t got = 0;
+  iovec local{&got, sizeof got};
+  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(h->cookieAddr.load())), sizeof got};
+  if (::process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof got)) {
+    return fail("process_vm_readv of the peer", errno);
+  }
+  if (got != info.cookie) return fail("the peer's memory does not hold its cookie");
+  if (!peer->alive()) return fail("the peer process has exited");
+  return peer;
+}
+
+SharePeer::~SharePeer() {
+  if (base_) ::munmap(base_, size_);
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+Header* SharePeer::header() const { return reinterpret_cast<Header*>(base_); }
+
+bool SharePeer::alive() const {
+  pollfd p{pidfd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+Result<std::unique_ptr<SharePeer::Slot>> SharePeer::claim(const std::shared_ptr<SharePeer>& peer) {
+  Header* h = peer->header();
+  AccessorSlot* slots = accessors(peer->base_);
+  const auto self = static_cast<uint32_t>(getpid());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t i = 0; i < kAccessorSlots; ++i) {
+      AccessorSlot& slot = slots[i];
+      uint32_t pid = slot.pid.load();
+      // The second pass takes back slots of processes that died without releasing them.
+      if (pid != 0 && (pass == 0 || accessorAlive(slot))) continue;
+      if (!slot.pid.compare_exchange_strong(pid, self)) continue;
+      slot.startTime.store(selfStartTime());
+      slot.busyKey.store(0);
+      uint32_t used = h->accessorsUsed.load();
+      while (used < i + 1 && !h->accessorsUsed.compare_exchange_weak(used, i + 1)) {
+      }
+      return std::unique_ptr<Slot>(new Slot(peer, i));
+    }
+  }
+  return Status(StatusCode::kResourceExhausted, "the peer's same-host table has no free accessor slot");
+}
+
+SharePeer::Slot::~Slot() {
+  AccessorSlot& slot = accessors(peer_->base_)[index_];
+  slot.busyKey.store(0);
+  slot.pid.store(0, std::memory_order_release);
+}
+
+bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64_t addr, uint64_t len,
+                            uint32_t need) {
+  if (rkey == 0) return false;
+  AccessorSlot& slot = accessors(peer_->base_)[index_];
+  slot.busyKey.store(rkey, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const QpRecord& q = qps(peer_->base_)[qpSlotOf(qpn)];
+  uint32_t qValid = 0, qState = 0, qAccess = 0, qDest = 0;
+  uint64_t qPd = 0;
+  bool ok = readStable(q, [&](const QpRecord& r) {
+    qValid = r.qpn.load(std::memory_order_relaxed);
+    qState = r.state.load(std::memory_order_relaxed);
+    qAccess = r.access.load(std::memory_order_relaxed);
+    qDest = r.destQpn.load(std::memory_order_relaxed);
+    qPd = r.pd.load(std::memory_order_relaxed);
+  });
+  const auto rtr = static_cast<uint32_t>(QpState::kRtr), rts = static_cast<uint32_t>(QpState::kRts);
+  ok = ok && qValid == (qpn | kQpValid) && (qState == rtr || qState == rts) && qDest == srcQpn &&
+       (qAccess & need) == need;
+  const MrRecord& m = mrs(peer_->base_)[mrSlotOf(rkey)];
+  uint32_t mKey = 0, mAccess = 0;
+  uint64_t mPd = 0, mAddr = 0, mLen = 0;
+  ok = ok && readStable(m, [&](const MrRecord& r) {
+         mKey = r.key.load(std::memory_order_relaxed);
+         mAccess = r.access.load(std::memory_order_relaxed);
+         mPd = r.pd.load(std::memory_order_relaxed);
+         mAddr = r.addr.load(std::memory_order_relaxed);
+         mLen = r.length.load(std::memory_order_relaxed);
+       });
+  ok = ok && mKey == rkey && mPd == qPd && (mAccess & need) == need && addr >= mAddr && addr + len >= addr &&
+       addr + len <= mAddr + mLen;
+  if (!ok) slot.busyKey.store(0, std::memory_order_release);
+  return ok;
+}
+
+void SharePeer::Slot::end() { accessors(peer_->base_)[index_].busyKey.store(0, std::memory_order_release); }
+
+bool SharePeer::Slot::copy(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const {
+  const auto pid = static_cast<pid_t>(peer_->info_.pid);
+  size_t done = 0;
+  // A call moves at most what one iovec set allows; a short count continues where it stopped.
+  while (done < len) {
+    iovec rv{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), len - done};
+    // Skip the local iovecs (and the part of one) that are already done.
+    iovec lv[64];
+    size_t n = 0, skip = done;
+    for (const iovec& v : local) {
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      if (n == std::size(lv)) return false;
+      lv[n++] = iovec{static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
+      skip = 0;
+    }
+    ssize_t r = toRemote ? ::process_vm_writev(pid, lv, n, &rv, 1, 0) : ::process_vm_readv(pid, lv, n, &rv, 1, 0);
+    if (r <= 0) return false;
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace ferry::soft

@@ -1,0 +1,138 @@
+// The soft provider's same-host path: one-copy RDMA WRITE and READ between processes of one host.
+//
+// A context that allows it (FERRY_SOFT_SAME_HOST is not "0") keeps a ShareTable: a shared-memory
+// segment (a memfd) in which it publishes, as they change, the records a remote access is checked
+// against — each registered region (key, range, access, PD) and each RC QP (state, access flags,
+// PD, the peer it is connected to). Its hello replies carry the table's address: the owner's pid,
+// the memfd's descriptor number and a random cookie.
+//
+// A requester on the same host (a SharePeer) maps that table through /proc/<pid>/fd/<n> (which
+// takes the same permission as reading the owner's memory), proves with process_vm_readv that the
+// cookie it was told sits in the owner's memory, and from then on carries out a WRITE or READ
+// itself: it checks the owner's records at the moment of the access and copies with one
+// process_vm_writev/readv call. Anything the records refuse, and any copy that fails, goes the
+// ordinary way over TCP, where the owner's reactor checks it again and reports the error as usual.
+//
+// Deregistration never races a copy: each accessor QP holds an accessor slot in the table, and
+// marks the key it is about to touch in it before it reads the records (a store, then loads);
+// the owner retracts the record before it scans the slots (a store, then loads). With sequentially
+// consistent ordering on both sides at least one sees the other: either the accessor finds the
+// record gone, or the owner finds the key marked and waits until the copy ends — or until the
+// accessor process is gone (its pid dead or reused).
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "ferry/common/status.h"
+#include "ferry/verbs/types.h"
+
+namespace ferry::soft {
+
+// What a hello reply says of the owner's table. pid == 0: the owner offers no same-host path.
+struct ShareInfo {
+  uint32_t pid = 0;
+  uint32_t fd = 0;
+  uint64_t cookie = 0;
+};
+
+// Whether this process may use the same-host path at all (FERRY_SOFT_SAME_HOST, the kernel's
+// process_vm_readv); why not in reason. Probed once per process; the first call logs the outcome.
+bool sameHostAllowed(std::string* reason = nullptr);
+
+// How many work requests this process has carried out on the same-host path.
+uint64_t sameHostOpsDone();
+void countSameHostOp();
+
+namespace share_layout {
+struct Header;
+struct MrRecord;
+struct QpRecord;
+struct AccessorSlot;
+}  // namespace share_layout
+
+// The owner's side.
+class ShareTable {
+ public:
+  static Result<std::unique_ptr<ShareTable>> create();
+  ~ShareTable();
+  ShareTable(const ShareTable&) = delete;
+  ShareTable& operator=(const ShareTable&) = delete;
+
+  ShareInfo info() const;
+  // Whether a region with this key can be published (its record slot is free).
+  bool keyFits(uint32_t key) const;
+  // Publishes a region (a no-op when its slot is taken: that region then goes over TCP only).
+  void publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd);
+  // Withdraws a region's record (no new access starts with the key)...
+  void withdrawMr(uint32_t key);
+  // ... and waits until no accessor is in the middle of a copy with it.
+  void waitForAccessors(uint32_t key);
+  // Publishes the state of an RC QP (a QP in RESET or ERR is published as unusable).
+  void publishQp(uint32_t qpn, verbs::QpState state, uint32_t access, const void* pd, uint32_t destQpn);
+  void retractQp(uint32_t qpn);
+
+ private:
+  ShareTable() = default;
+
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  uint64_t cookie_ = 0;  // the copy accessors read with process_vm_readv to prove they reach us
+  std::mutex writeMu_;   // one writer of the records at a time
+};
+
+// The accessor's side: one owner's table, mapped; shared by the QPs of a context that reach it.
+class SharePeer {
+ public:
+  // Maps the table info names and proves it belongs to a live process whose memory we can reach.
+  static Result<std::shared_ptr<SharePeer>> open(const ShareInfo& info);
+  ~SharePeer();
+  SharePeer(const SharePeer&) = delete;
+  SharePeer& operator=(const SharePeer&) = delete;
+
+  const ShareInfo& info() const { return info_; }
+  // Whether the owner process still runs (its pidfd has not signalled exit).
+  bool alive() const;
+
+  // An accessor slot held by one QP; released when the Slot is destroyed.
+  class Slot {
+   public:
+    ~Slot();
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    // Marks rkey busy and checks the owner's records for a `need` access (kRemoteWrite or
+    // kRemoteRead) of [addr, addr+len) through the owner's QP qpn, connected to our QP srcQpn.
+    // On true the access may proceed and end() must follow; on false nothing is marked.
+    bool begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64_t addr, uint64_t len, uint32_t need);
+    void end();
+    // Copies between local and [remote, remote+len) in the owner; true when every byte moved.
+    bool copy(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const;
+
+   private:
+    friend class SharePeer;
+    Slot(std::shared_ptr<SharePeer> peer, uint32_t index) : peer_(std::move(peer)), index_(index) {}
+    std::shared_ptr<SharePeer> peer_;
+    uint32_t index_;
+  };
+  // Claims a free accessor slot (reclaiming slots of dead processes); kResourceExhausted if none.
+  static Result<std::unique_ptr<Slot>> claim(const std::shared_ptr<SharePeer>& peer);
+
+ private:
+  SharePeer() = default;
+  share_layout::Header* header() const;
+
+  ShareInfo info_;
+  int pidfd_ = -1;
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ferry::soft

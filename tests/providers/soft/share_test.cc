@@ -1,0 +1,254 @@
+// The soft provider's same-host path: the owner's table refuses exactly what the owner would, a
+// deregistration waits for a copy in progress (and not for a dead accessor), a table is reached
+// only by a process that proves it can read the owner's memory, and WRITE/READ through the verbs
+// API take the path and fall back to TCP for whatever the table refuses.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "providers/soft/share.h"
+#include "support/verbs_fixture.h"
+
+namespace ferry::test {
+namespace {
+
+namespace v = ferry::verbs;
+using soft::SharePeer;
+using soft::ShareTable;
+
+constexpr uint32_t kOwnerQpn = 0x1234;
+constexpr uint32_t kAccessorQpn = 0x5678;
+constexpr uint32_t kRw = v::access::kRemoteWrite | v::access::kRemoteRead;
+
+struct Table {
+  std::unique_ptr<ShareTable> table;
+  std::shared_ptr<SharePeer> peer;
+  std::unique_ptr<SharePeer::Slot> slot;
+  std::vector<uint8_t> memory = std::vector<uint8_t>(1 << 16);
+  int pd = 0;  // its address is the PD token
+  uint32_t key = 0x00abcd01;
+};
+
+void openTable(Table& t) {
+  auto table = ShareTable::create();
+  ASSERT_TRUE(isOk(table.status()));
+  t.table = std::move(*table);
+  t.table->publishQp(kOwnerQpn, v::QpState::kRts, kRw, &t.pd, kAccessorQpn);
+  ASSERT_TRUE(t.table->keyFits(t.key));
+  t.table->publishMr(t.key, t.memory.data(), t.memory.size(), kRw | v::access::kLocalWrite, &t.pd);
+  auto peer = SharePeer::open(t.table->info());
+  ASSERT_TRUE(isOk(peer.status()));
+  t.peer = *peer;
+  auto slot = SharePeer::claim(t.peer);
+  ASSERT_TRUE(isOk(slot.status()));
+  t.slot = std::move(*slot);
+}
+
+uint64_t addr(const Table& t, size_t offset = 0) { return reinterpret_cast<uintptr_t>(t.memory.data() + offset); }
+
+TEST(ShareTable, AccessIsCheckedAgainstTheOwnersRecords) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  auto allowed = [&](uint32_t qpn, uint32_t src, uint32_t key, uint64_t a, uint64_t len, uint32_t need) {
+    bool ok = t.slot->begin(qpn, src, key, a, len, need);
+    if (ok) t.slot->end();
+    return ok;
+  };
+  EXPECT_TRUE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), t.memory.size(), v::access::kRemoteWrite));
+  EXPECT_TRUE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t, 100), 28, v::access::kRemoteRead));
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key ^ 0x100, addr(t), 8, v::access::kRemoteWrite)) << "other key";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t, 1), t.memory.size(), v::access::kRemoteWrite))
+      << "one byte past the end";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t) - 1, 8, v::access::kRemoteWrite)) << "before";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, ~uint64_t{0} - 3, 8, v::access::kRemoteWrite)) << "wraps";
+  EXPECT_FALSE(allowed(kOwnerQpn + 1, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "other QP";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn + 1, t.key, addr(t), 8, v::access::kRemoteWrite))
+      << "the owner's QP is connected to another peer";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteAtomic)) << "not granted";
+
+  // The region's own access, the QP's access flags, its state and its PD all count.
+  uint32_t readOnly = 0x00abce02;
+  t.table->publishMr(readOnly, t.memory.data(), 64, v::access::kRemoteRead, &t.pd);
+  EXPECT_TRUE(allowed(kOwnerQpn, kAccessorQpn, readOnly, addr(t), 8, v::access::kRemoteRead));
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, readOnly, addr(t), 8, v::access::kRemoteWrite));
+  t.table->publishQp(kOwnerQpn, v::QpState::kRts, v::access::kRemoteRead, &t.pd, kAccessorQpn);
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite));
+  t.table->publishQp(kOwnerQpn, v::QpState::kRtr, kRw, &t.pd, kAccessorQpn);
+  EXPECT_TRUE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "RTR responds";
+  for (auto state : {v::QpState::kErr, v::QpState::kInit, v::QpState::kReset, v::QpState::kSqd}) {
+    t.table->publishQp(kOwnerQpn, state, kRw, &t.pd, kAccessorQpn);
+    EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite))
+        << v::qpStateName(state);
+  }
+  int otherPd = 0;
+  t.table->publishQp(kOwnerQpn, v::QpState::kRts, kRw, &otherPd, kAccessorQpn);
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "other PD";
+  t.table->publishQp(kOwnerQpn, v::QpState::kRts, kRw, &t.pd, kAccessorQpn);
+  t.table->retractQp(kOwnerQpn);
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "QP gone";
+  t.table->publishQp(kOwnerQpn, v::QpState::kRts, kRw, &t.pd, kAccessorQpn);
+  t.table->withdrawMr(t.key);
+  t.table->waitForAccessors(t.key);
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "deregistered";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, 0, addr(t), 8, v::access::kRemoteWrite)) << "key 0";
+}
+
+TEST(ShareTable, CopiesMoveBytesBothWays) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  std::vector<uint8_t> a(3000), b(5000);
+  fillPattern(a, 1);
+  fillPattern(b, 2);
+  iovec two[2] = {{a.data(), a.size()}, {b.data(), b.size()}};
+  ASSERT_TRUE(t.slot->begin(kOwnerQpn, kAccessorQpn, t.key, addr(t, 7), 8000, v::access::kRemoteWrite));
+  EXPECT_TRUE(t.slot->copy(true, two, addr(t, 7), 8000));
+  t.slot->end();
+  EXPECT_TRUE(matchesPattern({t.memory.data() + 7, 3000}, 1));
+  EXPECT_TRUE(matchesPattern({t.memory.data() + 3007, 5000}, 2));
+  std::vector<uint8_t> back(8000);
+  iovec one{back.data(), back.size()};
+  EXPECT_TRUE(t.slot->copy(false, {&one, 1}, addr(t, 7), 8000));
+  EXPECT_TRUE(bytesEqual({back.data(), 3000}, a));
+  // An address the owner has not mapped fails the copy (the caller then goes over TCP).
+  EXPECT_FALSE(t.slot->copy(false, {&one, 1}, 8, 8000));
+}
+
+TEST(ShareTable, DeregistrationWaitsForACopyInProgress) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  ASSERT_TRUE(t.slot->begin(kOwnerQpn, kAccessorQpn, t.key, addr(t), 64, v::access::kRemoteWrite));
+  std::atomic<bool> returned{false};
+  auto dereg = std::async(std::launch::async, [&] {
+    t.table->withdrawMr(t.key);
+    t.table->waitForAccessors(t.key);
+    returned = true;
+  });
+  // No new access starts once the record is withdrawn...
+  for (auto until = Clock::now() + std::chrono::seconds(5); Clock::now() < until;) {
+    auto claimed = SharePeer::claim(t.peer);
+    ASSERT_TRUE(isOk(claimed.status()));
+    std::unique_ptr<SharePeer::Slot> other = std::move(*claimed);
+    bool refused = !other->begin(kOwnerQpn, kAccessorQpn, t.key, addr(t), 64, v::access::kRemoteWrite);
+    if (!refused) other->end();
+    if (refused) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // ...but the one in progress holds the deregistration until it ends.
+  EXPECT_EQ(dereg.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_FALSE(returned.load());
+  t.slot->end();
+  ASSERT_EQ(dereg.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(returned.load());
+}
+
+TEST(ShareTable, ADeadAccessorDoesNotHoldDeregistration) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  const soft::ShareInfo info = t.table->info();
+  const uint32_t key = t.key;
+  const uint64_t where = addr(t);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Another process reaches the table, starts a copy and dies in the middle of it.
+    auto peer = SharePeer::open(info);
+    if (!peer.isOk()) _exit(2);
+    auto slot = SharePeer::claim(*peer);
+    if (!slot.isOk()) _exit(3);
+    if (!(*slot)->begin(kOwnerQpn, kAccessorQpn, key, where, 64, v::access::kRemoteWrite)) _exit(4);
+    (void)(*slot).release();  // never ends the copy, never releases the slot
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the child could not open, claim or begin (exit code)";
+  auto dereg = std::async(std::launch::async, [&] {
+    t.table->withdrawMr(key);
+    t.table->waitForAccessors(key);
+  });
+  EXPECT_EQ(dereg.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "deregistration still waits for a process that is gone";
+  // The dead process's slot is taken back when slots run out; claiming still works.
+  EXPECT_TRUE(isOk(SharePeer::claim(t.peer).status()));
+}
+
+TEST(ShareTable, OnlyTheTableTheOwnerDescribedOpens) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  soft::ShareInfo wrong = t.table->info();
+  wrong.cookie ^= 1;
+  EXPECT_TRUE(hasCode(SharePeer::open(wrong).status(), StatusCode::kUnavailable));
+  soft::ShareInfo noFd = t.table->info();
+  noFd.fd = 1 << 20;
+  EXPECT_TRUE(hasCode(SharePeer::open(noFd).status(), StatusCode::kUnavailable));
+  soft::ShareInfo notATable = t.table->info();
+  notATable.fd = 0;  // stdin: not a table
+  EXPECT_TRUE(hasCode(SharePeer::open(notATable).status(), StatusCode::kUnavailable));
+  EXPECT_TRUE(hasCode(SharePeer::open(soft::ShareInfo{}).status(), StatusCode::kUnavailable));
+}
+
+TEST(ShareTable, TheVariableForcesTcp) {
+  ScopedEnv env;
+  env.set("FERRY_SOFT_SAME_HOST", "0");
+  std::string why;
+  EXPECT_FALSE(soft::sameHostAllowed(&why));
+  EXPECT_NE(why.find("FERRY_SOFT_SAME_HOST=0"), std::string::npos) << why;
+}
+
+// Through the verbs API, on the soft_same_host path only.
+class SameHostPath : public VerbsTest {
+ protected:
+  void SetUp() override {
+    VerbsTest::SetUp();
+    if (IsSkipped()) return;
+    if (providerPath().name != "soft_same_host") GTEST_SKIP() << "the same-host path is the soft provider's";
+    if (!soft::sameHostAllowed()) GTEST_SKIP() << "this kernel refuses process_vm_readv here";
+  }
+};
+
+TEST_P(SameHostPath, WritesAndReadsTakeThePathAndFallBackForWhatItRefuses) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 1 << 20, v::access::kLocalWrite, 91));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 1 << 20, v::access::kAll, 92));
+  // The first WRITE may go over TCP while the requester connection comes up.
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 64)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_EQ(wc.status, v::WcStatus::kSuccess);
+
+  const uint64_t before = soft::sameHostOpsDone();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 2, .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  fillPattern(dst.memory.bytes(), 93);
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 3, .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(matchesPattern(bytesOf(src), 93));
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 2) << "the WRITE and the READ took the same-host path";
+
+  // A key the owner no longer has is refused by its records: the WRITE goes over TCP, where the
+  // owner reports it as ever.
+  const uint32_t oldKey = dst.mr.rkey();
+  dst.mr.close();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 4, .sges = {sgeOf(src, 0, 64)},
+                              .remoteAddr = dst.address(), .rkey = oldKey}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr);
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, SameHostPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+
+}  // namespace
+}  // namespace ferry::test
