@@ -139,6 +139,16 @@ Result<Path> Path::fromJson(std::string_view text) {
                            " (this build reads version " + std::to_string(kPathVersion) + ")");
   }
 
+  // Other fields may be left out (they keep their defaults), but a path must name a QP and an
+  // address at one of its ends: a document without them describes no peer at all.
+  if (doc.find("sqpn") == nullptr && doc.find("dqpn") == nullptr) {
+    return invalidArgument("path: names no queue pair (neither \"sqpn\" nor \"dqpn\")");
+  }
+  if (doc.find("sgid") == nullptr && doc.find("dgid") == nullptr && doc.find("slid") == nullptr &&
+      doc.find("dlid") == nullptr) {
+    return invalidArgument("path: names no address (none of \"sgid\", \"dgid\", \"slid\", \"dlid\")");
+  }
+
   constexpr int64_t kU8 = 0xFF;
   constexpr int64_t kU16 = 0xFFFF;
   constexpr int64_t kU32 = 0xFFFFFFFF;

@@ -150,7 +150,18 @@ TEST(PathTest, VersionIsRequiredAndMustBeOne) {
     EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << text;
     EXPECT_NE(p.status().message().find("ferry_path"), std::string::npos) << p.status().message();
   }
-  EXPECT_TRUE(Path::fromJson(R"({"ferry_path":1})").isOk());
+  EXPECT_TRUE(Path::fromJson(R"({"ferry_path":1,"sqpn":1,"sgid":"::1"})").isOk());
+}
+
+TEST(PathTest, APathMustNameAQpAndAnAddress) {
+  for (const char* text : {R"({"ferry_path":1})", R"({"ferry_path":1,"dgid":"::1","mtu":3})",
+                           R"({"ferry_path":1,"sqpn":5,"dqpn":6})"}) {
+    Result<Path> p = Path::fromJson(text);
+    ASSERT_FALSE(p.isOk()) << text;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(p.status().message().find("names no"), std::string::npos) << p.status().message();
+  }
+  EXPECT_TRUE(Path::fromJson(R"({"ferry_path":1,"dqpn":5,"dlid":3})").isOk());
 }
 
 TEST(PathTest, MalformedDocumentsAreRefused) {

@@ -55,8 +55,9 @@ struct Path {
   // {"ferry_path": 1, "sgid": "...", ...}: field names as above in snake_case.
   std::string toJson() const;
   // Strict decoder: kInvalidArgument for malformed JSON, wrong types, out-of-range values (QPNs and
-  // PSNs above 24 bits, unknown MTU, counts above 7, ...), or a missing/unknown "ferry_path" version.
-  // Unknown fields are ignored (later versions only append fields).
+  // PSNs above 24 bits, unknown MTU, counts above 7, ...), a missing/unknown "ferry_path" version,
+  // or a document naming no QP (sqpn/dqpn) or no address (sgid/dgid/slid/dlid). Other fields left
+  // out keep their defaults; unknown fields are ignored (later versions only append fields).
   static Result<Path> fromJson(std::string_view text);
 };
 
