@@ -890,7 +890,7 @@ std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(const SendWqe& wqe) 
 
 bool SoftQp::runFastPath(const FastPath& fp, const SendWqe& wqe) {
   const bool write = wqe.opcode == WrOpcode::kRdmaWrite;
-  if (!fp.peer->alive()) return false;
+  if (!fp.peer->aliveRecently()) return false;
   std::array<iovec, 64> iov;
   size_t n = 0;
   // Our own memory stays registered while the lock is held (deregistration takes it exclusively).

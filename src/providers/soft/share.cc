@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -355,6 +356,16 @@ Header* SharePeer::header() const { return reinterpret_cast<Header*>(base_); }
 bool SharePeer::alive() const {
   pollfd p{pidfd_, POLLIN, 0};
   return ::poll(&p, 1, 0) == 0;
+}
+
+bool SharePeer::aliveRecently() const {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const int64_t now = ts.tv_sec * 1000000000ll + ts.tv_nsec;
+  if (now - aliveAt_.load(std::memory_order_relaxed) < 1000000) return true;
+  if (!alive()) return false;
+  aliveAt_.store(now, std::memory_order_relaxed);
+  return true;
 }
 
 Result<std::unique_ptr<SharePeer::Slot>> SharePeer::claim(const std::shared_ptr<SharePeer>& peer) {

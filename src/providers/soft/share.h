@@ -101,6 +101,9 @@ class SharePeer {
   const ShareInfo& info() const { return info_; }
   // Whether the owner process still runs (its pidfd has not signalled exit).
   bool alive() const;
+  // alive(), asked of the kernel at most every few milliseconds: a pid is not reused that fast (the
+  // kernel hands out every other free pid first), and the lost TCP connection ends the path too.
+  bool aliveRecently() const;
 
   // An accessor slot held by one QP; released when the Slot is destroyed.
   class Slot {
@@ -131,6 +134,7 @@ class SharePeer {
 
   ShareInfo info_;
   int pidfd_ = -1;
+  mutable std::atomic<int64_t> aliveAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last live check
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
 };
