@@ -50,6 +50,9 @@ void expectSameFields(const FrameHeader& a, const FrameHeader& b) {
   EXPECT_EQ(a.srcGid, b.srcGid);
   EXPECT_EQ(a.qkey, b.qkey);
   EXPECT_EQ(a.nonce, b.nonce);
+  EXPECT_EQ(a.sharePid, b.sharePid);
+  EXPECT_EQ(a.shareFd, b.shareFd);
+  EXPECT_EQ(a.shareCookie, b.shareCookie);
 }
 
 // One frame of each type, with every field that type carries set to a distinctive value.
@@ -136,6 +139,32 @@ TEST(WireTest, EveryFrameTypeRoundTrips) {
     EXPECT_EQ(back.headerLen, bytes.size());
     expectSameFields(back, h);
   }
+}
+
+TEST(WireTest, HelloReplyCarriesTheSameHostTableOnlyWhenOffered) {
+  FrameHeader plain{.type = FrameType::kHelloReply, .qpn = 9};
+  EXPECT_EQ(encode(plain).size(), kCommonHeaderLen) << "no table: the version-1 reply";
+  FrameHeader offered{.type = FrameType::kHelloReply, .qpn = 9};
+  offered.sharePid = 4242;
+  offered.shareFd = 17;
+  offered.shareCookie = 0x0123456789abcdefULL;
+  Bytes bytes = encode(offered);
+  ASSERT_EQ(bytes.size(), kCommonHeaderLen + kHelloReplyShareLen);
+  FrameHeader back;
+  ASSERT_TRUE(decodeHeader(bytes, &back).isOk());
+  EXPECT_EQ(back.sharePid, 4242u);
+  EXPECT_EQ(back.shareFd, 17u);
+  EXPECT_EQ(back.shareCookie, 0x0123456789abcdefULL);
+  // A 24-byte reply decodes with no table; so does a reply with fields appended but too few bytes
+  // for the table (a later version may put other fields there).
+  FrameHeader none;
+  ASSERT_TRUE(decodeHeader(encode(plain), &none).isOk());
+  EXPECT_EQ(none.sharePid, 0u);
+  Bytes shortExt = encode(plain);
+  shortExt.resize(kCommonHeaderLen + 8, 0xee);
+  shortExt[4] = static_cast<uint8_t>(shortExt.size());
+  ASSERT_TRUE(decodeHeader(shortExt, &none).isOk());
+  EXPECT_EQ(none.sharePid, 0u);
 }
 
 TEST(WireTest, CommonHeaderLayoutIsLittleEndian) {
