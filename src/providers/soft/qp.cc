@@ -147,11 +147,26 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         status = resourceExhausted("post send: send queue full");
         break;
       }
+      const bool signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
+      ++sqOutstanding_;
+      std::shared_ptr<FastPath> fp = fastPathForLocked(wr.opcode, total);
+      bool fastDone = false;
+      if (fp) {
+        // Carried out here, before anything posted after it (which waits in posted_).
+        fastBusy_ = true;
+        lock.unlock();
+        fastDone = runFastPath(*fp, wr, total);
+        if (fastDone) pushSendCompletion(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
+        lock.lock();
+        fastBusy_ = false;
+        queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
+        if (fastDone) continue;
+      }
       SendWqe wqe;
       wqe.wrId = wr.wrId;
       wqe.opcode = wr.opcode;
       wqe.flags = wr.sendFlags;
-      wqe.signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
+      wqe.signaled = signaled;
       wqe.length = total;
       wqe.immData = wr.immData;
       if (isReadOrAtomic(wr.opcode) && wr.opcode != WrOpcode::kRdmaRead) {
@@ -174,19 +189,9 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       } else {
         wqe.sges.assign(wr.sgList.begin(), wr.sgList.end());
       }
-      ++sqOutstanding_;
-      if (auto fp = fastPathForLocked(wqe)) {
-        fastBusy_ = true;
-        lock.unlock();
-        bool done = runFastPath(*fp, wqe);
-        if (done) pushSendCompletion(wqe, WcStatus::kSuccess);
-        lock.lock();
-        fastBusy_ = false;
-        if (!done) {
-          posted_.push_front(std::move(wqe));  // ahead of anything posted meanwhile
-          queued = true;
-        }
-        queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
+      if (fp) {
+        posted_.push_front(std::move(wqe));  // the same-host path refused it: first in line
+        queued = true;
         continue;
       }
       posted_.push_back(std::move(wqe));
@@ -412,13 +417,17 @@ void SoftQp::flushFromLoop() {
 // Completions.
 
 void SoftQp::pushSendCompletion(const SendWqe& wqe, WcStatus status) {
+  pushSendCompletion(wqe.wrId, wqe.opcode, wqe.length, wqe.signaled, status);
+}
+
+void SoftQp::pushSendCompletion(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled, WcStatus status) {
   if (sqOutstanding_ > 0) --sqOutstanding_;
-  if (status == WcStatus::kSuccess && !wqe.signaled) return;
+  if (status == WcStatus::kSuccess && !signaled) return;
   verbs::WorkCompletion wc;
-  wc.wrId = wqe.wrId;
+  wc.wrId = wrId;
   wc.status = status;
-  wc.opcode = wcOpcodeFor(wqe.opcode);
-  wc.byteLen = static_cast<uint32_t>(wqe.length);
+  wc.opcode = wcOpcodeFor(opcode);
+  wc.byteLen = static_cast<uint32_t>(length);
   wc.qpNum = qpn_;
   wc.vendorErr = status == WcStatus::kSuccess ? 0 : static_cast<uint32_t>(status);
   sendCq_->push(wc, false);
@@ -880,34 +889,33 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
 // ---------------------------------------------------------------------------------------------
 // Same-host path.
 
-std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(const SendWqe& wqe) const {
+std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
   if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
-  if (wqe.opcode != WrOpcode::kRdmaWrite && wqe.opcode != WrOpcode::kRdmaRead) return nullptr;
+  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaRead) return nullptr;
   // Only with nothing else outstanding (this request is counted): it must not overtake one.
-  if (wqe.length == 0 || sqOutstanding_.load() != 1) return nullptr;
+  if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
   return fast_;
 }
 
-bool SoftQp::runFastPath(const FastPath& fp, const SendWqe& wqe) {
-  const bool write = wqe.opcode == WrOpcode::kRdmaWrite;
+bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length) {
+  const bool write = wr.opcode == WrOpcode::kRdmaWrite;
   if (!fp.peer->aliveRecently()) return false;
   std::array<iovec, 64> iov;
   size_t n = 0;
   // Our own memory stays registered while the lock is held (deregistration takes it exclusively).
+  // Inline data needs no key: it is read from the caller's buffer before the post returns.
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-  if (!wqe.inlineData.empty()) {
-    iov[n++] = iovec{const_cast<uint8_t*>(wqe.inlineData.data()), wqe.inlineData.size()};
-  } else {
-    const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
-    for (const auto& sge : wqe.sges) {
-      if (sge.length == 0) continue;
-      if (n == iov.size() || !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
-      iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
-    }
+  const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+  const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
+  for (const auto& sge : wr.sgList) {
+    if (sge.length == 0) continue;
+    if (n == iov.size()) return false;
+    if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+    iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
-  if (!fp.slot->begin(fp.destQpn, qpn_, wqe.rkey, wqe.remoteAddr, wqe.length, remoteNeed)) return false;
-  bool copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wqe.remoteAddr, wqe.length);
+  if (!fp.slot->begin(fp.destQpn, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
+  bool copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
   fp.slot->end();
   if (copied) countSameHostOp();
   return copied;

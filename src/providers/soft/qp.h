@@ -66,6 +66,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void pumpFromLoop();
   void completeFromLoop();
   void pushSendCompletion(const SendWqe& wqe, verbs::WcStatus status);
+  void pushSendCompletion(uint64_t wrId, verbs::WrOpcode opcode, uint64_t length, bool signaled,
+                          verbs::WcStatus status);
   void pushRecvCompletion(const RecvWqe& wqe, verbs::WcStatus status, verbs::WcOpcode opcode, uint32_t byteLen,
                           std::optional<uint32_t> imm, bool solicited);
   // Moves the QP to ERR: the oldest send request gets `status` (when given), everything else
@@ -93,10 +95,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
     std::unique_ptr<SharePeer::Slot> slot;
     uint32_t destQpn = 0;
   };
-  // Under mu_: the same-host path when wqe may take it now.
-  std::shared_ptr<FastPath> fastPathForLocked(const SendWqe& wqe) const;
-  // Carries out wqe on the same-host path (no lock held); false: it must go over TCP.
-  bool runFastPath(const FastPath& fp, const SendWqe& wqe);
+  // Under mu_: the same-host path when a request of this opcode and length may take it now.
+  std::shared_ptr<FastPath> fastPathForLocked(verbs::WrOpcode opcode, uint64_t length) const;
+  // Carries out wr on the same-host path (no lock held); false: it must go over TCP.
+  bool runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length);
   void setupFastPathFromLoop(const wire::FrameHeader& reply);
   void dropFastPath();
   // Shows the QP's state to same-host requesters (the context's share table).
