@@ -6,6 +6,8 @@ must end with a non-zero exit, a message naming the problem, and within a deadli
     bench_bad_input_test.py FERRY_BINARY
 """
 
+import json
+import os
 import re
 import socket
 import subprocess
@@ -13,6 +15,7 @@ import sys
 import threading
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 FAILURES = []
 
 
@@ -30,9 +33,11 @@ def run(cmd, timeout):
     return r, time.monotonic() - start
 
 
-def bad_option(ferry, args, pattern):
-    name = "ferry bench " + " ".join(args)
-    r, _ = run([ferry, "bench"] + args, 20)
+def bad_option(ferry, args, pattern, command=None):
+    """`ferry bench ARGS` (or `command ARGS`) must exit with 2 and a message matching pattern."""
+    command = command or [ferry, "bench"]
+    name = " ".join([os.path.basename(command[-1])] + args)
+    r, _ = run(command + args, 20)
     if r is None:
         return check(name, False, "hung")
     check(name, r.returncode == 2, "exit code %d, expected 2" % r.returncode)
@@ -63,10 +68,11 @@ def fake_server(reply, hold_seconds):
     return srv.getsockname()[1]
 
 
-def against_fake(ferry, reply, pattern, hold=8):
+def against_fake(ferry, reply, pattern, hold=8, args=()):
     name = "server replying %r" % (reply[:40] if reply else reply)
     port = fake_server(reply, hold)
-    r, took = run([ferry, "bench", "127.0.0.1:%d" % port, "--size", "8", "--iters", "5", "--timeout", "2"], 30)
+    r, took = run([ferry, "bench", "127.0.0.1:%d" % port, "--size", "8", "--iters", "5", "--timeout", "2"] + list(args),
+                  30)
     if r is None:
         return check(name, False, "the client hung")
     check(name, r.returncode == 1, "exit code %d, expected 1" % r.returncode)
@@ -121,6 +127,25 @@ def main():
     bad_option(ferry, ["--local", "--iters", "5", "--duration", "1"], r"not both")
     bad_option(ferry, [], r"exactly one of --server, --local")
     bad_option(ferry, ["--local", "--frobnicate"], r"unknown option '--frobnicate'")
+    # The Endpoint API's mode: what it does not offer, and batches it cannot take.
+    endpoint = ["--local", "--api", "endpoint"]
+    bad_option(ferry, ["--local", "--api", "bogus"], r"unknown --api 'bogus': use verbs or endpoint")
+    bad_option(ferry, endpoint + ["--op", "atomic"], r"--api endpoint offers write, read, send and write_imm")
+    bad_option(ferry, endpoint + ["--op", "bogus"], r"unknown --op 'bogus'")
+    bad_option(ferry, endpoint + ["--batch", "0"], r"--batch takes a whole number in \[1, 1048576\], not '0'")
+    bad_option(ferry, endpoint + ["--batch", "2000000"], r"--batch takes a whole number in \[1, 1048576\]")
+    bad_option(ferry, endpoint + ["--batch", "1024", "--size", "4M"],
+               r"one call moves --size x --batch bytes, at most 1G")
+    bad_option(ferry, endpoint + ["--threads", "2"], r"--threads must be 1")
+    bad_option(ferry, endpoint + ["--qps", "65"], r"num_qp\) must be in \[1, 64\]")
+    # Its Python client refuses the same before it imports ferry.
+    client = [sys.executable, os.path.join(os.path.dirname(HERE), "endpoint_client.py")]
+    bad_option(ferry, ["--local", "--op", "atomic"], r"unknown --op 'atomic'", client)
+    bad_option(ferry, ["--local", "--batch", "0"], r"--batch takes a whole number in \[1, 1048576\], not 0", client)
+    bad_option(ferry, ["--local", "--batch", "1024", "--size", "4M"], r"at most 1G", client)
+    bad_option(ferry, ["--local", "--form", "numpy", "--op", "send"], r"send takes chunks", client)
+    bad_option(ferry, ["--local", "--form", "list"], r"unknown --form 'list'", client)
+    bad_option(ferry, ["--local", "--size", "0"], r"bad size '0'", client)
 
     against_fake(ferry, b"{not json\n", r"malformed control message")
     against_fake(ferry, b"[1, 2]\n", r"not a JSON object")
@@ -134,6 +159,8 @@ def main():
     against_fake(ferry, None, r"no control message from the peer within 2 s")
     against_fake(ferry, b'{"ferry_bench": 1, "type": "hel', r"no control message from the peer within 2 s")
     against_fake(ferry, b"\n", r"malformed control message", hold=0)
+    against_fake(ferry, b'{"ferry_bench": 1, "type": "hello", "device": "x"}\n', r"field 'endpoint' is missing",
+                 args=["--api", "endpoint"])
 
     garbage_client(ferry, b"GET / HTTP/1.0\r\n\r\n", r"malformed control message")
     garbage_client(ferry, b'{"ferry_bench": 1, "type": "hello", "op": "write", "mode": "bw", "threads": 1, '
@@ -143,6 +170,15 @@ def main():
                           b'"qps": 1, "depth": 1, "batch": 1, "max_size": 1073741824, "device": "x", '
                           b'"paths": [], "buffers": []}\n', r"exceed 8 GiB of registered memory")
     garbage_client(ferry, None, r"no control message from the peer within 2 s")
+    for fields, pattern in (('"api": "bogus"', r"unknown api 'bogus'"),
+                            ('"api": "endpoint"', r"field 'endpoint' is missing"),
+                            ('"api": "endpoint", "endpoint": {"ferry_endpoint": 99}', r"the peer's endpoint metadata"),
+                            ('"api": "endpoint", "op": "atomic"', r"no atomics"),
+                            ('"api": "endpoint", "batch": 4096, "max_size": 1048576', r"at most 1G")):
+        hello = json.loads('{"ferry_bench": 1, "type": "hello", "op": "write", "mode": "bw", "threads": 1, "qps": 1, '
+                           '"depth": 4, "batch": 1, "max_size": 8, "device": "x"}')
+        hello.update(json.loads("{%s}" % fields))
+        garbage_client(ferry, (json.dumps(hello) + "\n").encode(), pattern)
 
     for f in FAILURES:
         print("FAIL: " + f)

@@ -72,10 +72,17 @@ Result<RunShape> decodeShape(const json::Value& hello) {
   if (!parseMode(mode, &s.mode)) {
     return Status(StatusCode::kProtocolError, "control message 'hello': unknown mode '" + mode + "'");
   }
+  // Clients before the Endpoint API's mode send no "api": theirs are verbs runs.
+  if (hello.find("api") != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(std::string api, stringField(hello, "api", 32));
+    if (!parseApi(api, &s.api)) {
+      return Status(StatusCode::kProtocolError, "control message 'hello': unknown api '" + api + "'");
+    }
+  }
   FERRY_ASSIGN_OR_RETURN(int64_t threads, intField(hello, "threads", 1, kMaxThreads));
   FERRY_ASSIGN_OR_RETURN(int64_t qps, intField(hello, "qps", 1, kMaxQpsPerThread));
   FERRY_ASSIGN_OR_RETURN(int64_t depth, intField(hello, "depth", 1, kMaxDepth));
-  FERRY_ASSIGN_OR_RETURN(int64_t batch, intField(hello, "batch", 1, kMaxDepth));
+  FERRY_ASSIGN_OR_RETURN(int64_t batch, intField(hello, "batch", 1, kMaxEndpointBatch));
   FERRY_ASSIGN_OR_RETURN(int64_t maxSize, intField(hello, "max_size", 1, static_cast<int64_t>(kMaxMessageSize)));
   s.threads = static_cast<int>(threads);
   s.qps = static_cast<int>(qps);
@@ -94,11 +101,6 @@ int serveClient(ControlChannel& ch, const Options& o) {
   if (!hello.isOk()) return ch.sendError(hello.status().message()), fail(" server", hello.status());
   auto shape = decodeShape(*hello);
   if (!shape.isOk()) return ch.sendError(shape.status().message()), fail(" server", shape.status());
-  const size_t qpCount = static_cast<size_t>(shape->threads * shape->qps);
-  auto peerPaths = arrayField(*hello, "paths", qpCount);
-  if (!peerPaths.isOk()) return ch.sendError(peerPaths.status().message()), fail(" server", peerPaths.status());
-  auto peerBuffers = arrayField(*hello, "buffers", static_cast<size_t>(shape->threads));
-  if (!peerBuffers.isOk()) return ch.sendError(peerBuffers.status().message()), fail(" server", peerBuffers.status());
   auto clientDevice = stringField(*hello, "device", 256);
   if (!clientDevice.isOk()) return ch.sendError(clientDevice.status().message()), fail(" server", clientDevice.status());
 
@@ -110,20 +112,16 @@ int serveClient(ControlChannel& ch, const Options& o) {
     return ch.sendError(st.toString()), fail(" server", st);
   }
   BenchSide& s = **side;
-  Status st = s.setRemoteBuffers(**peerBuffers);
-  if (!st.isOk()) return ch.sendError(st.message()), fail(" server", st);
-  auto paths = s.acceptPaths(**peerPaths);
-  if (!paths.isOk()) return ch.sendError(paths.status().toString()), fail(" server", paths.status());
+  auto reply = s.serverHello(*hello);
+  if (!reply.isOk()) return ch.sendError(reply.status().toString()), fail(" server", reply.status());
   if (!o.announce) {
-    std::printf("ferry bench: client %s: %s %s on %s, %d thread(s) x %d QP(s)\n", ch.peerAddress().c_str(),
-                opName(shape->op), modeName(shape->mode), device->c_str(), shape->threads, shape->qps);
+    std::printf("ferry bench: client %s: %s %s %s on %s, %d thread(s) x %d QP(s)\n", ch.peerAddress().c_str(),
+                apiName(shape->api), opName(shape->op), modeName(shape->mode), device->c_str(), shape->threads,
+                shape->qps);
     std::fflush(stdout);
   }
-  json::Value reply = json::Value::emptyObject();
-  reply.set("device", *device);
-  reply.set("paths", std::move(*paths));
-  reply.set("buffers", s.bufferDescriptions());
-  st = ch.send("hello", reply, t);
+  reply->set("device", *device);
+  Status st = ch.send("hello", *reply, t);
   if (!st.isOk()) return fail(" server", st);
 
   while (true) {
@@ -142,13 +140,16 @@ int serveClient(ControlChannel& ch, const Options& o) {
     if (!size.isOk()) return ch.sendError(size.status().message()), fail(" server", size.status());
     st = s.startResponders(static_cast<uint64_t>(*size), t);
     if (!st.isOk()) return ch.sendError(st.toString()), fail(" server", st);
+    json::Value result = json::Value::emptyObject();
+    auto abandon = [&] { (void)s.finishRun(json::Value::emptyObject(), 0, result); };
     st = ch.send("ready", json::Value::emptyObject(), t);
-    if (!st.isOk()) return (void)s.stopResponders(), fail(" server", st);
+    if (!st.isOk()) return abandon(), fail(" server", st);
     double cpu0 = processCpuSeconds();
     auto wall0 = Clock::now();
+    json::Value done;
     while (true) {
       auto m = ch.receive(t);
-      if (!m.isOk()) return (void)s.stopResponders(), fail(" server", m.status());
+      if (!m.isOk()) return abandon(), fail(" server", m.status());
       auto mt = stringField(*m, "type");
       if (*mt == "start") {
         cpu0 = processCpuSeconds();
@@ -156,18 +157,22 @@ int serveClient(ControlChannel& ch, const Options& o) {
       } else if (*mt == "progress") {
         continue;
       } else if (*mt == "done") {
+        done = std::move(*m);
         break;
       } else {
         Status bad(StatusCode::kProtocolError, "unexpected control message '" + *mt + "' during a run");
-        (void)s.stopResponders();
+        abandon();
         return ch.sendError(bad.message()), fail(" server", bad);
       }
     }
-    st = s.stopResponders();
+    // The run's figures end with the client's last operation, not with this side's checks.
     double cpu = processCpuSeconds() - cpu0;
     double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
-    if (!st.isOk()) return ch.sendError(st.toString()), fail(" server", st);
-    json::Value result = json::Value::emptyObject();
+    st = s.finishRun(done, t, result);
+    if (!st.isOk()) {
+      Status why(st.code(), "size " + formatSize(static_cast<uint64_t>(*size)) + ": " + st.message(), st.cause());
+      return ch.sendError(why.toString()), fail(" server", why);
+    }
     result.set("cpu_seconds", cpu);
     result.set("wall_seconds", wall);
     st = ch.send("result", result, t);
@@ -294,11 +299,18 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
 
   json::Value done = json::Value::emptyObject();
   done.set("iterations", static_cast<int64_t>(m.iterations));
+  done.set("operations", static_cast<int64_t>(m.operations));
   FERRY_RETURN_IF_ERROR(ch.send("done", done, o.timeout));
   FERRY_ASSIGN_OR_RETURN(json::Value result, ch.expect("result", o.timeout));
   FERRY_ASSIGN_OR_RETURN(double serverCpu, numberField(result, "cpu_seconds", 0, 1e9));
   FERRY_ASSIGN_OR_RETURN(double serverWall, numberField(result, "wall_seconds", 0, 1e9));
-  *out = summarize(size, shape.mode, m.iterations, m.seconds, m.latencyUs);
+  *out = summarize(size, shape, m);
+  if (shape.api == Api::kEndpoint) {
+    // Each side checks the bytes that landed on it: the server what was written or sent to it.
+    FERRY_ASSIGN_OR_RETURN(int64_t serverVerified,
+                           intField(result, "verified_bytes", 0, static_cast<int64_t>(bufferBytes(shape))));
+    out->verifiedBytes = std::max(m.verifiedBytes, static_cast<uint64_t>(serverVerified));
+  }
   out->clientCpuSeconds = cpu;
   out->clientWallSeconds = wall;
   out->serverCpuSeconds = serverCpu;
@@ -316,35 +328,26 @@ Status runClientSession(ControlChannel& ch, const Options& o, const std::string&
     return st;
   }
   BenchSide& side = **created;
-  auto paths = side.localPaths();
-  if (!paths.isOk()) return ch.sendError(paths.status().toString()), paths.status();
-
-  json::Value hello = json::Value::emptyObject();
-  hello.set("op", opName(o.shape.op));
-  hello.set("mode", modeName(o.shape.mode));
-  hello.set("threads", o.shape.threads);
-  hello.set("qps", o.shape.qps);
-  hello.set("depth", o.shape.depth);
-  hello.set("batch", o.shape.batch);
-  hello.set("max_size", static_cast<int64_t>(o.shape.maxSize));
-  hello.set("device", device);
-  hello.set("paths", std::move(*paths));
-  hello.set("buffers", side.bufferDescriptions());
-  FERRY_RETURN_IF_ERROR(ch.send("hello", hello, o.timeout));
+  auto hello = side.clientHello();
+  if (!hello.isOk()) return ch.sendError(hello.status().toString()), hello.status();
+  hello->set("op", opName(o.shape.op));
+  hello->set("mode", modeName(o.shape.mode));
+  hello->set("api", apiName(o.shape.api));
+  hello->set("threads", o.shape.threads);
+  hello->set("qps", o.shape.qps);
+  hello->set("depth", o.shape.depth);
+  hello->set("batch", o.shape.batch);
+  hello->set("max_size", static_cast<int64_t>(o.shape.maxSize));
+  hello->set("device", device);
+  FERRY_RETURN_IF_ERROR(ch.send("hello", *hello, o.timeout));
   FERRY_ASSIGN_OR_RETURN(json::Value reply, ch.expect("hello", o.timeout));
-  const size_t qpCount = static_cast<size_t>(o.shape.threads * o.shape.qps);
   auto check = [&](Status st) {
     if (!st.isOk()) ch.sendError(st.message());
     return st;
   };
   auto serverDevice = stringField(reply, "device", 256);
   FERRY_RETURN_IF_ERROR(check(serverDevice.status()));
-  auto serverPaths = arrayField(reply, "paths", qpCount);
-  FERRY_RETURN_IF_ERROR(check(serverPaths.status()));
-  auto serverBuffers = arrayField(reply, "buffers", static_cast<size_t>(o.shape.threads));
-  FERRY_RETURN_IF_ERROR(check(serverBuffers.status()));
-  FERRY_RETURN_IF_ERROR(check(side.setRemoteBuffers(**serverBuffers)));
-  FERRY_RETURN_IF_ERROR(check(side.completePaths(**serverPaths)));
+  FERRY_RETURN_IF_ERROR(check(side.finishHello(reply)));
 
   report->shape = o.shape;
   report->clientDevice = device;

@@ -1,7 +1,8 @@
-// `ferry bench`: a perftest / ucx_perftest style benchmark of ferry's verbs layer between two
-// processes. One side serves (`--server`), the other connects (`HOST[:PORT]`) or starts the server
-// as a child process (`--local`). A TCP control connection carries only parameters, paths, memory
-// keys and results as versioned JSON lines (see docs/performance.md); data moves by verbs alone.
+// `ferry bench`: a perftest / ucx_perftest style benchmark of ferry between two processes, at the
+// verbs layer (`--api verbs`, the default) or through the Endpoint API (`--api endpoint`). One side
+// serves (`--server`), the other connects (`HOST[:PORT]`) or starts the server as a child process
+// (`--local`). A TCP control connection carries only parameters, paths or endpoint metadata, memory
+// keys and results as versioned JSON lines (see docs/performance.md); data moves by RDMA alone.
 #pragma once
 
 #include <cstdint>
@@ -29,17 +30,26 @@ inline constexpr uint64_t kSweepSizes[] = {8, 4096, 65536, 1u << 20, 16u << 20, 
 
 enum class Op : uint8_t { kWrite, kRead, kSend, kWriteImm, kAtomic };
 enum class Mode : uint8_t { kBandwidth, kLatency };
+// What a run drives: verbs work requests, or the Endpoint API's operations and futures.
+enum class Api : uint8_t { kVerbs, kEndpoint };
 
 const char* opName(Op op);      // "write", "read", "send", "write_imm", "atomic"
 const char* modeName(Mode mode);  // "bw", "lat"
+const char* apiName(Api api);     // "verbs", "endpoint"
 bool parseOp(std::string_view text, Op* out);
 bool parseMode(std::string_view text, Mode* out);
+bool parseApi(std::string_view text, Api* out);
 
 // The shape of a run both sides must agree on; the client sends it in its hello and the server
 // checks it with validateShape() before allocating anything.
+//
+// With Api::kEndpoint the run drives one RDMAEndpoint per side: `qps` is its num_qp, `depth` the
+// operations (futures) in flight in bandwidth mode, and `batch` the assignments per call (for send,
+// the chunks gathered into one message), each of the message size, in both modes.
 struct RunShape {
   Op op = Op::kWrite;
   Mode mode = Mode::kBandwidth;
+  Api api = Api::kVerbs;
   int threads = 1;       // each thread has its own CQ, QPs and buffer on both sides
   int qps = 1;           // QPs per thread, used round-robin
   int depth = 64;        // outstanding work requests per QP (bandwidth mode)
@@ -51,12 +61,22 @@ inline constexpr int kMaxThreads = 64;
 inline constexpr int kMaxQpsPerThread = 256;
 inline constexpr int kMaxTotalQps = 1024;
 inline constexpr int kMaxDepth = 4096;
+// The Endpoint API's limits: queue pairs per endpoint, assignments per call.
+inline constexpr int kMaxEndpointQps = 64;
+inline constexpr int kMaxEndpointBatch = 1 << 20;
 // Memory one side may register for a run: threads x buffer bytes.
 inline constexpr uint64_t kMaxRegisteredBytes = uint64_t{8} << 30;
 
 // Bytes of one thread's buffer for a shape: latency WRITE ping-pong keeps a send half and a landing
-// half, so twice the largest message; at least one page.
+// half, so twice the largest message; the Endpoint API always has both halves, and for send a
+// landing half of `batch` messages; at least one page.
 uint64_t bufferBytes(const RunShape& shape);
+// Whether latency is a ping-pong (one way = round trip / 2) rather than post-to-completion: verbs
+// WRITE, SEND and WRITE_WITH_IMM. Endpoint runs time each operation from its call to its wait().
+bool isPingPong(const RunShape& shape);
+// The bytes a run's source buffers hold (byte i of the buffer), so that each side can check what
+// the other one moved: a period of 251 bytes, which no power-of-two misplacement matches.
+inline uint8_t patternByte(uint64_t i) { return static_cast<uint8_t>((i % 251) * 7 + 3); }
 // kInvalidArgument naming the first field out of range (and atomics with a size other than 8).
 Status validateShape(const RunShape& shape);
 

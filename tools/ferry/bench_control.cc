@@ -375,4 +375,11 @@ Result<const json::Array*> arrayField(const json::Value& message, std::string_vi
   return a;
 }
 
+Result<const json::Value*> objectField(const json::Value& message, std::string_view field) {
+  const json::Value* v = message.find(field);
+  if (v == nullptr) return fieldError(message, field, "is missing");
+  if (!v->isObject()) return fieldError(message, field, "must be an object");
+  return v;
+}
+
 }  // namespace ferry::cli::bench

@@ -82,5 +82,7 @@ Result<std::string> stringField(const json::Value& message, std::string_view fie
 Result<bool> boolField(const json::Value& message, std::string_view field);
 // An array field: kProtocolError unless it is an array of exactly `count` elements.
 Result<const json::Array*> arrayField(const json::Value& message, std::string_view field, size_t count);
+// An object field: kProtocolError unless it is a JSON object.
+Result<const json::Value*> objectField(const json::Value& message, std::string_view field);
 
 }  // namespace ferry::cli::bench

@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "bench_control.h"
+#include "bench_endpoint.h"
 #include "ferry/devices.h"
 
 namespace ferry::cli::bench {
@@ -33,7 +34,6 @@ constexpr uint64_t kRecvTag = uint64_t{1} << 63;
 constexpr uint32_t kRemoteAccess = v::access::kRemoteWrite | v::access::kRemoteRead | v::access::kRemoteAtomic;
 
 bool needsReceives(const RunShape& s) { return s.op == Op::kSend || s.op == Op::kWriteImm; }
-bool isPingPong(const RunShape& s) { return s.mode == Mode::kLatency && s.op != Op::kRead && s.op != Op::kAtomic; }
 // Where the peer's ping-pong messages land in a buffer (the first half is what this side sends).
 uint64_t landingOffset(const RunShape& s) { return isPingPong(s) ? s.maxSize : 0; }
 
@@ -357,9 +357,12 @@ double processCpuSeconds() {
 
 Result<std::unique_ptr<BenchSide>> BenchSide::create(const std::string& device, const RunShape& shape) {
   FERRY_RETURN_IF_ERROR(validateShape(shape));
-  std::unique_ptr<BenchSide> side(new BenchSide());
-  side->device_ = device;
-  side->shape_ = shape;
+  if (shape.api == Api::kEndpoint) return EndpointSide::create(device, shape);
+  return VerbsSide::create(device, shape);
+}
+
+Result<std::unique_ptr<BenchSide>> VerbsSide::create(const std::string& device, const RunShape& shape) {
+  std::unique_ptr<VerbsSide> side(new VerbsSide(device, shape));
   FERRY_ASSIGN_OR_RETURN(side->ctx_, openDevice(device));
   FERRY_ASSIGN_OR_RETURN(v::DeviceAttr attr, side->ctx_.queryDevice());
   if (shape.op == Op::kAtomic && attr.atomicCap == 0) {
@@ -406,10 +409,10 @@ Result<std::unique_ptr<BenchSide>> BenchSide::create(const std::string& device, 
     std::memset(t.buffer, 0, bytes);
     FERRY_ASSIGN_OR_RETURN(t.mr, side->pd_.registerMemory(t.buffer, bytes, v::access::kAll));
   }
-  return side;
+  return std::unique_ptr<BenchSide>(std::move(side));
 }
 
-BenchSide::~BenchSide() {
+VerbsSide::~VerbsSide() {
   (void)stopResponders();
   for (ThreadResources& t : threads_) {
     t.mr.close();
@@ -422,7 +425,7 @@ BenchSide::~BenchSide() {
   ctx_.close();
 }
 
-Result<json::Array> BenchSide::localPaths() {
+Result<json::Array> VerbsSide::localPaths() {
   json::Array out;
   for (ThreadResources& t : threads_) {
     t.localPaths.clear();
@@ -452,7 +455,7 @@ Result<v::Path> decodePath(const json::Value& value, size_t index) {
 
 }  // namespace
 
-Result<json::Array> BenchSide::acceptPaths(const json::Array& peerPaths) {
+Result<json::Array> VerbsSide::acceptPaths(const json::Array& peerPaths) {
   json::Array out;
   size_t index = 0;
   for (ThreadResources& t : threads_) {
@@ -470,7 +473,7 @@ Result<json::Array> BenchSide::acceptPaths(const json::Array& peerPaths) {
   return out;
 }
 
-Status BenchSide::completePaths(const json::Array& peerPaths) {
+Status VerbsSide::completePaths(const json::Array& peerPaths) {
   size_t index = 0;
   for (ThreadResources& t : threads_) {
     for (size_t q = 0; q < t.qps.size(); ++q) {
@@ -490,7 +493,7 @@ Status BenchSide::completePaths(const json::Array& peerPaths) {
   return Status::ok();
 }
 
-json::Array BenchSide::bufferDescriptions() const {
+json::Array VerbsSide::bufferDescriptions() const {
   json::Array out;
   for (const ThreadResources& t : threads_) {
     json::Value b = json::Value::emptyObject();
@@ -502,7 +505,7 @@ json::Array BenchSide::bufferDescriptions() const {
   return out;
 }
 
-Status BenchSide::setRemoteBuffers(const json::Array& buffers) {
+Status VerbsSide::setRemoteBuffers(const json::Array& buffers) {
   if (buffers.size() != threads_.size()) {
     return Status(StatusCode::kProtocolError, "expected " + std::to_string(threads_.size()) + " buffers, got " +
                                                   std::to_string(buffers.size()));
@@ -528,7 +531,41 @@ Status BenchSide::setRemoteBuffers(const json::Array& buffers) {
   return Status::ok();
 }
 
-Status BenchSide::postReceives(ThreadResources& t, size_t qp, uint32_t count) {
+Result<json::Value> VerbsSide::clientHello() {
+  json::Value hello = json::Value::emptyObject();
+  FERRY_ASSIGN_OR_RETURN(json::Array paths, localPaths());
+  hello.set("paths", std::move(paths));
+  hello.set("buffers", bufferDescriptions());
+  return hello;
+}
+
+Result<json::Value> VerbsSide::serverHello(const json::Value& clientHello) {
+  const size_t qpCount = static_cast<size_t>(shape_.threads * shape_.qps);
+  FERRY_ASSIGN_OR_RETURN(const json::Array* peerPaths, arrayField(clientHello, "paths", qpCount));
+  FERRY_ASSIGN_OR_RETURN(const json::Array* peerBuffers,
+                         arrayField(clientHello, "buffers", static_cast<size_t>(shape_.threads)));
+  FERRY_RETURN_IF_ERROR(setRemoteBuffers(*peerBuffers));
+  FERRY_ASSIGN_OR_RETURN(json::Array paths, acceptPaths(*peerPaths));
+  json::Value reply = json::Value::emptyObject();
+  reply.set("paths", std::move(paths));
+  reply.set("buffers", bufferDescriptions());
+  return reply;
+}
+
+Status VerbsSide::finishHello(const json::Value& serverHello) {
+  const size_t qpCount = static_cast<size_t>(shape_.threads * shape_.qps);
+  FERRY_ASSIGN_OR_RETURN(const json::Array* paths, arrayField(serverHello, "paths", qpCount));
+  FERRY_ASSIGN_OR_RETURN(const json::Array* buffers,
+                         arrayField(serverHello, "buffers", static_cast<size_t>(shape_.threads)));
+  FERRY_RETURN_IF_ERROR(setRemoteBuffers(*buffers));
+  return completePaths(*paths);
+}
+
+Status VerbsSide::finishRun(const json::Value& done, double stallTimeout, json::Value& result) {
+  return stopResponders();
+}
+
+Status VerbsSide::postReceives(ThreadResources& t, size_t qp, uint32_t count) {
   if (count == 0) return Status::ok();
   v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer + landingOffset(shape_)),
              .length = static_cast<uint32_t>(std::min<uint64_t>(shape_.maxSize, UINT32_MAX)), .lkey = t.mr.lkey()};
@@ -538,14 +575,14 @@ Status BenchSide::postReceives(ThreadResources& t, size_t qp, uint32_t count) {
   return Status::ok();
 }
 
-Status BenchSide::topUpReceives(ThreadResources& t) {
+Status VerbsSide::topUpReceives(ThreadResources& t) {
   for (size_t q = 0; q < t.qps.size(); ++q) {
     FERRY_RETURN_IF_ERROR(postReceives(t, q, maxRecvWr_ - t.recvPosted[q]));
   }
   return Status::ok();
 }
 
-Status BenchSide::measure(const RunSpec& spec, RunControl& control, RunMeasurement* out) {
+Status VerbsSide::measure(const RunSpec& spec, RunControl& control, RunMeasurement* out) {
   const size_t n = threads_.size();
   std::vector<ThreadOutcome> outcomes(n);
   std::vector<std::thread> workers;
@@ -617,7 +654,7 @@ Status BenchSide::measure(const RunSpec& spec, RunControl& control, RunMeasureme
   return Status::ok();
 }
 
-Status BenchSide::startResponders(uint64_t size, double stallTimeout) {
+Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
   (void)stallTimeout;
   FERRY_RETURN_IF_ERROR(stopResponders());
   if (size < 1 || size > shape_.maxSize) {
@@ -694,7 +731,7 @@ Status BenchSide::startResponders(uint64_t size, double stallTimeout) {
   return Status::ok();
 }
 
-Status BenchSide::stopResponders() {
+Status VerbsSide::stopResponders() {
   stopResponders_.store(true);
   for (auto& r : responders_) r.join();
   responders_.clear();

@@ -1,5 +1,7 @@
-// The data path of `ferry bench`: each side's verbs objects, the client's measured loops and the
-// server's responders. Only the public verbs API is used, so the same code measures every device.
+// The data path of `ferry bench`: each side's objects, the client's measured loops and the server's
+// responders. BenchSide is what the control conversation (bench.cc) drives; VerbsSide implements it
+// with the public verbs API and EndpointSide (bench_endpoint.h) with the Endpoint API, so the same
+// code measures every device.
 #pragma once
 
 #include <atomic>
@@ -55,6 +57,12 @@ struct RunMeasurement {
   uint64_t iterations = 0;  // timed iterations, all threads
   double seconds = 0;       // first timed post to last completion
   std::vector<double> latencyUs;  // latency mode: one sample per timed iteration, sorted
+  // Endpoint API: operations issued in the run, warm-up included (the server checks that as many
+  // messages or immediates arrived), the time spent inside the calls that issued the timed ones,
+  // and the bytes the client checked after the run (READ: what landed here).
+  uint64_t operations = 0;
+  double callSeconds = 0;
+  uint64_t verifiedBytes = 0;
 };
 
 // Shared by a run's threads and the thread watching them.
@@ -65,17 +73,63 @@ struct RunControl {
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> done;  // timed iterations per thread
 };
 
+// One side of a run, on the API the run's shape names. The control conversation is the same for
+// every API: only what a hello carries besides the shape, and what a side checks when a run ends,
+// are the side's own.
 class BenchSide {
  public:
-  // Opens `device` and creates, per thread of `shape`, a CQ, shape.qps RC QPs and a buffer of
-  // bufferBytes(shape) registered for local write and remote read, write and atomics.
+  // Validates the shape, opens `device` and sets up everything a run of `shape` needs: a
+  // VerbsSide for Api::kVerbs, an EndpointSide for Api::kEndpoint.
   static Result<std::unique_ptr<BenchSide>> create(const std::string& device, const RunShape& shape);
-  ~BenchSide();
+  virtual ~BenchSide() = default;
 
   const std::string& deviceName() const { return device_; }
   const RunShape& shape() const { return shape_; }
-  std::vector<ThreadResources>& threads() { return threads_; }
 
+  // Client, first: the fields its hello carries besides the run's shape.
+  virtual Result<json::Value> clientHello() = 0;
+  // Server: takes the client's hello, connects this side, and returns the fields of its own hello.
+  virtual Result<json::Value> serverHello(const json::Value& clientHello) = 0;
+  // Client, last: connects this side with the server's hello.
+  virtual Status finishHello(const json::Value& serverHello) = 0;
+
+  // Client: one measured run. `control` is shared with the watching thread: the side bumps
+  // control.warmedUp after each thread's warm-up, waits for control.go, then counts timed
+  // iterations in control.done; control.abort stops it early.
+  virtual Status measure(const RunSpec& spec, RunControl& control, RunMeasurement* out) = 0;
+
+  // Server: prepares for a run of `size` and starts whatever answers the client during it.
+  virtual Status startResponders(uint64_t size, double stallTimeout) = 0;
+  // Server: ends the run the client's `done` message closed, returns the first error the run hit
+  // here, and adds what this side found to `result` (the result message).
+  virtual Status finishRun(const json::Value& done, double stallTimeout, json::Value& result) = 0;
+
+ protected:
+  BenchSide(std::string device, const RunShape& shape) : device_(std::move(device)), shape_(shape) {}
+
+  const std::string device_;
+  const RunShape shape_;
+};
+
+// The verbs side: per thread a CQ, shape.qps RC QPs and a buffer of bufferBytes(shape) registered
+// for local write and remote read, write and atomics. Its hello carries one Path per QP and one
+// buffer description per thread.
+class VerbsSide final : public BenchSide {
+ public:
+  static Result<std::unique_ptr<BenchSide>> create(const std::string& device, const RunShape& shape);
+  ~VerbsSide() override;
+
+  Result<json::Value> clientHello() override;
+  Result<json::Value> serverHello(const json::Value& clientHello) override;
+  Status finishHello(const json::Value& serverHello) override;
+  Status measure(const RunSpec& spec, RunControl& control, RunMeasurement* out) override;
+  // Posts receives, clears landing bytes and starts the threads that answer the client
+  // (ping-pong partners and receive reposting), if the run needs any.
+  Status startResponders(uint64_t size, double stallTimeout) override;
+  Status finishRun(const json::Value& done, double stallTimeout, json::Value& result) override;
+
+ private:
+  VerbsSide(std::string device, const RunShape& shape) : BenchSide(std::move(device), shape) {}
   // Client, first: fills the local half of each QP's path. Returns them, thread-major, as JSON
   // objects (Path::toJson).
   Result<json::Array> localPaths();
@@ -88,25 +142,11 @@ class BenchSide {
   json::Array bufferDescriptions() const;
   // Takes the peer's buffer descriptions; each must hold at least bufferBytes(shape).
   Status setRemoteBuffers(const json::Array& buffers);
-
-  // Client: one measured run on every thread. `control` is shared with the watching thread:
-  // threads bump control.warmedUp after their warmup, wait for control.go, then count timed
-  // iterations in control.done; control.abort stops them early.
-  Status measure(const RunSpec& spec, RunControl& control, RunMeasurement* out);
-
-  // Server: prepares for a run of `size` (posts receives, clears landing bytes) and starts the
-  // threads that answer the client (ping-pong partners and receive reposting), if the run needs
-  // any. stopResponders() ends them and returns the first error they hit.
-  Status startResponders(uint64_t size, double stallTimeout);
-  Status stopResponders();
-
- private:
-  BenchSide() = default;
   Status postReceives(ThreadResources& t, size_t qp, uint32_t count);
   Status topUpReceives(ThreadResources& t);
+  // Ends the responders and returns the first error they hit.
+  Status stopResponders();
 
-  std::string device_;
-  RunShape shape_;
   verbs::Context ctx_;
   verbs::ProtectionDomain pd_;
   std::vector<ThreadResources> threads_;

@@ -24,6 +24,8 @@ const char* opName(Op op) {
 
 const char* modeName(Mode mode) { return mode == Mode::kBandwidth ? "bw" : "lat"; }
 
+const char* apiName(Api api) { return api == Api::kVerbs ? "verbs" : "endpoint"; }
+
 bool parseOp(std::string_view text, Op* out) {
   for (Op op : {Op::kWrite, Op::kRead, Op::kSend, Op::kWriteImm, Op::kAtomic}) {
     if (text == opName(op)) {
@@ -45,11 +47,52 @@ bool parseMode(std::string_view text, Mode* out) {
   return true;
 }
 
+bool parseApi(std::string_view text, Api* out) {
+  for (Api api : {Api::kVerbs, Api::kEndpoint}) {
+    if (text == apiName(api)) {
+      *out = api;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool isPingPong(const RunShape& s) {
+  return s.api == Api::kVerbs && s.mode == Mode::kLatency && s.op != Op::kRead && s.op != Op::kAtomic;
+}
+
 uint64_t bufferBytes(const RunShape& shape) {
   uint64_t bytes = shape.maxSize;
-  if (shape.mode == Mode::kLatency && shape.op != Op::kRead && shape.op != Op::kAtomic) bytes *= 2;
+  if (shape.api == Api::kEndpoint) {
+    bytes += shape.maxSize * (shape.op == Op::kSend ? static_cast<uint64_t>(shape.batch) : 1);
+  } else if (isPingPong(shape)) {
+    bytes *= 2;
+  }
   return std::max<uint64_t>(bytes, 4096);
 }
+
+namespace {
+
+// The Endpoint API's part of validateShape().
+Status validateEndpointShape(const RunShape& s) {
+  if (s.op == Op::kAtomic) {
+    return invalidArgument("--api endpoint offers write, read, send and write_imm (the Endpoint API has no atomics)");
+  }
+  if (s.threads != 1) {
+    return invalidArgument("--api endpoint drives one endpoint: --threads must be 1 (use --qps for its queue pairs)");
+  }
+  if (s.qps > kMaxEndpointQps) {
+    return invalidArgument("--api endpoint: --qps (the endpoint's num_qp) must be in [1, " +
+                           std::to_string(kMaxEndpointQps) + "], not " + std::to_string(s.qps));
+  }
+  if (s.maxSize > kMaxMessageSize / static_cast<uint64_t>(s.batch)) {
+    return invalidArgument("--api endpoint: one call moves --size x --batch bytes, at most 1G; " +
+                           std::to_string(s.maxSize) + " x " + std::to_string(s.batch) + " is more");
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Status validateShape(const RunShape& s) {
   auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi) -> Status {
@@ -62,7 +105,8 @@ Status validateShape(const RunShape& s) {
   Status st = range("threads", s.threads, 1, kMaxThreads);
   if (st.isOk()) st = range("qps", s.qps, 1, kMaxQpsPerThread);
   if (st.isOk()) st = range("depth", s.depth, 1, kMaxDepth);
-  if (st.isOk()) st = range("batch", s.batch, 1, s.depth);
+  // A verbs batch is posted at once, so it fits in the depth; an endpoint batch is one call.
+  if (st.isOk()) st = range("batch", s.batch, 1, s.api == Api::kVerbs ? s.depth : kMaxEndpointBatch);
   if (!st.isOk()) return st;
   if (s.threads * s.qps > kMaxTotalQps) {
     return invalidArgument("threads x qps must be at most " + std::to_string(kMaxTotalQps));
@@ -70,6 +114,7 @@ Status validateShape(const RunShape& s) {
   if (s.maxSize < 1 || s.maxSize > kMaxMessageSize) {
     return invalidArgument("message sizes must be in [1, " + std::to_string(kMaxMessageSize) + "] bytes");
   }
+  if (s.api == Api::kEndpoint) FERRY_RETURN_IF_ERROR(validateEndpointShape(s));
   if (s.op == Op::kAtomic && s.maxSize != 8) {
     return invalidArgument("atomics move 8 bytes: use --size 8 (or no --size) with --op atomic");
   }
@@ -137,15 +182,19 @@ void printUsage(FILE* out) {
                "  --device NAME         device of this side (default: the one bound to the control\n"
                "                        connection's local address, e.g. soft_lo for 127.0.0.1)\n"
                "  --server-device NAME  --local: device of the server process (default: --device)\n"
+               "  --api verbs|endpoint  measure verbs work requests (default) or the Endpoint API's\n"
+               "                        calls and futures (RDMAEndpoint; no atomics, one thread)\n"
                "  --op OP               write (default), read, send, write_imm, atomic (fetch-and-add)\n"
                "  --mode bw|lat         bandwidth (default) or latency\n"
                "  --size N[,N...]       message size(s), K/M/G suffixes; repeatable (default: --sweep)\n"
                "  --sweep               the standard sizes 8, 4K, 64K, 1M, 16M, 64M\n"
                "  --iters N             iterations per size (default: chosen per size)\n"
                "  --duration SEC        run each size for SEC seconds instead of --iters\n"
-               "  --batch N             work requests per postSend call (bw; default 1)\n"
-               "  --depth N             outstanding work requests per QP (bw; default 64)\n"
-               "  --qps N               QPs per thread, used round-robin (default 1)\n"
+               "  --batch N             work requests per postSend call (bw; default 1); endpoint:\n"
+               "                        assignments per call, each of the message size (send: chunks)\n"
+               "  --depth N             outstanding work requests per QP (bw; default 64); endpoint:\n"
+               "                        operations in flight\n"
+               "  --qps N               QPs per thread, used round-robin (default 1); endpoint: num_qp\n"
                "  --threads N           threads, each with its own QPs, CQ and buffer (default 1)\n"
                "  --json                print the results as one JSON document on stdout\n"
                "  --plot FILE.png       draw bandwidth or latency against message size\n"
@@ -155,8 +204,9 @@ void printUsage(FILE* out) {
                "  --bind ADDR           --server: listen on ADDR (default 0.0.0.0)\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
-               "atomic are the time from posting to completion. CPU%% is process CPU time over wall\n"
-               "time during the measured part, for each side (100%% = one core).\n",
+               "atomic are the time from posting to completion; endpoint operations the time from the\n"
+               "call to the return of the future's wait(). CPU%% is process CPU time over wall time\n"
+               "during the measured part, for each side (100%% = one core).\n",
                static_cast<unsigned>(kDefaultPort));
 }
 
@@ -244,6 +294,10 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
       if ((st = value(&v)).isOk() && !parseOp(v, &o.shape.op)) {
         st = invalidArgument("unknown --op '" + v + "': use write, read, send, write_imm or atomic");
       }
+    } else if (a == "--api") {
+      if ((st = value(&v)).isOk() && !parseApi(v, &o.shape.api)) {
+        st = invalidArgument("unknown --api '" + v + "': use verbs or endpoint");
+      }
     } else if (a == "--mode") {
       if ((st = value(&v)).isOk() && !parseMode(v, &o.shape.mode)) {
         st = invalidArgument("unknown --mode '" + v + "': use bw or lat");
@@ -269,7 +323,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
       if ((st = value(&v)).isOk()) {
         int64_t lo = a == "--port" ? 0 : 1;
         int64_t hi = a == "--port" ? 65535 : a == "--iters" ? int64_t{1} << 40 : a == "--threads" ? kMaxThreads
-                     : a == "--qps" ? kMaxQpsPerThread : kMaxDepth;
+                     : a == "--qps" ? kMaxQpsPerThread : a == "--batch" ? kMaxEndpointBatch : kMaxDepth;
         auto n = parseCount(a, v, lo, hi);
         if (!n.isOk()) {
           st = n.status();
@@ -345,7 +399,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   if (o.shape.op == Op::kAtomic && (sizes.size() != 1 || sizes[0] != 8)) {
     return invalidArgument("atomics move 8 bytes: use --size 8 (or no --size) with --op atomic");
   }
-  if (o.shape.batch > o.shape.depth) {
+  if (o.shape.api == Api::kVerbs && o.shape.batch > o.shape.depth) {
     return invalidArgument("--batch (" + std::to_string(o.shape.batch) + ") cannot exceed --depth (" +
                            std::to_string(o.shape.depth) + ")");
   }

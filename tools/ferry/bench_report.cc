@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 
+#include "bench_engine.h"
 #include "png.h"
 
 namespace ferry::cli::bench {
@@ -15,7 +16,44 @@ namespace {
 
 double percentOf(double cpu, double wall) { return wall > 0 ? 100.0 * cpu / wall : 0; }
 
-bool isPingPong(const RunShape& s) { return s.mode == Mode::kLatency && s.op != Op::kRead && s.op != Op::kAtomic; }
+// One column of the table: its title, its width and how a result shows in it.
+struct Column {
+  const char* title;
+  int width;
+  std::function<std::string(const SizeResult&)> value;
+};
+
+std::string fixed(double v, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, v);
+  return text;
+}
+
+std::vector<Column> columnsOf(const RunShape& s) {
+  const bool endpoint = s.api == Api::kEndpoint;
+  std::vector<Column> c;
+  c.push_back({"#bytes", 10, [](const SizeResult& r) { return formatSize(r.size); }});
+  c.push_back({endpoint ? "#operations" : "#iterations", 12,
+               [](const SizeResult& r) { return std::to_string(r.iterations); }});
+  if (s.mode == Mode::kBandwidth) {
+    c.push_back({"BW average[GB/s]", 16, [](const SizeResult& r) { return fixed(r.gbps, 4); }});
+    c.push_back({"MsgRate[Mpps]", 14, [](const SizeResult& r) { return fixed(r.mpps, 4); }});
+  } else {
+    c.push_back({"t_min[us]", 11, [](const SizeResult& r) { return fixed(r.minUs, 2); }});
+    c.push_back({"t_median[us]", 14, [](const SizeResult& r) { return fixed(r.medianUs, 2); }});
+    c.push_back({"t_p99[us]", 11, [](const SizeResult& r) { return fixed(r.p99Us, 2); }});
+    c.push_back({"t_avg[us]", 11, [](const SizeResult& r) { return fixed(r.avgUs, 2); }});
+  }
+  if (endpoint) {
+    c.push_back({"t_msg[us]", 11, [](const SizeResult& r) { return fixed(r.usPerMessage, 3); }});
+    c.push_back({"t_call[us]", 11, [](const SizeResult& r) { return fixed(r.callUs, 3); }});
+  }
+  c.push_back({"CPU client[%]", 14,
+               [](const SizeResult& r) { return fixed(percentOf(r.clientCpuSeconds, r.clientWallSeconds), 1); }});
+  c.push_back({"CPU server[%]", 14,
+               [](const SizeResult& r) { return fixed(percentOf(r.serverCpuSeconds, r.serverWallSeconds), 1); }});
+  return c;
+}
 
 // Axis numbers without exponents: "0.25", "1.5", "100", "10000".
 std::string tickLabel(double v) {
@@ -37,17 +75,22 @@ double percentile(const std::vector<double>& sorted, double p) {
   return sorted[std::min(index, sorted.size() - 1)];
 }
 
-SizeResult summarize(uint64_t size, Mode mode, uint64_t iterations, double seconds,
-                     const std::vector<double>& sorted) {
+SizeResult summarize(uint64_t size, const RunShape& shape, const RunMeasurement& m) {
   SizeResult r;
   r.size = size;
-  r.iterations = iterations;
-  r.seconds = seconds;
-  if (seconds > 0) {
-    r.gbps = static_cast<double>(size) * static_cast<double>(iterations) / seconds / 1e9;
-    r.mpps = static_cast<double>(iterations) / seconds / 1e6;
+  r.iterations = m.iterations;
+  r.seconds = m.seconds;
+  // An endpoint operation moves `batch` messages (assignments, or chunks of one send).
+  r.messages = m.iterations * (shape.api == Api::kEndpoint ? static_cast<uint64_t>(shape.batch) : 1);
+  if (m.seconds > 0) {
+    r.gbps = static_cast<double>(size) * static_cast<double>(r.messages) / m.seconds / 1e9;
+    r.mpps = static_cast<double>(r.messages) / m.seconds / 1e6;
   }
-  if (mode == Mode::kLatency && !sorted.empty()) {
+  if (r.messages > 0) r.usPerMessage = m.seconds * 1e6 / static_cast<double>(r.messages);
+  if (m.iterations > 0) r.callUs = m.callSeconds * 1e6 / static_cast<double>(m.iterations);
+  r.verifiedBytes = m.verifiedBytes;
+  const std::vector<double>& sorted = m.latencyUs;
+  if (shape.mode == Mode::kLatency && !sorted.empty()) {
     r.latency = true;
     r.minUs = sorted.front();
     r.maxUs = sorted.back();
@@ -61,37 +104,35 @@ SizeResult summarize(uint64_t size, Mode mode, uint64_t iterations, double secon
 
 void printHeader(FILE* out, const BenchReport& rep) {
   const RunShape& s = rep.shape;
-  std::fprintf(out, "ferry bench: %s %s, %s -> %s (server %s)\n", opName(s.op),
+  const bool endpoint = s.api == Api::kEndpoint;
+  std::fprintf(out, "ferry bench: %s%s %s, %s -> %s (server %s)\n", endpoint ? "Endpoint API " : "", opName(s.op),
                s.mode == Mode::kBandwidth ? "bandwidth" : "latency", rep.clientDevice.c_str(), rep.serverDevice.c_str(),
                rep.server.c_str());
-  std::fprintf(out, "  %d thread%s x %d QP%s", s.threads, s.threads == 1 ? "" : "s", s.qps, s.qps == 1 ? "" : "s");
-  if (s.mode == Mode::kBandwidth) std::fprintf(out, ", depth %d, batch %d", s.depth, s.batch);
+  if (endpoint) {
+    std::fprintf(out, "  1 endpoint, num_qp %d, batch %d (%s of #bytes per call)", s.qps, s.batch,
+                 s.op == Op::kSend ? "chunks" : "assignments");
+    if (s.mode == Mode::kBandwidth) std::fprintf(out, ", %d operations in flight", s.depth);
+  } else {
+    std::fprintf(out, "  %d thread%s x %d QP%s", s.threads, s.threads == 1 ? "" : "s", s.qps, s.qps == 1 ? "" : "s");
+    if (s.mode == Mode::kBandwidth) std::fprintf(out, ", depth %d, batch %d", s.depth, s.batch);
+  }
   std::fprintf(out, ", iterations: %s\n", rep.iterationsRule.c_str());
-  if (s.mode == Mode::kLatency) {
+  if (endpoint) {
+    std::fprintf(out, "  %st_msg = wall time per assignment; t_call = time in the call that issues an operation\n",
+                 s.mode == Mode::kLatency ? "latency = call to wait() returned, one operation at a time; " : "");
+  } else if (s.mode == Mode::kLatency) {
     std::fprintf(out, "  %s\n", isPingPong(s) ? "ping-pong: one-way latency = round trip / 2"
                                               : "latency = post to completion (one request at a time)");
   }
   std::fprintf(out, "---------------------------------------------------------------------------------------\n");
-  if (s.mode == Mode::kBandwidth) {
-    std::fprintf(out, " %-10s %-12s %-16s %-14s %-14s %-14s\n", "#bytes", "#iterations", "BW average[GB/s]",
-                 "MsgRate[Mpps]", "CPU client[%]", "CPU server[%]");
-  } else {
-    std::fprintf(out, " %-10s %-12s %-11s %-14s %-11s %-11s %-14s %-14s\n", "#bytes", "#iterations", "t_min[us]",
-                 "t_median[us]", "t_p99[us]", "t_avg[us]", "CPU client[%]", "CPU server[%]");
-  }
+  for (const Column& c : columnsOf(s)) std::fprintf(out, " %-*s", c.width, c.title);
+  std::fprintf(out, "\n");
   std::fflush(out);
 }
 
 void printRow(FILE* out, const RunShape& s, const SizeResult& r) {
-  double cc = percentOf(r.clientCpuSeconds, r.clientWallSeconds);
-  double sc = percentOf(r.serverCpuSeconds, r.serverWallSeconds);
-  if (s.mode == Mode::kBandwidth) {
-    std::fprintf(out, " %-10s %-12llu %-16.4f %-14.4f %-14.1f %-14.1f\n", formatSize(r.size).c_str(),
-                 static_cast<unsigned long long>(r.iterations), r.gbps, r.mpps, cc, sc);
-  } else {
-    std::fprintf(out, " %-10s %-12llu %-11.2f %-14.2f %-11.2f %-11.2f %-14.1f %-14.1f\n", formatSize(r.size).c_str(),
-                 static_cast<unsigned long long>(r.iterations), r.minUs, r.medianUs, r.p99Us, r.avgUs, cc, sc);
-  }
+  for (const Column& c : columnsOf(s)) std::fprintf(out, " %-*s", c.width, c.value(r).c_str());
+  std::fprintf(out, "\n");
   std::fflush(out);
 }
 
@@ -99,6 +140,9 @@ json::Value reportJson(const BenchReport& rep) {
   const RunShape& s = rep.shape;
   json::Value doc = json::Value::emptyObject();
   doc.set("ferry_bench", kProtocolVersion);
+  doc.set("api", apiName(s.api));
+  // The language of the client that measured: bench/endpoint_client.py writes "python".
+  doc.set("language", "c++");
   doc.set("op", opName(s.op));
   doc.set("mode", modeName(s.mode));
   doc.set("client_device", rep.clientDevice);
@@ -128,6 +172,12 @@ json::Value reportJson(const BenchReport& rep) {
       lat.set("avg", r.avgUs);
       lat.set("max", r.maxUs);
       o.set("lat_us", std::move(lat));
+    }
+    if (s.api == Api::kEndpoint) {
+      o.set("messages", static_cast<int64_t>(r.messages));
+      o.set("us_per_message", r.usPerMessage);
+      o.set("call_us", r.callUs);
+      o.set("verified_bytes", static_cast<int64_t>(r.verifiedBytes));
     }
     o.set("client_cpu_seconds", r.clientCpuSeconds);
     o.set("client_cpu_percent", percentOf(r.clientCpuSeconds, r.clientWallSeconds));
@@ -195,8 +245,9 @@ Status writePlot(const std::string& path, const BenchReport& rep) {
   const int plotW = width - left - right, plotH = height - topMargin - bottom;
   Canvas c(width, height, kWhite);
 
-  std::string title = std::string("ferry bench: ") + opName(rep.shape.op) + (bw ? " bandwidth" : " latency") + ", " +
-                      rep.clientDevice + " -> " + rep.serverDevice;
+  std::string title = std::string("ferry bench: ") + (rep.shape.api == Api::kEndpoint ? "endpoint " : "") +
+                      opName(rep.shape.op) + (bw ? " bandwidth" : " latency") + ", " + rep.clientDevice + " -> " +
+                      rep.serverDevice;
   c.text((width - Canvas::textWidth(title, 2)) / 2, 16, title, kBlack, 2);
   std::string subtitle = std::to_string(rep.shape.threads) + " thread(s) x " + std::to_string(rep.shape.qps) + " qp(s)" +
                          (bw ? ", depth " + std::to_string(rep.shape.depth) + ", batch " + std::to_string(rep.shape.batch)
