@@ -148,6 +148,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         break;
       }
       const bool signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
+      bool placed = false;
       ++sqOutstanding_;
       std::shared_ptr<FastPath> fp = fastPathForLocked(wr.opcode, total);
       bool fastDone = false;
@@ -156,11 +157,13 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         fastBusy_ = true;
         lock.unlock();
         fastDone = runFastPath(*fp, wr, total);
-        if (fastDone) pushSendCompletion(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
+        // A WRITE_WITH_IMM's data is in place; its immediate still goes to the peer below.
+        placed = fastDone && wr.opcode == WrOpcode::kRdmaWriteWithImm;
+        if (fastDone && !placed) pushSendCompletion(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
         lock.lock();
         fastBusy_ = false;
         queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
-        if (fastDone) continue;
+        if (fastDone && !placed) continue;
       }
       SendWqe wqe;
       wqe.wrId = wr.wrId;
@@ -169,6 +172,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       wqe.signaled = signaled;
       wqe.length = total;
       wqe.immData = wr.immData;
+      wqe.placed = placed;
       if (isReadOrAtomic(wr.opcode) && wr.opcode != WrOpcode::kRdmaRead) {
         wqe.remoteAddr = wr.atomic.remoteAddr;
         wqe.rkey = wr.atomic.rkey;
@@ -178,7 +182,9 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         wqe.remoteAddr = wr.rdma.remoteAddr;
         wqe.rkey = wr.rdma.rkey;
       }
-      if (inlined) {
+      if (placed) {
+        // Nothing of the caller's memory is needed any more.
+      } else if (inlined) {
         // Inline data is copied now: the caller may reuse its buffer as soon as we return.
         wqe.inlineData.resize(total);
         size_t off = 0;
@@ -190,7 +196,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         wqe.sges.assign(wr.sgList.begin(), wr.sgList.end());
       }
       if (fp) {
-        posted_.push_front(std::move(wqe));  // the same-host path refused it: first in line
+        posted_.push_front(std::move(wqe));  // refused by the same-host path, or placed: first in line
         queued = true;
         continue;
       }
@@ -476,7 +482,7 @@ void SoftQp::giveBackRecv(RecvWqe wqe) {
 
 WcStatus SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
   wqe.local.clear();
-  if (!wqe.inlineData.empty() || wqe.sges.empty()) return WcStatus::kSuccess;
+  if (wqe.placed || !wqe.inlineData.empty() || wqe.sges.empty()) return WcStatus::kSuccess;
   const bool intoLocal = isReadOrAtomic(wqe.opcode);
   uint32_t need = intoLocal ? verbs::access::kLocalWrite : 0;
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
@@ -522,7 +528,10 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
   if (wqe.flags & verbs::send_flags::kSolicited) h.flags |= wire::kFlagSolicited;
   OutFrame frame;
   frame.seq = wqe.seq;
-  if (wire::carriesPayload(h.type)) {
+  if (wqe.placed) {
+    h.flags |= wire::kFlagPlaced;
+    h.length = static_cast<uint32_t>(wqe.length);
+  } else if (wire::carriesPayload(h.type)) {
     h.payloadLen = static_cast<uint32_t>(wqe.length);
     if (!wqe.inlineData.empty()) {
       frame.ownedPayload = wqe.inlineData;
@@ -891,14 +900,16 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
 
 std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
   if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
-  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaRead) return nullptr;
+  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm && opcode != WrOpcode::kRdmaRead) {
+    return nullptr;
+  }
   // Only with nothing else outstanding (this request is counted): it must not overtake one.
   if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
   return fast_;
 }
 
 bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length) {
-  const bool write = wr.opcode == WrOpcode::kRdmaWrite;
+  const bool write = wr.opcode != WrOpcode::kRdmaRead;
   if (!fp.peer->aliveRecently()) return false;
   std::array<iovec, 64> iov;
   size_t n = 0;
@@ -1167,7 +1178,8 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       if (h.type == FrameType::kWriteImm) {
         RecvWqe rwqe = std::move(*curRecv_);
         curRecv_.reset();
-        pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, h.payloadLen, h.aux,
+        const uint32_t byteLen = (h.flags & wire::kFlagPlaced) ? h.length : h.payloadLen;
+        pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, byteLen, h.aux,
                            (h.flags & wire::kFlagSolicited) != 0);
       }
       return;

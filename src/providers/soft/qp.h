@@ -14,8 +14,9 @@
 // Same-host path (share.h): when the peer's hello reply offers its table and we can reach its
 // memory, a WRITE or READ posted while nothing else is outstanding on the QP is carried out by the
 // posting thread itself — checked against the peer's records, one process_vm_writev/readv, and its
-// completion — before ibv_post_send returns. Anything else, or anything the records refuse, goes
-// over TCP in order behind it.
+// completion — before ibv_post_send returns. A WRITE_WITH_IMM's data moves the same way and only
+// its immediate goes over TCP (a WRITE_IMM frame with kFlagPlaced). Anything else, or anything the
+// records refuse, goes over TCP in order behind it.
 #pragma once
 
 #include <atomic>

@@ -8,9 +8,9 @@
 //
 // A requester on the same host (a SharePeer) maps that table through /proc/<pid>/fd/<n> (which
 // takes the same permission as reading the owner's memory), proves with process_vm_readv that the
-// cookie it was told sits in the owner's memory, and from then on carries out a WRITE or READ
-// itself: it checks the owner's records at the moment of the access and copies with one
-// process_vm_writev/readv call. Anything the records refuse, and any copy that fails, goes the
+// cookie it was told sits in the owner's memory, and from then on carries out a WRITE or READ (or
+// a WRITE_WITH_IMM's data) itself: it checks the owner's records at the moment of the access and
+// copies with one process_vm_writev/readv call. Anything the records refuse, and any copy that fails, goes the
 // ordinary way over TCP, where the owner's reactor checks it again and reports the error as usual.
 //
 // Deregistration never races a copy: each accessor QP holds an accessor slot in the table, and

@@ -88,6 +88,7 @@ struct SendWqe {
   uint32_t rkey = 0;
   uint64_t compareAdd = 0;
   uint64_t swap = 0;
+  bool placed = false;            // WRITE_WITH_IMM whose data the same-host path already copied
   // Reactor state.
   uint32_t seq = 0;
   bool responded = false;        // READ/atomic response arrived

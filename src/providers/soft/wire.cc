@@ -128,6 +128,11 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       if (h.type == FrameType::kReadReq && h.length > kMaxMessage) {
         return protocolError("read request above the message limit");
       }
+      if (h.flags & kFlagPlaced) {
+        if (h.type != FrameType::kWriteImm || h.payloadLen != 0 || h.length > kMaxMessage) {
+          return protocolError("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
+        }
+      }
       if (h.type != FrameType::kReadReq && h.remoteAddr + h.payloadLen < h.remoteAddr) {
         return protocolError("write range wraps around the address space");
       }

@@ -31,7 +31,7 @@ enum class FrameType : uint8_t {
   kSend = 3,         // flags: kFlagSolicited; payload: the message
   kSendImm = 4,      // aux = immediate
   kWrite = 5,        // remoteAddr, rkey; payload: the data
-  kWriteImm = 6,     // aux = immediate; consumes a receive at the target
+  kWriteImm = 6,     // aux = immediate; consumes a receive at the target; flags: kFlagPlaced
   kReadReq = 7,      // remoteAddr, rkey, length
   kCmpSwap = 8,      // remoteAddr, rkey, compareAdd, swap
   kFetchAdd = 9,     // remoteAddr, rkey, compareAdd (the addend)
@@ -45,6 +45,9 @@ enum class FrameType : uint8_t {
 
 inline constexpr uint16_t kFlagSolicited = 1;
 inline constexpr uint16_t kFlagImm = 2;  // kDatagram: aux carries an immediate
+// kWriteImm: the data is already in place (the requester copied it on the same-host path);
+// payloadLen is 0 and `length` is the WRITE's length, reported in the receive's completion.
+inline constexpr uint16_t kFlagPlaced = 4;
 inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 
 enum class Syndrome : uint32_t {

@@ -248,6 +248,40 @@ TEST_P(SameHostPath, WritesAndReadsTakeThePathAndFallBackForWhatItRefuses) {
   EXPECT_EQ(soft::sameHostOpsDone(), before + 2);
 }
 
+TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 1 << 20, v::access::kLocalWrite, 94));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 1 << 20, v::access::kAll, 95));
+  ASSERT_OK_AND_ASSIGN(auto sink, registerBuffer(pair->b.pd, 64, v::access::kLocalWrite, 96));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 64)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // the requester connection is up now
+  fillPattern(src.memory.bytes(), 97);
+
+  // No receive posted yet: the data is placed at once, the immediate waits (receiver not ready)
+  // and arrives, once, when a receive is posted; the WRITE completes after that.
+  const uint64_t before = soft::sameHostOpsDone();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWriteWithImm, .wrId = 2,
+                              .sges = {sgeOf(src, 4096, 512 * 1024)}, .remoteAddr = dst.address(8),
+                              .rkey = dst.mr.rkey(), .imm = 0xfeedf00d}));
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 1);
+  EXPECT_TRUE(noCompletionFor(pair->a.sendCq, std::chrono::milliseconds(50)));
+  ASSERT_OK(postReceive(pair->b.qp, 7, {sgeOf(sink, 0, 64)}));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(wc.wrId, 7u);
+  EXPECT_EQ(wc.opcode, v::WcOpcode::kRecvRdmaWithImm);
+  EXPECT_EQ(wc.byteLen, 512u * 1024);
+  EXPECT_EQ(wc.immData, 0xfeedf00du);
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 8, 512 * 1024), 97, 4096));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.wrId, 2u);
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(wc.byteLen, 512u * 1024);
+  EXPECT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(20))) << "the immediate came twice";
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, SameHostPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
 
 }  // namespace

@@ -167,6 +167,21 @@ TEST(WireTest, HelloReplyCarriesTheSameHostTableOnlyWhenOffered) {
   EXPECT_EQ(none.sharePid, 0u);
 }
 
+TEST(WireTest, PlacedDataFlagOnlyOnAnEmptyWriteWithImmediate) {
+  FrameHeader placed{.type = FrameType::kWriteImm, .flags = kFlagPlaced, .qpn = 3, .remoteAddr = 0x1000,
+                     .rkey = 9, .length = 4096};
+  FrameHeader back;
+  ASSERT_TRUE(decodeHeader(encode(placed), &back).isOk());
+  EXPECT_EQ(back.length, 4096u);
+  EXPECT_EQ(back.flags & kFlagPlaced, kFlagPlaced);
+  FrameHeader withData = placed;
+  withData.payloadLen = 16;
+  EXPECT_FALSE(decodeHeader(encode(withData), &back).isOk());
+  FrameHeader onWrite = placed;
+  onWrite.type = FrameType::kWrite;
+  EXPECT_FALSE(decodeHeader(encode(onWrite), &back).isOk());
+}
+
 TEST(WireTest, CommonHeaderLayoutIsLittleEndian) {
   FrameHeader h{.type = FrameType::kSendImm,
                 .flags = 0x0201,
