@@ -282,6 +282,36 @@ TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
   EXPECT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(20))) << "the immediate came twice";
 }
 
+// FERRY_SOFT_SAME_HOST=0 (the soft_tcp path): the same pair of processes' contexts moves every byte
+// over TCP, however often it writes and reads.
+class ForcedTcpPath : public VerbsTest {
+ protected:
+  void SetUp() override {
+    VerbsTest::SetUp();
+    if (IsSkipped()) return;
+    if (providerPath().name != "soft_tcp") GTEST_SKIP() << "the variable is set on the soft_tcp path";
+  }
+};
+
+TEST_P(ForcedTcpPath, WritesAndReadsNeverTakeTheSameHostPath) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 64 * 1024, v::access::kLocalWrite, 98));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 64 * 1024, v::access::kAll, 99));
+  const uint64_t before = soft::sameHostOpsDone();
+  for (uint64_t id = 1; id <= 8; ++id) {
+    const auto op = id % 2 ? v::WrOpcode::kRdmaWrite : v::WrOpcode::kRdmaRead;
+    ASSERT_OK(post(pair->a.qp, {.opcode = op, .wrId = id, .sges = {sgeOf(src, 0, 64 * 1024)},
+                                .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  }
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  EXPECT_EQ(soft::sameHostOpsDone(), before) << "a request took the same-host path with FERRY_SOFT_SAME_HOST=0";
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, ForcedTcpPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+
 INSTANTIATE_TEST_SUITE_P(Providers, SameHostPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
 
 }  // namespace
