@@ -26,7 +26,8 @@ bool sameFields(const FrameHeader& a, const FrameHeader& b) {
          a.qpn == b.qpn && a.aux == b.aux && a.remoteAddr == b.remoteAddr && a.rkey == b.rkey &&
          a.length == b.length && a.compareAdd == b.compareAdd && a.swap == b.swap &&
          a.atomicResult == b.atomicResult && a.srcQpn == b.srcQpn && a.psn == b.psn &&
-         a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.qkey == b.qkey && a.nonce == b.nonce;
+         a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.qkey == b.qkey && a.nonce == b.nonce &&
+         a.sharePid == b.sharePid && a.shareFd == b.shareFd && a.shareCookie == b.shareCookie;
 }
 
 void checkAccepted(const FrameHeader& h, size_t headerLen) {
@@ -47,6 +48,13 @@ void checkAccepted(const FrameHeader& h, size_t headerLen) {
               h.aux <= static_cast<uint32_t>(w::Syndrome::kRemOp),
           "accepted an unknown NAK syndrome");
   }
+  // The placed-data bit means something only to WRITE and READ frames (elsewhere it is an unused bit).
+  const bool rdma = h.type == FrameType::kWrite || h.type == FrameType::kWriteImm || h.type == FrameType::kReadReq;
+  if (rdma && (h.flags & w::kFlagPlaced)) {
+    check(h.type == FrameType::kWriteImm && h.payloadLen == 0 && h.length <= w::kMaxMessage,
+          "accepted a placed-data flag where it does not belong");
+  }
+  check(h.sharePid != 0 || (h.shareFd == 0 && h.shareCookie == 0), "a same-host table without a pid");
   if (h.type == FrameType::kHello) {
     check(h.srcQpn < (1u << 24) && h.qpn < (1u << 24) && h.psn < (1u << 24),
           "accepted a hello above 24 bits");
@@ -55,7 +63,7 @@ void checkAccepted(const FrameHeader& h, size_t headerLen) {
   // Re-encode and decode again: the same fields must come back.
   std::array<uint8_t, w::kMaxHeaderLen> buffer{};
   size_t n = w::encodeHeader(h, buffer.data());
-  check(n == w::headerLenFor(h.type), "encode wrote an unexpected length");
+  check(n == w::encodedHeaderLen(h), "encode wrote an unexpected length");
   std::span<const uint8_t> encoded(buffer.data(), n);
   auto len = w::peekHeaderLen(encoded);
   check(len.isOk() && *len == n, "peek refused a re-encoded header");

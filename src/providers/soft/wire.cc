@@ -166,7 +166,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       if (h.aux > static_cast<uint32_t>(HelloResult::kBusy)) {
         return protocolError("hello reply with an unknown result");
       }
-      if (*len >= kCommonHeaderLen + kHelloReplyShareLen) {
+      if (*len >= kCommonHeaderLen + kHelloReplyShareLen && get32(x) != 0) {  // pid 0: no table
         h.sharePid = get32(x);
         h.shareFd = get32(x + 4);
         h.shareCookie = get64(x + 8);
