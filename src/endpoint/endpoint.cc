@@ -26,10 +26,6 @@ constexpr uint32_t kMessageSeqMask = kLastFragment - 1;
 constexpr uint32_t kSignalEvery = 16;
 constexpr uint32_t kMaxSendSge = 8;
 constexpr uint32_t kQpAccess = v::access::kLocalWrite | v::access::kRemoteWrite | v::access::kRemoteRead;
-// Transport retries of each queue pair (retry_cnt): 6, not the verbs maximum 7, because the
-// kernel's soft-RoCE (rdma_rxe) never counts down a retry_cnt of 7, so work towards a vanished
-// peer would be retried forever there instead of failing with RETRY_EXC_ERR.
-constexpr uint8_t kTransportRetries = 6;
 
 Status peerError(const std::string& what) { return invalidArgument("connect: peer metadata: " + what); }
 
@@ -228,7 +224,6 @@ Status Endpoint::init() {
     lane->qpNum = lane->qp.qpNum();
     lane->local.portNum = static_cast<uint8_t>(context_->ibPort());
     lane->local.packetLifeTime = o.ackTimeout;
-    lane->local.retries = kTransportRetries;
     lane->local.sgidIndex = o.gidIndex;
     FERRY_RETURN_IF_ERROR(v::fillPath(ctx, lane->qp, lane->local));
     // INIT now, so the receives are posted before the peer can send anything.

@@ -79,7 +79,7 @@ struct EndpointOptions {
   uint64_t maxWorkRequestBytes = 4u << 20;   // largest piece of a range in one work request
   uint64_t minStripeBytes = 256u << 10;      // ranges above this are striped over the queue pairs
   uint64_t maxUnexpectedBytes = 64u << 20;   // message bytes kept aside for recv()s not yet issued
-  // Transport timeout of each try (4.096 us * 2^ackTimeout; 7 tries): how long work waits for an
+  // Transport timeout of each try (4.096 us * 2^ackTimeout; 8 tries): how long work waits for an
   // unreachable peer, or for a peer that has not called connect() yet, before it fails with
   // RETRY_EXC_ERR. 16: about 2 s of no progress in all. (A peer whose connection drops fails work
   // at once.)
