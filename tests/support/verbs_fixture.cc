@@ -21,12 +21,14 @@ using verbs::WorkCompletion;
 // ---- provider paths ----
 
 const std::vector<ProviderPath>& providerPaths() {
-  // The soft provider over TCP on the loopback interface, and with its same-host path (one-copy
-  // WRITE and READ between contexts of this host); the ibverbs provider on the kernel's soft-RoCE
+  // The soft provider over TCP on the loopback interface; with its same-host path (one-copy WRITE
+  // and READ between contexts of this host, everything else over shared-memory rings); with rings
+  // only (the path where cross-memory attach is refused); the ibverbs provider on the kernel's soft-RoCE
   // device rxe0 (the rxe VM, shared/tools/rxe-vm). Further paths are one entry each.
   static const std::vector<ProviderPath> paths = {
       {.name = "soft_tcp", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "0"}}},
       {.name = "soft_same_host", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "1"}}},
+      {.name = "soft_ring", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "ring"}}},
       {.name = "ibverbs_rxe", .device = "rxe0", .env = {}},
   };
   return paths;

@@ -33,12 +33,34 @@ size_t OutFrame::total() const {
 Conn::Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting)
     : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(connecting), staged_(kStagingBytes) {}
 
+Conn::Conn(SoftContext* ctx, int fd, std::unique_ptr<RingLink> ring, Delegate* delegate)
+    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(false), staged_(kStagingBytes), ring_(std::move(ring)) {}
+
 Conn::~Conn() {
   if (fd_ >= 0) ::close(fd_);
 }
 
 Status Conn::attach() {
   std::weak_ptr<Conn> weak = weak_from_this();
+  if (ring_) {
+    // The rings wake us through our eventfd; the socket only says when the peer is gone.
+    FERRY_RETURN_IF_ERROR(ctx_->reactor().addFd(ring_->ownWakeFd(), EPOLLIN, [weak](uint32_t) {
+      if (auto self = weak.lock()) self->onRingWake();
+    }));
+    Status st = ctx_->reactor().addFd(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t ev) {
+      if (auto self = weak.lock()) self->onRingSocket(ev);
+    });
+    if (!st.isOk()) {
+      ctx_->reactor().removeFd(ring_->ownWakeFd());
+      return st;
+    }
+    socketWatched_ = true;
+    // Bytes may have arrived before we watched the eventfd.
+    ctx_->reactor().post([weak] {
+      if (auto self = weak.lock()) self->onRingWake();
+    });
+    return Status::ok();
+  }
   uint32_t events = EPOLLIN | EPOLLRDHUP | (connecting_ ? EPOLLOUT : 0);
   return ctx_->reactor().addFd(fd_, events, [weak](uint32_t ev) {
     if (auto self = weak.lock()) self->onEvents(ev);
@@ -68,8 +90,64 @@ void Conn::onEvents(uint32_t events) {
   if (!closed() && (events & EPOLLOUT)) onWritable();
 }
 
-void Conn::updateInterest() {
+void Conn::onRingWake() {
   if (fd_ < 0) return;
+  auto self = shared_from_this();
+  ring_->clearWake();
+  onReadable();
+  if (!closed()) flush();
+}
+
+void Conn::onRingSocket(uint32_t events) {
+  if (fd_ < 0) return;
+  auto self = shared_from_this();
+  if (events & EPOLLIN) {
+    char byte;
+    ssize_t n = ::recv(fd_, &byte, 1, MSG_DONTWAIT);
+    if (n > 0) {
+      close(Status(StatusCode::kProtocolError, "bytes on a ring's socket after its setup"));
+      return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  } else if (!(events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
+    return;
+  }
+  // The peer closed its side (or died): what it wrote before is in the ring; read it, then end.
+  peerHungUp_ = true;
+  if (socketWatched_) {
+    ctx_->reactor().removeFd(fd_);
+    socketWatched_ = false;
+  }
+  onReadable();
+}
+
+void Conn::detachFds() {
+  if (ring_) {
+    ctx_->reactor().removeFd(ring_->ownWakeFd());
+    if (socketWatched_) ctx_->reactor().removeFd(fd_);
+    socketWatched_ = false;
+  } else {
+    ctx_->reactor().removeFd(fd_);
+  }
+}
+
+ssize_t Conn::ioWritev(iovec* iov, int count) {
+  if (ring_) return ring_->writev(iov, count);
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = count;
+  return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+ssize_t Conn::ioReadv(iovec* iov, int count) {
+  if (!ring_) return ::readv(fd_, iov, count);
+  ssize_t n = ring_->readv(iov, count);
+  if (n < 0 && errno == EAGAIN && peerHungUp_) return 0;  // the ring is empty and the peer is gone
+  return n;
+}
+
+void Conn::updateInterest() {
+  if (fd_ < 0 || ring_) return;  // a ring producer waiting for room is woken through its eventfd
   uint32_t events = EPOLLIN | EPOLLRDHUP | ((wantWrite_ || connecting_) ? EPOLLOUT : 0);
   (void)ctx_->reactor().modFd(fd_, events);
 }
@@ -94,7 +172,7 @@ void Conn::dropUnsentFrames() {
 void Conn::close(const Status& why, bool quiet) {
   if (fd_ < 0) return;
   auto self = shared_from_this();
-  ctx_->reactor().removeFd(fd_);
+  detachFds();
   ::close(fd_);
   fd_ = -1;
   out_.clear();
@@ -117,7 +195,7 @@ void Conn::closeAfterFlush(bool drain) {
 void Conn::startDrain() {
   if (draining_ || fd_ < 0) return;
   draining_ = true;
-  ::shutdown(fd_, SHUT_WR);
+  ::shutdown(fd_, SHUT_WR);  // over rings, the peer sees its socket hang up and reads the rest first
   std::weak_ptr<Conn> weak = weak_from_this();
   ctx_->reactor().addTimer(Reactor::Clock::now() + std::chrono::seconds(5), [weak] {
     if (auto self = weak.lock()) self->close(Status::ok(), true);
@@ -183,10 +261,7 @@ void Conn::flush() {
         }
         if (skip > 0) break;  // the frame did not fit in iov; later frames must wait
       }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = count;
-      n = count == 0 ? 0 : ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      n = count == 0 ? 0 : ioWritev(iov, count);
     }
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -243,7 +318,7 @@ void Conn::onReadable() {
   if (draining_) {
     // Closing: discard whatever arrives until the peer closes its side.
     for (;;) {
-      ssize_t n = ::recv(fd_, staged_.data(), staged_.size(), MSG_DONTWAIT);
+      ssize_t n = ioRead(staged_.data(), staged_.size());
       if (n > 0) continue;
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -251,7 +326,9 @@ void Conn::onReadable() {
       return;
     }
   }
-  for (int round = 0; round < 64 && !closed(); ++round) {
+  int round = 0;
+readMore:
+  for (; round < 64 && !closed(); ++round) {
     if (inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
         segIndex_ < plan_.segments.size()) {
       ssize_t n = readDirect();
@@ -281,7 +358,7 @@ void Conn::onReadable() {
       stagedEnd_ -= stagedBegin_;
       stagedBegin_ = 0;
     }
-    ssize_t n = ::recv(fd_, staged_.data() + stagedEnd_, staged_.size() - stagedEnd_, MSG_DONTWAIT);
+    ssize_t n = ioRead(staged_.data() + stagedEnd_, staged_.size() - stagedEnd_);
     if (n > 0) {
       stagedEnd_ += static_cast<size_t>(n);
       if (delegate_) delegate_->onProgress(*this);
@@ -298,6 +375,20 @@ void Conn::onReadable() {
     return;
   }
   if (!closed() && delegate_) delegate_->onInputDrained(*this);
+  if (ring_ && !closed() && !peerHungUp_) {
+    if (round >= 64) {
+      // Yield to the reactor's other work; our eventfd brings us back for the rest.
+      uint64_t one = 1;
+      ssize_t w = ::write(ring_->ownWakeFd(), &one, sizeof one);
+      (void)w;
+      return;
+    }
+    // Nothing more to read: poll briefly, then tell the peer to wake us.
+    if (ring_->prepareToSleep()) {
+      round = 0;
+      goto readMore;
+    }
+  }
 }
 
 ssize_t Conn::readDirect() {
@@ -317,7 +408,7 @@ ssize_t Conn::readDirect() {
     off = 0;
   }
   if (count == 0) return -2;
-  ssize_t n = ::readv(fd_, iov, count);
+  ssize_t n = ioReadv(iov, count);
   if (n <= 0) return n;
   size_t got = static_cast<size_t>(n);
   payloadLeft_ -= got;

@@ -1,4 +1,6 @@
-// Conn: one TCP connection of the soft provider, framed by wire.h, driven by the reactor thread.
+// Conn: one connection of the soft provider, framed by wire.h, driven by the reactor thread. Its
+// bytes go over a TCP socket, or between processes of one host over a pair of shared-memory rings
+// (ring.h; the fd is then the AF_UNIX socket whose hang-up says the peer is gone).
 //
 // Input: headers are read into a staging buffer; a payload goes straight into its destination
 // (registered memory) — copied from the staging buffer for the bytes already read with the header,
@@ -15,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "providers/soft/ring.h"
 #include "providers/soft/soft.h"
 #include "providers/soft/wire.h"
 
@@ -64,6 +67,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   };
 
   Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting);
+  // A connection over shared-memory rings; fd is the AF_UNIX socket that carried their setup.
+  Conn(SoftContext* ctx, int fd, std::unique_ptr<RingLink> ring, Delegate* delegate);
   ~Conn();
 
   // Registers with the reactor (reactor thread).
@@ -81,6 +86,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void closeAfterFlush(bool drain = false);
   bool closed() const { return fd_ < 0; }
   int fd() const { return fd_; }
+  // Whether the bytes go over shared-memory rings rather than TCP.
+  bool overRing() const { return ring_ != nullptr; }
   bool connected() const { return !connecting_ && fd_ >= 0; }
   // Drops queued frames that have not started to go out.
   void dropUnsentFrames();
@@ -99,6 +106,17 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Copies up to len bytes from src into the current plan's destinations; returns bytes taken.
   size_t placeFromBuffer(const uint8_t* src, size_t len);
   ssize_t readDirect();
+  // The byte stream: the socket, or the rings. Socket semantics: -1 with errno (EAGAIN when there
+  // is nothing to read or no room), 0 at the end of the peer's stream.
+  ssize_t ioWritev(iovec* iov, int count);
+  ssize_t ioReadv(iovec* iov, int count);
+  ssize_t ioRead(void* buf, size_t len) {
+    iovec v{buf, len};
+    return ioReadv(&v, 1);
+  }
+  void onRingWake();
+  void onRingSocket(uint32_t events);
+  void detachFds();
 
   SoftContext* ctx_;
   int fd_;
@@ -129,6 +147,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   // Output state.
   std::deque<OutFrame> out_;
+
+  // Shared-memory rings (nullptr: TCP).
+  std::unique_ptr<RingLink> ring_;
+  bool peerHungUp_ = false;   // the ring's socket hung up: the peer's stream ends with the ring's bytes
+  bool socketWatched_ = false;
 };
 
 }  // namespace ferry::soft

@@ -5,9 +5,11 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -32,6 +34,18 @@ constexpr int kMaxCqe = 1 << 22;
 constexpr int kMaxRdAtomic = 16;
 constexpr uint32_t kMaxInline = 512;
 constexpr int kHelloTimeoutMs = 5000;
+
+// Whether ip is an address of this host (in this network namespace): it can be bound.
+bool isLocalAddress(in_addr_t ip) {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = ip;
+  bool local = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return local;
+}
 
 uint32_t randomU32() {
   uint32_t v = 0;
@@ -183,6 +197,24 @@ Status SoftContext::start() {
     if (err != EADDRINUSE || attempt == 64) return ioError("bind UDP to " + device_.info.address, err);
   }
   gid_ = makeSoftGid(device_.ipv4, ntohs(addr.sin_port));
+  if (sameHostRingsAllowed()) {
+    // The ring listener: an abstract AF_UNIX name no other process can guess, given only to peers
+    // whose TCP hello this context answers.
+    ringNonce_ = (uint64_t{randomU32()} << 32) | randomU32();
+    std::string name = ringListenerName(static_cast<uint32_t>(getpid()), ringNonce_);
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    std::memcpy(un.sun_path + 1, name.data(), name.size());
+    socklen_t unLen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    ringListenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (ringListenFd_ < 0 || ::bind(ringListenFd_, reinterpret_cast<sockaddr*>(&un), unLen) != 0 ||
+        ::listen(ringListenFd_, 512) != 0) {
+      FERRY_LOG(kWarn, "%s: no shared-memory rings (same-host traffic uses TCP): %s", device_.info.name.c_str(),
+                std::strerror(errno));
+      if (ringListenFd_ >= 0) ::close(ringListenFd_);
+      ringListenFd_ = -1;
+    }
+  }
   if (sameHostAllowed()) {
     auto table = ShareTable::create();
     if (table.isOk()) {
@@ -199,6 +231,9 @@ Status SoftContext::start() {
   FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
     added = reactor_.addFd(listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); });
     if (added.isOk()) added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); });
+    if (added.isOk() && ringListenFd_ >= 0) {
+      added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); });
+    }
   }));
   FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
             static_cast<unsigned>(ntohs(addr.sin_port)));
@@ -221,6 +256,17 @@ void SoftContext::close() {
       ::close(udpFd_);
       udpFd_ = -1;
     }
+    if (ringListenFd_ >= 0) {
+      reactor_.removeFd(ringListenFd_);
+      ::close(ringListenFd_);
+      ringListenFd_ = -1;
+    }
+    for (auto& [fd, timer] : pendingRingSockets_) {
+      reactor_.removeFd(fd);
+      reactor_.cancelTimer(timer);
+      ::close(fd);
+    }
+    pendingRingSockets_.clear();
   });
   reactor_.stop();
 }
@@ -240,18 +286,102 @@ void SoftContext::onAcceptFromLoop() {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     auto conn = std::make_shared<Conn>(this, fd, gate_.get(), false);
     if (!conn->attach().isOk()) continue;
-    pendingConns_[conn.get()] = conn;
-    // A connection that does not introduce itself in time is dropped.
-    std::weak_ptr<Conn> weak = conn;
-    reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, weak] {
-      auto c = weak.lock();
-      if (!c) return;
-      auto it = pendingConns_.find(c.get());
-      if (it == pendingConns_.end()) return;
-      pendingConns_.erase(it);
-      c->close(Status::ok(), true);
-    });
+    awaitHelloFromLoop(conn);
   }
+}
+
+void SoftContext::awaitHelloFromLoop(const std::shared_ptr<Conn>& conn) {
+  pendingConns_[conn.get()] = conn;
+  // A connection that does not introduce itself in time is dropped.
+  std::weak_ptr<Conn> weak = conn;
+  reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, weak] {
+    auto c = weak.lock();
+    if (!c) return;
+    auto it = pendingConns_.find(c.get());
+    if (it == pendingConns_.end()) return;
+    pendingConns_.erase(it);
+    c->close(Status::ok(), true);
+  });
+}
+
+void SoftContext::onRingAcceptFromLoop() {
+  for (int i = 0; i < 64; ++i) {
+    int fd = ::accept4(ringListenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        FERRY_LOG(kWarn, "%s: ring accept failed: %s", device_.info.name.c_str(), std::strerror(errno));
+      }
+      return;
+    }
+    if (onRingSetupFromLoop(fd)) continue;
+    // The setup message is not here yet: wait for it, for as long as a hello may take.
+    auto timer = reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, fd] {
+      if (pendingRingSockets_.erase(fd) == 0) return;
+      reactor_.removeFd(fd);
+      ::close(fd);
+    });
+    pendingRingSockets_[fd] = timer;
+    Status st = reactor_.addFd(fd, EPOLLIN | EPOLLRDHUP, [this, fd](uint32_t) {
+      auto it = pendingRingSockets_.find(fd);
+      if (it == pendingRingSockets_.end()) return;
+      Reactor::TimerId timer = it->second;
+      reactor_.removeFd(fd);
+      pendingRingSockets_.erase(it);
+      reactor_.cancelTimer(timer);
+      if (!onRingSetupFromLoop(fd)) ::close(fd);  // readable but nothing usable: a hang-up
+    });
+    if (!st.isOk()) {
+      pendingRingSockets_.erase(fd);
+      reactor_.cancelTimer(timer);
+      ::close(fd);
+    }
+  }
+}
+
+bool SoftContext::onRingSetupFromLoop(int fd) {
+  RingSetupMessage msg;
+  constexpr int kFds = 3;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kFds + 1))];
+  iovec iov{&msg, sizeof msg};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ssize_t n = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  // Every descriptor that came is ours to close unless the ring adopts it.
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t k = 0; k < count; ++k) {
+      int got;
+      std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof got);
+      fds.push_back(got);
+    }
+  }
+  auto refuse = [&](const char* why) {
+    FERRY_LOG(kWarn, "%s: refused a ring connection: %s", device_.info.name.c_str(), why);
+    for (int f : fds) ::close(f);
+    ::close(fd);
+    return true;
+  };
+  if (n != static_cast<ssize_t>(sizeof msg) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    return refuse("a setup message of the wrong size");
+  }
+  if (fds.size() != kFds) return refuse("a setup message without exactly three descriptors");
+  // [memfd, the requester's eventfd, ours]
+  auto link = RingLink::adopt(msg, fds[0], fds[2], fds[1]);
+  if (!link.isOk()) {
+    FERRY_LOG(kWarn, "%s: %s", device_.info.name.c_str(), link.status().toString().c_str());
+    ::close(fd);
+    return true;
+  }
+  auto conn = std::make_shared<Conn>(this, fd, std::move(*link), gate_.get());
+  if (!conn->attach().isOk()) return true;  // the Conn closes fd
+  awaitHelloFromLoop(conn);
+  return true;
 }
 
 void SoftContext::onDatagramsFromLoop() {
@@ -278,15 +408,36 @@ void SoftContext::onDatagramsFromLoop() {
 
 void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello) {
   pendingConns_.erase(conn.get());
-  sockaddr_in peer{};
-  socklen_t len = sizeof peer;
   in_addr_t peerIp = 0;
-  if (getpeername(conn->fd(), reinterpret_cast<sockaddr*>(&peer), &len) == 0) peerIp = peer.sin_addr.s_addr;
+  bool peerLocal = false;
+  if (conn->overRing()) {
+    // A process of this host (it reached our abstract socket from our network namespace): it may
+    // speak for any address of this host, as over loopback TCP, and for no other.
+    in_addr_t ip;
+    uint16_t port;
+    verbs::Gid src;
+    src.raw = hello.srcGid;
+    if (parseSoftGid(src, &ip, &port) && isLocalAddress(ip)) peerIp = ip;
+  } else {
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (getpeername(conn->fd(), reinterpret_cast<sockaddr*>(&peer), &len) == 0) peerIp = peer.sin_addr.s_addr;
+    peerLocal = (hello.flags & wire::kFlagRingOffer) && offersRings() && isLocalAddress(peerIp);
+  }
   wire::HelloResult result = wire::HelloResult::kNoSuchQp;
-  if (auto qp = findQp(hello.qpn)) result = qp->acceptFromLoop(conn, hello, peerIp);
+  if (auto qp = findQp(hello.qpn)) result = qp->acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
   wire::FrameHeader reply;
   reply.type = wire::FrameType::kHelloReply;
   reply.qpn = hello.srcQpn;
+  if (peerLocal && result == wire::HelloResult::kAccepted) {
+    // A requester of this host: it connects again over shared-memory rings.
+    reply.aux = static_cast<uint32_t>(wire::HelloResult::kUseRing);
+    reply.sharePid = static_cast<uint32_t>(getpid());
+    reply.shareCookie = ringNonce_;
+    conn->sendHeader(reply);
+    conn->closeAfterFlush(/*drain=*/true);
+    return;
+  }
   reply.aux = static_cast<uint32_t>(result);
   if (result == wire::HelloResult::kAccepted && share_) {
     ShareInfo info = share_->info();

@@ -3,10 +3,12 @@
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <shared_mutex>
 
@@ -704,7 +706,66 @@ void SoftQp::onConnected(Conn& conn) {
   hello.psn = nextSeq_ & 0xffffff;
   hello.maxRdAtomic = attr_.maxRdAtomic;
   hello.srcGid = ctx_->gid().raw;
+  if (!conn.overRing() && !ringRefused_ && sameHostRingsAllowed()) hello.flags |= wire::kFlagRingOffer;
   conn.sendHeader(hello);
+}
+
+bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce) {
+  auto fail = [&](const std::string& why) {
+    FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
+    return false;
+  };
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
+  std::string name = ringListenerName(pid, nonce);
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::memcpy(un.sun_path + 1, name.data(), name.size());
+  auto unLen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&un), unLen) != 0) {
+    int err = errno;
+    ::close(fd);
+    return fail(std::string("connect to the peer's ring listener: ") + std::strerror(err));
+  }
+  // The listener's name came from the peer's hello reply; its owner must be the process named there.
+  ucred cred{};
+  socklen_t credLen = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credLen) != 0 || static_cast<uint32_t>(cred.pid) != pid) {
+    ::close(fd);
+    return fail("the ring listener belongs to another process");
+  }
+  auto link = RingLink::create(RingLink::defaultRingBytes());
+  if (!link.isOk()) {
+    ::close(fd);
+    return fail(link.status().toString());
+  }
+  RingSetupMessage msg = (*link)->setupMessage();
+  int fds[3] = {(*link)->memfd(), (*link)->ownWakeFd(), (*link)->peerWakeFd()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{&msg, sizeof msg};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  if (::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof msg)) {
+    int err = errno;
+    ::close(fd);
+    return fail(std::string("sending the ring's setup: ") + std::strerror(err));
+  }
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, std::move(*link), this);
+  reqReady_ = false;
+  if (!reqConn_->attach().isOk()) {
+    reqConn_.reset();
+    return fail("could not watch the ring");
+  }
+  onConnected(*reqConn_);
+  return true;
 }
 
 void SoftQp::onProgress(Conn& conn) {
@@ -783,6 +844,17 @@ Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
 void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
   using wire::FrameType;
   if (h.type == FrameType::kHelloReply) {
+    if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kUseRing) {
+      // The peer is on this host: the same conversation again, over shared-memory rings.
+      reqConn_->close(Status::ok(), true);
+      reqConn_.reset();
+      if (h.sharePid == 0 || !startRingConnectFromLoop(h.sharePid, h.shareCookie)) {
+        ringRefused_ = true;
+        scheduleReconnectFromLoop();
+        armTimeoutFromLoop();
+      }
+      return;
+    }
     if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
       reqReady_ = true;
       setupFastPathFromLoop(h);
@@ -979,7 +1051,7 @@ void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {
 // Responder (reactor thread).
 
 wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
-                                         in_addr_t peerIp) {
+                                         in_addr_t peerIp, bool adopt) {
   QpState state = state_.load();
   if (closed_ || (state != QpState::kRtr && state != QpState::kRts)) return wire::HelloResult::kNoSuchQp;
   in_addr_t ip;
@@ -993,6 +1065,7 @@ wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, cons
   }
   if ((expectedSeq_ & 0xffffff) != hello.psn) return wire::HelloResult::kMismatch;
   if (respConn_ && !respConn_->closed()) return wire::HelloResult::kBusy;
+  if (!adopt) return wire::HelloResult::kAccepted;
   respConn_ = conn;
   conn->setDelegate(this);
   respNakPending_ = false;

@@ -46,9 +46,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
 
   void setQpn(uint32_t qpn) { qpn_ = qpn; }
   const void* pdId() const { return pd_.get(); }
-  // A hello from a peer for this QP (reactor thread). On kAccepted the QP adopts conn.
+  // A hello from a peer for this QP (reactor thread). On kAccepted the QP adopts conn, unless
+  // adopt is false (the peer is only told to connect again over shared-memory rings).
   wire::HelloResult acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
-                                   in_addr_t peerIp);
+                                   in_addr_t peerIp, bool adopt = true);
 
   // Conn::Delegate
   Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
@@ -77,6 +78,9 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void flushFromLoop();
   void resetFromLoop();
   void startConnectFromLoop();
+  // Connects to the peer's ring listener (a kUseRing hello reply); false when that cannot be done
+  // (the QP then connects over TCP without offering rings).
+  bool startRingConnectFromLoop(uint32_t pid, uint64_t nonce);
   void scheduleReconnectFromLoop();
   void armTimeoutFromLoop();
   void onTimeoutFromLoop();
@@ -151,6 +155,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   int reconnectDelayMs_ = 1;
   std::shared_ptr<Conn> reqConn_;
   bool reqReady_ = false;
+  bool ringRefused_ = false;      // a ring connection to the peer failed: stay on TCP
 
   std::shared_ptr<Conn> respConn_;
   uint32_t expectedSeq_ = 0;

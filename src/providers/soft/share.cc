@@ -150,35 +150,79 @@ bool readStable(const Record& r, Read read) {
 
 }  // namespace
 
-bool sameHostAllowed(std::string* reason) {
-  // What the kernel allows is probed once; the variable is read each time (a context at a time).
+namespace {
+
+// FERRY_SOFT_SAME_HOST: "0" TCP only; "ring" shared-memory rings but no cross-memory attach (the
+// path taken where the kernel refuses it); anything else (or unset): both, where allowed.
+enum class SameHostMode { kOff, kRingOnly, kAuto };
+SameHostMode sameHostMode() {
+  const char* env = std::getenv("FERRY_SOFT_SAME_HOST");
+  if (env && std::strcmp(env, "0") == 0) return SameHostMode::kOff;
+  if (env && std::strcmp(env, "ring") == 0) return SameHostMode::kRingOnly;
+  return SameHostMode::kAuto;
+}
+
+// What the kernel allows for cross-memory attach, probed once per process.
+const std::pair<bool, std::string>& cmaProbe() {
   static const std::pair<bool, std::string> kernel = [] {
     // Cross-memory attach may be refused altogether (seccomp in containers, old kernels).
     uint64_t probe = 0x5a5a, got = 0;
     iovec local{&got, sizeof got}, remote{&probe, sizeof probe};
     if (::process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof got) || got != probe) {
-      return std::make_pair(false, std::string("off: process_vm_readv refused here (") + std::strerror(errno) +
-                                       "): same-host traffic uses TCP");
+      return std::make_pair(false, std::string("process_vm_readv refused here (") + std::strerror(errno) + ")");
     }
     int pidfd = pidfdOpen(getpid());
-    if (pidfd < 0) {
-      return std::make_pair(false, std::string("off: pidfd_open unavailable (") + std::strerror(errno) +
-                                       "): same-host traffic uses TCP");
-    }
+    if (pidfd < 0) return std::make_pair(false, std::string("pidfd_open unavailable (") + std::strerror(errno) + ")");
     ::close(pidfd);
-    return std::make_pair(true, std::string("on: WRITE and READ move with one process_vm_writev/readv between "
-                                            "processes that may read each other's memory (TCP otherwise)"));
+    return std::make_pair(true, std::string());
   }();
+  return kernel;
+}
+
+constexpr const char* kRingWords =
+    "SEND, immediates, atomics and acknowledgements over shared-memory rings";
+
+}  // namespace
+
+bool sameHostAllowed(std::string* reason) {
+  const auto& kernel = cmaProbe();
   static std::once_flag logged;
-  std::call_once(logged, [] { FERRY_LOG(kInfo, "soft: same-host path %s", kernel.second.c_str()); });
-  const char* env = std::getenv("FERRY_SOFT_SAME_HOST");
-  if (env && std::strcmp(env, "0") == 0) {
-    if (reason) *reason = "off (FERRY_SOFT_SAME_HOST=0): same-host traffic uses TCP";
-    return false;
+  std::call_once(logged, [&] {
+    if (kernel.first) {
+      FERRY_LOG(kInfo, "soft: same-host path: one-copy WRITE and READ by cross-memory attach; %s", kRingWords);
+    } else {
+      FERRY_LOG(kWarn,
+                "soft: same-host path: cross-memory attach unavailable (%s): WRITE and READ data is staged "
+                "through shared-memory rings (two copies); %s",
+                kernel.second.c_str(), kRingWords);
+    }
+  });
+  switch (sameHostMode()) {
+    case SameHostMode::kOff:
+      if (reason) *reason = "off (FERRY_SOFT_SAME_HOST=0): same-host traffic uses TCP";
+      return false;
+    case SameHostMode::kRingOnly:
+      if (reason) {
+        *reason = std::string("rings only (FERRY_SOFT_SAME_HOST=ring): WRITE and READ data staged through "
+                              "shared-memory rings (two copies); ") + kRingWords;
+      }
+      return false;
+    case SameHostMode::kAuto:
+      break;
   }
-  if (reason) *reason = kernel.second;
+  if (reason) {
+    if (kernel.first) {
+      *reason = std::string("on: one-copy WRITE and READ by process_vm_writev/readv between processes that may "
+                            "read each other's memory; ") + kRingWords;
+    } else {
+      *reason = "on, without cross-memory attach (" + kernel.second +
+                "): WRITE and READ data staged through shared-memory rings (two copies); " + kRingWords;
+    }
+  }
   return kernel.first;
 }
+
+bool sameHostRingsAllowed() { return sameHostMode() != SameHostMode::kOff; }
 
 namespace {
 std::atomic<uint64_t> sameHostOps{0};

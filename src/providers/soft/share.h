@@ -43,9 +43,13 @@ struct ShareInfo {
   uint64_t cookie = 0;
 };
 
-// Whether this process may use the same-host path at all (FERRY_SOFT_SAME_HOST, the kernel's
-// process_vm_readv); why not in reason. Probed once per process; the first call logs the outcome.
+// Whether this process may use the same-host path's one-copy WRITE and READ (FERRY_SOFT_SAME_HOST
+// neither "0" nor "ring", and the kernel's process_vm_readv works); reason describes the whole
+// same-host path as it stands. Probed once per process; the first call logs which path is used.
 bool sameHostAllowed(std::string* reason = nullptr);
+// Whether same-host connections may move to shared-memory rings (ring.h): FERRY_SOFT_SAME_HOST is
+// not "0". Rings work where cross-memory attach is refused: they are the staging fallback then.
+bool sameHostRingsAllowed();
 
 // How many work requests this process has carried out on the same-host path.
 uint64_t sameHostOpsDone();

@@ -149,6 +149,11 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // The UDP socket for UD datagrams, bound to the same address and port as the listener.
   int udpFd() const { return udpFd_; }
 
+  // The shared-memory rings (ring.h): whether this context accepts them (its listener is up), and
+  // the nonce of the listener's abstract name.
+  bool offersRings() const { return ringListenFd_ >= 0; }
+  uint64_t ringNonce() const { return ringNonce_; }
+
   // The same-host path (share.h): the table this context publishes (nullptr when it offers
   // none), and the mapped table of a peer context, shared by the QPs that reach it.
   ShareTable* share() const { return share_.get(); }
@@ -157,6 +162,11 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
  private:
   Result<uint32_t> allocQpnLocked();
   void onAcceptFromLoop();
+  void onRingAcceptFromLoop();
+  // The setup message of an accepted ring connection (true when done: adopted or refused).
+  bool onRingSetupFromLoop(int fd);
+  // A new connection waits for its hello (dropped if none comes in time).
+  void awaitHelloFromLoop(const std::shared_ptr<Conn>& conn);
   void onDatagramsFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
@@ -164,6 +174,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   Reactor reactor_;
   int listenFd_ = -1;
   int udpFd_ = -1;
+  int ringListenFd_ = -1;  // AF_UNIX SOCK_SEQPACKET, abstract name ringListenerName(pid, ringNonce_)
+  uint64_t ringNonce_ = 0;
+  std::unordered_map<int, Reactor::TimerId> pendingRingSockets_;  // accepted, setup not read yet
   verbs::Gid gid_;
   std::atomic<bool> closed_{false};
   verbs::ChildList children_;

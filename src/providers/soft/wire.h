@@ -28,6 +28,7 @@ enum class FrameType : uint8_t {
   kHello = 1,        // requester -> responder, first frame on a new connection
   kHelloReply = 2,   // responder -> requester: aux = HelloResult; optionally sharePid, shareFd,
                      // shareCookie: where a same-host requester finds the responder's table
+                     // (for kUseRing: the responder's ring listener)
   kSend = 3,         // flags: kFlagSolicited; payload: the message
   kSendImm = 4,      // aux = immediate
   kWrite = 5,        // remoteAddr, rkey; payload: the data
@@ -48,6 +49,9 @@ inline constexpr uint16_t kFlagImm = 2;  // kDatagram: aux carries an immediate
 // kWriteImm: the data is already in place (the requester copied it on the same-host path);
 // payloadLen is 0 and `length` is the WRITE's length, reported in the receive's completion.
 inline constexpr uint16_t kFlagPlaced = 4;
+// kHello on TCP: the requester, on this host, can move the connection to shared-memory rings
+// (ring.h). A responder that offers them answers kUseRing instead of adopting the connection.
+inline constexpr uint16_t kFlagRingOffer = 8;
 inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 
 enum class Syndrome : uint32_t {
@@ -63,6 +67,9 @@ enum class HelloResult : uint32_t {
   kNoSuchQp = 1,     // no QP with that number, or it is not ready (RTR/RTS) yet
   kMismatch = 2,     // the QP is connected to another peer, or the PSN differs
   kBusy = 3,         // the QP already has a live connection from its peer
+  kUseRing = 4,      // (to a hello with kFlagRingOffer) the QP would accept: connect again over
+                     // shared-memory rings; sharePid = the responder's pid, shareCookie = the nonce
+                     // in its ring listener's name (ringListenerName)
 };
 
 struct FrameHeader {

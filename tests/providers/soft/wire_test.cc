@@ -368,8 +368,25 @@ TEST(WireTest, RefusesUnknownNakSyndromes) {
 }
 
 TEST(WireTest, RefusesUnknownHelloResults) {
-  FrameHeader reply{.type = FrameType::kHelloReply, .aux = 4};
-  expectRefusedByDecode(encode(reply), "hello result 4");
+  FrameHeader reply{.type = FrameType::kHelloReply, .aux = 5};
+  expectRefusedByDecode(encode(reply), "hello result 5");
+}
+
+TEST(WireTest, UseRingReplyCarriesTheListener) {
+  // kUseRing names the responder's ring listener in the optional table fields.
+  FrameHeader reply{.type = FrameType::kHelloReply,
+                    .aux = static_cast<uint32_t>(HelloResult::kUseRing),
+                    .sharePid = 4242,
+                    .shareCookie = 0x0123456789abcdefull};
+  FrameHeader out;
+  ASSERT_TRUE(decodeHeader(encode(reply), &out).isOk());
+  EXPECT_EQ(out.aux, static_cast<uint32_t>(HelloResult::kUseRing));
+  EXPECT_EQ(out.sharePid, 4242u);
+  EXPECT_EQ(out.shareCookie, 0x0123456789abcdefull);
+  FrameHeader hello = oneOfEachType()[0];
+  hello.flags = kFlagRingOffer;
+  ASSERT_TRUE(decodeHeader(encode(hello), &out).isOk());
+  EXPECT_EQ(out.flags, kFlagRingOffer);
 }
 
 TEST(WireTest, RefusesHelloNumbersAbove24Bits) {

@@ -1,0 +1,348 @@
+#include "providers/soft/ring.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace ferry::soft {
+namespace ring_layout {
+
+// One ring's indices. head: bytes the producer has published; tail: bytes the consumer has taken.
+// Each on its own cache line, so producer and consumer do not share one.
+struct alignas(64) Control {
+  std::atomic<uint64_t> head{0};
+  uint8_t pad0[56];
+  std::atomic<uint64_t> tail{0};
+  uint8_t pad1[56];
+  std::atomic<uint32_t> consumerSleeping{1};  // set by the consumer before it waits on its eventfd
+  std::atomic<uint32_t> producerWaiting{0};   // set by the producer when it waits for room
+  uint8_t pad2[56];
+};
+
+struct Segment {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t ringBytes;
+  uint8_t pad[48];
+  Control ctl[2];  // [0]: requester -> responder, [1]: responder -> requester
+};
+
+constexpr size_t kDataOffset = 4096;
+static_assert(sizeof(Segment) <= kDataOffset);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the rings need address-free atomics");
+
+}  // namespace ring_layout
+
+namespace {
+
+using ring_layout::Control;
+using ring_layout::kDataOffset;
+using ring_layout::Segment;
+
+std::atomic<uint64_t> linksMade{0};
+std::atomic<uint64_t> bytesWritten{0};
+
+constexpr size_t kMinRing = 64 * 1024;
+constexpr size_t kMaxRing = 64 * 1024 * 1024;
+
+int64_t nowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// The longest a consumer polls its ring before it sleeps: FERRY_SOFT_SPIN_US (0 turns polling
+// off), default 0 on machines with fewer than four cores (the polling thread would take the core
+// the application's own threads need), else 20 us.
+int64_t maxSpinNs() {
+  static const int64_t value = [] {
+    if (const char* env = std::getenv("FERRY_SOFT_SPIN_US"); env && *env) {
+      char* end = nullptr;
+      long us = std::strtol(env, &end, 10);
+      if (end && *end == '\0' && us >= 0 && us <= 10000) return int64_t{us} * 1000;
+    }
+    long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    return cores >= 4 ? int64_t{20000} : int64_t{0};
+  }();
+  return value;
+}
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool isEventFd(int fd) {
+  char path[64];
+  char target[64] = {};
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = ::readlink(path, target, sizeof target - 1);
+  return n > 0 && std::strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+
+void closeAll(int a, int b, int c) {
+  for (int fd : {a, b, c}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+// Copies n bytes between a ring of `size` bytes (at position pos, wrapping) and an iovec list,
+// starting `skip` bytes into the list.
+void copyRing(uint8_t* ring, size_t size, uint64_t pos, const iovec* iov, int count, size_t n, bool toRing) {
+  size_t at = static_cast<size_t>(pos & (size - 1));
+  for (int i = 0; i < count && n > 0; ++i) {
+    auto* p = static_cast<uint8_t*>(iov[i].iov_base);
+    size_t len = std::min(iov[i].iov_len, n);
+    n -= len;
+    while (len > 0) {
+      size_t piece = std::min(len, size - at);
+      if (toRing) {
+        std::memcpy(ring + at, p, piece);
+      } else {
+        std::memcpy(p, ring + at, piece);
+      }
+      p += piece;
+      len -= piece;
+      at = (at + piece) & (size - 1);
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t ringLinksMade() { return linksMade.load(std::memory_order_relaxed); }
+uint64_t ringBytesWritten() { return bytesWritten.load(std::memory_order_relaxed); }
+
+size_t RingLink::defaultRingBytes() {
+  static const size_t value = [] {
+    size_t bytes = size_t{1} << 20;
+    if (const char* env = std::getenv("FERRY_SOFT_RING_BYTES"); env && *env) {
+      char* end = nullptr;
+      unsigned long long v = std::strtoull(env, &end, 10);
+      if (end && *end == '\0' && v >= kMinRing && v <= kMaxRing) bytes = std::bit_floor(static_cast<size_t>(v));
+    }
+    return bytes;
+  }();
+  return value;
+}
+
+std::string ringListenerName(uint32_t pid, uint64_t nonce) {
+  char name[64];
+  std::snprintf(name, sizeof name, "ferry-soft-ring-%u-%016llx", pid, static_cast<unsigned long long>(nonce));
+  return name;
+}
+
+Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {
+  if (ringBytes < kMinRing || ringBytes > kMaxRing || !std::has_single_bit(ringBytes)) {
+    return Status(StatusCode::kInvalidArgument, "ring size must be a power of two from 64 KiB to 64 MiB");
+  }
+  std::unique_ptr<RingLink> link(new RingLink);
+  link->requester_ = true;
+  link->ringBytes_ = ringBytes;
+  link->mapBytes_ = kDataOffset + 2 * ringBytes;
+  link->memfd_ = ::memfd_create("ferry-soft-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (link->memfd_ < 0) return ioError("memfd_create for a shared-memory ring");
+  if (::ftruncate(link->memfd_, static_cast<off_t>(link->mapBytes_)) != 0) return ioError("ftruncate of a ring");
+  if (::fcntl(link->memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ioError("sealing a ring's memfd");
+  }
+  void* base = ::mmap(nullptr, link->mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, link->memfd_, 0);
+  if (base == MAP_FAILED) return ioError("mmap of a ring");
+  link->base_ = static_cast<uint8_t*>(base);
+  auto* seg = new (link->base_) Segment{};
+  seg->magic = RingSetupMessage::kMagic;
+  seg->version = RingSetupMessage::kVersion;
+  seg->ringBytes = static_cast<uint32_t>(ringBytes);
+  link->ownWake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  link->peerWake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (link->ownWake_ < 0 || link->peerWake_ < 0) return ioError("eventfd for a ring");
+  link->outData_ = link->base_ + kDataOffset;
+  link->inData_ = link->base_ + kDataOffset + ringBytes;
+  link->spinNs_ = maxSpinNs() / 4;
+  linksMade.fetch_add(1, std::memory_order_relaxed);
+  return link;
+}
+
+Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, int memfd, int ownWake, int peerWake) {
+  auto refuse = [&](const std::string& why) -> Status {
+    closeAll(memfd, ownWake, peerWake);
+    return Status(StatusCode::kProtocolError, "refused a shared-memory ring: " + why);
+  };
+  if (msg.magic != RingSetupMessage::kMagic) return refuse("bad magic");
+  if (msg.version != RingSetupMessage::kVersion) return refuse("unsupported version " + std::to_string(msg.version));
+  size_t ringBytes = msg.ringBytes;
+  if (ringBytes < kMinRing || ringBytes > kMaxRing || !std::has_single_bit(ringBytes)) {
+    return refuse("ring size " + std::to_string(ringBytes) + " is not a power of two from 64 KiB to 64 MiB");
+  }
+  if (memfd < 0 || ownWake < 0 || peerWake < 0) return refuse("descriptors missing");
+  int seals = ::fcntl(memfd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return refuse("the segment is not a memfd sealed against shrinking and growing");
+  }
+  struct stat st {};
+  size_t mapBytes = kDataOffset + 2 * ringBytes;
+  if (::fstat(memfd, &st) != 0 || static_cast<size_t>(st.st_size) != mapBytes) {
+    return refuse("the segment's size does not match its rings");
+  }
+  if (!isEventFd(ownWake) || !isEventFd(peerWake)) return refuse("a wake-up descriptor is not an eventfd");
+  void* base = ::mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (base == MAP_FAILED) {
+    int err = errno;
+    closeAll(memfd, ownWake, peerWake);
+    return ioError("mmap of a peer's ring", err);
+  }
+  std::unique_ptr<RingLink> link(new RingLink);
+  link->requester_ = false;
+  link->memfd_ = memfd;
+  link->ownWake_ = ownWake;
+  link->peerWake_ = peerWake;
+  link->base_ = static_cast<uint8_t*>(base);
+  link->mapBytes_ = mapBytes;
+  link->ringBytes_ = ringBytes;
+  link->outData_ = link->base_ + kDataOffset + ringBytes;
+  link->inData_ = link->base_ + kDataOffset;
+  // The indices start where the requester left them (zero unless it is hostile; checked on use).
+  link->outHead_ = link->outCtl().head.load(std::memory_order_acquire);
+  link->inTail_ = link->inCtl().tail.load(std::memory_order_acquire);
+  link->spinNs_ = maxSpinNs() / 4;
+  linksMade.fetch_add(1, std::memory_order_relaxed);
+  return link;
+}
+
+RingLink::~RingLink() {
+  if (base_) ::munmap(base_, mapBytes_);
+  closeAll(memfd_, ownWake_, peerWake_);
+}
+
+RingSetupMessage RingLink::setupMessage() const {
+  RingSetupMessage msg;
+  msg.ringBytes = static_cast<uint32_t>(ringBytes_);
+  return msg;
+}
+
+Control& RingLink::outCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 0 : 1]; }
+Control& RingLink::inCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 1 : 0]; }
+
+void RingLink::wakePeer() {
+  uint64_t one = 1;
+  ssize_t n = ::write(peerWake_, &one, sizeof one);
+  (void)n;  // EAGAIN: the counter is saturated, so the peer is woken anyway
+}
+
+void RingLink::clearWake() {
+  uint64_t value;
+  ssize_t n = ::read(ownWake_, &value, sizeof value);
+  (void)n;
+}
+
+ssize_t RingLink::writev(const iovec* iov, int count) {
+  Control& ctl = outCtl();
+  size_t want = 0;
+  for (int i = 0; i < count; ++i) want += iov[i].iov_len;
+  uint64_t tail = ctl.tail.load(std::memory_order_acquire);
+  if (outHead_ - tail > ringBytes_) {
+    errno = EPROTO;
+    return -1;
+  }
+  size_t room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
+  if (room == 0) {
+    // Ask for a wake-up, then look again: the consumer may have made room in between.
+    ctl.producerWaiting.store(1, std::memory_order_seq_cst);
+    tail = ctl.tail.load(std::memory_order_seq_cst);
+    if (outHead_ - tail > ringBytes_) {
+      errno = EPROTO;
+      return -1;
+    }
+    room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
+    if (room == 0) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+  size_t n = std::min(room, want);
+  if (n == 0) return 0;
+  copyRing(outData_, ringBytes_, outHead_, iov, count, n, /*toRing=*/true);
+  outHead_ += n;
+  ctl.head.store(outHead_, std::memory_order_seq_cst);
+  bytesWritten.fetch_add(n, std::memory_order_relaxed);
+  if (ctl.consumerSleeping.load(std::memory_order_seq_cst) != 0 &&
+      ctl.consumerSleeping.exchange(0, std::memory_order_seq_cst) != 0) {
+    wakePeer();
+  }
+  return static_cast<ssize_t>(n);
+}
+
+bool RingLink::readable() const { return inCtl().head.load(std::memory_order_acquire) != inTail_; }
+
+ssize_t RingLink::readv(const iovec* iov, int count) {
+  Control& ctl = inCtl();
+  uint64_t head = ctl.head.load(std::memory_order_acquire);
+  uint64_t avail = head - inTail_;
+  if (avail > ringBytes_) {
+    errno = EPROTO;
+    return -1;
+  }
+  if (avail == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  size_t want = 0;
+  for (int i = 0; i < count; ++i) want += iov[i].iov_len;
+  size_t n = std::min<size_t>(avail, want);
+  if (n == 0) return 0;
+  copyRing(inData_, ringBytes_, inTail_, iov, count, n, /*toRing=*/false);
+  inTail_ += n;
+  ctl.tail.store(inTail_, std::memory_order_seq_cst);
+  if (ctl.producerWaiting.load(std::memory_order_seq_cst) != 0 &&
+      ctl.producerWaiting.exchange(0, std::memory_order_seq_cst) != 0) {
+    wakePeer();
+  }
+  return static_cast<ssize_t>(n);
+}
+
+bool RingLink::prepareToSleep() {
+  Control& ctl = inCtl();
+  if (readable()) return true;
+  const int64_t maxSpin = maxSpinNs();
+  if (maxSpin > 0) {
+    int64_t budget = spinNs_ > 0 ? spinNs_ : 0;
+    if (budget == 0 && ++idleSleeps_ >= 64) {
+      budget = 1000;  // now and then, see whether spinning pays again
+      idleSleeps_ = 0;
+    }
+    if (budget > 0) {
+      int64_t start = nowNs();
+      for (int i = 0;; ++i) {
+        if (readable()) {
+          spinNs_ = std::min(maxSpin, std::max<int64_t>(budget * 2, 2000));
+          return true;
+        }
+        cpuRelax();
+        if ((i & 15) == 15 && nowNs() - start >= budget) break;
+      }
+      spinNs_ = budget / 2 < 500 ? 0 : budget / 2;
+    }
+  }
+  ctl.consumerSleeping.store(1, std::memory_order_seq_cst);
+  if (ctl.head.load(std::memory_order_seq_cst) != inTail_) {
+    ctl.consumerSleeping.store(0, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace ferry::soft

@@ -1,0 +1,123 @@
+// The soft provider's shared-memory rings: the byte stream of a connection between two processes of
+// one host, without the TCP stack.
+//
+// A RingLink is one connection's pair of single-producer single-consumer byte rings in a sealed
+// memfd that both processes map: ring 0 carries the requester's bytes to the responder, ring 1 the
+// responder's to the requester. The frames on them are the TCP path's (wire.h), so every RC rule,
+// check and error of the protocol holds unchanged; only the transport differs. Each side sleeps on
+// an eventfd of its own; a producer writes the peer's eventfd only when the peer said it sleeps
+// (after emptying its ring) and a consumer only when the producer said it waits for room, so a
+// busy stream makes no system call per frame. Before it says it sleeps, a consumer polls its ring
+// for a short while (an adaptive spin: longer while spinning keeps finding data, none once it
+// stops paying).
+//
+// The requester creates the segment and both eventfds and hands them to the responder over an
+// AF_UNIX SOCK_SEQPACKET connection (SCM_RIGHTS) to the responder's ring listener, whose abstract
+// name carries a random nonce the responder gave in a TCP hello reply. That connection stays open
+// for the ring's life: its hang-up tells either side that the other is gone (or closed), just as a
+// TCP reset does.
+//
+// Everything in the shared segment may be scribbled on by a hostile peer: a side keeps its own
+// indices privately, checks the peer's (a ring never holds more than its size), and the frames are
+// decoded by the one fuzzed decoder. The segment must be sealed against shrinking and growing, so
+// the peer cannot take mapped pages away.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/common/status.h"
+
+namespace ferry::soft {
+
+namespace ring_layout {
+struct Segment;
+struct Control;
+}  // namespace ring_layout
+
+// The setup message the requester sends with its three descriptors (memfd, its own eventfd, the
+// responder's eventfd), little-endian: u64 magic, u32 version, u32 ring bytes.
+struct RingSetupMessage {
+  static constexpr uint64_t kMagic = 0x676e6972'79727266ull;  // "ferryring"
+  static constexpr uint32_t kVersion = 1;
+  uint64_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t ringBytes = 0;
+};
+
+class RingLink {
+ public:
+  // The size of each of the two rings (a power of two): FERRY_SOFT_RING_BYTES, default 1 MiB,
+  // 64 KiB to 64 MiB.
+  static size_t defaultRingBytes();
+
+  // The requester's side: a new segment with rings of ringBytes and two new eventfds.
+  static Result<std::unique_ptr<RingLink>> create(size_t ringBytes);
+  // The responder's side: adopts the descriptors a requester sent (takes ownership of all three,
+  // closing them on failure). Refuses a segment that is not a sealed memfd of the size the message
+  // says, rings of a size out of range, and descriptors that are not eventfds.
+  static Result<std::unique_ptr<RingLink>> adopt(const RingSetupMessage& msg, int memfd, int ownWake, int peerWake);
+  ~RingLink();
+  RingLink(const RingLink&) = delete;
+  RingLink& operator=(const RingLink&) = delete;
+
+  // What the requester sends: the message and its descriptors (memfd, requester's and
+  // responder's eventfds), owned by this link.
+  RingSetupMessage setupMessage() const;
+  int memfd() const { return memfd_; }
+  int ownWakeFd() const { return ownWake_; }
+  int peerWakeFd() const { return peerWake_; }
+
+  // Producer: copies as much of iov as fits; returns the bytes taken. When the ring is full it
+  // asks the peer to wake us once there is room and returns -1 with errno EAGAIN.
+  ssize_t writev(const iovec* iov, int count);
+  // Consumer: copies up to the bytes available into iov; -1 with errno EAGAIN when the ring is
+  // empty, EPROTO when the peer's index is impossible (the link must be dropped).
+  ssize_t readv(const iovec* iov, int count);
+  ssize_t read(void* buf, size_t len) {
+    iovec v{buf, len};
+    return readv(&v, 1);
+  }
+  // Consumer, with the input drained: polls briefly (the adaptive spin), then tells the producer we
+  // sleep. Returns true when bytes arrived meanwhile (keep reading; we are not asleep).
+  bool prepareToSleep();
+  // Consumer: bytes are waiting in the incoming ring.
+  bool readable() const;
+  // Clears our eventfd after a wake-up.
+  void clearWake();
+
+ private:
+  RingLink() = default;
+  ring_layout::Control& outCtl() const;
+  ring_layout::Control& inCtl() const;
+  void wakePeer();
+
+  bool requester_ = false;
+  int memfd_ = -1;
+  int ownWake_ = -1;
+  int peerWake_ = -1;
+  uint8_t* base_ = nullptr;
+  size_t mapBytes_ = 0;
+  size_t ringBytes_ = 0;
+  uint8_t* outData_ = nullptr;
+  uint8_t* inData_ = nullptr;
+  uint64_t outHead_ = 0;  // ours: bytes produced (the shared copy is only published)
+  uint64_t inTail_ = 0;   // ours: bytes consumed
+  int64_t spinNs_ = 0;    // the current spin budget (adapts between 0 and the maximum)
+  int idleSleeps_ = 0;    // sleeps since the budget fell to 0
+};
+
+// How many ring links this process has set up (either side) and how many bytes it has written
+// into rings: what tests and `ferry bench` read to tell which path carried the traffic.
+uint64_t ringLinksMade();
+uint64_t ringBytesWritten();
+
+// The abstract AF_UNIX name a responder's ring listener is bound to.
+std::string ringListenerName(uint32_t pid, uint64_t nonce);
+
+}  // namespace ferry::soft
