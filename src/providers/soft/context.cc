@@ -367,6 +367,7 @@ bool SoftContext::onRingSetupFromLoop(int fd) {
     ::close(fd);
     return true;
   };
+  if (n == 0) return refuse("the peer hung up before its setup");
   if (n != static_cast<ssize_t>(sizeof msg) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
     return refuse("a setup message of the wrong size");
   }

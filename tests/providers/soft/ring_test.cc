@@ -1,0 +1,366 @@
+// The soft provider's shared-memory rings: bytes cross both ways and wrap, a full ring pushes back
+// and wakes its producer once room appears, a sleeping consumer is woken once (not per write), a
+// segment or descriptor that cannot be trusted is refused, an impossible index ends the link; and
+// through the verbs API, same-host connections move to rings (also where cross-memory attach is not
+// used), TCP-only contexts never do, and a context's ring listener shrugs off hostile setups.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "providers/soft/ring.h"
+#include "providers/soft/share.h"
+#include "support/verbs_fixture.h"
+
+namespace ferry::test {
+namespace {
+
+namespace v = ferry::verbs;
+using soft::RingLink;
+using soft::RingSetupMessage;
+
+constexpr size_t kRing = 64 * 1024;
+
+struct LinkPair {
+  std::unique_ptr<RingLink> requester;
+  std::unique_ptr<RingLink> responder;
+};
+
+// Both ends in this process: the responder adopts duplicates of the requester's descriptors, as
+// SCM_RIGHTS would hand them over.
+void makeLinks(LinkPair& pair, size_t ringBytes = kRing) {
+  auto req = RingLink::create(ringBytes);
+  ASSERT_TRUE(isOk(req.status()));
+  pair.requester = std::move(*req);
+  auto resp = RingLink::adopt(pair.requester->setupMessage(), ::dup(pair.requester->memfd()),
+                              ::dup(pair.requester->peerWakeFd()), ::dup(pair.requester->ownWakeFd()));
+  ASSERT_TRUE(isOk(resp.status()));
+  pair.responder = std::move(*resp);
+}
+
+bool fdReadable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+bool fdClosed(int fd) { return ::fcntl(fd, F_GETFD) == -1 && errno == EBADF; }
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(i * 31 + seed + (i >> 8));
+  return out;
+}
+
+TEST(RingLink, BytesCrossBothWaysAndWrapAround) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  // 7 messages of 40 KiB through a 64 KiB ring: most of them wrap; two iovec pieces each.
+  for (int i = 0; i < 7; ++i) {
+    auto msg = pattern(40 * 1024, static_cast<uint8_t>(i));
+    iovec out[2] = {{msg.data(), 1000}, {msg.data() + 1000, msg.size() - 1000}};
+    ASSERT_EQ(p.requester->writev(out, 2), static_cast<ssize_t>(msg.size()));
+    std::vector<uint8_t> got(msg.size());
+    iovec in[2] = {{got.data(), 17}, {got.data() + 17, got.size() - 17}};
+    ASSERT_EQ(p.responder->readv(in, 2), static_cast<ssize_t>(got.size()));
+    ASSERT_EQ(got, msg) << "message " << i;
+    // And back.
+    ASSERT_EQ(p.responder->writev(out, 2), static_cast<ssize_t>(msg.size()));
+    std::fill(got.begin(), got.end(), 0);
+    ASSERT_EQ(p.requester->read(got.data(), got.size()), static_cast<ssize_t>(got.size()));
+    ASSERT_EQ(got, msg) << "reply " << i;
+  }
+  uint8_t byte;
+  EXPECT_EQ(p.responder->read(&byte, 1), -1);
+  EXPECT_EQ(errno, EAGAIN) << "an empty ring says so";
+}
+
+TEST(RingLink, AFullRingPushesBackAndWakesItsProducerWhenDrained) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  auto big = pattern(kRing + 100, 3);
+  iovec out{big.data(), big.size()};
+  ASSERT_EQ(p.requester->writev(&out, 1), static_cast<ssize_t>(kRing)) << "takes what fits";
+  p.requester->clearWake();
+  iovec rest{big.data() + kRing, 100};
+  EXPECT_EQ(p.requester->writev(&rest, 1), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_FALSE(fdReadable(p.requester->ownWakeFd()));
+  std::vector<uint8_t> got(4096);
+  ASSERT_EQ(p.responder->read(got.data(), got.size()), 4096);
+  EXPECT_TRUE(fdReadable(p.requester->ownWakeFd())) << "room appeared: the waiting producer is woken";
+  p.requester->clearWake();
+  EXPECT_EQ(p.requester->writev(&rest, 1), 100);
+  // The bytes come out in order.
+  std::vector<uint8_t> all(got.begin(), got.end());
+  std::vector<uint8_t> chunk(kRing);
+  ssize_t n = p.responder->read(chunk.data(), chunk.size());
+  ASSERT_EQ(n, static_cast<ssize_t>(kRing - 4096 + 100));
+  all.insert(all.end(), chunk.begin(), chunk.begin() + n);
+  EXPECT_EQ(all, big);
+}
+
+TEST(RingLink, ASleepingConsumerIsWokenOnceNotPerWrite) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  EXPECT_FALSE(p.responder->prepareToSleep()) << "nothing to read: it sleeps";
+  uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(p.requester->writev(std::array<iovec, 1>{iovec{msg, 8}}.data(), 1), 8);
+  EXPECT_TRUE(fdReadable(p.responder->ownWakeFd())) << "the sleeping consumer is woken";
+  p.responder->clearWake();
+  ASSERT_EQ(p.requester->writev(std::array<iovec, 1>{iovec{msg, 8}}.data(), 1), 8);
+  EXPECT_FALSE(fdReadable(p.responder->ownWakeFd())) << "an awake consumer costs its producer no system call";
+  EXPECT_TRUE(p.responder->readable());
+  EXPECT_TRUE(p.responder->prepareToSleep()) << "bytes are waiting: it must not sleep";
+}
+
+TEST(RingLink, AdoptRefusesWhatItCannotTrust) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  auto tryAdopt = [&](RingSetupMessage msg, int memfd, int own, int peer) {
+    auto r = RingLink::adopt(msg, memfd, own, peer);
+    EXPECT_TRUE(fdClosed(memfd) && fdClosed(own) && fdClosed(peer)) << "a refused setup keeps no descriptor";
+    return r.status().code();
+  };
+  auto good = p.requester->setupMessage();
+  auto dupAll = [&] {
+    return std::array<int, 3>{::dup(p.requester->memfd()), ::dup(p.requester->peerWakeFd()),
+                              ::dup(p.requester->ownWakeFd())};
+  };
+  auto fds = dupAll();
+  RingSetupMessage bad = good;
+  bad.magic ^= 1;
+  EXPECT_EQ(tryAdopt(bad, fds[0], fds[1], fds[2]), StatusCode::kProtocolError) << "magic";
+  fds = dupAll();
+  bad = good;
+  bad.version = 2;
+  EXPECT_EQ(tryAdopt(bad, fds[0], fds[1], fds[2]), StatusCode::kProtocolError) << "version";
+  fds = dupAll();
+  bad = good;
+  bad.ringBytes = kRing * 2;  // the segment is smaller than that
+  EXPECT_EQ(tryAdopt(bad, fds[0], fds[1], fds[2]), StatusCode::kProtocolError) << "size";
+  fds = dupAll();
+  bad = good;
+  bad.ringBytes = kRing + 4096;
+  EXPECT_EQ(tryAdopt(bad, fds[0], fds[1], fds[2]), StatusCode::kProtocolError) << "not a power of two";
+
+  // An unsealed memfd of the right size: the peer could shrink it under our mapping.
+  int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, 4096 + 2 * kRing), 0);
+  fds = dupAll();
+  ::close(fds[0]);
+  EXPECT_EQ(tryAdopt(good, unsealed, fds[1], fds[2]), StatusCode::kProtocolError) << "unsealed";
+
+  // A pipe where an eventfd belongs.
+  int pipeFds[2];
+  ASSERT_EQ(::pipe2(pipeFds, O_CLOEXEC), 0);
+  fds = dupAll();
+  ::close(fds[2]);
+  ::close(pipeFds[1]);
+  EXPECT_EQ(tryAdopt(good, fds[0], fds[1], pipeFds[0]), StatusCode::kProtocolError) << "not an eventfd";
+}
+
+TEST(RingLink, AnImpossibleIndexEndsTheLink) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  // A hostile peer writes its ring's head past what the ring can hold (the layout: a 64-byte
+  // header, then ring 0's control block with its head first).
+  void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, p.requester->memfd(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  uint64_t head = kRing + 1;
+  std::memcpy(static_cast<uint8_t*>(map) + 64, &head, sizeof head);
+  uint8_t buf[16];
+  EXPECT_EQ(p.responder->read(buf, sizeof buf), -1);
+  EXPECT_EQ(errno, EPROTO);
+  ::munmap(map, 4096);
+}
+
+// ---- through the verbs API ----
+
+uint64_t linksNow() { return soft::ringLinksMade(); }
+
+class RingPath : public VerbsTest {
+ protected:
+  void SetUp() override {
+    VerbsTest::SetUp();
+    if (IsSkipped()) return;
+    const auto& name = providerPath().name;
+    if (name != "soft_same_host" && name != "soft_ring" && name != "soft_tcp") {
+      GTEST_SKIP() << "shared-memory rings are the soft provider's";
+    }
+  }
+  bool ringsExpected() const { return providerPath().name != "soft_tcp"; }
+};
+
+TEST_P(RingPath, SameHostConnectionsMoveToRingsAndTcpOnlyOnesNever) {
+  const uint64_t linksBefore = linksNow();
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 1 << 20, v::access::kLocalWrite, 11));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 1 << 20, v::access::kAll, 12));
+  ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 4096)}));
+  const uint64_t bytesBefore = soft::ringBytesWritten();
+  const uint64_t cmaBefore = soft::sameHostOpsDone();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 2, .sges = {sgeOf(src, 0, 4096)}}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 4096), bytesOf(src, 0, 4096)));
+  // An atomic, then a WRITE and a READ of 1 MiB.
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kAtomicFetchAndAdd, .wrId = 3, .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(8192), .rkey = dst.mr.rkey(), .compareAdd = 5}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  fillPattern(src.memory.bytes(), 13);
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 4, .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(matchesPattern(bytesOf(dst), 13));
+  fillPattern(dst.memory.bytes(), 14);
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 5, .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(matchesPattern(bytesOf(src), 14));
+
+  const uint64_t links = linksNow() - linksBefore;
+  const uint64_t ringBytes = soft::ringBytesWritten() - bytesBefore;
+  if (!ringsExpected()) {
+    EXPECT_EQ(links, 0u) << "FERRY_SOFT_SAME_HOST=0 keeps every connection on TCP";
+    EXPECT_EQ(ringBytes, 0u);
+    return;
+  }
+  // Both connections of the pair (one per direction), each counted at both of its ends here.
+  EXPECT_EQ(links, 4u);
+  EXPECT_GE(ringBytes, 4096u) << "the SEND's bytes went through a ring";
+  if (providerPath().name == "soft_ring") {
+    EXPECT_EQ(soft::sameHostOpsDone(), cmaBefore) << "rings only: no cross-memory attach";
+    EXPECT_GE(ringBytes, 4096u + 2u * (1u << 20)) << "the WRITE's data and the READ's response were staged";
+  } else if (soft::sameHostAllowed()) {
+    EXPECT_EQ(soft::sameHostOpsDone(), cmaBefore + 2) << "WRITE and READ took one copy each";
+    EXPECT_LT(ringBytes, 1u << 20) << "their data did not go through a ring";
+  }
+}
+
+// Every abstract socket name of a ring listener of this process (from /proc/net/unix).
+std::vector<std::string> ringListeners() {
+  std::vector<std::string> names;
+  std::ifstream in("/proc/net/unix");
+  std::string line;
+  const std::string prefix = "@ferry-soft-ring-" + std::to_string(::getpid()) + "-";
+  while (std::getline(in, line)) {
+    auto at = line.find(prefix);
+    if (at != std::string::npos) names.push_back(line.substr(at + 1));
+  }
+  return names;
+}
+
+int connectTo(const std::string& name) {
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::memcpy(un.sun_path + 1, name.data(), name.size());
+  auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&un), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void sendWithFds(int sock, const void* data, size_t len, std::vector<int> fds) {
+  iovec iov{const_cast<void*>(data), len};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  if (!fds.empty()) {
+    mh.msg_control = control.data();
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  (void)::sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+// The listener answers only after a hello reply named it, but its name can be found on the host:
+// whatever a stranger sends it is refused, and the context serves its own peers as before.
+TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
+  if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  auto names = ringListeners();
+  ASSERT_FALSE(names.empty()) << "the contexts listen for rings";
+  auto genuine = RingLink::create(kRing);
+  ASSERT_TRUE(isOk(genuine.status()));
+  int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(unsealed, 4096 + 2 * kRing), 0);
+  std::vector<int> open;
+  for (const auto& name : names) {
+    RingSetupMessage msg = (*genuine)->setupMessage();
+    int s;
+    if ((s = connectTo(name)) >= 0) open.push_back(s);  // says nothing at all
+    if ((s = connectTo(name)) >= 0) ::close(s);          // hangs up at once
+    if ((s = connectTo(name)) >= 0) {
+      sendWithFds(s, "garbage", 7, {});
+      open.push_back(s);
+    }
+    if ((s = connectTo(name)) >= 0) {
+      sendWithFds(s, &msg, sizeof msg, {});  // no descriptors
+      open.push_back(s);
+    }
+    if ((s = connectTo(name)) >= 0) {
+      sendWithFds(s, &msg, sizeof msg, {unsealed, (*genuine)->ownWakeFd(), (*genuine)->peerWakeFd()});
+      open.push_back(s);
+    }
+    if ((s = connectTo(name)) >= 0) {
+      // A genuine ring, then frames that are not a hello.
+      sendWithFds(s, &msg, sizeof msg, {(*genuine)->memfd(), (*genuine)->ownWakeFd(), (*genuine)->peerWakeFd()});
+      uint8_t junk[64];
+      std::memset(junk, 0xab, sizeof junk);
+      iovec iov{junk, sizeof junk};
+      (void)(*genuine)->writev(&iov, 1);
+      open.push_back(s);
+    }
+  }
+  ::close(unsealed);
+  // The pair still moves data both ways.
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 64 * 1024, v::access::kLocalWrite, 21));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 64 * 1024, v::access::kAll, 22));
+  ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 64 * 1024)}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 2, .sges = {sgeOf(src, 0, 64 * 1024)}}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  // And a new pair connects over rings as before.
+  const uint64_t before = linksNow();
+  ASSERT_OK_AND_ASSIGN(auto second, makePair());
+  ASSERT_OK(postReceive(second->b.qp, 1, {}));
+  ASSERT_OK(post(second->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 3}));
+  ASSERT_TRUE(pollOne(second->b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_GE(linksNow() - before, 2u);
+  for (int s : open) ::close(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, RingPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+
+}  // namespace
+}  // namespace ferry::test
