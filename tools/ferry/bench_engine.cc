@@ -63,6 +63,16 @@ Status stalled(double seconds) {
 }
 
 uint8_t loadByte(const uint8_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+// Polls *p for value about a microsecond, without a system call; true when it arrived.
+bool landsSoon(const uint8_t* p, uint8_t value) {
+  for (int i = 0; i < 256; ++i) {
+    if (loadByte(p) == value) return true;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return false;
+}
 void storeByte(uint8_t* p, uint8_t value) { __atomic_store_n(p, value, __ATOMIC_RELEASE); }
 // The ping-pong marker of iteration `seq`: never 0 (the cleared value), never equal to the last.
 uint8_t marker(uint64_t seq) { return static_cast<uint8_t>(seq % 255 + 1); }
@@ -245,6 +255,8 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
     ++tracker.outstanding(q);
     uint32_t spins = 0;
     while (loadByte(landing) != value) {
+      // Poll the landing byte itself for a while first (as ib_write_lat does), then the CQ.
+      if (landsSoon(landing, value)) break;
       auto got = tracker.reap();
       if (!got.isOk()) return got.status();
       if (++spins % 256 == 0) {
