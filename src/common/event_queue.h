@@ -52,8 +52,8 @@ class EventQueue {
           return event;
         }
       }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                        std::chrono::steady_clock::now());
+      // Rounded up: a wait never ends before its timeout (0.4 ms left is a 1 ms poll, not none).
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return Status(StatusCode::kTimedOut, "no event within the timeout", ETIMEDOUT);
       pollfd p{fd_, POLLIN, 0};
       int r = ::poll(&p, 1, static_cast<int>(left.count()));

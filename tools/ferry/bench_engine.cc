@@ -183,6 +183,9 @@ struct LoopArgs {
   uint64_t* seq = nullptr;                    // ping-pong sequence, continued across calls
 };
 
+// How long the bandwidth loop polls without a completion before it sleeps on the channel.
+constexpr double kPollBeforeSleep = 50e-6;
+
 Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
   ThreadResources& t = *a.t;
   const RunShape& shape = *a.shape;
@@ -196,6 +199,14 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
   size_t cursor = 0;
   auto last = Clock::now();
   bool posting = true;
+  // Whether some QP has room for another batch.
+  auto canPost = [&] {
+    if (!posting) return false;
+    for (size_t q = 0; q < nq; ++q) {
+      if (depth - tracker.outstanding(q) >= static_cast<uint32_t>(shape.batch)) return true;
+    }
+    return false;
+  };
   while (true) {
     if (posting && (posted >= a.count || Clock::now() >= a.stopAt)) posting = false;
     for (size_t tries = 0; posting && tries < nq; ++tries) {
@@ -226,6 +237,19 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
     } else {
       if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
       if (secondsSince(last) > a.stall) return stalled(a.stall);
+      if (secondsSince(last) > kPollBeforeSleep && !canPost()) {
+        // Nothing completed for a while and every QP is at its depth: sleep until a completion
+        // (arm, poll once more for the one that may have slipped in, then wait), as an
+        // event-driven application does, instead of taking the core the device's threads need.
+        FERRY_RETURN_IF_ERROR(t.cq.reqNotify());
+        got = tracker.reap();
+        if (!got.isOk()) return got.status();
+        if (*got == 0) {
+          auto event = t.channel.getEvent(1);
+          if (!event.isOk() && event.status().code() != StatusCode::kTimedOut) return event.status();
+        }
+        continue;
+      }
       std::this_thread::yield();
     }
   }
@@ -399,7 +423,8 @@ Result<std::unique_ptr<BenchSide>> VerbsSide::create(const std::string& device, 
   side->threads_.reserve(static_cast<size_t>(shape.threads));
   for (int ti = 0; ti < shape.threads; ++ti) {
     ThreadResources& t = side->threads_.emplace_back();
-    FERRY_ASSIGN_OR_RETURN(t.cq, side->ctx_.createCq({.cqe = cqe}));
+    FERRY_ASSIGN_OR_RETURN(t.channel, side->ctx_.createCompChannel());
+    FERRY_ASSIGN_OR_RETURN(t.cq, side->ctx_.createCq({.cqe = cqe, .channel = &t.channel}));
     for (int qi = 0; qi < shape.qps; ++qi) {
       FERRY_ASSIGN_OR_RETURN(v::QueuePair qp,
                              side->pd_.createQp({.type = v::QpType::kRc,

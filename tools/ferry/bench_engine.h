@@ -32,6 +32,7 @@ struct RemoteBuffer {
 // One benchmark thread's objects on one side: a CQ for its QPs' sends and receives, its QPs and
 // one registered buffer.
 struct ThreadResources {
+  verbs::CompletionChannel channel;  // where the bandwidth loop sleeps when nothing completes
   verbs::CompletionQueue cq;
   std::vector<verbs::QueuePair> qps;
   std::unordered_map<uint32_t, size_t> qpIndex;  // QP number -> index in qps
