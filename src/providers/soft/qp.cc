@@ -24,6 +24,9 @@ using verbs::WcStatus;
 using verbs::WrOpcode;
 
 constexpr uint32_t kMaxInline = 512;
+// The most requests (and their local pieces) one same-host system call carries.
+constexpr size_t kMaxFastBatch = 256;
+constexpr size_t kMaxFastPieces = 1024;
 
 bool seqLe(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
 
@@ -154,6 +157,48 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       ++sqOutstanding_;
       std::shared_ptr<FastPath> fp = fastPathForLocked(wr.opcode, total);
       bool fastDone = false;
+      if (fp && (wr.opcode == WrOpcode::kRdmaWrite || wr.opcode == WrOpcode::kRdmaRead)) {
+        // A run of WRITEs (or READs) to one region posted together moves in one system call.
+        size_t run = 1;
+        size_t pieces = wr.sgList.size();
+        while (posted + run < wrs.size() && run < kMaxFastBatch &&
+               sqOutstanding_.load() + run < cap_.maxSendWr) {
+          const verbs::SendWr& next = wrs[posted + run];
+          uint64_t len = 0;
+          for (const auto& sge : next.sgList) len += sge.length;
+          const bool nextInline = (next.sendFlags & verbs::send_flags::kInline) != 0;
+          if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 || len > wire::kMaxMessage ||
+              next.sgList.size() > cap_.maxSendSge || pieces + next.sgList.size() > kMaxFastPieces ||
+              (nextInline && (wr.opcode == WrOpcode::kRdmaRead || len > cap_.maxInlineData))) {
+            break;
+          }
+          pieces += next.sgList.size();
+          ++run;
+        }
+        if (run > 1) {
+          sqOutstanding_ += static_cast<uint32_t>(run - 1);
+          fastBusy_ = true;
+          lock.unlock();
+          auto batch = wrs.subspan(posted, run);
+          const bool done = runFastPathBatch(*fp, batch);
+          if (done) {
+            for (const auto& w : batch) {
+              uint64_t len = 0;
+              for (const auto& sge : w.sgList) len += sge.length;
+              pushSendCompletion(w.wrId, w.opcode, len, sqSigAll_ || (w.sendFlags & verbs::send_flags::kSignaled),
+                                 WcStatus::kSuccess);
+            }
+          }
+          lock.lock();
+          fastBusy_ = false;
+          queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
+          if (done) {
+            posted += run - 1;
+            continue;
+          }
+          sqOutstanding_ -= static_cast<uint32_t>(run - 1);
+        }
+      }
       if (fp) {
         // Carried out here, before anything posted after it (which waits in posted_).
         fastBusy_ = true;
@@ -978,6 +1023,43 @@ std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uin
   // Only with nothing else outstanding (this request is counted): it must not overtake one.
   if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
   return fast_;
+}
+
+bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs) {
+  const bool write = wrs.front().opcode != WrOpcode::kRdmaRead;
+  if (!fp.peer->aliveRecently()) return false;
+  std::array<iovec, kMaxFastPieces> local;
+  std::array<iovec, kMaxFastBatch> remote;
+  size_t nl = 0;
+  uint64_t lo = ~uint64_t{0}, hi = 0;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    const verbs::SendWr& wr = wrs[i];
+    const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+    uint64_t len = 0;
+    for (const auto& sge : wr.sgList) {
+      if (sge.length == 0) continue;
+      if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+      local[nl++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
+      len += sge.length;
+    }
+    if (wr.rdma.remoteAddr + len < wr.rdma.remoteAddr) return false;
+    remote[i] = iovec{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), len};
+    lo = std::min(lo, wr.rdma.remoteAddr);
+    hi = std::max(hi, wr.rdma.remoteAddr + len);
+  }
+  // The owner's records are checked once for the span all of them touch: inside one region, each
+  // one is.
+  const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
+  if (!fp.slot->begin(fp.destQpn, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
+  bool copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
+                               std::span<const iovec>(remote.data(), wrs.size()));
+  fp.slot->end();
+  if (copied) {
+    for (size_t i = 0; i < wrs.size(); ++i) countSameHostOp();
+  }
+  return copied;
 }
 
 bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length) {

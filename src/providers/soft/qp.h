@@ -104,6 +104,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   std::shared_ptr<FastPath> fastPathForLocked(verbs::WrOpcode opcode, uint64_t length) const;
   // Carries out wr on the same-host path (no lock held); false: it must go over TCP.
   bool runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length);
+  // Several WRITEs (or READs) with one remote key in one system call; false: none was done.
+  bool runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs);
   void setupFastPathFromLoop(const wire::FrameHeader& reply);
   void dropFastPath();
   // Shows the QP's state to same-host requesters (the context's share table).

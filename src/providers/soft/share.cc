@@ -477,6 +477,17 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
 
 void SharePeer::Slot::end() { accessors(peer_->base_)[index_].busyKey.store(0, std::memory_order_release); }
 
+bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const {
+  const auto pid = static_cast<pid_t>(peer_->info_.pid);
+  size_t want = 0;
+  for (const iovec& v : remote) want += v.iov_len;
+  ssize_t r = toRemote ? ::process_vm_writev(pid, local.data(), local.size(), remote.data(), remote.size(), 0)
+                       : ::process_vm_readv(pid, local.data(), local.size(), remote.data(), remote.size(), 0);
+  // A short count means a fault part-way: the caller carries the requests out the ordinary way
+  // (writing or reading the same bytes again is harmless).
+  return r >= 0 && static_cast<size_t>(r) == want;
+}
+
 bool SharePeer::Slot::copy(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const {
   const auto pid = static_cast<pid_t>(peer_->info_.pid);
   size_t done = 0;

@@ -122,6 +122,9 @@ class SharePeer {
     void end();
     // Copies between local and [remote, remote+len) in the owner; true when every byte moved.
     bool copy(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const;
+    // One system call for many pieces: local and remote list the same number of bytes (at most
+    // IOV_MAX iovecs each); true when every byte moved.
+    bool copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const;
 
    private:
     friend class SharePeer;

@@ -282,6 +282,74 @@ TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
   EXPECT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(20))) << "the immediate came twice";
 }
 
+TEST_P(SameHostPath, RequestsPostedTogetherMoveTogetherAndKeepTheirMeaning) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 128, .maxRecvWr = 16, .maxSendSge = 4,
+                                                            .maxRecvSge = 4, .maxInlineData = 0}}}));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 64 * 1024, v::access::kLocalWrite, 31));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 64 * 1024, v::access::kAll, 32));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 100, .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
+  fillPattern(dst.memory.bytes(), 33);
+
+  // 32 WRITEs of 1 KiB, each from its own place to its own place (reversed order), two SGEs each,
+  // every fourth signaled: their bytes land where each says, and only the signaled ones complete.
+  std::vector<SendOp> ops;
+  for (uint64_t i = 0; i < 32; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = i,
+                   .sges = {sgeOf(src, i * 1024, 512), sgeOf(src, i * 1024 + 512, 512)},
+                   .flags = i % 4 == 3 ? v::send_flags::kSignaled : 0u,
+                   .remoteAddr = dst.address((31 - i) * 1024), .rkey = dst.mr.rkey()});
+  }
+  uint64_t before = soft::sameHostOpsDone();
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  std::vector<v::WorkCompletion> wcs;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 8, &wcs));
+  for (size_t k = 0; k < wcs.size(); ++k) {
+    EXPECT_EQ(wcs[k].status, v::WcStatus::kSuccess);
+    EXPECT_EQ(wcs[k].wrId, 4 * k + 3) << "in post order, signaled ones only";
+  }
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 32);
+  for (uint64_t i = 0; i < 32; ++i) {
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, (31 - i) * 1024, 1024), bytesOf(src, i * 1024, 1024))) << "write " << i;
+  }
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 32 * 1024, 32 * 1024), 33, 32 * 1024)) << "nothing beyond them moved";
+
+  // READs posted together come back the same way.
+  fillPattern(src.memory.bytes(), 34);
+  ops.clear();
+  for (uint64_t i = 0; i < 16; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaRead, .wrId = 200 + i, .sges = {sgeOf(src, i * 2048, 2048)},
+                   .remoteAddr = dst.address(i * 2048), .rkey = dst.mr.rkey()});
+  }
+  before = soft::sameHostOpsDone();
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  wcs.clear();
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 16, &wcs));
+  for (size_t k = 0; k < wcs.size(); ++k) EXPECT_EQ(wcs[k].wrId, 200 + k);
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 16);
+  EXPECT_TRUE(bytesEqual(bytesOf(src, 0, 32 * 1024), bytesOf(dst, 0, 32 * 1024)));
+
+  // One request of a run reaching past the region: the ones before it succeed, it fails with
+  // REM_ACCESS_ERR and writes nothing, the rest are flushed.
+  ops.clear();
+  for (uint64_t i = 0; i < 4; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 300 + i, .sges = {sgeOf(src, 0, 1024)},
+                   .remoteAddr = dst.address(i == 2 ? 64 * 1024 - 512 : i * 1024), .rkey = dst.mr.rkey()});
+  }
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  wcs.clear();
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 4, &wcs));
+  const v::WcStatus expected[4] = {v::WcStatus::kSuccess, v::WcStatus::kSuccess, v::WcStatus::kRemAccessErr,
+                                   v::WcStatus::kWrFlushErr};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(wcs[k].wrId, 300 + k);
+    EXPECT_EQ(wcs[k].status, expected[k]) << "request " << k;
+  }
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 64 * 1024 - 512, 512), 33, 64 * 1024 - 512));
+}
+
 // FERRY_SOFT_SAME_HOST=0 (the soft_tcp path): the same pair of processes' contexts moves every byte
 // over TCP, however often it writes and reads.
 class ForcedTcpPath : public VerbsTest {
