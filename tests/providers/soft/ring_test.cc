@@ -5,7 +5,13 @@
 // used), TCP-only contexts never do, and a context's ring listener shrugs off hostile setups.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -358,6 +364,62 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_GE(linksNow() - before, 2u);
   for (int s : open) ::close(s);
+}
+
+// Where the kernel refuses cross-memory attach (here: a seccomp filter, as container runtimes
+// install), the same-host path says so and stages WRITE and READ data through the rings; `ferry
+// demo` (two processes, both under the filter) still moves and verifies its bytes, and `ferry info`
+// shows the path.
+std::string runRefusingCrossMemoryAttach(const std::vector<std::string>& args, int* exitCode) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return "pipe failed";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+      ::_exit(90);
+    }
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::unsetenv("FERRY_SOFT_SAME_HOST");
+    ::execv(argv[0], argv.data());
+    ::_exit(91);
+  }
+  ::close(out[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  *exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return text;
+}
+
+TEST(CrossMemoryAttachRefused, TheRingsStageTheDataAndSayWhy) {
+  const std::string ferry = std::string(FERRY_TEST_BIN_DIR) + "/../ferry";
+  if (::access(ferry.c_str(), X_OK) != 0) GTEST_SKIP() << "no ferry program at " << ferry;
+  int code = -1;
+  std::string info = runRefusingCrossMemoryAttach({ferry, "info", "--device", "soft_lo"}, &code);
+  ASSERT_EQ(code, 0) << info;
+  EXPECT_NE(info.find("without cross-memory attach"), std::string::npos) << info;
+  EXPECT_NE(info.find("staged through shared-memory rings"), std::string::npos) << info;
+  std::string demo = runRefusingCrossMemoryAttach({ferry, "demo", "--size", std::to_string(64 << 20)}, &code);
+  ASSERT_EQ(code, 0) << demo;
+  EXPECT_NE(demo.find("cross-memory attach unavailable"), std::string::npos) << "the fallback is logged:\n" << demo;
+  EXPECT_NE(demo.find("RDMA WRITE"), std::string::npos) << demo;
+  EXPECT_NE(demo.find("verified byte for byte"), std::string::npos) << demo;
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, RingPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
