@@ -316,12 +316,20 @@ void Conn::flush() {
 void Conn::onReadable() {
   auto self = shared_from_this();
   if (draining_) {
-    // Closing: discard whatever arrives until the peer closes its side.
-    for (;;) {
+    // Closing: discard whatever arrives until the peer closes its side (a bounded amount at a
+    // time, so a peer that keeps writing cannot hold the progress thread).
+    for (int i = 0;; ++i) {
+      if (i == 64) {
+        if (ring_) ring_->wakeSelf();
+        return;
+      }
       ssize_t n = ioRead(staged_.data(), staged_.size());
       if (n > 0) continue;
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (ring_ && ring_->prepareToSleep()) continue;
+        return;
+      }
       close(Status::ok(), true);
       return;
     }
@@ -377,10 +385,7 @@ readMore:
   if (!closed() && delegate_) delegate_->onInputDrained(*this);
   if (ring_ && !closed() && !peerHungUp_) {
     if (round >= 64) {
-      // Yield to the reactor's other work; our eventfd brings us back for the rest.
-      uint64_t one = 1;
-      ssize_t w = ::write(ring_->ownWakeFd(), &one, sizeof one);
-      (void)w;
+      ring_->wakeSelf();  // yield to the reactor's other work; our eventfd brings us back for the rest
       return;
     }
     // Nothing more to read: poll briefly, then tell the peer to wake us.

@@ -201,11 +201,8 @@ Status SoftContext::start() {
     // The ring listener: an abstract AF_UNIX name no other process can guess, given only to peers
     // whose TCP hello this context answers.
     ringNonce_ = (uint64_t{randomU32()} << 32) | randomU32();
-    std::string name = ringListenerName(static_cast<uint32_t>(getpid()), ringNonce_);
-    sockaddr_un un{};
-    un.sun_family = AF_UNIX;
-    std::memcpy(un.sun_path + 1, name.data(), name.size());
-    socklen_t unLen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    sockaddr_un un;
+    socklen_t unLen = ringListenerAddress(static_cast<uint32_t>(getpid()), ringNonce_, &un);
     ringListenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (ringListenFd_ < 0 || ::bind(ringListenFd_, reinterpret_cast<sockaddr*>(&un), unLen) != 0 ||
         ::listen(ringListenFd_, 512) != 0) {
@@ -339,41 +336,8 @@ void SoftContext::onRingAcceptFromLoop() {
 }
 
 bool SoftContext::onRingSetupFromLoop(int fd) {
-  RingSetupMessage msg;
-  constexpr int kFds = 3;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kFds + 1))];
-  iovec iov{&msg, sizeof msg};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  ssize_t n = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
-  // Every descriptor that came is ours to close unless the ring adopts it.
-  std::vector<int> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t k = 0; k < count; ++k) {
-      int got;
-      std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof got);
-      fds.push_back(got);
-    }
-  }
-  auto refuse = [&](const char* why) {
-    FERRY_LOG(kWarn, "%s: refused a ring connection: %s", device_.info.name.c_str(), why);
-    for (int f : fds) ::close(f);
-    ::close(fd);
-    return true;
-  };
-  if (n == 0) return refuse("the peer hung up before its setup");
-  if (n != static_cast<ssize_t>(sizeof msg) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-    return refuse("a setup message of the wrong size");
-  }
-  if (fds.size() != kFds) return refuse("a setup message without exactly three descriptors");
-  // [memfd, the requester's eventfd, ours]
-  auto link = RingLink::adopt(msg, fds[0], fds[2], fds[1]);
+  auto link = receiveRingSetup(fd);
+  if (!link.isOk() && link.status().code() == StatusCode::kUnavailable) return false;
   if (!link.isOk()) {
     FERRY_LOG(kWarn, "%s: %s", device_.info.name.c_str(), link.status().toString().c_str());
     ::close(fd);

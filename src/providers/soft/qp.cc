@@ -762,11 +762,8 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce) {
   };
   int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
-  std::string name = ringListenerName(pid, nonce);
-  sockaddr_un un{};
-  un.sun_family = AF_UNIX;
-  std::memcpy(un.sun_path + 1, name.data(), name.size());
-  auto unLen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  sockaddr_un un;
+  socklen_t unLen = ringListenerAddress(pid, nonce, &un);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&un), unLen) != 0) {
     int err = errno;
     ::close(fd);
@@ -784,24 +781,9 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce) {
     ::close(fd);
     return fail(link.status().toString());
   }
-  RingSetupMessage msg = (*link)->setupMessage();
-  int fds[3] = {(*link)->memfd(), (*link)->ownWakeFd(), (*link)->peerWakeFd()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  iovec iov{&msg, sizeof msg};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&mh);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fds);
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  if (::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof msg)) {
-    int err = errno;
+  if (Status sent = sendRingSetup(fd, **link); !sent.isOk()) {
     ::close(fd);
-    return fail(std::string("sending the ring's setup: ") + std::strerror(err));
+    return fail(sent.toString());
   }
   reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, std::move(*link), this);
   reqReady_ = false;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace ferry::soft {
 namespace ring_layout {
@@ -146,6 +147,78 @@ std::string ringListenerName(uint32_t pid, uint64_t nonce) {
   return name;
 }
 
+socklen_t ringListenerAddress(uint32_t pid, uint64_t nonce, sockaddr_un* out) {
+  std::string name = ringListenerName(pid, nonce);
+  *out = sockaddr_un{};
+  out->sun_family = AF_UNIX;
+  std::memcpy(out->sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: the abstract namespace
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+namespace {
+constexpr size_t kSetupFds = 3;  // memfd, the requester's eventfd, the responder's eventfd
+}  // namespace
+
+Status sendRingSetup(int sock, const RingLink& link) {
+  RingSetupMessage msg = link.setupMessage();
+  int fds[kSetupFds] = {link.memfd(), link.ownWakeFd(), link.peerWakeFd()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{&msg, sizeof msg};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  if (::sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof msg)) {
+    return ioError("sending a ring's setup");
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock) {
+  RingSetupMessage msg;
+  // Room for one descriptor more than a setup has, so that too many show as MSG_CTRUNC or a count.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kSetupFds + 1))];
+  iovec iov{&msg, sizeof msg};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ssize_t n = ::recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    return Status(StatusCode::kUnavailable, "no ring setup yet", EAGAIN);
+  }
+  // Every descriptor that came is ours to close unless the ring adopts it.
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t k = 0; k < count; ++k) {
+      int got;
+      std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof got);
+      fds.push_back(got);
+    }
+  }
+  auto refuse = [&](const char* why) -> Status {
+    for (int f : fds) ::close(f);
+    return Status(StatusCode::kProtocolError, std::string("refused a ring connection: ") + why);
+  };
+  if (n == 0) return refuse("the peer hung up before its setup");
+  if (n < 0) return refuse("the setup could not be read");
+  if (n != static_cast<ssize_t>(sizeof msg) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    return refuse("a setup message of the wrong size");
+  }
+  if (fds.size() != kSetupFds) return refuse("a setup message without exactly three descriptors");
+  // [memfd, the requester's eventfd, ours]
+  return RingLink::adopt(msg, fds[0], fds[2], fds[1]);
+}
+
 Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {
   if (ringBytes < kMinRing || ringBytes > kMaxRing || !std::has_single_bit(ringBytes)) {
     return Status(StatusCode::kInvalidArgument, "ring size must be a power of two from 64 KiB to 64 MiB");
@@ -241,6 +314,12 @@ void RingLink::wakePeer() {
   uint64_t one = 1;
   ssize_t n = ::write(peerWake_, &one, sizeof one);
   (void)n;  // EAGAIN: the counter is saturated, so the peer is woken anyway
+}
+
+void RingLink::wakeSelf() {
+  uint64_t one = 1;
+  ssize_t n = ::write(ownWake_, &one, sizeof one);
+  (void)n;
 }
 
 void RingLink::clearWake() {

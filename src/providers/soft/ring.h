@@ -23,8 +23,10 @@
 // the peer cannot take mapped pages away.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -90,6 +92,8 @@ class RingLink {
   bool readable() const;
   // Clears our eventfd after a wake-up.
   void clearWake();
+  // Makes our eventfd readable: the progress thread comes back to this link soon.
+  void wakeSelf();
 
  private:
   RingLink() = default;
@@ -117,7 +121,15 @@ class RingLink {
 uint64_t ringLinksMade();
 uint64_t ringBytesWritten();
 
-// The abstract AF_UNIX name a responder's ring listener is bound to.
+// The abstract AF_UNIX name a responder's ring listener is bound to, and its socket address.
 std::string ringListenerName(uint32_t pid, uint64_t nonce);
+socklen_t ringListenerAddress(uint32_t pid, uint64_t nonce, sockaddr_un* out);
+
+// The requester's side of the handover: link's setup message and its three descriptors on sock.
+Status sendRingSetup(int sock, const RingLink& link);
+// The responder's side: reads a setup message and its descriptors from sock and adopts them.
+// kUnavailable (cause EAGAIN) when nothing has arrived yet; kProtocolError for a hang-up or a
+// setup that cannot be trusted, with every descriptor that came closed.
+Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock);
 
 }  // namespace ferry::soft
