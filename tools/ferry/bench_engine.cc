@@ -63,9 +63,9 @@ Status stalled(double seconds) {
 }
 
 uint8_t loadByte(const uint8_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-// Polls *p for value about a microsecond, without a system call; true when it arrived.
-bool landsSoon(const uint8_t* p, uint8_t value) {
-  for (int i = 0; i < 256; ++i) {
+// Polls *p for value `spins` times, without a system call; true when it arrived.
+bool landsSoon(const uint8_t* p, uint8_t value, int spins) {
+  for (int i = 0; i < spins; ++i) {
     if (loadByte(p) == value) return true;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -264,6 +264,7 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
   const size_t nq = t.qps.size();
   SendTracker tracker(t, &a.control->abort);
   uint8_t* mark = t.buffer + a.size - 1;
+  int spinBudget = 256;
   const uint8_t* landing = t.buffer + landingOffset(shape) + a.size - 1;
   v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(a.size),
              .lkey = t.mr.lkey()};
@@ -279,8 +280,14 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
     ++tracker.outstanding(q);
     uint32_t spins = 0;
     while (loadByte(landing) != value) {
-      // Poll the landing byte itself for a while first (as ib_write_lat does), then the CQ.
-      if (landsSoon(landing, value)) break;
+      // Poll the landing byte itself for a while first (as ib_write_lat does), then the CQ and
+      // yield. The while adapts: longer while the byte keeps landing within it (a path of a few
+      // microseconds), shorter when it does not (a path whose progress threads need the core).
+      if (landsSoon(landing, value, spinBudget)) {
+        spinBudget = std::min(spinBudget * 2, 4096);
+        break;
+      }
+      spinBudget = std::max(spinBudget / 2, 32);
       auto got = tracker.reap();
       if (!got.isOk()) return got.status();
       if (++spins % 256 == 0) {
