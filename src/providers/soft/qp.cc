@@ -27,6 +27,8 @@ constexpr uint32_t kMaxInline = 512;
 // The most requests (and their local pieces) one same-host system call carries.
 constexpr size_t kMaxFastBatch = 256;
 constexpr size_t kMaxFastPieces = 1024;
+// Same-host requests from this size are copied by two threads (SoftQp::copyInTwo).
+constexpr uint64_t kStripeBytes = uint64_t{4} << 20;
 
 bool seqLe(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
 
@@ -1007,6 +1009,37 @@ std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uin
   return fast_;
 }
 
+bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local, uint64_t remote,
+                       uint64_t length) {
+  // The second half (from a page boundary) goes to the context's helper thread, the first is
+  // copied here; both before the request completes, under the same accessor mark and memory lock.
+  const uint64_t half = (length / 2) & ~uint64_t{4095};
+  std::vector<iovec> first, second;
+  uint64_t at = 0;
+  for (const iovec& v : local) {
+    uint64_t end = at + v.iov_len;
+    if (end <= half) {
+      first.push_back(v);
+    } else if (at >= half) {
+      second.push_back(v);
+    } else {
+      first.push_back(iovec{v.iov_base, static_cast<size_t>(half - at)});
+      second.push_back(iovec{static_cast<uint8_t*>(v.iov_base) + (half - at), static_cast<size_t>(end - half)});
+    }
+    at = end;
+  }
+  const SharePeer::Slot* slot = fp.slot.get();
+  CopyHelper& helper = ctx_->copyHelper();
+  if (!helper.tryStart([slot, write, &second, remote, half, length] {
+        return slot->copy(write, second, remote + half, length - half);
+      })) {
+    return fp.slot->copy(write, local, remote, length);  // the helper is busy with another request
+  }
+  bool a = fp.slot->copy(write, first, remote, half);
+  bool b = helper.wait();
+  return a && b;
+}
+
 bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs) {
   const bool write = wrs.front().opcode != WrOpcode::kRdmaRead;
   if (!fp.peer->aliveRecently()) return false;
@@ -1016,9 +1049,12 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   uint64_t lo = ~uint64_t{0}, hi = 0;
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
   const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
+  std::array<size_t, kMaxFastBatch + 1> localAt;  // where each request's local pieces start
+  uint64_t total = 0;
   for (size_t i = 0; i < wrs.size(); ++i) {
     const verbs::SendWr& wr = wrs[i];
     const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+    localAt[i] = nl;
     uint64_t len = 0;
     for (const auto& sge : wr.sgList) {
       if (sge.length == 0) continue;
@@ -1028,6 +1064,7 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
     }
     if (wr.rdma.remoteAddr + len < wr.rdma.remoteAddr) return false;
     remote[i] = iovec{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), len};
+    total += len;
     lo = std::min(lo, wr.rdma.remoteAddr);
     hi = std::max(hi, wr.rdma.remoteAddr + len);
   }
@@ -1035,8 +1072,27 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   // one is.
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
   if (!fp.slot->begin(fp.destQpn, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
-  bool copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
-                               std::span<const iovec>(remote.data(), wrs.size()));
+  bool copied;
+  const size_t split = wrs.size() / 2;
+  if (total >= kStripeBytes) {
+    // Large: the helper thread copies the second half of the requests while this one copies the
+    // first (under the same accessor mark and memory lock; both end before anything completes).
+    const SharePeer::Slot* slot = fp.slot.get();
+    std::span<const iovec> localTail(local.data() + localAt[split], nl - localAt[split]);
+    std::span<const iovec> remoteTail(remote.data() + split, wrs.size() - split);
+    if (ctx_->copyHelper().tryStart([slot, write, localTail, remoteTail] { return slot->copyv(write, localTail, remoteTail); })) {
+      bool a = fp.slot->copyv(write, std::span<const iovec>(local.data(), localAt[split]),
+                              std::span<const iovec>(remote.data(), split));
+      bool b = ctx_->copyHelper().wait();
+      copied = a && b;
+    } else {
+      copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
+                              std::span<const iovec>(remote.data(), wrs.size()));
+    }
+  } else {
+    copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
+                            std::span<const iovec>(remote.data(), wrs.size()));
+  }
   fp.slot->end();
   if (copied) {
     for (size_t i = 0; i < wrs.size(); ++i) countSameHostOp();
@@ -1062,7 +1118,12 @@ bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t l
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
   if (!fp.slot->begin(fp.destQpn, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
-  bool copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
+  bool copied;
+  if (length >= kStripeBytes) {
+    copied = copyInTwo(fp, write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
+  } else {
+    copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
+  }
   fp.slot->end();
   if (copied) countSameHostOp();
   return copied;

@@ -228,6 +228,12 @@ namespace {
 std::atomic<uint64_t> sameHostOps{0};
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> splitCopies{0};
+}  // namespace
+
+uint64_t sameHostSplitCopies() { return splitCopies.load(std::memory_order_relaxed); }
+
 uint64_t sameHostOpsDone() { return sameHostOps.load(std::memory_order_relaxed); }
 void countSameHostOp() { sameHostOps.fetch_add(1, std::memory_order_relaxed); }
 
@@ -476,6 +482,58 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
 }
 
 void SharePeer::Slot::end() { accessors(peer_->base_)[index_].busyKey.store(0, std::memory_order_release); }
+
+CopyHelper::~CopyHelper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool CopyHelper::tryStart(std::function<bool()> job) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || busy_ || stopping_) return false;
+  if (!thread_.joinable()) {
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error&) {
+      return false;
+    }
+  }
+  job_ = std::move(job);
+  busy_ = true;
+  done_ = false;
+  lock.unlock();
+  cv_.notify_all();
+  return true;
+}
+
+bool CopyHelper::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  busy_ = false;
+  done_ = false;
+  return result_;
+}
+
+void CopyHelper::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || (busy_ && !done_ && job_); });
+    if (stopping_) return;
+    auto job = std::move(job_);
+    job_ = nullptr;
+    lock.unlock();
+    bool ok = job();
+    splitCopies.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+    result_ = ok;
+    done_ = true;
+    cv_.notify_all();
+  }
+}
 
 bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const {
   const auto pid = static_cast<pid_t>(peer_->info_.pid);

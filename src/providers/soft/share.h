@@ -25,11 +25,14 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "ferry/common/status.h"
 #include "ferry/verbs/types.h"
@@ -54,6 +57,8 @@ bool sameHostRingsAllowed();
 // How many work requests this process has carried out on the same-host path.
 uint64_t sameHostOpsDone();
 void countSameHostOp();
+// How many copies a CopyHelper has shared (a part of a request copied on its thread).
+uint64_t sameHostSplitCopies();
 
 namespace share_layout {
 struct Header;
@@ -91,6 +96,32 @@ class ShareTable {
   size_t size_ = 0;
   uint64_t cookie_ = 0;  // the copy accessors read with process_vm_readv to prove they reach us
   std::mutex writeMu_;   // one writer of the records at a time
+};
+
+// A second copying thread for large same-host requests: the posting thread copies one part while
+// this thread copies another, so one QP's large WRITE or READ uses two cores. One job at a time;
+// a caller that finds it busy copies everything itself. Started on first use.
+class CopyHelper {
+ public:
+  CopyHelper() = default;
+  ~CopyHelper();
+  CopyHelper(const CopyHelper&) = delete;
+  CopyHelper& operator=(const CopyHelper&) = delete;
+  // Starts job on the helper thread; false when the helper is busy (or cannot start).
+  bool tryStart(std::function<bool()> job);
+  // Waits for the job tryStart() started and returns its result.
+  bool wait();
+
+ private:
+  void run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread thread_;
+  std::function<bool()> job_;
+  bool busy_ = false;     // a job was started and not waited for
+  bool done_ = false;
+  bool result_ = false;
+  bool stopping_ = false;
 };
 
 // The accessor's side: one owner's table, mapped; shared by the QPs of a context that reach it.

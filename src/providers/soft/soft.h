@@ -158,6 +158,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // none), and the mapped table of a peer context, shared by the QPs that reach it.
   ShareTable* share() const { return share_.get(); }
   Result<std::shared_ptr<SharePeer>> sharePeer(const ShareInfo& info);
+  // The second copying thread for large same-host requests of this context's QPs.
+  CopyHelper& copyHelper() { return copyHelper_; }
 
  private:
   Result<uint32_t> allocQpnLocked();
@@ -196,6 +198,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   std::unique_ptr<HelloGate> gate_;
 
   std::unique_ptr<ShareTable> share_;
+  CopyHelper copyHelper_;
   std::mutex peersMu_;
   std::vector<std::weak_ptr<SharePeer>> peers_;
 };

@@ -350,6 +350,61 @@ TEST_P(SameHostPath, RequestsPostedTogetherMoveTogetherAndKeepTheirMeaning) {
   EXPECT_TRUE(matchesPattern(bytesOf(dst, 64 * 1024 - 512, 512), 33, 64 * 1024 - 512));
 }
 
+TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
+  // From 4 MiB a same-host copy is split between the posting thread and the context's helper:
+  // one WRITE whose SGE boundaries straddle the split, one READ back, and a run of WRITEs that
+  // together pass the threshold (split between requests).
+  constexpr size_t kBig = 12u << 20;
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kBig, v::access::kLocalWrite, 41));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kBig + 4096, v::access::kAll, 42));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
+  fillPattern(dst.memory.bytes(), 43);
+
+  const uint64_t splitBefore = soft::sameHostSplitCopies();
+  uint64_t before = soft::sameHostOpsDone();
+  const size_t cut1 = (5u << 20) + 123, cut2 = (6u << 20) + 4097;  // around the 6 MiB split
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 2,
+                              .sges = {sgeOf(src, 0, cut1), sgeOf(src, cut1, cut2 - cut1),
+                                       sgeOf(src, cut2, kBig - cut2)},
+                              .remoteAddr = dst.address(4096), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(wc.byteLen, kBig);
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 1);
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 0, 4096), 43)) << "the bytes before the target";
+  EXPECT_TRUE(bytesEqual(bytesOf(dst, 4096, kBig), bytesOf(src)));
+
+  fillPattern(dst.memory.bytes(), 44);
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 3, .sges = {sgeOf(src, 0, kBig)},
+                              .remoteAddr = dst.address(4096), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(matchesPattern(bytesOf(src), 44, 4096));
+
+  // Eight 1 MiB WRITEs posted together, each to its own place.
+  fillPattern(src.memory.bytes(), 45);
+  std::vector<SendOp> ops;
+  for (uint64_t i = 0; i < 8; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {sgeOf(src, i << 20, 1u << 20)},
+                   .flags = i == 7 ? v::send_flags::kSignaled : 0u, .remoteAddr = dst.address((7 - i) << 20),
+                   .rkey = dst.mr.rkey()});
+  }
+  before = soft::sameHostOpsDone();
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.wrId, 17u);
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 8);
+  for (uint64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, (7 - i) << 20, 1u << 20), bytesOf(src, i << 20, 1u << 20))) << "write " << i;
+  }
+  EXPECT_EQ(soft::sameHostSplitCopies(), splitBefore + 3) << "each of the three was copied by two threads";
+}
+
 // FERRY_SOFT_SAME_HOST=0 (the soft_tcp path): the same pair of processes' contexts moves every byte
 // over TCP, however often it writes and reads.
 class ForcedTcpPath : public VerbsTest {
