@@ -116,6 +116,8 @@ def garbage_client(ferry, payload, pattern):
 def main():
     ferry = sys.argv[1]
     bad_option(ferry, ["--local", "--op", "bogus"], r"unknown --op 'bogus'")
+    bad_option(ferry, ["--local", "--soft-path", "shm"], r"unknown --soft-path 'shm'")
+    bad_option(ferry, ["--local", "--soft-path"], r"--soft-path needs a value")
     bad_option(ferry, ["--local", "--mode", "fast"], r"unknown --mode 'fast'")
     bad_option(ferry, ["--local", "--size", "0"], r"bad size '0'")
     bad_option(ferry, ["--local", "--size", "12Q"], r"bad size '12Q'")

@@ -105,6 +105,13 @@ def main():
     check_doc(doc, "write", "bw", [4096])
     if (doc["threads"], doc["qps"], doc["batch"], doc["depth"]) != (2, 3, 4, 16):
         fail("the JSON document does not echo the run's shape: %s" % doc)
+    # Each path of the software devices between two processes here, chosen by --soft-path.
+    for path, value in (("tcp", "0"), ("ring", "ring"), ("same-host", "1")):
+        for op in ("write", "send"):
+            doc = bench(ferry, "--soft-path", path, "--op", op, "--mode", "lat", "--size", "8,64K", "--iters", "50")
+            check_doc(doc, op, "lat", small)
+            if doc.get("ferry_soft_same_host") != value:
+                fail("--soft-path %s ran with FERRY_SOFT_SAME_HOST=%r" % (path, doc.get("ferry_soft_same_host")))
     print("bench smoke: all operations and modes, JSON and plots checked")
     return 0
 

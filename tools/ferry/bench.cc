@@ -487,6 +487,8 @@ int runBench(const std::vector<std::string>& args, const std::string& self) {
     bench::printUsage(stderr);
     return 2;
   }
+  // Before any device opens (and inherited by --local's server process).
+  if (!options->softSameHost.empty()) setenv("FERRY_SOFT_SAME_HOST", options->softSameHost.c_str(), 1);
   // A peer that vanishes must not kill this process through SIGPIPE on the control connection.
   signal(SIGPIPE, SIG_IGN);
   switch (options->role) {

@@ -96,6 +96,9 @@ struct Options {
   std::string plotPath;
   double timeout = 30;     // seconds: control messages and stalled transfers
   bool announce = false;   // server: print {"type":"listening"} on stdout (used by --local)
+  // --soft-path: the software provider's path between processes of this host, as
+  // FERRY_SOFT_SAME_HOST ("0" tcp, "ring" rings only, "1" rings and one-copy); empty: as set.
+  std::string softSameHost;
 };
 
 // Parses the arguments after "bench". On a usage error returns kInvalidArgument with the message

@@ -202,6 +202,10 @@ void printUsage(FILE* out) {
                "                        (default 30)\n"
                "  --port P              control port (default %u); --server --port 0 picks a free one\n"
                "  --bind ADDR           --server: listen on ADDR (default 0.0.0.0)\n"
+               "  --soft-path PATH      the software devices' path between processes of this host:\n"
+               "                        same-host (rings, one-copy WRITE/READ), ring (rings only:\n"
+               "                        data staged through shared memory) or tcp; sets\n"
+               "                        FERRY_SOFT_SAME_HOST for this process (and --local's server)\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
                "atomic are the time from posting to completion; endpoint operations the time from the\n"
@@ -290,6 +294,18 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
       st = value(&o.bind);
     } else if (a == "--plot") {
       st = value(&o.plotPath);
+    } else if (a == "--soft-path") {
+      if ((st = value(&v)).isOk()) {
+        if (v == "same-host") {
+          o.softSameHost = "1";
+        } else if (v == "ring") {
+          o.softSameHost = "ring";
+        } else if (v == "tcp") {
+          o.softSameHost = "0";
+        } else {
+          st = invalidArgument("unknown --soft-path '" + v + "': use same-host, ring or tcp");
+        }
+      }
     } else if (a == "--op") {
       if ((st = value(&v)).isOk() && !parseOp(v, &o.shape.op)) {
         st = invalidArgument("unknown --op '" + v + "': use write, read, send, write_imm or atomic");
