@@ -348,7 +348,7 @@ int waitFuture(const endpoint::Future& f, py::object timeout) {
   for (;;) {
     auto slice = std::chrono::milliseconds(100);
     if (deadline) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());  // rounded up: never short
       slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
     }
     Status st;

@@ -168,7 +168,7 @@ py::object getAsyncEvent(ContextObject& ctx, double timeoutSeconds) {
   for (;;) {
     int sliceMs = 100;
     if (!forever) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();  // rounded up: never short
       sliceMs = static_cast<int>(std::clamp<long long>(left, 0, 100));
     }
     Result<verbs::AsyncEvent> event = [&]() -> Result<verbs::AsyncEvent> {

@@ -113,7 +113,7 @@ void Worker::State::run() {
       std::lock_guard<std::mutex> lock(mu);
       for (const auto& [key, entry] : entries) {
         if (entry.raw->wantsProbe()) {
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(nextProbe - Clock::now()).count();
+          auto left = std::chrono::ceil<std::chrono::milliseconds>(nextProbe - Clock::now()).count();
           timeoutMs = static_cast<int>(std::max<int64_t>(left, 0));
           break;
         }

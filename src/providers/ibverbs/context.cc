@@ -181,8 +181,10 @@ bool waitReadable(int fd, int timeoutMs) {
   return ready > 0;
 }
 
+// Milliseconds until deadline, rounded up: a wait never ends before its timeout (0.4 ms left is a
+// 1 ms poll, not none).
 int msLeft(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left > 0 ? static_cast<int>(left) : 0;
 }
 

@@ -162,7 +162,12 @@ void Conn::sendHeader(const wire::FrameHeader& header) {
 void Conn::send(OutFrame frame) {
   if (fd_ < 0) return;
   out_.push_back(std::move(frame));
-  if (!wantWrite_ && !connecting_) flush();
+  if (!wantWrite_ && !connecting_ && corks_ == 0) flush();
+}
+
+void Conn::uncork() {
+  if (corks_ > 0) --corks_;
+  if (corks_ == 0 && fd_ >= 0 && !wantWrite_ && !connecting_ && !out_.empty()) flush();
 }
 
 void Conn::dropUnsentFrames() {
@@ -336,6 +341,7 @@ void Conn::onReadable() {
   }
   int round = 0;
 readMore:
+  cork();
   for (; round < 64 && !closed(); ++round) {
     if (inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
         segIndex_ < plan_.segments.size()) {
@@ -383,6 +389,8 @@ readMore:
     return;
   }
   if (!closed() && delegate_) delegate_->onInputDrained(*this);
+  if (closed()) return;
+  uncork();  // what the input caused goes out now, before any wait
   if (ring_ && !closed() && !peerHungUp_) {
     if (round >= 64) {
       ring_->wakeSelf();  // yield to the reactor's other work; our eventfd brings us back for the rest

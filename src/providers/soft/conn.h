@@ -74,8 +74,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Registers with the reactor (reactor thread).
   Status attach();
   void setDelegate(Delegate* delegate) { delegate_ = delegate; }
-  // Queues a frame and writes what the socket takes now.
+  // Queues a frame and writes what the socket takes now (unless corked).
   void send(OutFrame frame);
+  // Corked, frames are only queued; the last uncork() writes them all at once (one system call for
+  // many frames instead of one each). Nests. While the connection reads, it is corked: the frames
+  // its input causes (acknowledgements, READ responses) go out together when the input is drained.
+  void cork() { ++corks_; }
+  void uncork();
   // Sends a frame with only a header.
   void sendHeader(const wire::FrameHeader& header);
   // Closes at once (queued output is dropped). Calls onClosed(why) unless quiet.
@@ -127,6 +132,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool draining_ = false;
   void startDrain();
   bool wantWrite_ = false;
+  int corks_ = 0;
 
   // Input state.
   enum class InState { kHeader, kPayload, kTrailer };

@@ -616,6 +616,14 @@ void SoftQp::pumpFromLoop() {
   }
   if (rnrWaiting_ || localErrorPending_) return;
   uint32_t maxRd = std::max<uint32_t>(1, attr_.maxRdAtomic);
+  // The requests of one pump leave in one write (see Conn::cork).
+  struct Corked {
+    std::shared_ptr<Conn> conn;
+    explicit Corked(std::shared_ptr<Conn> c) : conn(std::move(c)) { conn->cork(); }
+    ~Corked() {
+      if (!conn->closed()) conn->uncork();
+    }
+  } corked(reqConn_);
   while (nextToSend_ < sq_.size()) {
     SendWqe& wqe = sq_[nextToSend_];
     bool rdAtomic = isReadOrAtomic(wqe.opcode);
