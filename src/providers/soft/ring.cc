@@ -134,7 +134,8 @@ size_t RingLink::defaultRingBytes() {
     if (const char* env = std::getenv("FERRY_SOFT_RING_BYTES"); env && *env) {
       char* end = nullptr;
       unsigned long long v = std::strtoull(env, &end, 10);
-      if (end && *end == '\0' && v >= kMinRing && v <= kMaxRing) bytes = std::bit_floor(static_cast<size_t>(v));
+      if (end && *end == '\0' && v >= kMinRing && v <= kMaxRing)
+        bytes = std::bit_floor(static_cast<size_t>(v));
     }
     return bytes;
   }();
@@ -229,7 +230,8 @@ Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {
   link->mapBytes_ = kDataOffset + 2 * ringBytes;
   link->memfd_ = ::memfd_create("ferry-soft-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (link->memfd_ < 0) return ioError("memfd_create for a shared-memory ring");
-  if (::ftruncate(link->memfd_, static_cast<off_t>(link->mapBytes_)) != 0) return ioError("ftruncate of a ring");
+  if (::ftruncate(link->memfd_, static_cast<off_t>(link->mapBytes_)) != 0)
+    return ioError("ftruncate of a ring");
   if (::fcntl(link->memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return ioError("sealing a ring's memfd");
   }
@@ -250,13 +252,15 @@ Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {
   return link;
 }
 
-Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, int memfd, int ownWake, int peerWake) {
+Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, int memfd, int ownWake,
+                                                  int peerWake) {
   auto refuse = [&](const std::string& why) -> Status {
     closeAll(memfd, ownWake, peerWake);
     return Status(StatusCode::kProtocolError, "refused a shared-memory ring: " + why);
   };
   if (msg.magic != RingSetupMessage::kMagic) return refuse("bad magic");
-  if (msg.version != RingSetupMessage::kVersion) return refuse("unsupported version " + std::to_string(msg.version));
+  if (msg.version != RingSetupMessage::kVersion)
+    return refuse("unsupported version " + std::to_string(msg.version));
   size_t ringBytes = msg.ringBytes;
   if (ringBytes < kMinRing || ringBytes > kMaxRing || !std::has_single_bit(ringBytes)) {
     return refuse("ring size " + std::to_string(ringBytes) + " is not a power of two from 64 KiB to 64 MiB");

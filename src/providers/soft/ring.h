@@ -63,7 +63,8 @@ class RingLink {
   // The responder's side: adopts the descriptors a requester sent (takes ownership of all three,
   // closing them on failure). Refuses a segment that is not a sealed memfd of the size the message
   // says, rings of a size out of range, and descriptors that are not eventfds.
-  static Result<std::unique_ptr<RingLink>> adopt(const RingSetupMessage& msg, int memfd, int ownWake, int peerWake);
+  static Result<std::unique_ptr<RingLink>> adopt(const RingSetupMessage& msg, int memfd, int ownWake,
+                                                 int peerWake);
   ~RingLink();
   RingLink(const RingLink&) = delete;
   RingLink& operator=(const RingLink&) = delete;

@@ -3,19 +3,21 @@
 // segment or descriptor that cannot be trusted is refused, an impossible index ends the link; and
 // through the verbs API, same-host connections move to rings (also where cross-memory attach is not
 // used), TCP-only contexts never do, and a context's ring listener shrugs off hostile setups.
+#include "providers/soft/ring.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <poll.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -24,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "providers/soft/ring.h"
 #include "providers/soft/share.h"
 #include "support/verbs_fixture.h"
 
@@ -224,19 +225,29 @@ TEST_P(RingPath, SameHostConnectionsMoveToRingsAndTcpOnlyOnesNever) {
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 4096), bytesOf(src, 0, 4096)));
   // An atomic, then a WRITE and a READ of 1 MiB.
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kAtomicFetchAndAdd, .wrId = 3, .sges = {sgeOf(src, 0, 8)},
-                              .remoteAddr = dst.address(8192), .rkey = dst.mr.rkey(), .compareAdd = 5}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kAtomicFetchAndAdd,
+                              .wrId = 3,
+                              .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(8192),
+                              .rkey = dst.mr.rkey(),
+                              .compareAdd = 5}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   fillPattern(src.memory.bytes(), 13);
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 4, .sges = {sgeOf(src, 0, 1 << 20)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 4,
+                              .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(matchesPattern(bytesOf(dst), 13));
   fillPattern(dst.memory.bytes(), 14);
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 5, .sges = {sgeOf(src, 0, 1 << 20)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead,
+                              .wrId = 5,
+                              .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(matchesPattern(bytesOf(src), 14));
@@ -320,7 +331,7 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
     RingSetupMessage msg = (*genuine)->setupMessage();
     int s;
     if ((s = connectTo(name)) >= 0) open.push_back(s);  // says nothing at all
-    if ((s = connectTo(name)) >= 0) ::close(s);          // hangs up at once
+    if ((s = connectTo(name)) >= 0) ::close(s);         // hangs up at once
     if ((s = connectTo(name)) >= 0) {
       sendWithFds(s, "garbage", 7, {});
       open.push_back(s);
@@ -335,7 +346,8 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
     }
     if ((s = connectTo(name)) >= 0) {
       // A genuine ring, then frames that are not a hello.
-      sendWithFds(s, &msg, sizeof msg, {(*genuine)->memfd(), (*genuine)->ownWakeFd(), (*genuine)->peerWakeFd()});
+      sendWithFds(s, &msg, sizeof msg,
+                  {(*genuine)->memfd(), (*genuine)->ownWakeFd(), (*genuine)->peerWakeFd()});
       uint8_t junk[64];
       std::memset(junk, 0xab, sizeof junk);
       iovec iov{junk, sizeof junk};
@@ -385,7 +397,8 @@ std::string runRefusingCrossMemoryAttach(const std::vector<std::string>& args, i
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
       ::_exit(90);
     }
     std::vector<char*> argv;
@@ -417,7 +430,8 @@ TEST(CrossMemoryAttachRefused, TheRingsStageTheDataAndSayWhy) {
   EXPECT_NE(info.find("staged through shared-memory rings"), std::string::npos) << info;
   std::string demo = runRefusingCrossMemoryAttach({ferry, "demo", "--size", std::to_string(64 << 20)}, &code);
   ASSERT_EQ(code, 0) << demo;
-  EXPECT_NE(demo.find("cross-memory attach unavailable"), std::string::npos) << "the fallback is logged:\n" << demo;
+  EXPECT_NE(demo.find("cross-memory attach unavailable"), std::string::npos) << "the fallback is logged:\n"
+                                                                             << demo;
   EXPECT_NE(demo.find("RDMA WRITE"), std::string::npos) << demo;
   EXPECT_NE(demo.find("verified byte for byte"), std::string::npos) << demo;
 }
