@@ -158,6 +158,16 @@ socklen_t ringListenerAddress(uint32_t pid, uint64_t nonce, sockaddr_un* out) {
 
 namespace {
 constexpr size_t kSetupFds = 3;  // memfd, the requester's eventfd, the responder's eventfd
+
+// A message of one piece with room for ancillary data (the descriptors).
+msghdr setupHeader(iovec* iov, void* control, size_t controlLen) {
+  msghdr mh{};
+  mh.msg_iov = iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = controlLen;
+  return mh;
+}
 }  // namespace
 
 Status sendRingSetup(int sock, const RingLink& link) {
@@ -165,11 +175,7 @@ Status sendRingSetup(int sock, const RingLink& link) {
   int fds[kSetupFds] = {link.memfd(), link.ownWakeFd(), link.peerWakeFd()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
   iovec iov{&msg, sizeof msg};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
+  msghdr mh = setupHeader(&iov, control, sizeof control);
   cmsghdr* c = CMSG_FIRSTHDR(&mh);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -186,11 +192,7 @@ Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock) {
   // Room for one descriptor more than a setup has, so that too many show as MSG_CTRUNC or a count.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kSetupFds + 1))];
   iovec iov{&msg, sizeof msg};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
+  msghdr mh = setupHeader(&iov, control, sizeof control);
   ssize_t n = ::recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
     return Status(StatusCode::kUnavailable, "no ring setup yet", EAGAIN);
