@@ -225,6 +225,8 @@ TEST_P(RingPath, SameHostConnectionsMoveToRingsAndTcpOnlyOnesNever) {
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 4096), bytesOf(src, 0, 4096)));
   // An atomic, then a WRITE and a READ of 1 MiB.
+  uint64_t original;
+  std::memcpy(&original, dst.data() + 8192, 8);
   ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kAtomicFetchAndAdd,
                               .wrId = 3,
                               .sges = {sgeOf(src, 0, 8)},
@@ -233,6 +235,11 @@ TEST_P(RingPath, SameHostConnectionsMoveToRingsAndTcpOnlyOnesNever) {
                               .compareAdd = 5}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  uint64_t returned, now;
+  std::memcpy(&returned, src.data(), 8);
+  std::memcpy(&now, dst.data() + 8192, 8);
+  EXPECT_EQ(returned, original) << "the atomic returns the original value";
+  EXPECT_EQ(now, original + 5) << "and adds at the target";
   fillPattern(src.memory.bytes(), 13);
   ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
                               .wrId = 4,
