@@ -43,6 +43,8 @@ packages=(
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   iproute2 procps
   python3 python3-venv
+  libssl-dev libhiredis-dev libcurl4-openssl-dev
+  redis-server etcd-server etcd-client
 )
 if ((want_lint)); then
   packages+=(clang-format-14 clang-tidy-14)

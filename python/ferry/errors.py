@@ -10,7 +10,7 @@ import errno as _errno
 __all__ = [
     "Error", "RDMAError", "SysError", "InvalidArgument", "NotSupported", "NotFound",
     "ResourceExhausted", "PermissionDenied", "TimedOut", "Closed", "IoError", "ProtocolError",
-    "WorkCompletionError", "Cancelled", "Unavailable", "Internal", "Busy", "make_error",
+    "WorkCompletionError", "Cancelled", "Unavailable", "Internal", "Busy", "PeerGone", "make_error",
 ]
 
 
@@ -112,9 +112,15 @@ class Busy(Error):
     code = 14
 
 
+class PeerGone(Error, ConnectionError):
+    """The peer died, restarted or stopped answering (the agent layer's peer-gone error)."""
+    code = 15
+
+
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotSupported, NotFound, ResourceExhausted, PermissionDenied, TimedOut,
-    Closed, IoError, ProtocolError, WorkCompletionError, Cancelled, Unavailable, Internal, Busy)}
+    Closed, IoError, ProtocolError, WorkCompletionError, Cancelled, Unavailable, Internal, Busy,
+    PeerGone)}
 _SYS_BY_CODE = {}
 
 

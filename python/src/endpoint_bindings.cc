@@ -615,7 +615,7 @@ void bindEndpoint(py::module_& m) {
             return unwrap(std::move(f));
           },
           py::arg("stream") = py::none(), "The peer's next write_with_imm immediate.")
-      .def("shutdown", &Endpoint::shutdown, py::call_guard<py::gil_scoped_release>(),
+      .def("shutdown", static_cast<void (Endpoint::*)()>(&Endpoint::shutdown), py::call_guard<py::gil_scoped_release>(),
            "Fails every pending operation with ferry.Cancelled and releases the queue pairs. Idempotent.")
       .def(
           "local_handle",

@@ -21,6 +21,7 @@ const char* statusCodeName(StatusCode code) {
     case StatusCode::kUnavailable: return "Unavailable";
     case StatusCode::kInternal: return "Internal";
     case StatusCode::kBusy: return "Busy";
+    case StatusCode::kPeerGone: return "PeerGone";
   }
   // A code from a newer peer or a corrupted value: still printable, never a crash.
   return "Unknown";

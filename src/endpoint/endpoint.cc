@@ -1119,7 +1119,9 @@ void Endpoint::probeFromWorker() {
 // ---------------------------------------------------------------------------------------------
 // Shutdown and introspection
 
-void Endpoint::shutdown() {
+void Endpoint::shutdown() { shutdown(Status(StatusCode::kCancelled, "the endpoint was shut down")); }
+
+void Endpoint::shutdown(const Status& why) {
   std::vector<std::shared_ptr<OpState>> pending;
   std::shared_ptr<Worker> worker;
   {
@@ -1152,8 +1154,8 @@ void Endpoint::shutdown() {
     recvMr_.close();
     channel_.close();
   }
-  const Status cancelled(StatusCode::kCancelled, "the endpoint was shut down");
-  for (auto& op : pending) op->complete(cancelled);
+  const Status failed = why.isOk() ? Status(StatusCode::kCancelled, "the endpoint was shut down") : why;
+  for (auto& op : pending) op->complete(failed);
   pending.clear();
   worker.reset();  // a worker of the endpoint's own ends here
 }

@@ -5,6 +5,7 @@
 namespace ferry::endpoint {
 
 bool OpState::complete(Status status, uint32_t immData, uint64_t bytes) {
+  std::vector<DoneCb> cbs;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_.load(std::memory_order_relaxed)) return false;
@@ -12,9 +13,22 @@ bool OpState::complete(Status status, uint32_t immData, uint64_t bytes) {
     immData_ = immData;
     bytes_ = bytes;
     done_.store(true, std::memory_order_release);
+    cbs.swap(doneCbs_);
   }
   cv_.notify_all();
+  for (auto& cb : cbs) cb(*this);
   return true;
+}
+
+void OpState::onDone(DoneCb cb) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      doneCbs_.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb(*this);
 }
 
 Status OpState::waitUntil(Clock::time_point deadline) const {

@@ -34,9 +34,9 @@
 #include <cstring>
 #include <thread>
 
-#include "bench_control.h"
 #include "bench_engine.h"
 #include "bench_report.h"
+#include "common/control_channel.h"
 #include "ferry/devices.h"
 
 extern char** environ;
@@ -181,7 +181,7 @@ int serveClient(ControlChannel& ch, const Options& o) {
 }
 
 int runServer(const Options& o) {
-  auto listener = ControlListener::listen(o.bind, o.port);
+  auto listener = ControlListener::listen(o.bind, o.port, controlProtocol());
   if (!listener.isOk()) return fail(" server", listener.status());
   if (o.announce) {
     std::printf("{\"ferry_bench\":%d,\"type\":\"listening\",\"port\":%u}\n", kProtocolVersion,
@@ -390,7 +390,7 @@ int finishReport(const Options& o, const BenchReport& report) {
 }
 
 int runClient(const Options& o) {
-  auto ch = ControlChannel::connect(o.host, o.port, o.timeout);
+  auto ch = ControlChannel::connect(o.host, o.port, o.timeout, controlProtocol());
   if (!ch.isOk()) return fail("", ch.status());
   BenchReport report;
   Status st = runClientSession(*ch, o, o.host + ":" + std::to_string(o.port), &report);
@@ -442,7 +442,7 @@ int runLocal(const Options& o, const std::string& self) {
     return fail("", ioError("cannot start the server process " + self, rc));
   }
   // The server's first line names its port.
-  ControlChannel announce(out[0]);
+  ControlChannel announce(out[0], controlProtocol());
   auto line = announce.expect("listening", o.timeout);
   if (!line.isOk()) {
     kill(pid, SIGTERM);
@@ -455,7 +455,7 @@ int runLocal(const Options& o, const std::string& self) {
     reap(pid, 5);
     return fail("", port.status());
   }
-  auto ch = ControlChannel::connect("127.0.0.1", static_cast<uint16_t>(*port), o.timeout);
+  auto ch = ControlChannel::connect("127.0.0.1", static_cast<uint16_t>(*port), o.timeout, controlProtocol());
   if (!ch.isOk()) {
     kill(pid, SIGTERM);
     reap(pid, 5);

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/control_channel.h"
 #include "ferry/common/status.h"
 
 namespace ferry::cli {
@@ -23,6 +24,9 @@ namespace bench {
 inline constexpr uint16_t kDefaultPort = 18520;
 // The protocol version this ferry speaks on the control connection ({"ferry_bench": 1, ...}).
 inline constexpr int kProtocolVersion = 1;
+// The control connection's protocol (ferry::ControlChannel): tag "ferry_bench", lines up to 4 MiB
+// (a hello of 1024 QPs' paths fits with room to spare).
+inline ControlProtocol controlProtocol() { return {"ferry_bench", kProtocolVersion, size_t{4} << 20}; }
 // Largest message one run may use; the buffers of both sides are sized from it.
 inline constexpr uint64_t kMaxMessageSize = uint64_t{1} << 30;
 // The standard sizes of --sweep.

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "bench_control.h"
+#include "common/control_channel.h"
 
 namespace ferry::cli::bench {
 namespace {

@@ -21,8 +21,8 @@
 #include <functional>
 #include <limits>
 
-#include "bench_control.h"
 #include "bench_endpoint.h"
+#include "common/control_channel.h"
 #include "ferry/devices.h"
 
 namespace ferry::cli::bench {

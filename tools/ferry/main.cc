@@ -25,6 +25,8 @@ void usage(FILE* out) {
                "        [--op OP] [--mode bw|lat]      SEND, WRITE_WITH_IMM and atomics between two\n"
                "        [--size N | --sweep] [--json]  processes; `ferry bench --help` lists every option\n"
                "        [--plot FILE.png]\n"
+               "  store [--host ADDRESS] [--port N]    serve the discovery store ferry://ADDRESS:N (default\n"
+               "                                       127.0.0.1:4479) until SIGINT or SIGTERM\n"
                "  help                                 this text\n"
                "\n"
                "environment:\n"
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "info") return ferry::cli::runInfo(args);
+  if (command == "store") return ferry::cli::runStore(args);
   if (command == "demo" || command == "bench") {
     // The target (demo) or --local server (bench) runs this same binary; name it by its absolute path.
     char self[4096];

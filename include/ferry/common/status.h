@@ -31,6 +31,7 @@ enum class StatusCode : int {
   kUnavailable = 12,       // the peer or device cannot be reached right now
   kInternal = 13,          // a broken invariant inside ferry (a bug: please report)
   kBusy = 14,              // EBUSY: the object is still in use
+  kPeerGone = 15,          // the peer died, restarted or stopped answering (agent layer)
 };
 
 // The name of a status code, e.g. "InvalidArgument".

@@ -167,6 +167,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // Fails every pending operation with kCancelled (after the queue pairs stopped touching memory)
   // and releases the queue pairs and receive buffers. Idempotent; prompt (no wait for the peer).
   void shutdown();
+  // The same, failing the pending operations with `why` instead (e.g. the agent's kPeerGone when
+  // it learned that the peer died; `why` must not be OK).
+  void shutdown(const Status& why);
   bool isShutdown() const;
 
   // ---- introspection ----

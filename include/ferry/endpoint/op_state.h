@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -50,6 +51,13 @@ class OpState {
   // nothing. Returns whether this call completed it.
   bool complete(Status status, uint32_t immData = 0, uint64_t bytes = 0);
 
+  // Runs cb once the operation is done: at once (on the calling thread) when it is done already,
+  // else on the thread that completes it, after the waiters were woken. For layers that hand out
+  // a future of their own before the operation they wrap exists (the agent's queued operations).
+  // cb must not block; it may complete other operations.
+  using DoneCb = std::function<void(const OpState&)>;
+  void onDone(DoneCb cb);
+
   // Waits until done or the deadline; the operation's status when done, else kTimedOut.
   Status waitUntil(Clock::time_point deadline) const;
   // The status once done (kBusy while still running).
@@ -80,6 +88,7 @@ class OpState {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   Status status_;
+  std::vector<DoneCb> doneCbs_;
   uint32_t immData_ = 0;
   uint64_t bytes_ = 0;
 };

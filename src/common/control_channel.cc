@@ -1,5 +1,5 @@
-// The control connection of `ferry bench` (see bench_control.h).
-#include "bench_control.h"
+// A blocking JSON-lines control connection (see control_channel.h).
+#include "common/control_channel.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,9 +15,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "bench.h"
-
-namespace ferry::cli::bench {
+namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -66,7 +64,7 @@ Status fieldError(const json::Value& message, std::string_view field, const std:
 }  // namespace
 
 ControlChannel::ControlChannel(ControlChannel&& other) noexcept
-    : fd_(other.fd_), buffered_(std::move(other.buffered_)) {
+    : fd_(other.fd_), protocol_(std::move(other.protocol_)), buffered_(std::move(other.buffered_)) {
   other.fd_ = -1;
 }
 
@@ -74,6 +72,7 @@ ControlChannel& ControlChannel::operator=(ControlChannel&& other) noexcept {
   if (this != &other) {
     close();
     fd_ = other.fd_;
+    protocol_ = std::move(other.protocol_);
     buffered_ = std::move(other.buffered_);
     other.fd_ = -1;
   }
@@ -87,7 +86,8 @@ void ControlChannel::close() {
   fd_ = -1;
 }
 
-Result<ControlChannel> ControlChannel::connect(const std::string& host, uint16_t port, double timeoutSec) {
+Result<ControlChannel> ControlChannel::connect(const std::string& host, uint16_t port, double timeoutSec,
+                                               ControlProtocol protocol) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -126,20 +126,21 @@ Result<ControlChannel> ControlChannel::connect(const std::string& host, uint16_t
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
       setNoDelay(fd);
       freeaddrinfo(list);
-      return ControlChannel(fd);
+      return ControlChannel(fd, std::move(protocol));
     }
     if (Clock::now() >= deadline) break;
     usleep(100 * 1000);
   }
   freeaddrinfo(list);
-  return Status(last.code(), last.message() + " (gave up after " + std::to_string(static_cast<int>(timeoutSec)) +
-                                 " s)", last.cause());
+  return Status(last.code(),
+                last.message() + " (gave up after " + std::to_string(static_cast<int>(timeoutSec)) + " s)",
+                last.cause());
 }
 
 Status ControlChannel::send(std::string_view type, const json::Value& message, double timeoutSec) {
   if (fd_ < 0) return closedError("the control connection is closed");
   json::Value full = json::Value::emptyObject();
-  full.set("ferry_bench", kProtocolVersion);
+  full.set(protocol_.tag, protocol_.version);
   full.set("type", std::string(type));
   if (const json::Object* members = message.object()) {
     for (const auto& [key, value] : *members) full.set(key, value);
@@ -185,16 +186,17 @@ Result<json::Value> ControlChannel::receive(double timeoutSec) {
   auto deadline = deadlineAfter(timeoutSec);
   size_t newline;
   while ((newline = buffered_.find('\n')) == std::string::npos) {
-    if (buffered_.size() > kMaxControlLine) {
+    if (buffered_.size() > protocol_.maxLine) {
       return Status(StatusCode::kProtocolError, "malformed control message: a line longer than " +
-                                                    std::to_string(kMaxControlLine) + " bytes");
+                                                    std::to_string(protocol_.maxLine) + " bytes");
     }
     pollfd p{fd_, POLLIN, 0};
     int n = poll(&p, 1, msLeft(deadline));
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) {
       return Status(StatusCode::kTimedOut, "no control message from the peer within " +
-                                               std::to_string(static_cast<int>(std::ceil(timeoutSec))) + " s");
+                                               std::to_string(static_cast<int>(std::ceil(timeoutSec))) +
+                                               " s");
     }
     char chunk[65536];
     ssize_t got = ::read(fd_, chunk, sizeof chunk);
@@ -211,22 +213,24 @@ Result<json::Value> ControlChannel::receive(double timeoutSec) {
   if (!line.empty() && line.back() == '\r') line.pop_back();
   auto parsed = json::parse(line);
   if (!parsed.isOk()) {
-    return Status(StatusCode::kProtocolError, "malformed control message (" + parsed.status().message() + ")");
+    return Status(StatusCode::kProtocolError,
+                  "malformed control message (" + parsed.status().message() + ")");
   }
   json::Value message = std::move(*parsed);
   if (!message.isObject()) {
     return Status(StatusCode::kProtocolError, "malformed control message: not a JSON object");
   }
-  const json::Value* version = message.find("ferry_bench");
+  const json::Value* version = message.find(protocol_.tag);
   if (version == nullptr) {
-    return Status(StatusCode::kProtocolError,
-                  "malformed control message: no \"ferry_bench\" version field (is the peer a ferry bench?)");
+    return Status(StatusCode::kProtocolError, "malformed control message: no \"" + protocol_.tag +
+                                                  "\" version field (does the peer speak " + protocol_.tag +
+                                                  "?)");
   }
   auto v = version->getInt();
-  if (!v.isOk() || *v != kProtocolVersion) {
-    return Status(StatusCode::kProtocolError, "the peer speaks ferry_bench protocol version " +
+  if (!v.isOk() || *v != protocol_.version) {
+    return Status(StatusCode::kProtocolError, "the peer speaks " + protocol_.tag + " protocol version " +
                                                   json::serialize(*version) + "; this ferry speaks " +
-                                                  std::to_string(kProtocolVersion));
+                                                  std::to_string(protocol_.version));
   }
   const json::Value* type = message.find("type");
   if (type == nullptr || !type->isString()) {
@@ -265,7 +269,8 @@ std::string ControlChannel::peerAddress() const {
   return addressText(ss);
 }
 
-ControlListener::ControlListener(ControlListener&& other) noexcept : fd_(other.fd_), port_(other.port_) {
+ControlListener::ControlListener(ControlListener&& other) noexcept
+    : fd_(other.fd_), port_(other.port_), protocol_(std::move(other.protocol_)) {
   other.fd_ = -1;
 }
 
@@ -273,7 +278,8 @@ ControlListener::~ControlListener() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<ControlListener> ControlListener::listen(const std::string& address, uint16_t port) {
+Result<ControlListener> ControlListener::listen(const std::string& address, uint16_t port,
+                                                ControlProtocol protocol) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -281,7 +287,7 @@ Result<ControlListener> ControlListener::listen(const std::string& address, uint
   addrinfo* list = nullptr;
   std::string service = std::to_string(port);
   int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &list);
-  if (rc != 0) return invalidArgument("--bind '" + address + "': " + gai_strerror(rc));
+  if (rc != 0) return invalidArgument("cannot listen on '" + address + "': " + gai_strerror(rc));
   int fd = socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC, list->ai_protocol);
   if (fd < 0) {
     freeaddrinfo(list);
@@ -301,6 +307,7 @@ Result<ControlListener> ControlListener::listen(const std::string& address, uint
   getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
   ControlListener listener;
   listener.fd_ = fd;
+  listener.protocol_ = std::move(protocol);
   listener.port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(ss).sin_port
                                                  : reinterpret_cast<sockaddr_in6&>(ss).sin6_port);
   return listener;
@@ -320,7 +327,7 @@ Result<ControlChannel> ControlListener::accept(double timeoutSec) {
       return ioError("accept");
     }
     setNoDelay(fd);
-    return ControlChannel(fd);
+    return ControlChannel(fd, protocol_);
   }
 }
 
@@ -329,8 +336,9 @@ Result<int64_t> intField(const json::Value& message, std::string_view field, int
   if (v == nullptr) return fieldError(message, field, "is missing");
   auto n = v->getInt();
   if (!n.isOk() || *n < lo || *n > hi) {
-    return fieldError(message, field, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                                          "], not " + json::serialize(*v).substr(0, 64));
+    return fieldError(message, field,
+                      "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not " +
+                          json::serialize(*v).substr(0, 64));
   }
   return *n;
 }
@@ -340,8 +348,9 @@ Result<double> numberField(const json::Value& message, std::string_view field, d
   if (v == nullptr) return fieldError(message, field, "is missing");
   auto d = v->getDouble();
   if (!d.isOk() || !std::isfinite(*d) || *d < lo || *d > hi) {
-    return fieldError(message, field, "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                                          "], not " + json::serialize(*v).substr(0, 64));
+    return fieldError(message, field,
+                      "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not " +
+                          json::serialize(*v).substr(0, 64));
   }
   return *d;
 }
@@ -369,8 +378,8 @@ Result<const json::Array*> arrayField(const json::Value& message, std::string_vi
   const json::Array* a = v->array();
   if (a == nullptr) return fieldError(message, field, "must be an array");
   if (a->size() != count) {
-    return fieldError(message, field, "must have " + std::to_string(count) + " elements, not " +
-                                          std::to_string(a->size()));
+    return fieldError(message, field,
+                      "must have " + std::to_string(count) + " elements, not " + std::to_string(a->size()));
   }
   return a;
 }
@@ -382,4 +391,4 @@ Result<const json::Value*> objectField(const json::Value& message, std::string_v
   return v;
 }
 
-}  // namespace ferry::cli::bench
+}  // namespace ferry

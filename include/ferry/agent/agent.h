@@ -1,0 +1,222 @@
+// Agent: ferry's connection-establishment layer (the wireup of spec 002). A user names a peer and
+// writes to it; the agent finds the peer, connects the devices both sides share, and keeps that
+// working across a peer's death and restart.
+//
+//   auto agent = Agent::start({.alias = "prefill-0", .store = "ferry://127.0.0.1:4479"}).value();
+//   agent->registerMemoryRegion("kv", buf, size);
+//   auto peer = agent->connect("decode-0").value();     // returns at once: never blocks
+//   auto f = peer->write({{.local = "kv", .remote = "kv", .length = 4096}}).value();  // queued
+//   Status st = f.wait(std::chrono::seconds(30));        // replayed once the wireup finished
+//
+// Endpoints usable at once. connect() (by alias through the store, or by the peer's address())
+// returns a PeerConnection immediately. Until the wireup finished it is a stub: READ, WRITE,
+// WRITE_WITH_IMM, SEND and RECV go to its pending queue, in order, and are replayed in that order
+// on the real endpoints when the wireup finished; their futures (the Endpoint API's) complete
+// normally. ready() / waitReady() report the wireup; it has a deadline (connectTimeout) after which
+// the pending operations fail with kTimedOut naming the peer and what was missing.
+//
+// Wireup (docs/agent.md): the auxiliary transport is a TCP listener per agent. The initiator
+// creates its endpoints on the chosen lanes and sends REQUEST (its address, uuid, connection
+// number, endpoint metadata); the responder creates (or reuses) its endpoint for that peer,
+// connects it, and answers REPLY with its own metadata; the initiator connects and sends ACK,
+// after which the responder uses the connection too. A REQUEST from an unknown peer creates the
+// endpoint for replies: that peer can be written to back without connect(). When both sides connect
+// at once, the REQUEST of the agent with the smaller uuid wins and the other's is abandoned, so
+// each pair ends with one connection per lane. REQUEST, REPLY and ACK are retried until answered.
+//
+// Lanes: see lanes.h. One Endpoint per distinct local device among the lanes (normally one).
+//
+// Reconnection: every start has a new uuid (its generation). A peer that is silent for
+// peerTimeout (it answers a heartbeat every `heartbeat` while connected), whose wireup listener
+// refuses connections, that says goodbye, or whose endpoint fails, is gone: every pending operation
+// fails with kPeerGone, on every device. The next operation for that alias looks it up again and
+// wires up anew; a restarted peer (new uuid) gets a new connection, and nothing addressed to its
+// previous life (messages carry both uuids) reaches it.
+//
+// Access: with a shared secret (AgentOptions::secret or FERRY_AGENT_SECRET) every wireup message
+// carries an HMAC-SHA256: REQUEST is authenticated with a nonce and a time stamp (replays refused),
+// REPLY answers the initiator's nonce with one of its own, ACK answers that: a mutual challenge.
+// Without a secret any agent that reaches the port may connect; memory is still only reachable
+// through the regions an agent registered.
+//
+// Discovery (with a store): the agent registers its address under /ferry/<scope>/agents/<alias>
+// with a lease it keeps alive, and each region under /ferry/<scope>/regions/<alias>/<name>. The
+// store is never in the data path: when it goes down existing connections keep working, and
+// lookups fail with kUnavailable until it is back.
+//
+// Threads: every method may be called from any thread. The wireup runs on the agent's own thread;
+// store calls on a second one. Futures complete as the Endpoint API's do, or on the agent's thread
+// for operations that were queued.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "ferry/agent/address.h"
+#include "ferry/agent/lanes.h"
+#include "ferry/common/status.h"
+#include "ferry/endpoint/endpoint.h"
+#include "ferry/endpoint/future.h"
+
+namespace ferry::agent {
+
+struct AgentOptions {
+  std::string alias;      // how peers name this agent ("" : "agent-<uuid prefix>")
+  std::string store;      // discovery store URL (store.h); "" : none (peers by address only)
+  std::string scope = "default";  // agents see only the agents of their scope in the store
+  // Devices to offer (names as listDevices() gives them); empty: every visible device.
+  std::vector<std::string> devices;
+  std::string listenHost;   // the wireup listener's address; "" : every interface (IPv4 and IPv6)
+  uint16_t listenPort = 0;  // 0: the kernel picks one
+  std::chrono::milliseconds connectTimeout{30000};  // the wireup's deadline
+  std::chrono::milliseconds peerTimeout{5000};      // silence after which a peer is gone
+  std::chrono::milliseconds heartbeat{1000};        // how often a connected peer is asked
+  std::chrono::milliseconds retryInterval{250};     // first resend of an unanswered wireup message
+  std::chrono::seconds leaseTtl{10};                // the store lease of the agent's entries
+  std::string secret;       // "" : FERRY_AGENT_SECRET, else none
+  LaneOverrides lanes;      // empty: FERRY_AGENT_LANES, else the rules of lanes.h
+  // Endpoint options of the agent's endpoints (numQp is set per connection).
+  uint32_t sendDepth = 256;
+  uint32_t recvDepth = 16;
+  uint32_t recvBufferSize = 64 * 1024;
+  // Test hook: drop outgoing wireup messages of a type ("request", "reply", "ack"): the first
+  // N of each are not sent, as if the network lost them.
+  std::map<std::string, int> dropFirst;
+};
+
+// A region on either side: by name, or by the Endpoint API's integer handle.
+using RegionRef = std::variant<std::string, endpoint::MrHandle>;
+
+// One range of a READ / WRITE / WRITE_WITH_IMM: offsets named by side (local first).
+struct NamedAssignment {
+  RegionRef local;
+  RegionRef remote;
+  uint64_t localOffset = 0;
+  uint64_t remoteOffset = 0;
+  uint64_t length = 0;
+};
+
+// One piece of a SEND / RECV message.
+struct NamedChunk {
+  RegionRef region;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class Agent;
+class AgentImpl;
+class PeerImpl;
+
+// The endpoint to one peer (UCP's ep): usable at once, wired up in the background.
+class PeerConnection {
+ public:
+  // The peer's alias (its address's alias when connected by address).
+  std::string peerAlias() const;
+  // Whether the wireup finished and the peer has not gone since.
+  bool isConnected() const;
+  // Waits up to timeout for the wireup: OK when connected; the wireup's error when it failed
+  // (kTimedOut at its deadline, kUnavailable/kPermissionDenied when refused, kPeerGone); kTimedOut
+  // when the wait ran out first (the wireup goes on).
+  Status waitReady(std::chrono::milliseconds timeout) const;
+  // The wireup as a future of the Endpoint API (done when connected or failed).
+  endpoint::Future ready() const;
+  // The endpoint of an operation class (nullptr before the wireup finished).
+  std::shared_ptr<endpoint::Endpoint> endpoint(OpClass c = OpClass::kRma) const;
+  // The lanes (kUnavailable before the peer's address is known).
+  Result<LaneSet> lanes() const;
+  // The peer's uuid as hex ("" before its address is known).
+  std::string peerUuid() const;
+
+  // The Endpoint API's operations with regions named (see endpoint.h for their semantics). Bad
+  // input known before the wireup (an unknown local region, a range outside it) is refused at
+  // once; a remote region that the peer does not have fails the operation with kNotFound.
+  Result<endpoint::ReadWriteFuture> read(std::span<const NamedAssignment> batch);
+  Result<endpoint::ReadWriteFuture> write(std::span<const NamedAssignment> batch);
+  Result<endpoint::ReadWriteFuture> writeWithImm(std::span<const NamedAssignment> batch, uint32_t immData);
+  Result<endpoint::SendFuture> send(std::span<const NamedChunk> chunks);
+  Result<endpoint::RecvFuture> recv(std::span<const NamedChunk> chunks);
+  Result<endpoint::ImmRecvFuture> immRecv();
+
+  explicit PeerConnection(std::shared_ptr<PeerImpl> impl) : impl_(std::move(impl)) {}
+  // The live state behind this connection: after the peer was gone (or the wireup failed) and an
+  // operation asks for it, a new wireup to the same alias (or address) takes its place.
+  std::shared_ptr<PeerImpl> impl() const;
+  // The state as it is, without starting a new wireup.
+  std::shared_ptr<PeerImpl> currentImpl() const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::shared_ptr<PeerImpl> impl_;
+};
+
+struct AgentStats {
+  uint64_t requestsSent = 0, repliesSent = 0, acksSent = 0;
+  uint64_t retries = 0;           // wireup messages sent again
+  uint64_t duplicatesDropped = 0; // connections abandoned by the simultaneous-connect tie-break
+  uint64_t peersGone = 0;
+  uint64_t operationsQueued = 0;  // operations that waited for a wireup
+  uint64_t messagesRefused = 0;   // malformed or unauthenticated wireup messages
+};
+
+class Agent {
+ public:
+  // Starts an agent: opens the devices, listens for wireup, registers in the store (when one is
+  // given). kInvalidArgument for bad options (an alias too long, a malformed store URL or lane
+  // override); kUnavailable when the store cannot be reached; kNotFound when no device is usable.
+  static Result<std::shared_ptr<Agent>> start(AgentOptions options);
+
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+  ~Agent();  // shutdown()
+
+  // Says goodbye to every peer, fails pending operations with kCancelled, revokes the store lease.
+  // Idempotent.
+  void shutdown();
+
+  // The worker address (address.h), as bytes.
+  std::string address() const;
+  const WorkerAddress& workerAddress() const;
+  const std::string& alias() const;
+
+  // The connection to a peer named by alias (looked up in the store; an alias that has not
+  // registered yet is waited for until the wireup deadline), or by its address() bytes. Returns
+  // the existing connection when there is a live one. Never blocks on the network.
+  Result<std::shared_ptr<PeerConnection>> connect(std::string_view alias, size_t numQp = 1);
+  Result<std::shared_ptr<PeerConnection>> connectAddress(std::string_view address, size_t numQp = 1);
+  // The live connection to alias, else a new one (operations on a peer connect on first use).
+  Result<std::shared_ptr<PeerConnection>> peer(std::string_view alias);
+
+  // Memory: registered on every device the agent uses (and on devices opened later), published in
+  // the store. Registering a name again with another range replaces it (peers see the new one
+  // when they look it up again).
+  Status registerMemoryRegion(std::string_view name, void* addr, uint64_t length,
+                              endpoint::RegionOptions options = {});
+  Status unregisterMemoryRegion(std::string_view name);
+  // A peer's region as mr_info JSON ({"addr","length","rkey","handle"}) on the rma lane's device:
+  // from the live connection when there is one, else from the store. kNotFound when the peer has no
+  // such region; kUnavailable when neither can answer.
+  Result<std::string> getMrInfo(std::string_view peerAlias, std::string_view name);
+  // The aliases registered in the store under this agent's scope (this agent too), sorted.
+  Result<std::vector<std::string>> listAgents();
+  // The lanes to a peer (wired up or not); kNotFound for a peer never connected.
+  Result<LaneSet> lanes(std::string_view peerAlias);
+  // The aliases of the peers with a connection (live or wiring).
+  std::vector<std::string> peers() const;
+  AgentStats stats() const;
+
+  explicit Agent(std::shared_ptr<AgentImpl> impl) : impl_(std::move(impl)) {}
+  const std::shared_ptr<AgentImpl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<AgentImpl> impl_;
+};
+
+}  // namespace ferry::agent

@@ -1,0 +1,221 @@
+// The agent's internals (agent.h is the public surface): AgentImpl owns the wireup listener, the
+// links, the store and the memory pools; PeerImpl is one connection's state machine and its queue
+// of operations that wait for the wireup.
+//
+// Threads: the wireup state machine runs on the agent's reactor thread (loop_); store calls on a
+// second reactor (storeLoop_) so that a slow store never delays the wireup. AgentImpl::mu_ guards
+// the maps; PeerImpl::mu_ its state and queue. Lock order: AgentImpl::mu_ before PeerImpl::mu_;
+// neither is held while calling into the store.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/link.h"
+#include "agent/wireup.h"
+#include "common/reactor.h"
+#include "ferry/agent/agent.h"
+#include "ferry/agent/store.h"
+#include "ferry/endpoint/memory_pool.h"
+#include "ferry/endpoint/op_state.h"
+#include "ferry/endpoint/worker.h"
+
+namespace ferry::agent {
+
+using Clock = std::chrono::steady_clock;
+
+// An operation waiting for the wireup (or for a region of the peer to be looked up).
+struct PendingOp {
+  endpoint::OpKind kind = endpoint::OpKind::kWrite;
+  std::vector<NamedAssignment> batch;
+  std::vector<NamedChunk> chunks;
+  uint32_t imm = 0;
+  std::shared_ptr<endpoint::OpState> outer;  // what the caller's future holds
+};
+
+class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
+ public:
+  enum class State : uint8_t { kResolving, kRequesting, kAwaitAck, kReady, kFailed };
+
+  PeerImpl(std::weak_ptr<AgentImpl> agent, std::string alias, size_t numQp);
+
+  // ---- any thread ----
+  std::string alias() const;
+  State state() const;
+  bool retired() const;  // failed or gone: a new PeerImpl takes over on the next use
+  Status failure() const;
+  std::optional<WorkerAddress> remote() const;
+  std::optional<LaneSet> lanes() const;
+  std::shared_ptr<endpoint::Endpoint> endpointOf(OpClass c) const;
+  const std::shared_ptr<endpoint::OpState>& readyOp() const { return readyOp_; }
+  size_t numQp() const { return numQp_; }
+  std::shared_ptr<AgentImpl> agentImpl() const { return agent_.lock(); }
+  // The data path: straight to the endpoint once ready, else queued.
+  Result<std::shared_ptr<endpoint::OpState>> submit(PendingOp op);
+
+  // ---- the agent's loop thread ----
+  // Fails every queued operation, the ready future and the endpoints with why, and retires.
+  void fail(const Status& why);
+  // Called when the peer answered a region query (info: JSON per device, or nullopt for none).
+  void regionAnswered(const std::string& name, const std::optional<std::string>& info);
+
+  // Wireup state (loop thread only, except where guarded by mu_).
+  uint64_t conn = 0;           // our REQUEST's number (initiator)
+  uint64_t remoteConn = 0;     // the peer's REQUEST we answered (responder)
+  uint64_t ignoredConn = 0;    // a REQUEST of the peer superseded by the tie-break
+  std::string nonce;           // ours (request or reply)
+  std::string peerNonce;       // the peer's, to echo
+  std::string lastWireup;      // the last REQUEST or REPLY, resent until answered
+  WireupType lastWireupType = WireupType::kRequest;
+  int tries = 0;
+  Reactor::TimerId retryTimer = 0;
+  Reactor::TimerId deadlineTimer = 0;
+  Clock::time_point deadline;
+  Clock::time_point lastHeard;
+  Clock::time_point lastPing;
+  std::string lookupError;     // why the alias could not be resolved yet
+  std::string addressBytes;    // set when connected by address
+  uint64_t queryId = 0;        // the region query in flight (0: none)
+  std::string queryName;
+
+  // Set on the loop thread under mu_.
+  void setRemote(WorkerAddress address, LaneSet lanes);
+  void setEndpoints(std::map<std::string, std::shared_ptr<endpoint::Endpoint>> byDevice);
+  const std::map<std::string, std::shared_ptr<endpoint::Endpoint>>& endpoints() const { return endpoints_; }
+  void setState(State s);
+  // Ready: replays the queue in order on the endpoints.
+  void becomeReady();
+
+ private:
+  friend class AgentImpl;
+  // Posts what can be posted from the front of the queue (mu_ held).
+  void drainLocked();
+  // Resolves names against ep; returns nullopt with *missing set when a remote name is unknown.
+  Result<std::shared_ptr<endpoint::OpState>> postLocked(PendingOp& op, std::string* missing);
+
+  std::weak_ptr<AgentImpl> agent_;
+  const std::string alias_;
+  const size_t numQp_;
+  mutable std::mutex mu_;
+  State state_ = State::kResolving;
+  Status failure_;
+  std::optional<WorkerAddress> remote_;
+  std::optional<LaneSet> lanes_;
+  std::map<std::string, std::shared_ptr<endpoint::Endpoint>> endpoints_;  // by local device
+  std::shared_ptr<endpoint::Endpoint> byClass_[kNumOpClasses];
+  std::deque<PendingOp> queue_;
+  std::shared_ptr<endpoint::OpState> readyOp_;
+};
+
+class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
+ public:
+  static Result<std::shared_ptr<AgentImpl>> start(AgentOptions options);
+  ~AgentImpl();
+  void shutdown();
+
+  const AgentOptions& options() const { return opts_; }
+  const WorkerAddress& self() const { return self_; }
+  const std::string& selfBytes() const { return selfBytes_; }
+
+  Result<std::shared_ptr<PeerImpl>> peerByAlias(std::string_view alias, size_t numQp, bool create);
+  Result<std::shared_ptr<PeerImpl>> peerByAddress(std::string_view bytes, size_t numQp);
+  std::shared_ptr<PeerImpl> findAlias(std::string_view alias) const;
+  std::vector<std::string> peerAliases() const;
+
+  Status registerRegion(std::string_view name, void* addr, uint64_t length, endpoint::RegionOptions options);
+  Status unregisterRegion(std::string_view name);
+  // A local region's range check (for bad input refused before the wireup).
+  Status checkLocalRange(const RegionRef& ref, uint64_t offset, uint64_t length, bool forWrite) const;
+  Result<std::string> getMrInfo(std::string_view alias, std::string_view name);
+  Result<std::vector<std::string>> listAgents();
+  AgentStats stats() const;
+
+  // For PeerImpl (loop thread): ask the peer for a region's metadata.
+  void queryRegion(const std::shared_ptr<PeerImpl>& peer, const std::string& name);
+  // For PeerImpl (any thread): an endpoint failed; forget the peer so the next use wires anew.
+  void retire(const std::shared_ptr<PeerImpl>& peer);
+  Reactor& loop() { return loop_; }
+  std::mutex& statsMu() { return statsMu_; }
+  AgentStats& mutableStats() { return stats_; }
+
+ private:
+  explicit AgentImpl(AgentOptions options) : opts_(std::move(options)) {}
+  Status init();
+  Status openDevices();
+  Status listen();
+  void registerInStore();
+  void keepAliveInStore();
+
+  // Loop thread.
+  void onAccept();
+  void onLine(Link& link, std::string_view line);
+  void onLinkClosed(Link& link, const Status& why, bool connected);
+  void send(const std::shared_ptr<PeerImpl>& peer, const WorkerAddress& to, WireupMessage m);
+  void sendLine(const WorkerAddress& to, const std::string& line);
+  void startResolve(const std::shared_ptr<PeerImpl>& peer);
+  void startWireup(const std::shared_ptr<PeerImpl>& peer);
+  void armRetry(const std::shared_ptr<PeerImpl>& peer);
+  void armDeadline(const std::shared_ptr<PeerImpl>& peer);
+  void onRequest(const WireupMessage& m, const WorkerAddress& from);
+  void onReply(const WireupMessage& m);
+  void onAck(const WireupMessage& m);
+  void onReject(const WireupMessage& m);
+  void onMrQuery(const WireupMessage& m);
+  void onMrInfo(const WireupMessage& m);
+  void sweep();
+  void peerGone(const std::shared_ptr<PeerImpl>& peer, const std::string& why);
+  Result<std::map<std::string, std::shared_ptr<endpoint::Endpoint>>> makeEndpoints(const LaneSet& lanes,
+                                                                                 size_t numQp);
+  Status connectEndpoints(PeerImpl& peer, const json::Value& theirs);
+  json::Value endpointInfos(const PeerImpl& peer) const;
+  std::shared_ptr<PeerImpl> findUuid(const Uuid& uuid) const;
+  void forget(const std::shared_ptr<PeerImpl>& peer);
+  std::string regionInfoJson(const std::string& name) const;
+  std::string storeKey(std::string_view kind, std::string_view name) const;
+
+  const AgentOptions opts_;
+  std::string secret_;
+  LaneOverrides lanes_;
+  WorkerAddress self_;
+  std::string selfBytes_;
+  Reactor loop_;
+  Reactor storeLoop_;
+  std::unique_ptr<Store> store_;
+  LeaseId lease_ = 0;
+  int listenFd_ = -1;
+  std::shared_ptr<endpoint::Worker> worker_;
+  std::atomic<bool> shutdown_{false};
+  bool loopStarted_ = false;
+  bool storeLoopStarted_ = false;
+
+  mutable std::mutex mu_;
+  std::map<Uuid, std::shared_ptr<PeerImpl>> byUuid_;
+  std::map<std::string, std::shared_ptr<PeerImpl>> byAlias_;
+  struct Region {
+    void* addr = nullptr;
+    uint64_t length = 0;
+    endpoint::RegionOptions options;
+  };
+  std::map<std::string, Region> regions_;
+  std::map<std::string, std::shared_ptr<endpoint::MemoryPool>> pools_;  // by device
+  mutable std::mutex statsMu_;  // a leaf lock: taken under any other
+  AgentStats stats_;
+  uint64_t nextConn_ = 1;
+  uint64_t nextQuery_ = 1;
+  std::map<std::string, Clock::time_point> seenNonces_;  // REQUEST nonces (replay refusal)
+
+  // Loop thread only.
+  std::map<Uuid, std::shared_ptr<Link>> links_;   // outgoing, by peer uuid
+  std::set<std::shared_ptr<Link>> inbound_;
+  std::map<std::string, int> dropped_;            // test hook counters
+  Reactor::TimerId sweepTimer_ = 0;
+};
+
+}  // namespace ferry::agent

@@ -1,0 +1,70 @@
+// Link: one TCP connection of the agent's auxiliary channel, driven by the agent's reactor thread.
+// It carries newline-terminated lines (the wireup messages) and never blocks: connecting, reading
+// and writing all wait in the reactor. Every method runs on the reactor thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/reactor.h"
+#include "ferry/agent/address.h"
+#include "ferry/common/status.h"
+
+namespace ferry::agent {
+
+class Link : public std::enable_shared_from_this<Link> {
+ public:
+  using LineCb = std::function<void(Link& link, std::string_view line)>;
+  // Called once when the link ends: OK for an orderly end of file, else why. `connected` says
+  // whether a connection was ever made (false: every address refused or did not answer).
+  using CloseCb = std::function<void(Link& link, const Status& why, bool connected)>;
+
+  // An accepted connection.
+  static std::shared_ptr<Link> adopt(Reactor& reactor, int fd, size_t maxLine, LineCb onLine, CloseCb onClose);
+  // Connects to the first of `targets` that answers, trying them in order; lines sent before
+  // the connection is made are kept and written once it is.
+  static std::shared_ptr<Link> connect(Reactor& reactor, std::vector<ControlEndpoint> targets, size_t maxLine,
+                                       LineCb onLine, CloseCb onClose);
+  ~Link();
+
+  // Queues one line (a newline is added) and writes what the socket takes.
+  void send(std::string_view line);
+  // Closes without calling onClose.
+  void close();
+  bool open() const { return fd_ >= 0 || connecting_; }
+  bool connected() const { return everConnected_; }
+  // Who this link belongs to, for the agent (the peer's uuid once known).
+  Uuid owner{};
+  bool hasOwner = false;
+
+ private:
+  Link(Reactor& reactor, size_t maxLine, LineCb onLine, CloseCb onClose)
+      : reactor_(reactor), maxLine_(maxLine), onLine_(std::move(onLine)), onClose_(std::move(onClose)) {}
+  void tryNextTarget();
+  void onEvents(uint32_t events);
+  void readSome();
+  void writeSome();
+  void fail(const Status& why);
+  void watch();
+
+  Reactor& reactor_;
+  const size_t maxLine_;
+  LineCb onLine_;
+  CloseCb onClose_;
+  int fd_ = -1;
+  bool connecting_ = false;
+  bool everConnected_ = false;
+  bool registered_ = false;
+  std::vector<ControlEndpoint> targets_;
+  size_t nextTarget_ = 0;
+  Status lastError_;
+  std::string in_;
+  std::string out_;
+  Reactor::TimerId connectTimer_ = 0;
+};
+
+}  // namespace ferry::agent

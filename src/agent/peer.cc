@@ -1,0 +1,380 @@
+// One connection to a peer: its state, the queue of operations waiting for the wireup, and the
+// PeerConnection façade (agent.h).
+#include <variant>
+
+#include "agent/agent_impl.h"
+#include "common/log.h"
+
+namespace ferry::agent {
+
+namespace ep = ferry::endpoint;
+
+PeerImpl::PeerImpl(std::weak_ptr<AgentImpl> agent, std::string alias, size_t numQp)
+    : agent_(std::move(agent)), alias_(std::move(alias)), numQp_(numQp),
+      readyOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)) {
+  lastHeard = Clock::now();
+  lastPing = lastHeard;
+}
+
+std::string PeerImpl::alias() const { return alias_; }
+
+PeerImpl::State PeerImpl::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+bool PeerImpl::retired() const { return state() == State::kFailed; }
+
+Status PeerImpl::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+std::optional<WorkerAddress> PeerImpl::remote() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remote_;
+}
+
+std::optional<LaneSet> PeerImpl::lanes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lanes_;
+}
+
+std::shared_ptr<ep::Endpoint> PeerImpl::endpointOf(OpClass c) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kReady ? byClass_[static_cast<int>(c)] : nullptr;
+}
+
+void PeerImpl::setRemote(WorkerAddress address, LaneSet lanes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  remote_ = std::move(address);
+  lanes_ = std::move(lanes);
+}
+
+void PeerImpl::setEndpoints(std::map<std::string, std::shared_ptr<ep::Endpoint>> byDevice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  endpoints_ = std::move(byDevice);
+  for (int i = 0; i < kNumOpClasses; ++i) {
+    byClass_[i] = lanes_ ? endpoints_[lanes_->lanes[i].localDevice] : nullptr;
+  }
+}
+
+void PeerImpl::setState(State s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kFailed) state_ = s;
+}
+
+void PeerImpl::becomeReady() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kFailed || state_ == State::kReady) return;
+    state_ = State::kReady;
+    drainLocked();
+  }
+  readyOp_->complete(Status::ok());
+}
+
+void PeerImpl::fail(const Status& why) {
+  std::deque<PendingOp> queued;
+  std::map<std::string, std::shared_ptr<ep::Endpoint>> endpoints;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kFailed) return;
+    state_ = State::kFailed;
+    failure_ = why;
+    queued.swap(queue_);
+    endpoints = endpoints_;
+  }
+  // Operations already on an endpoint fail with the same status when it shuts down.
+  for (auto& [device, e] : endpoints) e->shutdown(why);
+  for (auto& op : queued) op.outer->complete(why);
+  readyOp_->complete(why);
+}
+
+namespace {
+
+std::string refText(const RegionRef& r) {
+  if (const auto* name = std::get_if<std::string>(&r)) return "'" + *name + "'";
+  return "handle " + std::to_string(std::get<ep::MrHandle>(r));
+}
+
+// A local region's handle on ep.
+Result<ep::MrHandle> localHandle(const ep::Endpoint& e, const RegionRef& r) {
+  if (const auto* name = std::get_if<std::string>(&r)) return e.localHandle(*name);
+  return std::get<ep::MrHandle>(r);
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(PendingOp& op, std::string* missing) {
+  OpClass cls = (op.kind == ep::OpKind::kRead || op.kind == ep::OpKind::kWrite) ? OpClass::kRma : OpClass::kMessages;
+  const std::shared_ptr<ep::Endpoint>& e = byClass_[static_cast<int>(cls)];
+  if (!e) return Status(StatusCode::kInternal, "no endpoint for the " + std::string(opClassName(cls)) + " lane");
+  switch (op.kind) {
+    case ep::OpKind::kRead:
+    case ep::OpKind::kWrite:
+    case ep::OpKind::kWriteWithImm: {
+      std::vector<ep::Assignment> batch;
+      batch.reserve(op.batch.size());
+      for (const auto& a : op.batch) {
+        FERRY_ASSIGN_OR_RETURN(ep::MrHandle local, localHandle(*e, a.local));
+        ep::MrHandle remote;
+        if (const auto* name = std::get_if<std::string>(&a.remote)) {
+          auto h = e->remoteHandle(*name);
+          if (!h.isOk()) {
+            *missing = *name;
+            return h.status();
+          }
+          remote = *h;
+        } else {
+          remote = std::get<ep::MrHandle>(a.remote);
+        }
+        batch.push_back({.local = local, .remote = remote, .localOffset = a.localOffset,
+                         .remoteOffset = a.remoteOffset, .length = a.length});
+      }
+      Result<ep::ReadWriteFuture> f = op.kind == ep::OpKind::kRead    ? e->read(batch)
+                                      : op.kind == ep::OpKind::kWrite ? e->write(batch)
+                                                                      : e->writeWithImm(batch, op.imm);
+      if (!f.isOk()) return f.status();
+      return f->state();
+    }
+    case ep::OpKind::kSend:
+    case ep::OpKind::kRecv: {
+      std::vector<ep::Chunk> chunks;
+      for (const auto& c : op.chunks) {
+        FERRY_ASSIGN_OR_RETURN(ep::MrHandle h, localHandle(*e, c.region));
+        chunks.push_back({.mr = h, .offset = c.offset, .length = c.length});
+      }
+      if (op.kind == ep::OpKind::kSend) {
+        auto f = e->send(chunks);
+        if (!f.isOk()) return f.status();
+        return f->state();
+      }
+      auto f = e->recv(chunks);
+      if (!f.isOk()) return f.status();
+      return f->state();
+    }
+    case ep::OpKind::kImmRecv: {
+      auto f = e->immRecv();
+      if (!f.isOk()) return f.status();
+      return f->state();
+    }
+  }
+  return Status(StatusCode::kInternal, "unknown operation kind");
+}
+
+void PeerImpl::drainLocked() {
+  while (!queue_.empty() && state_ == State::kReady && queryId == 0) {
+    PendingOp& op = queue_.front();
+    std::string missing;
+    auto inner = postLocked(op, &missing);
+    if (!inner.isOk() && !missing.empty()) {
+      // Ask the peer for the region; the queue waits behind this operation (order is kept).
+      if (auto agent = agent_.lock()) {
+        queryName = missing;
+        queryId = ~uint64_t{0};  // claimed; the agent's loop sets the real number
+        std::weak_ptr<PeerImpl> weak = weak_from_this();
+        agent->loop().post([agent, weak, missing] {
+          if (auto p = weak.lock()) agent->queryRegion(p, missing);
+        });
+        return;
+      }
+    }
+    std::shared_ptr<ep::OpState> outer = op.outer;
+    queue_.pop_front();
+    if (!inner.isOk()) {
+      outer->complete(inner.status());
+      continue;
+    }
+    (*inner)->onDone([outer](const ep::OpState& done) { outer->complete(done.status(), done.immData(), done.bytes()); });
+  }
+}
+
+void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::string>& info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queryId == 0 || name != queryName) return;
+  queryId = 0;
+  queryName.clear();
+  if (info) {
+    auto parsed = json::parse(*info);
+    for (auto& [device, e] : endpoints_) {
+      if (!parsed.isOk() || !lanes_) break;
+      // The entry of the peer's device this endpoint is connected to.
+      for (const auto& lane : lanes_->lanes) {
+        if (lane.localDevice != device) continue;
+        if (const json::Value* entry = parsed->find(lane.remoteDevice)) {
+          (void)e->registerRemoteMemoryRegion(name, json::serialize(*entry));
+        }
+        break;
+      }
+    }
+  }
+  // The front operation either resolves now or fails with the endpoint's kNotFound.
+  if (!queue_.empty() && state_ == State::kReady) {
+    std::string missing;
+    PendingOp op = std::move(queue_.front());
+    queue_.pop_front();
+    auto inner = postLocked(op, &missing);
+    if (!inner.isOk()) {
+      op.outer->complete(Status(StatusCode::kNotFound, "agent '" + alias_ + "' has no memory region named '" +
+                                                           (missing.empty() ? name : missing) + "'"));
+    } else {
+      auto outer = op.outer;
+      (*inner)->onDone([outer](const ep::OpState& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
+    }
+  }
+  drainLocked();
+}
+
+Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(PendingOp op) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) return failure_;
+  if (state_ == State::kReady && queue_.empty() && queryId == 0) {
+    OpClass cls = (op.kind == ep::OpKind::kRead || op.kind == ep::OpKind::kWrite) ? OpClass::kRma : OpClass::kMessages;
+    const auto& e = byClass_[static_cast<int>(cls)];
+    Status failed = e ? e->failure() : Status::ok();
+    if (failed.isOk()) {
+      std::string missing;
+      auto inner = postLocked(op, &missing);
+      if (inner.isOk() || missing.empty()) return inner;
+      // A remote region not known yet: queue it and ask the peer.
+    } else {
+      // The endpoint failed (the peer died, or refused an access): this connection is over; the
+      // caller's next operation wires up anew.
+      lock.unlock();
+      Status why(StatusCode::kPeerGone, "the connection to '" + alias_ + "' failed: " + failed.message());
+      if (auto agent = agent_.lock()) agent->retire(shared_from_this());
+      return why;
+    }
+  }
+  std::shared_ptr<ep::OpState> outer = op.outer ? op.outer : std::make_shared<ep::OpState>(op.kind);
+  op.outer = outer;
+  queue_.push_back(std::move(op));
+  if (auto agent = agent_.lock()) {
+    std::lock_guard<std::mutex> statsLock(agent->statsMu());
+    ++agent->mutableStats().operationsQueued;
+  }
+  if (state_ == State::kReady) drainLocked();
+  return outer;
+}
+
+// ---- PeerConnection ----
+
+std::shared_ptr<PeerImpl> PeerConnection::currentImpl() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_;
+}
+
+std::shared_ptr<PeerImpl> PeerConnection::impl() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (impl_->retired()) {
+    if (auto agent = impl_->agentImpl()) {
+      Result<std::shared_ptr<PeerImpl>> next =
+          impl_->addressBytes.empty() ? agent->peerByAlias(impl_->alias(), impl_->numQp(), true)
+                                      : agent->peerByAddress(impl_->addressBytes, impl_->numQp());
+      if (next.isOk()) impl_ = *next;
+    }
+  }
+  return impl_;
+}
+
+std::string PeerConnection::peerAlias() const {
+  auto p = currentImpl();
+  auto r = p->remote();
+  return r && !r->alias.empty() ? r->alias : p->alias();
+}
+
+bool PeerConnection::isConnected() const { return currentImpl()->state() == PeerImpl::State::kReady; }
+
+Status PeerConnection::waitReady(std::chrono::milliseconds timeout) const {
+  return impl()->readyOp()->waitUntil(ep::OpState::Clock::now() + timeout);
+}
+
+ep::Future PeerConnection::ready() const { return ep::Future(impl()->readyOp()); }
+
+std::shared_ptr<ep::Endpoint> PeerConnection::endpoint(OpClass c) const { return currentImpl()->endpointOf(c); }
+
+Result<LaneSet> PeerConnection::lanes() const {
+  auto l = currentImpl()->lanes();
+  if (!l) return Status(StatusCode::kUnavailable, "the lanes to '" + peerAlias() + "' are not chosen yet (its address is not known)");
+  return *l;
+}
+
+std::string PeerConnection::peerUuid() const {
+  auto r = currentImpl()->remote();
+  return r ? uuidText(r->uuid) : std::string();
+}
+
+namespace {
+
+Status checkBatch(AgentImpl& agent, std::span<const NamedAssignment> batch, bool localWritten) {
+  if (batch.empty()) return invalidArgument("the batch is empty");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Status st = agent.checkLocalRange(batch[i].local, batch[i].localOffset, batch[i].length, localWritten);
+    if (!st.isOk()) return invalidArgument("assignment " + std::to_string(i) + ": " + st.message());
+    if (batch[i].remoteOffset > UINT64_MAX - batch[i].length) {
+      return invalidArgument("assignment " + std::to_string(i) + ": remote offset + length overflows");
+    }
+  }
+  return Status::ok();
+}
+
+Status checkChunks(AgentImpl& agent, std::span<const NamedChunk> chunks, bool written) {
+  if (chunks.empty()) return invalidArgument("no chunks");
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Status st = agent.checkLocalRange(chunks[i].region, chunks[i].offset, chunks[i].length, written);
+    if (!st.isOk()) return invalidArgument("chunk " + std::to_string(i) + ": " + st.message());
+  }
+  return Status::ok();
+}
+
+template <typename F>
+Result<F> run(const PeerConnection& c, PendingOp op) {
+  auto impl = c.impl();
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ep::OpState> state, impl->submit(std::move(op)));
+  return F(std::move(state));
+}
+
+}  // namespace
+
+Result<ep::ReadWriteFuture> PeerConnection::read(std::span<const NamedAssignment> batch) {
+  auto agent = impl()->agentImpl();
+  if (!agent) return closedError("read: the agent was shut down");
+  FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, true));
+  return run<ep::ReadWriteFuture>(*this, {.kind = ep::OpKind::kRead, .batch = {batch.begin(), batch.end()}});
+}
+
+Result<ep::ReadWriteFuture> PeerConnection::write(std::span<const NamedAssignment> batch) {
+  auto agent = impl()->agentImpl();
+  if (!agent) return closedError("write: the agent was shut down");
+  FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
+  return run<ep::ReadWriteFuture>(*this, {.kind = ep::OpKind::kWrite, .batch = {batch.begin(), batch.end()}});
+}
+
+Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAssignment> batch, uint32_t immData) {
+  auto agent = impl()->agentImpl();
+  if (!agent) return closedError("write_with_imm: the agent was shut down");
+  FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
+  return run<ep::ReadWriteFuture>(
+      *this, {.kind = ep::OpKind::kWriteWithImm, .batch = {batch.begin(), batch.end()}, .imm = immData});
+}
+
+Result<ep::SendFuture> PeerConnection::send(std::span<const NamedChunk> chunks) {
+  auto agent = impl()->agentImpl();
+  if (!agent) return closedError("send: the agent was shut down");
+  FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, false));
+  return run<ep::SendFuture>(*this, {.kind = ep::OpKind::kSend, .chunks = {chunks.begin(), chunks.end()}});
+}
+
+Result<ep::RecvFuture> PeerConnection::recv(std::span<const NamedChunk> chunks) {
+  auto agent = impl()->agentImpl();
+  if (!agent) return closedError("recv: the agent was shut down");
+  FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, true));
+  return run<ep::RecvFuture>(*this, {.kind = ep::OpKind::kRecv, .chunks = {chunks.begin(), chunks.end()}});
+}
+
+Result<ep::ImmRecvFuture> PeerConnection::immRecv() {
+  return run<ep::ImmRecvFuture>(*this, {.kind = ep::OpKind::kImmRecv});
+}
+
+}  // namespace ferry::agent

@@ -1,0 +1,573 @@
+#include "agent/store/ferry_store_server.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <initializer_list>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/store/store_table.h"
+#include "common/base64.h"
+#include "common/log.h"
+#include "common/reactor.h"
+
+namespace ferry::agent {
+namespace {
+
+using Clock = StoreTable::Clock;
+using Type = StoreRequest::Type;
+
+constexpr int64_t kMaxRequestId = int64_t{1} << 53;
+// Base64 text of the largest value (1 MiB).
+constexpr size_t kMaxValueText = ((size_t{1} << 20) + 2) / 3 * 4;
+// Entries per "entries"/"watching" line are cut at this many bytes, so that a line with one more
+// entry (at most ~1.4 MiB) stays under kMaxStoreLine.
+constexpr size_t kEntriesPerLineBytes = size_t{512} << 10;
+// Bytes read from one connection per wake-up, so one busy client cannot starve the others.
+constexpr size_t kReadChunk = size_t{64} << 10;
+
+struct TypeName {
+  Type type;
+  const char* name;
+};
+constexpr TypeName kTypeNames[] = {
+    {Type::kSet, "set"},
+    {Type::kGet, "get"},
+    {Type::kList, "list"},
+    {Type::kErase, "erase"},
+    {Type::kGrantLease, "grant"},
+    {Type::kKeepAlive, "keepalive"},
+    {Type::kRevokeLease, "revoke"},
+    {Type::kWatch, "watch"},
+};
+
+Status malformed(const std::string& why) {
+  return Status(StatusCode::kProtocolError, "malformed request: " + why);
+}
+
+// The members each request type has besides "ferry_store", "type" and "id".
+std::vector<std::string_view> fieldsOf(Type type) {
+  switch (type) {
+    case Type::kSet: return {"key", "value", "lease"};
+    case Type::kGet:
+    case Type::kErase: return {"key"};
+    case Type::kList:
+    case Type::kWatch: return {"prefix"};
+    case Type::kGrantLease: return {"ttl"};
+    case Type::kKeepAlive:
+    case Type::kRevokeLease: return {"lease"};
+  }
+  return {};
+}
+
+Result<std::string> keyField(const json::Value& message, std::string_view field, bool prefix) {
+  FERRY_ASSIGN_OR_RETURN(std::string key, stringField(message, field, 1024));
+  if (prefix && key.empty()) return key;
+  Status st = checkStoreKey(key);
+  if (!st.isOk()) return malformed(st.message());
+  return key;
+}
+
+Status decodeFields(const json::Value& message, StoreRequest* out) {
+  switch (out->type) {
+    case Type::kSet: {
+      FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "key", false));
+      FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxValueText));
+      auto bytes = decodeBase64(text);
+      if (!bytes.isOk()) return malformed("field 'value': " + bytes.status().message());
+      out->value = std::move(*bytes);
+      Status st = checkStoreValue(out->value);
+      if (!st.isOk()) return malformed(st.message());
+      FERRY_ASSIGN_OR_RETURN(out->lease, intField(message, "lease", 0, INT64_MAX));
+      return Status::ok();
+    }
+    case Type::kGet:
+    case Type::kErase: {
+      FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "key", false));
+      return Status::ok();
+    }
+    case Type::kList:
+    case Type::kWatch: {
+      FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "prefix", true));
+      return Status::ok();
+    }
+    case Type::kGrantLease: {
+      FERRY_ASSIGN_OR_RETURN(out->ttlSeconds, intField(message, "ttl", 1, kMaxLeaseTtlSeconds));
+      return Status::ok();
+    }
+    case Type::kKeepAlive:
+    case Type::kRevokeLease: {
+      FERRY_ASSIGN_OR_RETURN(out->lease, intField(message, "lease", 0, INT64_MAX));
+      return Status::ok();
+    }
+  }
+  return malformed("unknown type");
+}
+
+}  // namespace
+
+ControlProtocol storeProtocol() { return {"ferry_store", kStoreProtocolVersion, kMaxStoreLine}; }
+
+const char* storeRequestTypeName(Type type) {
+  for (const TypeName& t : kTypeNames) {
+    if (t.type == type) return t.name;
+  }
+  return "?";
+}
+
+Result<StoreRequest> decodeStoreRequest(std::string_view line) {
+  if (line.size() > kMaxStoreLine)
+    return malformed("a line longer than " + std::to_string(kMaxStoreLine) + " bytes");
+  auto parsed = json::parse(line);
+  if (!parsed.isOk()) return malformed(parsed.status().message());
+  const json::Value& message = *parsed;
+  const json::Object* members = message.object();
+  if (members == nullptr) return malformed("not a JSON object");
+  const json::Value* version = message.find("ferry_store");
+  if (version == nullptr) return malformed("no \"ferry_store\" version field");
+  auto v = version->getInt();
+  if (!version->isInt() || !v.isOk() || *v != kStoreProtocolVersion) {
+    return Status(StatusCode::kProtocolError, "the client speaks ferry_store protocol version " +
+                                                  json::serialize(*version).substr(0, 32) +
+                                                  "; this server speaks " +
+                                                  std::to_string(kStoreProtocolVersion));
+  }
+  FERRY_ASSIGN_OR_RETURN(std::string typeText, stringField(message, "type", 16));
+  StoreRequest out;
+  const TypeName* known = nullptr;
+  for (const TypeName& t : kTypeNames) {
+    if (typeText == t.name) known = &t;
+  }
+  if (known == nullptr) return malformed("unknown type '" + typeText + "'");
+  out.type = known->type;
+  // Exactly the members the type takes: an extra one means a client this server does not
+  // understand, and guessing would be worse than refusing.
+  std::vector<std::string_view> fields = fieldsOf(out.type);
+  for (const auto& [name, value] : *members) {
+    bool expected = name == "ferry_store" || name == "type" || name == "id" ||
+                    std::find(fields.begin(), fields.end(), name) != fields.end();
+    if (!expected)
+      return malformed("request '" + typeText + "' has an unknown member '" + name.substr(0, 64) + "'");
+  }
+  const json::Value* id = message.find("id");
+  if (id == nullptr || !id->isInt()) return malformed("request '" + typeText + "' has no integer 'id'");
+  FERRY_ASSIGN_OR_RETURN(out.id, intField(message, "id", 1, kMaxRequestId));
+  // Integers only as integer literals: 1.0 is not a lease.
+  for (std::string_view f : fields) {
+    const json::Value* v = message.find(f);
+    if (v != nullptr && v->isNumber() && !v->isInt()) {
+      return malformed("field '" + std::string(f) + "' must be an integer literal");
+    }
+  }
+  FERRY_RETURN_IF_ERROR(decodeFields(message, &out));
+  return out;
+}
+
+json::Value storeRequestBody(const StoreRequest& request) {
+  json::Value body = json::Value::emptyObject();
+  body.set("id", request.id);
+  switch (request.type) {
+    case Type::kSet:
+      body.set("key", request.key);
+      body.set("value", encodeBase64(request.value));
+      body.set("lease", request.lease);
+      break;
+    case Type::kGet:
+    case Type::kErase: body.set("key", request.key); break;
+    case Type::kList:
+    case Type::kWatch: body.set("prefix", request.key); break;
+    case Type::kGrantLease: body.set("ttl", request.ttlSeconds); break;
+    case Type::kKeepAlive:
+    case Type::kRevokeLease: body.set("lease", request.lease); break;
+  }
+  return body;
+}
+
+// The server runs on a ferry Reactor: one epoll thread owns the table, the leases and every
+// connection, so nothing needs a lock, a change and the events it sends to watchers happen in one
+// step (a watcher's snapshot and its events never interleave wrongly), lease expiry is a reactor
+// timer, and a thousand idle connections cost nothing. A store's requests are tiny; one thread
+// keeps up with far more than an agent fleet sends.
+class StoreServer::Impl {
+ public:
+  ~Impl() { stop(); }
+  Status start(const std::string& host, uint16_t port);
+  void stop();
+  uint16_t port() const { return port_; }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::string in;
+    size_t consumed = 0;  // bytes of `in` already handled
+    std::string out;
+    bool writeArmed = false;  // EPOLLOUT is in the reactor's interest set
+    bool watching = false;
+    std::string prefix;
+  };
+
+  void acceptFromLoop();
+  void onConnFromLoop(int fd, uint32_t events);
+  // Handles one line; false when the connection was dropped.
+  bool handleLineFromLoop(Conn& conn, std::string_view line);
+  void answerFromLoop(Conn& conn, const StoreRequest& request);
+  // These three return false when they dropped the connection (conn is gone then).
+  bool sendEntriesFromLoop(Conn& conn, std::string_view type, int64_t id,
+                           const std::vector<StoreEntry>& entries);
+  bool sendFromLoop(Conn& conn, std::string_view type, json::Value body);
+  bool flushFromLoop(Conn& conn);
+  void dropFromLoop(Conn& conn, const std::string& why);
+  void publishFromLoop(const std::vector<StoreEvent>& events);
+  void sweepFromLoop();
+  void armExpiryFromLoop();
+  void pingFromLoop();
+
+  // A new reactor for each start(): a stopped Reactor does not start again.
+  std::unique_ptr<Reactor> reactor_;
+  bool started_ = false;
+  int listenFd_ = -1;
+  uint16_t port_ = 0;
+  StoreTable table_;
+  std::unordered_map<int, std::unique_ptr<Conn>> conns_;
+  Reactor::TimerId expiryTimer_ = 0;
+  Clock::time_point expiryAt_;
+  Reactor::TimerId pingTimer_ = 0;
+};
+
+Status StoreServer::Impl::start(const std::string& host, uint16_t port) {
+  if (started_) return Status(StatusCode::kBusy, "the store server is already started");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* list = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
+  if (rc != 0) return invalidArgument("store server: cannot resolve '" + host + "': " + gai_strerror(rc));
+  int fd = socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, list->ai_protocol);
+  if (fd < 0) {
+    freeaddrinfo(list);
+    return ioError("store server: socket");
+  }
+  // A restarted server takes its port back at once, though old connections linger in TIME_WAIT.
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+    Status st = ioError("store server: cannot listen on " + host + ":" + service);
+    ::close(fd);
+    freeaddrinfo(list);
+    return st;
+  }
+  freeaddrinfo(list);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(ss).sin_port
+                                        : reinterpret_cast<sockaddr_in6&>(ss).sin6_port);
+  reactor_ = std::make_unique<Reactor>();
+  Status st = reactor_->start("ferry-store");
+  if (!st.isOk()) {
+    reactor_.reset();
+    ::close(fd);
+    return st;
+  }
+  listenFd_ = fd;
+  (void)reactor_->runSync([&] {
+    st = reactor_->addFd(listenFd_, EPOLLIN, [this](uint32_t) { acceptFromLoop(); });
+    pingTimer_ = reactor_->addTimer(Clock::now() + kWatchPingInterval, [this] { pingFromLoop(); });
+  });
+  if (!st.isOk()) {
+    reactor_->stop();
+    reactor_.reset();
+    ::close(listenFd_);
+    listenFd_ = -1;
+    return st;
+  }
+  started_ = true;
+  return Status::ok();
+}
+
+void StoreServer::Impl::stop() {
+  if (!started_) return;
+  (void)reactor_->runSync([&] {
+    for (auto& [fd, conn] : conns_) {
+      reactor_->removeFd(fd);
+      ::close(fd);
+    }
+    conns_.clear();
+    reactor_->removeFd(listenFd_);
+    ::close(listenFd_);
+    listenFd_ = -1;
+  });
+  reactor_->stop();
+  reactor_.reset();
+  table_ = StoreTable();
+  expiryTimer_ = pingTimer_ = 0;
+  port_ = 0;
+  started_ = false;
+}
+
+void StoreServer::Impl::acceptFromLoop() {
+  while (true) {
+    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // EAGAIN: all taken. EMFILE and the like: the client waits in the backlog until fds free up.
+      return;
+    }
+    if (conns_.size() >= kMaxStoreConnections) {
+      static const std::string full =
+          "{\"ferry_store\":1,\"type\":\"error\",\"message\":\"the store serves " +
+          std::to_string(kMaxStoreConnections) + " connections already\"}\n";
+      (void)::send(fd, full.data(), full.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::close(fd);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto conn = std::make_unique<Conn>();
+    conn->fd = fd;
+    Status st = reactor_->addFd(fd, EPOLLIN | EPOLLRDHUP,
+                                [this, fd](uint32_t events) { onConnFromLoop(fd, events); });
+    if (!st.isOk()) {
+      ::close(fd);
+      continue;
+    }
+    conns_[fd] = std::move(conn);
+  }
+}
+
+void StoreServer::Impl::onConnFromLoop(int fd, uint32_t events) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  Conn& conn = *it->second;
+  if ((events & EPOLLOUT) && !flushFromLoop(conn)) return;
+  if (!(events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) return;
+  char chunk[kReadChunk];
+  ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0) {
+    dropFromLoop(conn, "");
+    return;
+  }
+  conn.in.append(chunk, static_cast<size_t>(n));
+  size_t newline;
+  while ((newline = conn.in.find('\n', conn.consumed)) != std::string::npos) {
+    std::string_view line(conn.in.data() + conn.consumed, newline - conn.consumed);
+    conn.consumed = newline + 1;
+    if (!handleLineFromLoop(conn, line)) return;
+  }
+  conn.in.erase(0, conn.consumed);
+  conn.consumed = 0;
+  if (conn.in.size() > kMaxStoreLine) {
+    dropFromLoop(conn, "malformed request: a line longer than " + std::to_string(kMaxStoreLine) + " bytes");
+  }
+}
+
+bool StoreServer::Impl::handleLineFromLoop(Conn& conn, std::string_view line) {
+  if (conn.watching) {
+    dropFromLoop(conn, "a watch connection takes no further requests");
+    return false;
+  }
+  auto request = decodeStoreRequest(line);
+  if (!request.isOk()) {
+    FERRY_LOG(kInfo, "ferry store: dropping a client: %s", request.status().message().c_str());
+    dropFromLoop(conn, request.status().message());
+    return false;
+  }
+  int fd = conn.fd;
+  answerFromLoop(conn, *request);
+  return conns_.find(fd) != conns_.end();
+}
+
+void StoreServer::Impl::answerFromLoop(Conn& conn, const StoreRequest& request) {
+  std::vector<StoreEvent> events;
+  table_.expire(Clock::now(), &events);
+  json::Value body = json::Value::emptyObject();
+  body.set("id", request.id);
+  Status st;
+  std::string_view replyType = "ok";
+  switch (request.type) {
+    case Type::kSet: st = table_.set(request.key, request.value, request.lease, &events); break;
+    case Type::kGet: {
+      auto value = table_.get(request.key);
+      st = value.status();
+      if (value.isOk()) body.set("value", encodeBase64(*value));
+      replyType = "value";
+      break;
+    }
+    case Type::kList:
+      if (!sendEntriesFromLoop(conn, "entries", request.id, table_.list(request.key))) return;
+      break;
+    case Type::kErase: table_.erase(request.key, &events); break;
+    case Type::kGrantLease: {
+      auto lease = table_.grantLease(std::chrono::seconds(request.ttlSeconds), Clock::now());
+      st = lease.status();
+      if (lease.isOk()) body.set("lease", *lease);
+      replyType = "lease";
+      armExpiryFromLoop();
+      break;
+    }
+    case Type::kKeepAlive: st = table_.keepAlive(request.lease, Clock::now()); break;
+    case Type::kRevokeLease: table_.revokeLease(request.lease, &events); break;
+    case Type::kWatch:
+      // The snapshot and the registration are one step on this thread: no change falls between.
+      if (!sendEntriesFromLoop(conn, "watching", request.id, table_.list(request.key))) return;
+      conn.watching = true;
+      conn.prefix = request.key;
+      break;
+  }
+  if (request.type != Type::kList && request.type != Type::kWatch) {
+    if (st.isOk()) {
+      (void)sendFromLoop(conn, replyType, std::move(body));
+    } else {
+      json::Value failure = json::Value::emptyObject();
+      failure.set("id", request.id);
+      failure.set("code", statusCodeName(st.code()));
+      failure.set("message", st.message());
+      (void)sendFromLoop(conn, "failure", std::move(failure));
+    }
+  }
+  // The requester's reply went out (or it was dropped); the changes still reach every watcher.
+  publishFromLoop(events);
+}
+
+bool StoreServer::Impl::sendEntriesFromLoop(Conn& conn, std::string_view type, int64_t id,
+                                            const std::vector<StoreEntry>& entries) {
+  size_t i = 0;
+  do {
+    json::Value body = json::Value::emptyObject();
+    body.set("id", id);
+    json::Value array = json::Value::emptyArray();
+    size_t bytes = 0;
+    for (; i < entries.size() && bytes < kEntriesPerLineBytes; ++i) {
+      json::Value entry = json::Value::emptyObject();
+      entry.set("key", entries[i].key);
+      entry.set("value", encodeBase64(entries[i].value));
+      bytes += entries[i].key.size() * 2 + entries[i].value.size() * 4 / 3 + 32;
+      array.push(std::move(entry));
+    }
+    body.set("entries", std::move(array));
+    body.set("more", i < entries.size());
+    if (!sendFromLoop(conn, type, std::move(body))) return false;
+  } while (i < entries.size());
+  return true;
+}
+
+bool StoreServer::Impl::sendFromLoop(Conn& conn, std::string_view type, json::Value body) {
+  json::Value full = json::Value::emptyObject();
+  full.set("ferry_store", kStoreProtocolVersion);
+  full.set("type", std::string(type));
+  if (const json::Object* members = body.object()) {
+    for (const auto& [key, value] : *members) full.set(key, value);
+  }
+  conn.out += json::serialize(full);
+  conn.out.push_back('\n');
+  return flushFromLoop(conn);
+}
+
+bool StoreServer::Impl::flushFromLoop(Conn& conn) {
+  bool wasBlocked = false;
+  while (!conn.out.empty()) {
+    ssize_t n = ::send(conn.fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      conn.out.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wasBlocked = true;
+      break;
+    }
+    dropFromLoop(conn, "");
+    return false;
+  }
+  if (conn.out.size() > kMaxStorePendingOutput) {
+    dropFromLoop(conn, "");
+    return false;
+  }
+  // Asks for EPOLLOUT only while the socket is full; a change of interest is a syscall.
+  if (wasBlocked != conn.writeArmed) {
+    conn.writeArmed = wasBlocked;
+    (void)reactor_->modFd(conn.fd, EPOLLIN | EPOLLRDHUP | (wasBlocked ? uint32_t{EPOLLOUT} : 0u));
+  }
+  return true;
+}
+
+void StoreServer::Impl::dropFromLoop(Conn& conn, const std::string& why) {
+  int fd = conn.fd;
+  if (!why.empty()) {
+    // Best effort: the client learns why, if its socket takes the line now.
+    std::string line =
+        "{\"ferry_store\":1,\"type\":\"error\",\"message\":" + json::serialize(json::Value(why)) + "}\n";
+    (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  reactor_->removeFd(fd);
+  ::close(fd);
+  conns_.erase(fd);  // destroys conn
+}
+
+void StoreServer::Impl::publishFromLoop(const std::vector<StoreEvent>& events) {
+  if (events.empty()) return;
+  std::vector<Conn*> watchers;
+  for (auto& [fd, conn] : conns_) {
+    if (conn->watching) watchers.push_back(conn.get());
+  }
+  for (const StoreEvent& e : events) {
+    for (Conn*& w : watchers) {
+      if (w == nullptr || !keyHasPrefix(e.key, w->prefix)) continue;
+      json::Value body = json::Value::emptyObject();
+      body.set("kind", e.kind == StoreEvent::Kind::kPut ? "put" : "delete");
+      body.set("key", e.key);
+      if (e.kind == StoreEvent::Kind::kPut) body.set("value", encodeBase64(e.value));
+      if (!sendFromLoop(*w, "event", std::move(body))) w = nullptr;  // dropped: too far behind
+    }
+  }
+}
+
+void StoreServer::Impl::sweepFromLoop() {
+  expiryTimer_ = 0;
+  std::vector<StoreEvent> events;
+  table_.expire(Clock::now(), &events);
+  publishFromLoop(events);
+  armExpiryFromLoop();
+}
+
+void StoreServer::Impl::armExpiryFromLoop() {
+  auto next = table_.nextDeadline();
+  if (!next) return;
+  // keepAlive only moves deadlines later: a timer already due earlier fires, finds nothing due,
+  // and arms itself again for the real deadline.
+  if (expiryTimer_ != 0 && expiryAt_ <= *next) return;
+  if (expiryTimer_ != 0) reactor_->cancelTimer(expiryTimer_);
+  expiryAt_ = *next;
+  expiryTimer_ = reactor_->addTimer(*next, [this] { sweepFromLoop(); });
+}
+
+void StoreServer::Impl::pingFromLoop() {
+  std::vector<int> watchers;
+  for (auto& [fd, conn] : conns_) {
+    if (conn->watching) watchers.push_back(fd);
+  }
+  for (int fd : watchers) {
+    auto it = conns_.find(fd);
+    if (it != conns_.end()) (void)sendFromLoop(*it->second, "ping", json::Value::emptyObject());
+  }
+  pingTimer_ = reactor_->addTimer(Clock::now() + kWatchPingInterval, [this] { pingFromLoop(); });
+}
+
+StoreServer::StoreServer() : impl_(std::make_unique<Impl>()) {}
+StoreServer::~StoreServer() { stop(); }
+Status StoreServer::start(const std::string& host, uint16_t port) { return impl_->start(host, port); }
+uint16_t StoreServer::port() const { return impl_->port(); }
+void StoreServer::stop() { impl_->stop(); }
+
+}  // namespace ferry::agent

@@ -1,0 +1,289 @@
+// Wireup message codec (wireup.h).
+#include "agent/wireup.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <cstring>
+#include <random>
+
+namespace ferry::agent {
+namespace {
+
+constexpr std::string_view kMacPrefix = ",\"mac\":\"";
+constexpr size_t kMacHexBytes = 64;
+
+Status malformed(const std::string& what) { return Status(StatusCode::kProtocolError, "wireup message: " + what); }
+
+std::string hex(std::string_view bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    s.push_back(kHex[c >> 4]);
+    s.push_back(kHex[c & 15]);
+  }
+  return s;
+}
+
+int hexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+bool unhex(std::string_view text, std::string* out) {
+  if (text.size() % 2 != 0) return false;
+  out->clear();
+  for (size_t i = 0; i < text.size(); i += 2) {
+    int hi = hexDigit(text[i]), lo = hexDigit(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<char>(hi << 4 | lo));
+  }
+  return true;
+}
+
+std::string macOf(const std::string& secret, std::string_view text) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(text.data()),
+       text.size(), md, &len);
+  return hex(std::string_view(reinterpret_cast<const char*>(md), len));
+}
+
+bool constantTimeEqual(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+struct TypeName {
+  WireupType type;
+  const char* name;
+};
+constexpr TypeName kTypes[] = {
+    {WireupType::kRequest, "request"}, {WireupType::kReply, "reply"},     {WireupType::kAck, "ack"},
+    {WireupType::kReject, "reject"},   {WireupType::kPing, "ping"},       {WireupType::kPong, "pong"},
+    {WireupType::kMrQuery, "mr_query"}, {WireupType::kMrInfo, "mr_info"}, {WireupType::kBye, "bye"},
+};
+
+// Field readers: a missing field or one of another kind is malformed.
+Result<std::string> text(const json::Value& m, const char* key, size_t maxLength) {
+  const json::Value* v = m.find(key);
+  if (v == nullptr) return malformed(std::string("no \"") + key + "\"");
+  auto s = v->getString();
+  if (!s.isOk()) return malformed(std::string("\"") + key + "\" is not a string");
+  if (s->size() > maxLength) return malformed(std::string("\"") + key + "\" is too long");
+  return std::string(*s);
+}
+
+Result<uint64_t> number(const json::Value& m, const char* key, uint64_t hi) {
+  const json::Value* v = m.find(key);
+  if (v == nullptr) return malformed(std::string("no \"") + key + "\"");
+  auto i = v->getInt();
+  if (!i.isOk() || *i < 0 || static_cast<uint64_t>(*i) > hi) {
+    return malformed(std::string("\"") + key + "\" is not an integer in [0, " + std::to_string(hi) + "]");
+  }
+  return static_cast<uint64_t>(*i);
+}
+
+Result<Uuid> uuidField(const json::Value& m, const char* key) {
+  FERRY_ASSIGN_OR_RETURN(std::string t, text(m, key, 32));
+  std::string raw;
+  if (t.size() != 32 || !unhex(t, &raw)) return malformed(std::string("\"") + key + "\" is not a uuid");
+  Uuid u;
+  std::memcpy(u.data(), raw.data(), 16);
+  return u;
+}
+
+Result<std::string> nonceField(const json::Value& m, const char* key) {
+  FERRY_ASSIGN_OR_RETURN(std::string t, text(m, key, 32));
+  std::string raw;
+  if (t.size() != 32 || !unhex(t, &raw)) return malformed(std::string("\"") + key + "\" is not a nonce");
+  return t;
+}
+
+}  // namespace
+
+const char* wireupTypeName(WireupType t) {
+  for (const auto& e : kTypes) {
+    if (e.type == t) return e.name;
+  }
+  return "?";
+}
+
+std::string newNonce() {
+  std::random_device rd;
+  std::string raw(16, '\0');
+  for (size_t i = 0; i < raw.size(); i += 4) {
+    uint32_t v = rd();
+    std::memcpy(raw.data() + i, &v, 4);
+  }
+  return hex(raw);
+}
+
+std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
+  json::Value v = json::Value::emptyObject();
+  v.set("ferry_agent", kWireupVersion);
+  v.set("type", wireupTypeName(m.type));
+  v.set("from", uuidText(m.from));
+  v.set("to", uuidText(m.to));
+  switch (m.type) {
+    case WireupType::kRequest:
+      v.set("conn", static_cast<int64_t>(m.conn));
+      v.set("address", hex(m.fromAddress));
+      v.set("num_qp", static_cast<int64_t>(m.numQp));
+      v.set("lanes", m.lanes);
+      v.set("endpoints", m.endpoints);
+      v.set("nonce", m.nonce);
+      v.set("time", m.time);
+      break;
+    case WireupType::kReply:
+      v.set("conn", static_cast<int64_t>(m.conn));
+      v.set("address", hex(m.fromAddress));
+      v.set("endpoints", m.endpoints);
+      v.set("nonce", m.nonce);
+      v.set("echo", m.echo);
+      v.set("abandoned", static_cast<int64_t>(m.abandoned));
+      break;
+    case WireupType::kAck:
+      v.set("conn", static_cast<int64_t>(m.conn));
+      v.set("echo", m.echo);
+      break;
+    case WireupType::kReject:
+      v.set("conn", static_cast<int64_t>(m.conn));
+      v.set("reason", m.reason);
+      break;
+    case WireupType::kMrQuery:
+      v.set("name", m.name);
+      v.set("query", static_cast<int64_t>(m.query));
+      break;
+    case WireupType::kMrInfo:
+      v.set("name", m.name);
+      v.set("query", static_cast<int64_t>(m.query));
+      if (m.info) v.set("info", *m.info);
+      break;
+    case WireupType::kBye: v.set("reason", m.reason); break;
+    case WireupType::kPing:
+    case WireupType::kPong: break;
+  }
+  std::string line = json::serialize(v);
+  if (!secret.empty()) {
+    std::string mac = macOf(secret, line);
+    line.pop_back();  // the closing brace: "mac" is the last member
+    line += std::string(kMacPrefix) + mac + "\"}";
+  }
+  return line;
+}
+
+Result<WireupMessage> decodeWireup(std::string_view line, const std::string& secret) {
+  if (line.size() > kMaxWireupLine) return malformed("longer than " + std::to_string(kMaxWireupLine) + " bytes");
+  std::string_view body = line;
+  const size_t macTail = kMacPrefix.size() + kMacHexBytes + 2;
+  bool hasMac = line.size() > macTail && line.substr(line.size() - macTail, kMacPrefix.size()) == kMacPrefix &&
+                line.substr(line.size() - 2) == "\"}";
+  if (!secret.empty()) {
+    if (!hasMac) return Status(StatusCode::kPermissionDenied, "wireup message without the shared secret's MAC");
+    std::string_view mac = line.substr(line.size() - macTail + kMacPrefix.size(), kMacHexBytes);
+    std::string unsignedText = std::string(line.substr(0, line.size() - macTail)) + "}";
+    if (!constantTimeEqual(mac, macOf(secret, unsignedText))) {
+      return Status(StatusCode::kPermissionDenied, "wireup message with a wrong MAC (another shared secret)");
+    }
+  } else if (hasMac) {
+    return Status(StatusCode::kPermissionDenied, "wireup message with a MAC, but this agent has no shared secret");
+  }
+  (void)body;
+  auto parsed = json::parse(line);
+  if (!parsed.isOk()) return malformed(parsed.status().message());
+  const json::Value& v = *parsed;
+  if (!v.isObject()) return malformed("not a JSON object");
+  FERRY_ASSIGN_OR_RETURN(uint64_t version, number(v, "ferry_agent", 1u << 20));
+  if (version < 1) return malformed("version 0");
+  FERRY_ASSIGN_OR_RETURN(std::string type, text(v, "type", 16));
+  WireupMessage m;
+  bool known = false;
+  for (const auto& e : kTypes) {
+    if (type == e.name) {
+      m.type = e.type;
+      known = true;
+    }
+  }
+  if (!known) return malformed("unknown type '" + type + "'");
+  FERRY_ASSIGN_OR_RETURN(m.from, uuidField(v, "from"));
+  FERRY_ASSIGN_OR_RETURN(m.to, uuidField(v, "to"));
+  auto endpoints = [&]() -> Status {
+    const json::Value* e = v.find("endpoints");
+    if (e == nullptr || !e->isObject()) return malformed("\"endpoints\" is missing or not an object");
+    if (e->object()->empty() || e->object()->size() > 8) return malformed("\"endpoints\" has no entry or more than 8");
+    for (const auto& [device, info] : *e->object()) {
+      if (device.empty() || device.size() > 255 || !info.isObject()) {
+        return malformed("\"endpoints\" has an entry that is not a device's metadata object");
+      }
+    }
+    m.endpoints = *e;
+    return Status::ok();
+  };
+  auto address = [&]() -> Status {
+    FERRY_ASSIGN_OR_RETURN(std::string a, text(v, "address", kMaxAddressBytes * 2));
+    if (!unhex(a, &m.fromAddress)) return malformed("\"address\" is not hex");
+    return Status::ok();
+  };
+  switch (m.type) {
+    case WireupType::kRequest: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_RETURN_IF_ERROR(address());
+      FERRY_ASSIGN_OR_RETURN(uint64_t numQp, number(v, "num_qp", 64));
+      if (numQp < 1) return malformed("\"num_qp\" is 0");
+      m.numQp = static_cast<uint32_t>(numQp);
+      FERRY_ASSIGN_OR_RETURN(m.lanes, text(v, "lanes", 256));
+      FERRY_RETURN_IF_ERROR(endpoints());
+      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t t, number(v, "time", uint64_t{1} << 40));
+      m.time = static_cast<int64_t>(t);
+      break;
+    }
+    case WireupType::kReply: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_RETURN_IF_ERROR(address());
+      FERRY_RETURN_IF_ERROR(endpoints());
+      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      FERRY_ASSIGN_OR_RETURN(m.abandoned, number(v, "abandoned", uint64_t{1} << 62));
+      break;
+    }
+    case WireupType::kAck: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      break;
+    }
+    case WireupType::kReject: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
+      break;
+    }
+    case WireupType::kMrQuery: {
+      FERRY_ASSIGN_OR_RETURN(m.name, text(v, "name", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
+      break;
+    }
+    case WireupType::kMrInfo: {
+      FERRY_ASSIGN_OR_RETURN(m.name, text(v, "name", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
+      if (v.find("info") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(std::string info, text(v, "info", 1u << 20));
+        m.info = std::move(info);
+      }
+      break;
+    }
+    case WireupType::kBye: {
+      FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
+      break;
+    }
+    case WireupType::kPing:
+    case WireupType::kPong: break;
+  }
+  return m;
+}
+
+}  // namespace ferry::agent

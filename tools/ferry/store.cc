@@ -1,0 +1,79 @@
+// `ferry store [--host ADDRESS] [--port N]`: serves ferry's discovery store (ferry://HOST:PORT) in
+// the foreground until SIGINT or SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <charconv>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "agent/store/ferry_store_server.h"
+#include "commands.h"
+
+namespace ferry::cli {
+namespace {
+
+constexpr uint16_t kDefaultStorePort = 4479;
+
+int usageError(const std::string& message) {
+  std::fprintf(stderr, "ferry store: %s (usage: ferry store [--host ADDRESS] [--port N])\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int runStore(const std::vector<std::string>& args) {
+  std::string host = "127.0.0.1";
+  uint16_t port = kDefaultStorePort;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: ferry store [--host ADDRESS] [--port N]\n"
+          "  serves the discovery store ferry://ADDRESS:N (default 127.0.0.1:%u; --port 0 picks a\n"
+          "  free port) until SIGINT or SIGTERM; nothing is kept across restarts\n",
+          static_cast<unsigned>(kDefaultStorePort));
+      return 0;
+    }
+    if (a != "--host" && a != "--port") return usageError("unknown option '" + a + "'");
+    if (i + 1 >= args.size()) return usageError(a + " needs a value");
+    const std::string& value = args[++i];
+    if (a == "--host") {
+      if (value.empty()) return usageError("--host needs an address");
+      host = value;
+      continue;
+    }
+    unsigned n = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || n > 65535) {
+      return usageError("--port '" + value + "' is not a port number in [0, 65535]");
+    }
+    port = static_cast<uint16_t>(n);
+  }
+
+  // The signals are taken synchronously with sigwait, so no handler runs inside the server's code;
+  // blocked before start() so the server's thread inherits the mask and never takes them.
+  sigset_t stopSignals;
+  sigemptyset(&stopSignals);
+  sigaddset(&stopSignals, SIGINT);
+  sigaddset(&stopSignals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
+
+  agent::StoreServer server;
+  Status st = server.start(host, port);
+  if (!st.isOk()) {
+    std::fprintf(stderr, "ferry store: %s\n", st.toString().c_str());
+    return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  bool v6 = host.find(':') != std::string::npos;
+  std::printf("ferry store: listening on %s%s%s:%u\n", v6 ? "[" : "", host.c_str(), v6 ? "]" : "",
+              static_cast<unsigned>(server.port()));
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&stopSignals, &signal);
+  server.stop();
+  return 0;
+}
+
+}  // namespace ferry::cli
