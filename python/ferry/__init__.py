@@ -8,6 +8,8 @@ Layers, each its own module:
 - ``ferry.verbs`` (with ``ferry.path`` and ``ferry.vtools``): an object-oriented verbs interface;
   ``ferry.get_end_port()`` and ``ferry.get_verbs()`` open a device.
 - the Endpoint API: ``ferry.RDMAEndpoint``, ``ferry.available_nic()`` and friends.
+- the agent: ``ferry.start_peer_agent()`` / ``ferry.PeerAgent`` name a peer and write to it
+  (wireup, lanes, discovery through a store, reconnection; ``ferry.agent``).
 - ``ferry.Error`` and one exception class per status code (``ferry.errors``).
 """
 
@@ -18,5 +20,7 @@ from .rdma import *  # noqa: F401,F403
 from .rdma import __all__ as _rdma_all
 from .endpoint import *  # noqa: F401,F403
 from .endpoint import __all__ as _endpoint_all
+from .agent import PeerAgent, PeerConnection, start_peer_agent
 
-__all__ = ["__version__"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all)
+__all__ = (["__version__"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
+           ["PeerAgent", "PeerConnection", "start_peer_agent"])

@@ -7,6 +7,7 @@ namespace py = pybind11;
 namespace ferry::python {
 void bindVerbs(py::module_& m);     // verbs_bindings.cc -> ferry._core.verbs
 void bindEndpoint(py::module_& m);  // endpoint_bindings.cc -> ferry._core.endpoint
+void bindAgent(py::module_& m);     // agent_bindings.cc -> ferry._core.agent
 }  // namespace ferry::python
 
 PYBIND11_MODULE(_core, m) {
@@ -16,4 +17,6 @@ PYBIND11_MODULE(_core, m) {
   ferry::python::bindVerbs(verbs);
   py::module_ endpoint = m.def_submodule("endpoint", "The Endpoint API");
   ferry::python::bindEndpoint(endpoint);
+  py::module_ agent = m.def_submodule("agent", "The agent: wireup, lanes, discovery, reconnection");
+  ferry::python::bindAgent(agent);
 }

@@ -1,0 +1,53 @@
+// Arguments the Endpoint API and the agent bindings both take from Python: memory to register (an
+// address, a buffer object or a CPU tensor, kept alive while registered), exact non-negative
+// integers, immediates, and the timed wait of a future that lets signals through.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ferry/endpoint/future.h"
+#include "ferry/endpoint/memory_pool.h"
+
+namespace ferry::python {
+
+namespace py = pybind11;
+
+// Whether the interpreter still runs (owners released after it finalised are left to the OS).
+bool interpreterAlive();
+
+// Keeps a Python object (or its exported buffer) alive while its memory is registered. Released
+// with the GIL, on whatever thread the registration ends.
+struct PyOwner {
+  PyObject* object = nullptr;
+  std::optional<Py_buffer> view;
+  ~PyOwner();
+};
+
+[[noreturn]] void raiseInvalid(const std::string& message);
+
+// An exact non-negative integer from a Python int (or anything with __index__, e.g. NumPy ints);
+// `what` and `index` name it in the error.
+uint64_t toU64(PyObject* o, const char* what, size_t index);
+
+// What register_memory_region() got: an address, a buffer object, or a tensor-like object
+// (data_ptr(), numel(), element_size(), on the CPU), plus an offset (bytes added to the address)
+// and a length (None: to the end of the buffer or tensor).
+struct Memory {
+  void* addr = nullptr;
+  uint64_t length = 0;
+  endpoint::RegionOptions options;
+};
+Memory toMemory(py::handle target, uint64_t offset, py::handle lengthObj);
+
+// Waits in slices of 100 ms so that signals reach Python (timeout in seconds, None: until done);
+// raises the operation's error, or ferry.TimedOut. Returns 0.
+int waitFuture(const endpoint::Future& f, py::object timeout);
+
+// A 32-bit immediate (negative values as their two's complement).
+uint32_t toImm(py::handle value);
+
+}  // namespace ferry::python
