@@ -1,6 +1,8 @@
-// `ferry demo`: the main job in one command. The initiator (this process) starts a target process,
-// the two swap their QP paths and memory keys over the target's stdin/stdout, then the initiator
-// moves the buffer with RDMA WRITE into the target's memory and back with RDMA READ. Both sides
+// `ferry demo`: the main job in one command. The initiator (this process) serves an embedded
+// discovery store (ferry://, or uses --store URL) and starts a target process; each runs an agent
+// that registers itself and its buffer there, so the initiator names the target and the wireup
+// does the rest. Then the initiator moves the buffer with RDMA WRITE into the target's memory and
+// back with RDMA READ; the target's stdin/stdout only carry "check"/"fill" commands. Both sides
 // check every byte against a pattern neither could have had without the transfer.
 #include <fcntl.h>
 #include <signal.h>
@@ -20,9 +22,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "agent/store/ferry_store_server.h"
+#include "ferry/agent/agent.h"
 #include "ferry/devices.h"
-#include "ferry/verbs/path.h"
-#include "ferry/verbs/verbs.h"
 
 extern char** environ;
 
@@ -30,10 +32,6 @@ namespace ferry::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace v = ferry::verbs;
-
-constexpr size_t kChunk = 16u << 20;  // bytes per work request
-constexpr int kDepth = 8;             // work requests in flight
 
 // A pattern that depends on the seed and each 8-byte word's position.
 uint64_t patternWord(uint64_t seed, uint64_t index) {
@@ -57,46 +55,9 @@ int64_t checkPattern(const uint8_t* buf, size_t len, uint64_t seed) {
   return -1;
 }
 
-struct Side {
-  v::Context ctx;
-  v::ProtectionDomain pd;
-  v::CompletionQueue cq;
-  v::QueuePair qp;
-  v::MemoryRegion mr;
-  std::unique_ptr<uint8_t[]> buf;
-  size_t size = 0;
-};
-
 bool fail(const char* who, const Status& st) {
   std::fprintf(stderr, "ferry demo (%s): %s\n", who, st.toString().c_str());
   return false;
-}
-
-bool setUp(Side& s, const std::string& device, size_t size, const char* who) {
-  auto ctx = openDevice(device);
-  if (!ctx.isOk()) return fail(who, ctx.status());
-  s.ctx = std::move(*ctx);
-  auto pd = s.ctx.allocPd();
-  if (!pd.isOk()) return fail(who, pd.status());
-  s.pd = std::move(*pd);
-  auto cq = s.ctx.createCq({.cqe = 256});
-  if (!cq.isOk()) return fail(who, cq.status());
-  s.cq = std::move(*cq);
-  auto qp = s.pd.createQp({.type = v::QpType::kRc,
-                           .sendCq = &s.cq,
-                           .recvCq = &s.cq,
-                           .cap = {.maxSendWr = 64, .maxRecvWr = 64, .maxSendSge = 1, .maxRecvSge = 1}});
-  if (!qp.isOk()) return fail(who, qp.status());
-  s.qp = std::move(*qp);
-  s.size = size;
-  s.buf.reset(new (std::nothrow) uint8_t[size]);
-  if (!s.buf) return fail(who, resourceExhausted("cannot allocate the buffer"));
-  std::memset(s.buf.get(), 0, size);
-  auto mr = s.pd.registerMemory(s.buf.get(), size,
-                                v::access::kLocalWrite | v::access::kRemoteWrite | v::access::kRemoteRead);
-  if (!mr.isOk()) return fail(who, mr.status());
-  s.mr = std::move(*mr);
-  return true;
 }
 
 bool readLine(FILE* in, std::string* line) {
@@ -107,29 +68,50 @@ bool readLine(FILE* in, std::string* line) {
   return true;
 }
 
+// The IPv4 address of a software device ("" for other devices): the embedded store and the agents
+// listen there, so a target in another network namespace reaches them.
+std::string deviceAddress(const std::string& device) {
+  auto devices = listDevices();
+  if (!devices.isOk()) return "";
+  for (const auto& d : *devices) {
+    if (d.name == device && d.provider == "soft") return d.address;
+  }
+  return "";
+}
+
+// One side's agent and buffer: the agent registers itself and the buffer in the store, so the
+// other side needs nothing but the store's URL and this side's alias.
+struct Side {
+  std::shared_ptr<agent::Agent> agent;
+  std::unique_ptr<uint8_t[]> buf;
+  size_t size = 0;
+};
+
+bool setUp(Side& s, const std::string& device, const std::string& store, const std::string& alias, size_t size,
+           const char* who) {
+  s.size = size;
+  s.buf.reset(new (std::nothrow) uint8_t[size]);
+  if (!s.buf) return fail(who, resourceExhausted("cannot allocate the buffer"));
+  std::memset(s.buf.get(), 0, size);
+  auto a = agent::Agent::start({.alias = alias,
+                                .store = store,
+                                .devices = {device},
+                                .listenHost = deviceAddress(device),
+                                .connectTimeout = std::chrono::seconds(60)});
+  if (!a.isOk()) return fail(who, a.status());
+  s.agent = *a;
+  Status st = s.agent->registerMemoryRegion("buf", s.buf.get(), size);
+  if (!st.isOk()) return fail(who, st);
+  return true;
+}
+
 // ---- target: serves the initiator's commands on stdin/stdout ----
-int runTarget(const std::string& device, size_t size) {
+int runTarget(const std::string& device, const std::string& store, const std::string& alias, size_t size) {
   Side s;
-  if (!setUp(s, device, size, "target")) return 1;
-  v::Path mine;
-  Status st = v::fillPath(s.ctx, s.qp, mine);
-  if (!st.isOk()) return fail("target", st), 1;
-  std::printf("%s %" PRIu64 " %u\n", mine.toJson().c_str(), static_cast<uint64_t>(reinterpret_cast<uintptr_t>(s.buf.get())),
-              s.mr.rkey());
-  std::fflush(stdout);
-  std::string line;
-  if (!readLine(stdin, &line)) return 1;
-  auto peer = v::Path::fromJson(line);
-  if (!peer.isOk()) return fail("target", peer.status()), 1;
-  v::Path path = *peer;
-  path.reverse();
-  path.sgid = mine.sgid;
-  path.sqpn = mine.sqpn;
-  path.sqpsn = mine.sqpsn;
-  st = s.qp.establish(path, v::access::kRemoteWrite | v::access::kRemoteRead);
-  if (!st.isOk()) return fail("target", st), 1;
+  if (!setUp(s, device, store, alias, size, "target")) return 1;
   std::printf("ready\n");
   std::fflush(stdout);
+  std::string line;
   while (readLine(stdin, &line)) {
     std::istringstream cmd(line);
     std::string verb;
@@ -153,44 +135,14 @@ int runTarget(const std::string& device, size_t size) {
   return 0;
 }
 
-// Moves the whole buffer with `opcode` in kChunk pieces, kDepth in flight. Returns seconds or <0.
-double transfer(Side& s, v::WrOpcode opcode, uint64_t remoteAddr, uint32_t rkey) {
+// Moves the whole buffer to or from the target's "buf". Returns seconds, or < 0.
+double transfer(agent::PeerConnection& conn, bool write, size_t size) {
   auto start = Clock::now();
-  size_t posted = 0;
-  size_t completed = 0;
-  size_t chunks = (s.size + kChunk - 1) / kChunk;
-  int inFlight = 0;
-  auto deadline = start + std::chrono::seconds(120);
-  v::WorkCompletion wcs[16];
-  while (completed < chunks) {
-    while (posted < chunks && inFlight < kDepth) {
-      size_t off = posted * kChunk;
-      size_t len = std::min(kChunk, s.size - off);
-      v::Sge sge = s.mr.sge(off, len);
-      v::SendWr wr{.wrId = posted, .opcode = opcode, .sendFlags = v::send_flags::kSignaled,
-                   .sgList = std::span<const v::Sge>(&sge, 1)};
-      wr.rdma = {.remoteAddr = remoteAddr + off, .rkey = rkey};
-      Status st = s.qp.postSend(wr);
-      if (!st.isOk()) return fail("initiator", st), -1;
-      ++posted;
-      ++inFlight;
-    }
-    auto n = s.cq.poll(wcs);
-    if (!n.isOk()) return fail("initiator", n.status()), -1;
-    for (int i = 0; i < *n; ++i) {
-      if (wcs[i].status != v::WcStatus::kSuccess) {
-        std::fprintf(stderr, "ferry demo: work request %" PRIu64 " failed: %s\n", wcs[i].wrId,
-                     v::wcStatusName(wcs[i].status));
-        return -1;
-      }
-      ++completed;
-      --inFlight;
-    }
-    if (*n == 0) {
-      if (Clock::now() > deadline) return fail("initiator", Status(StatusCode::kTimedOut, "transfer took over 120 s")), -1;
-      std::this_thread::yield();
-    }
-  }
+  agent::NamedAssignment all{.local = std::string("buf"), .remote = std::string("buf"), .length = size};
+  auto f = write ? conn.write(std::span(&all, 1)) : conn.read(std::span(&all, 1));
+  if (!f.isOk()) return fail("initiator", f.status()), -1;
+  Status st = f->wait(std::chrono::seconds(120));
+  if (!st.isOk()) return fail("initiator", st), -1;
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -200,6 +152,8 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   std::string device = "soft_lo";
   std::string targetDevice;
   std::string via;
+  std::string store;
+  std::string alias;
   size_t size = size_t{1} << 30;
   bool target = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -207,6 +161,10 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
       device = args[++i];
     } else if (args[i] == "--target-device" && i + 1 < args.size()) {
       targetDevice = args[++i];
+    } else if (args[i] == "--store" && i + 1 < args.size()) {
+      store = args[++i];
+    } else if (args[i] == "--alias" && i + 1 < args.size()) {
+      alias = args[++i];
     } else if (args[i] == "--target-via" && i + 1 < args.size()) {
       via = args[++i];
     } else if (args[i] == "--size" && i + 1 < args.size()) {
@@ -224,7 +182,25 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
       return 2;
     }
   }
-  if (target) return runTarget(device, size);
+  if (target) {
+    if (store.empty() || alias.empty()) {
+      std::fprintf(stderr, "ferry demo --target: needs --store URL and --alias NAME\n");
+      return 2;
+    }
+    return runTarget(device, store, alias, size);
+  }
+
+  // The two processes find each other through a store: an embedded one (ferry's own, served from
+  // this process) unless --store names one.
+  agent::StoreServer embedded;
+  if (store.empty()) {
+    std::string host = deviceAddress(device);
+    if (host.empty()) host = "127.0.0.1";
+    Status st = embedded.start(host, 0);
+    if (!st.isOk()) return fail("initiator", st), 1;
+    store = "ferry://" + host + ":" + std::to_string(embedded.port());
+  }
+  const std::string targetAlias = "demo-target-" + std::to_string(getpid());
 
   // Start the target with pipes on its stdin and stdout.
   int toTarget[2], fromTarget[2];
@@ -244,7 +220,8 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   for (std::string word; viaWords >> word;) argvText.push_back(word);
   std::string program = argvText.empty() ? self : argvText.front();
   for (std::string word : {self, std::string("demo"), std::string("--target"), std::string("--device"), targetDevice,
-                           std::string("--size"), sizeText}) {
+                           std::string("--size"), sizeText, std::string("--store"), store, std::string("--alias"),
+                           targetAlias}) {
     argvText.push_back(word);
   }
   std::vector<char*> argv;
@@ -277,36 +254,25 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
               targetDevice.c_str(), static_cast<int>(getpid()), static_cast<int>(pid),
               static_cast<double>(size) / (1u << 30));
   Side s;
-  if (!setUp(s, device, size, "initiator")) return finish(1);
+  if (!setUp(s, device, store, "demo-initiator-" + std::to_string(getpid()), size, "initiator")) return finish(1);
   std::string line;
-  if (!readLine(in, &line)) {
+  if (!readLine(in, &line) || line != "ready") {
     std::fprintf(stderr, "ferry demo: the target process did not start\n");
     return finish(1);
   }
-  std::istringstream hello(line);
-  std::string peerJson;
-  uint64_t remoteAddr = 0;
-  uint32_t rkey = 0;
-  hello >> peerJson >> remoteAddr >> rkey;
-  auto peer = v::Path::fromJson(peerJson);
-  if (!peer.isOk()) return fail("initiator", peer.status()), finish(1);
-  v::Path path = *peer;
-  path.reverse();
-  Status st = v::fillPath(s.ctx, s.qp, path);
+  auto conn = s.agent->connect(targetAlias);
+  if (!conn.isOk()) return fail("initiator", conn.status()), finish(1);
+  Status st = (*conn)->waitReady(std::chrono::seconds(60));
   if (!st.isOk()) return fail("initiator", st), finish(1);
-  std::fprintf(out, "%s\n", path.toJson().c_str());
-  std::fflush(out);
-  st = s.qp.establish(path, 0);
-  if (!st.isOk()) return fail("initiator", st), finish(1);
-  if (!readLine(in, &line) || line != "ready") {
-    std::fprintf(stderr, "ferry demo: the target could not connect\n");
-    return finish(1);
-  }
+  auto lanes = (*conn)->lanes();
+  std::printf("  found '%s' through %s; lane for READ/WRITE: %s (%s)\n", targetAlias.c_str(), store.c_str(),
+              lanes.isOk() ? lanes->of(agent::OpClass::kRma).label().c_str() : "?",
+              lanes.isOk() ? lanes->of(agent::OpClass::kRma).why.c_str() : "");
 
   const uint64_t writeSeed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   const uint64_t readSeed = writeSeed ^ 0x5a5a5a5a5a5a5a5aull;
   fillPattern(s.buf.get(), size, writeSeed);
-  double writeSeconds = transfer(s, v::WrOpcode::kRdmaWrite, remoteAddr, rkey);
+  double writeSeconds = transfer(**conn, true, size);
   if (writeSeconds < 0) return finish(1);
   std::fprintf(out, "check %" PRIu64 "\n", writeSeed);
   std::fflush(out);
@@ -324,7 +290,7 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return finish(1);
   }
   std::memset(s.buf.get(), 0, size);
-  double readSeconds = transfer(s, v::WrOpcode::kRdmaRead, remoteAddr, rkey);
+  double readSeconds = transfer(**conn, false, size);
   if (readSeconds < 0) return finish(1);
   int64_t bad = checkPattern(s.buf.get(), size, readSeed);
   if (bad >= 0) {
