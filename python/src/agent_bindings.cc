@@ -162,6 +162,13 @@ std::shared_ptr<Agent> startAgent(const std::string& alias, const std::string& s
   return unwrap(std::move(a));
 }
 
+// Runs fn without the GIL and returns what it returned (errors are raised afterwards, with it).
+template <typename Fn>
+auto released(Fn&& fn) {
+  py::gil_scoped_release release;
+  return fn();
+}
+
 py::dict lanesDict(const agent::LaneSet& set) {
   py::dict d;
   for (int i = 0; i < agent::kNumOpClasses; ++i) {
@@ -280,19 +287,20 @@ void bindAgent(py::module_& m) {
       .def("describe", [](const Agent& a) { return a.workerAddress().describe(); })
       .def(
           "connect_to",
-          [](Agent& a, const std::string& alias, size_t qpNum) { return unwrap(a.connect(alias, qpNum)); },
-          py::arg("alias"), py::arg("qp_num") = 1, py::call_guard<py::gil_scoped_release>())
+          [](Agent& a, const std::string& alias, size_t qpNum) {
+            return unwrap(released([&] { return a.connect(alias, qpNum); }));
+          },
+          py::arg("alias"), py::arg("qp_num") = 1)
       .def(
           "connect_address",
           [](Agent& a, py::bytes address, size_t qpNum) {
             std::string bytes = address;
-            py::gil_scoped_release release;
-            return unwrap(a.connectAddress(bytes, qpNum));
+            return unwrap(released([&] { return a.connectAddress(bytes, qpNum); }));
           },
           py::arg("address"), py::arg("qp_num") = 1)
       .def(
-          "peer", [](Agent& a, const std::string& alias) { return unwrap(a.peer(alias)); }, py::arg("alias"),
-          py::call_guard<py::gil_scoped_release>())
+          "peer", [](Agent& a, const std::string& alias) { return unwrap(released([&] { return a.peer(alias); })); },
+          py::arg("alias"))
       .def(
           "register_memory_region",
           [](Agent& a, const std::string& name, py::object target, uint64_t offset, py::object length) {
@@ -306,8 +314,9 @@ void bindAgent(py::module_& m) {
           },
           py::arg("name"), py::arg("ptr"), py::arg("offset") = 0, py::arg("length") = py::none())
       .def(
-          "unregister_memory_region", [](Agent& a, const std::string& name) { check(a.unregisterMemoryRegion(name)); },
-          py::arg("name"), py::call_guard<py::gil_scoped_release>())
+          "unregister_memory_region",
+          [](Agent& a, const std::string& name) { check(released([&] { return a.unregisterMemoryRegion(name); })); },
+          py::arg("name"))
       .def(
           "get_mr_info",
           [](Agent& a, const std::string& peer, const std::string& name) {
@@ -320,7 +329,7 @@ void bindAgent(py::module_& m) {
           },
           py::arg("peer"), py::arg("name"))
       .def(
-          "list_agents", [](Agent& a) { return unwrap(a.listAgents()); }, py::call_guard<py::gil_scoped_release>())
+          "list_agents", [](Agent& a) { return unwrap(released([&] { return a.listAgents(); })); })
       .def(
           "lanes", [](Agent& a, const std::string& peer) { return lanesDict(unwrap(a.lanes(peer))); },
           py::arg("peer"))
