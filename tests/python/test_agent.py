@@ -373,3 +373,24 @@ def test_discovery_works_through_every_store(kind):
             peer.close()
     finally:
         server.close()
+
+
+def test_ferry_info_shows_the_lanes_and_why(store):
+    peer = Peer(store.url, "shown")
+    try:
+        with ferry.start_peer_agent(store=store.url, alias="looker", device="soft_lo") as agent:
+            agent.connect_to("shown").wait(30)
+            lanes = agent.lanes("shown")
+            detail = agent.lanes_detail("shown")
+        out = subprocess.run([FERRY, "info", "--peer", "shown", "--store", store.url], capture_output=True,
+                             text=True, timeout=60, env=dict(os.environ, FERRY_DEVICES="soft_lo"))
+        assert out.returncode == 0, out.stderr
+        for cls, lane in lanes.items():
+            line = [l for l in out.stdout.splitlines() if l.strip().startswith("lane %s " % cls)]
+            assert line, out.stdout
+            assert lane in line[0] and detail[cls]["why"] in line[0]
+        missing = subprocess.run([FERRY, "info", "--peer", "nobody", "--store", store.url], capture_output=True,
+                                 text=True, timeout=60)
+        assert missing.returncode == 1 and "nobody" in missing.stderr
+    finally:
+        peer.close()

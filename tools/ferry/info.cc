@@ -1,7 +1,13 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include <cstdlib>
+#include <string>
+
 #include "commands.h"
+#include "ferry/agent/agent.h"
+#include "ferry/agent/lanes.h"
+#include "ferry/agent/store.h"
 #include "ferry/devices.h"
 #include "ferry/verbs/verbs.h"
 
@@ -26,13 +32,77 @@ const char* linkLayerName(verbs::LinkLayer l) {
   }
 }
 
+// The agent's view of this host, and with --peer the lanes to that agent (found in --store):
+// what agent.lanes(peer) would say, computed here by the same function from both addresses.
+int printAgent(const std::string& peer, const std::string& store, const std::string& scope) {
+  auto self = agent::Agent::start({.alias = "ferry-info", .store = "", .listenHost = "127.0.0.1"});
+  std::printf("\nagent:\n");
+  if (!self.isOk()) {
+    std::printf("  (no agent can start here: %s)\n", self.status().toString().c_str());
+    return peer.empty() ? 0 : 1;
+  }
+  const agent::WorkerAddress& mine = (*self)->workerAddress();
+  std::printf("  host identity:       %s\n", mine.hostId.c_str());
+  std::string devices;
+  for (const auto& d : mine.devices) devices += (devices.empty() ? "" : ", ") + d.name;
+  std::printf("  devices offered:     %s\n", devices.c_str());
+  const char* forced = std::getenv("FERRY_AGENT_LANES");
+  std::printf("  lane rules:          same_host, then rdma (same fabric), then tcp%s%s\n",
+              forced && *forced ? "; FERRY_AGENT_LANES=" : "", forced && *forced ? forced : "");
+  if (peer.empty()) return 0;
+  if (store.empty()) {
+    std::fprintf(stderr, "ferry info: --peer needs --store URL\n");
+    return 2;
+  }
+  auto opened = agent::Store::open(store);
+  if (!opened.isOk()) {
+    std::fprintf(stderr, "ferry info: %s\n", opened.status().toString().c_str());
+    return 2;
+  }
+  auto bytes = (*opened)->get("/ferry/" + scope + "/agents/" + peer);
+  if (!bytes.isOk()) {
+    std::fprintf(stderr, "ferry info: agent '%s' in %s: %s\n", peer.c_str(), store.c_str(),
+                 bytes.status().toString().c_str());
+    return 1;
+  }
+  auto theirs = agent::WorkerAddress::decode(*bytes);
+  if (!theirs.isOk()) {
+    std::fprintf(stderr, "ferry info: agent '%s': %s\n", peer.c_str(), theirs.status().toString().c_str());
+    return 1;
+  }
+  agent::LaneOverrides overrides;
+  if (forced && *forced) {
+    auto parsed = agent::parseLaneOverrides(forced);
+    if (parsed.isOk()) overrides = *parsed;
+  }
+  std::printf("  peer '%s':           %s\n", peer.c_str(), theirs->describe().c_str());
+  auto lanes = agent::selectLanes(mine, *theirs, overrides);
+  if (!lanes.isOk()) {
+    std::printf("  lanes:               none: %s\n", lanes.status().message().c_str());
+    return 1;
+  }
+  for (int i = 0; i < agent::kNumOpClasses; ++i) {
+    const agent::Lane& l = lanes->lanes[i];
+    std::printf("  lane %-9s        %-10s %s -> %s: %s\n", agent::opClassName(static_cast<agent::OpClass>(i)),
+                l.label().c_str(), l.localDevice.c_str(), l.remoteDevice.c_str(), l.why.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int runInfo(const std::vector<std::string>& args) {
   std::string only;
+  std::string peer, store, scope = "default";
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--device" && i + 1 < args.size()) {
       only = args[++i];
+    } else if (args[i] == "--peer" && i + 1 < args.size()) {
+      peer = args[++i];
+    } else if (args[i] == "--store" && i + 1 < args.size()) {
+      store = args[++i];
+    } else if (args[i] == "--scope" && i + 1 < args.size()) {
+      scope = args[++i];
     } else {
       std::fprintf(stderr, "ferry info: unknown option '%s'\n", args[i].c_str());
       return 2;
@@ -108,7 +178,7 @@ int runInfo(const std::vector<std::string>& args) {
     std::printf("\nno devices%s%s\n", only.empty() ? "" : " named ", only.c_str());
     return only.empty() ? 0 : 1;
   }
-  return 0;
+  return only.empty() || !peer.empty() ? printAgent(peer, store, scope) : 0;
 }
 
 }  // namespace ferry::cli
