@@ -9,13 +9,13 @@
 
 #include "common/json.h"
 #include "common/log.h"
+#include "endpoint/metadata.h"
 
 namespace ferry::endpoint {
 namespace {
 
 namespace v = ferry::verbs;
 
-constexpr int kInfoVersion = 1;
 // Receive work requests carry this bit in their wrId (send work requests carry their sequence).
 constexpr uint64_t kRecvWrFlag = uint64_t{1} << 63;
 // A message travels as SEND_WITH_IMM fragments; the immediate holds the message number (31 bits)
@@ -27,59 +27,7 @@ constexpr uint32_t kSignalEvery = 16;
 constexpr uint32_t kMaxSendSge = 8;
 constexpr uint32_t kQpAccess = v::access::kLocalWrite | v::access::kRemoteWrite | v::access::kRemoteRead;
 
-Status peerError(const std::string& what) { return invalidArgument("connect: peer metadata: " + what); }
-
 Status protocolError(const std::string& what) { return Status(StatusCode::kProtocolError, what); }
-
-// The mr_info entry of one region, checked.
-struct ParsedRegion {
-  std::string name;
-  uint64_t addr = 0;
-  uint64_t length = 0;
-  uint32_t rkey = 0;
-  std::optional<MrHandle> handle;
-  bool writable = true;
-};
-
-Result<int64_t> intField(const json::Value& object, const char* key, int64_t lo, int64_t hi,
-                         const std::string& where, bool required = true, int64_t fallback = 0) {
-  const json::Value* v = object.find(key);
-  if (v == nullptr) {
-    if (!required) return fallback;
-    return invalidArgument(where + ": missing \"" + key + "\"");
-  }
-  auto i = v->getInt();
-  if (!i.isOk()) return invalidArgument(where + ": \"" + key + "\" is not an integer");
-  if (*i < lo || *i > hi) {
-    return invalidArgument(where + ": \"" + key + "\" = " + std::to_string(*i) + " is outside [" +
-                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return *i;
-}
-
-Result<ParsedRegion> parseRegion(std::string name, const json::Value& entry, const std::string& where) {
-  if (!entry.isObject()) return invalidArgument(where + ": not an object");
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  ParsedRegion r;
-  r.name = std::move(name);
-  FERRY_ASSIGN_OR_RETURN(int64_t addr, intField(entry, "addr", 0, kMax, where));
-  FERRY_ASSIGN_OR_RETURN(int64_t length, intField(entry, "length", 0, kMax, where));
-  FERRY_ASSIGN_OR_RETURN(int64_t rkey, intField(entry, "rkey", 0, 0xffffffffll, where));
-  if (length > kMax - addr) return invalidArgument(where + ": addr + length overflows");
-  r.addr = static_cast<uint64_t>(addr);
-  r.length = static_cast<uint64_t>(length);
-  r.rkey = static_cast<uint32_t>(rkey);
-  if (entry.find("handle") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(int64_t handle, intField(entry, "handle", 0, kMax, where));
-    r.handle = static_cast<MrHandle>(handle);
-  }
-  if (const json::Value* w = entry.find("writable")) {
-    auto b = w->getBool();
-    if (!b.isOk()) return invalidArgument(where + ": \"writable\" is not a boolean");
-    r.writable = *b;
-  }
-  return r;
-}
 
 Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Status& failure) {
   std::string what = std::string(v::wcStatusName(wc.status));
@@ -290,8 +238,8 @@ Result<MrHandle> Endpoint::registerRemoteMemoryRegion(std::string_view name, std
   auto parsed = json::parse(mrInfoJson);
   if (!parsed.isOk()) return invalidArgument("register_remote_memory_region: " + parsed.status().message());
   FERRY_ASSIGN_OR_RETURN(
-      ParsedRegion r,
-      parseRegion(std::string(name), *parsed, "register_remote_memory_region '" + std::string(name) + "'"));
+      RegionMetadata r,
+      decodeRegion(std::string(name), *parsed, "register_remote_memory_region '" + std::string(name) + "'"));
   std::unique_lock<std::shared_mutex> lock(remoteMu_);
   return recordRemoteLocked(
       RemoteRegion{.name = r.name, .addr = r.addr, .length = r.length, .rkey = r.rkey, .writable = r.writable},
@@ -330,75 +278,28 @@ Result<MrHandle> Endpoint::remoteHandle(std::string_view name) const {
 // Metadata and connection
 
 std::string Endpoint::endpointInfo() const {
-  json::Value info = json::Value::emptyObject();
-  info.set("ferry_endpoint", kInfoVersion);
-  info.set("device", context_->deviceName());
-  info.set("ib_port", context_->ibPort());
-  info.set("link_type", context_->linkType());
-  info.set("num_qp", static_cast<int64_t>(options_.numQp));
-  info.set("recv_buffer_size", static_cast<int64_t>(options_.recvBufferSize));
-  info.set("recv_depth", static_cast<int64_t>(options_.recvDepth));
-  json::Value paths = json::Value::emptyArray();
-  for (const auto& lane : lanes_) {
-    auto path = json::parse(lane->local.toJson());
-    paths.push(path.isOk() ? std::move(*path) : json::Value());
-  }
-  info.set("qp_paths", std::move(paths));
-  auto regions = json::parse(pool_->mrInfo());
-  info.set("mr_info", regions.isOk() ? std::move(*regions) : json::Value::emptyObject());
-  return json::serialize(info);
+  EndpointMetadata m{.device = context_->deviceName(),
+                     .ibPort = context_->ibPort(),
+                     .linkType = context_->linkType(),
+                     .numQp = static_cast<uint32_t>(options_.numQp),
+                     .recvBufferSize = options_.recvBufferSize,
+                     .recvDepth = options_.recvDepth};
+  for (const auto& lane : lanes_) m.paths.push_back(lane->local);
+  return encodeMetadata(m, pool_->mrInfo());
 }
 
 std::string Endpoint::mrInfo() const { return pool_->mrInfo(); }
 
 Status Endpoint::connect(std::string_view peerInfo) {
   // Check everything first: malformed metadata changes nothing.
-  auto parsed = json::parse(peerInfo);
-  if (!parsed.isOk()) return peerError(parsed.status().message());
-  const json::Value& info = *parsed;
-  if (!info.isObject()) return peerError("not a JSON object");
-  const json::Value* version = info.find("ferry_endpoint");
-  if (version == nullptr) return peerError("not ferry endpoint metadata (no \"ferry_endpoint\" version)");
-  auto ver = version->getInt();
-  if (!ver.isOk() || *ver < 1) return peerError("\"ferry_endpoint\" is not a version number");
-  if (*ver > kInfoVersion) {
-    return peerError("version " + std::to_string(*ver) + " is newer than this ferry understands (" +
-                     std::to_string(kInfoVersion) + ")");
+  FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadata(peerInfo, "connect: peer metadata"));
+  if (peer.numQp != options_.numQp) {
+    return invalidArgument("connect: peer metadata: the peer has num_qp=" + std::to_string(peer.numQp) +
+                           ", this endpoint " + std::to_string(options_.numQp) + ": both sides need the same num_qp");
   }
-  FERRY_ASSIGN_OR_RETURN(int64_t numQp, intField(info, "num_qp", 1, 64, "connect: peer metadata"));
-  if (static_cast<size_t>(numQp) != options_.numQp) {
-    return peerError("the peer has num_qp=" + std::to_string(numQp) + ", this endpoint " +
-                     std::to_string(options_.numQp) + ": both sides need the same num_qp");
-  }
-  FERRY_ASSIGN_OR_RETURN(int64_t recvBufferSize,
-                         intField(info, "recv_buffer_size", 64, int64_t{1} << 30, "connect: peer metadata"));
-  const json::Value* pathsValue = info.find("qp_paths");
-  if (pathsValue == nullptr || !pathsValue->isArray())
-    return peerError("\"qp_paths\" is missing or not an array");
-  const json::Array& pathArray = *pathsValue->array();
-  if (pathArray.size() != options_.numQp) {
-    return peerError("\"qp_paths\" has " + std::to_string(pathArray.size()) +
-                     " entries for num_qp=" + std::to_string(numQp));
-  }
-  std::vector<v::Path> peerPaths;
-  for (size_t i = 0; i < pathArray.size(); ++i) {
-    if (!pathArray[i].isObject()) return peerError("qp_paths[" + std::to_string(i) + "] is not an object");
-    auto path = v::Path::fromJson(json::serialize(pathArray[i]));
-    if (!path.isOk()) return peerError("qp_paths[" + std::to_string(i) + "]: " + path.status().message());
-    if (path->sqpn == 0) return peerError("qp_paths[" + std::to_string(i) + "] has no queue pair number");
-    if (path->sgid.isZero()) return peerError("qp_paths[" + std::to_string(i) + "] has no GID");
-    peerPaths.push_back(*path);
-  }
-  std::vector<ParsedRegion> regions;
-  if (const json::Value* mrs = info.find("mr_info")) {
-    if (!mrs->isObject()) return peerError("\"mr_info\" is not an object");
-    for (const auto& [name, entry] : *mrs->object()) {
-      if (name.empty()) return peerError("\"mr_info\" has a region without a name");
-      FERRY_ASSIGN_OR_RETURN(ParsedRegion r,
-                             parseRegion(name, entry, "connect: peer metadata: mr_info['" + name + "']"));
-      regions.push_back(std::move(r));
-    }
-  }
+  std::vector<v::Path>& peerPaths = peer.paths;
+  std::vector<RegionMetadata>& regions = peer.regions;
+  const uint32_t recvBufferSize = peer.recvBufferSize;
 
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -438,7 +339,7 @@ Status Endpoint::connect(std::string_view peerInfo) {
   {
     std::unique_lock<std::shared_mutex> lock(remoteMu_);
     // In the peer's handle order, so its handles are kept wherever they are free here.
-    std::sort(regions.begin(), regions.end(), [](const ParsedRegion& a, const ParsedRegion& b) {
+    std::sort(regions.begin(), regions.end(), [](const RegionMetadata& a, const RegionMetadata& b) {
       return a.handle.value_or(~MrHandle{0}) < b.handle.value_or(~MrHandle{0});
     });
     for (auto& r : regions) {

@@ -1,6 +1,6 @@
-// Feeds arbitrary text to the JSON parser and to the Path decoder that sits on it (both read what
-// a remote peer sends during wire-up). Accepted input must serialize to text that parses back to
-// the same value; an accepted path must survive toJson -> fromJson unchanged.
+// Feeds arbitrary text to the JSON parser, the Path decoder and the endpoint metadata decoder that
+// sit on it (all read what a remote peer sends during wire-up). Accepted input must serialize to
+// text that parses back to the same value; an accepted path or metadata must survive a re-encoding.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/json.h"
+#include "endpoint/metadata.h"
 #include "ferry/verbs/path.h"
 
 namespace {
@@ -43,6 +44,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     twice.reverse();
     twice.reverse();
     check(twice == *path, "reverse twice is not the identity");
+  }
+
+  // Endpoint metadata (what a peer's connect() hands us): accepted metadata re-encodes to text
+  // that decodes to the same paths and regions.
+  auto meta = ferry::endpoint::decodeMetadata(text, "fuzz");
+  if (meta.isOk()) {
+    check(value.isOk(), "metadata was accepted from text the JSON parser refuses");
+    std::string mrInfo = "{}";
+    if (const auto* mrs = value->find("mr_info")) mrInfo = ferry::json::serialize(*mrs);
+    auto again = ferry::endpoint::decodeMetadata(ferry::endpoint::encodeMetadata(*meta, mrInfo), "fuzz");
+    check(again.isOk(), "decodeMetadata refused what encodeMetadata wrote");
+    check(again->numQp == meta->numQp && again->paths == meta->paths && again->regions.size() == meta->regions.size(),
+          "encode -> decode changed the metadata");
+  } else {
+    check(meta.status().code() == ferry::StatusCode::kInvalidArgument, "a metadata refusal is not InvalidArgument");
   }
   return 0;
 }
