@@ -93,11 +93,6 @@ void PeerImpl::fail(const Status& why) {
 
 namespace {
 
-std::string refText(const RegionRef& r) {
-  if (const auto* name = std::get_if<std::string>(&r)) return "'" + *name + "'";
-  return "handle " + std::to_string(std::get<ep::MrHandle>(r));
-}
-
 // A local region's handle on ep.
 Result<ep::MrHandle> localHandle(const ep::Endpoint& e, const RegionRef& r) {
   if (const auto* name = std::get_if<std::string>(&r)) return e.localHandle(*name);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -31,11 +32,20 @@ std::string uniqueStore() {
   return "memory://agent-test-" + std::to_string(getpid()) + "-" + std::to_string(n++);
 }
 
+// The device the agents use: soft_lo, or FERRY_AGENT_TEST_DEVICE (rxe0 in the rxe VM, where the
+// lanes are rdma:rxe0 and a dead peer must be found without the QP's retry count).
+std::string testDevice() {
+  const char* d = std::getenv("FERRY_AGENT_TEST_DEVICE");
+  return d && *d ? d : "soft_lo";
+}
+
+std::string expectedLane() { return testDevice() == "soft_lo" ? "same_host" : "rdma:" + testDevice(); }
+
 AgentOptions options(const std::string& alias, const std::string& store) {
   AgentOptions o;
   o.alias = alias;
   o.store = store;
-  o.devices = {"soft_lo"};
+  o.devices = {testDevice()};
   o.listenHost = "127.0.0.1";
   o.connectTimeout = 10s;
   return o;
@@ -190,7 +200,7 @@ TEST(Agent, OperationsBeforeThePeerExistsAreReplayedInOrder) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data() + 3 * 4096, 4096), 0) << "the writes were not replayed in order";
   auto lanes = (*conn)->lanes();
   ASSERT_TRUE(lanes.isOk());
-  EXPECT_EQ(lanes->of(OpClass::kRma).label(), "same_host");
+  EXPECT_EQ(lanes->of(OpClass::kRma).label(), expectedLane());
   EXPECT_GE(a->stats().operationsQueued, 4u);
 }
 
@@ -469,7 +479,7 @@ TEST(Agent, ASilentPeerIsGoneAfterThePeerTimeout) {
   auto t0 = std::chrono::steady_clock::now();
   Status st = rf->wait(kWait);
   EXPECT_EQ(st.code(), StatusCode::kPeerGone) << st.toString();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4 * oa.peerTimeout);
 }
 
 TEST(Agent, SharedSecretIsAMutualChallenge) {
@@ -528,6 +538,34 @@ TEST(Agent, StoreListsAgentsAndPublishesRegions) {
   auto after = a->listAgents();
   ASSERT_TRUE(after.isOk());
   EXPECT_EQ(*after, (std::vector<std::string>{"a"})) << "a shut-down agent's lease must be revoked";
+}
+
+}  // namespace
+}  // namespace ferry::agent
+
+namespace ferry::agent {
+namespace {
+
+TEST(Agent, WiresUpOverIPv6Loopback) {
+  auto oa = options("six-a", "");
+  auto ob = options("six-b", "");
+  oa.listenHost = ob.listenHost = "::1";
+  auto a = Agent::start(oa);
+  if (!a.isOk() && a.status().code() == StatusCode::kIoError) GTEST_SKIP() << "no IPv6 here: " << a.status().toString();
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  auto b = startAgent(ob);
+  ASSERT_TRUE(b);
+  ASSERT_EQ((*a)->workerAddress().control.size(), 1u);
+  EXPECT_TRUE((*a)->workerAddress().control[0].ipv6);
+  auto x = pattern(4096, 1);
+  std::vector<uint8_t> y(4096);
+  ASSERT_TRUE((*a)->registerMemoryRegion("m", x.data(), x.size()).isOk());
+  ASSERT_TRUE(b->registerMemoryRegion("m", y.data(), y.size()).isOk());
+  auto conn = (*a)->connectAddress(b->address());
+  ASSERT_TRUE(conn.isOk());
+  NamedAssignment w{.local = std::string("m"), .remote = std::string("m"), .length = 4096};
+  ASSERT_TRUE((*conn)->write(std::span(&w, 1))->wait(kWait).isOk());
+  EXPECT_EQ(x, y);
 }
 
 }  // namespace
