@@ -281,11 +281,12 @@ std::string PeerConnection::peerAlias() const {
 
 bool PeerConnection::isConnected() const { return currentImpl()->state() == PeerImpl::State::kReady; }
 
+// The wireup as it is: a failed one reports its failure (the next operation starts another).
 Status PeerConnection::waitReady(std::chrono::milliseconds timeout) const {
-  return impl()->readyOp()->waitUntil(ep::OpState::Clock::now() + timeout);
+  return currentImpl()->readyOp()->waitUntil(ep::OpState::Clock::now() + timeout);
 }
 
-ep::Future PeerConnection::ready() const { return ep::Future(impl()->readyOp()); }
+ep::Future PeerConnection::ready() const { return ep::Future(currentImpl()->readyOp()); }
 
 std::shared_ptr<ep::Endpoint> PeerConnection::endpoint(OpClass c) const { return currentImpl()->endpointOf(c); }
 

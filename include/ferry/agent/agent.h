@@ -122,7 +122,8 @@ class PeerConnection {
   std::string peerAlias() const;
   // Whether the wireup finished and the peer has not gone since.
   bool isConnected() const;
-  // Waits up to timeout for the wireup: OK when connected; the wireup's error when it failed
+  // Waits up to timeout for the current wireup (one that failed is reported as failed; the next
+  // operation starts a new one): OK when connected; the wireup's error when it failed
   // (kTimedOut at its deadline, kUnavailable/kPermissionDenied when refused, kPeerGone); kTimedOut
   // when the wait ran out first (the wireup goes on).
   Status waitReady(std::chrono::milliseconds timeout) const;
