@@ -9,6 +9,7 @@
 
 #include "common/json.h"
 #include "common/log.h"
+#include "endpoint/lane.h"
 #include "endpoint/metadata.h"
 
 namespace ferry::endpoint {
@@ -49,31 +50,6 @@ Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Stat
 }
 
 }  // namespace
-
-// One queue pair and what belongs to it.
-struct Endpoint::Lane {
-  struct Record {
-    uint64_t seq = 0;
-    std::shared_ptr<OpState> op;  // nullptr for a liveness probe
-  };
-
-  size_t index = 0;
-  v::QueuePair qp;
-  uint32_t qpNum = 0;
-  v::Path local;             // what endpointInfo() publishes for it
-  uint32_t outstanding = 0;  // send work requests posted (or being built), not completed
-  uint64_t nextSeq = 1;
-  std::deque<Record> inflight;  // one per outstanding send work request, in post order
-  uint32_t sinceSignal = 0;
-  std::vector<v::SendWr> batch;  // built, not posted yet
-  std::vector<v::Sge> sges;      // their SGEs (capacity reserved: never reallocates)
-  uint32_t receivesPosted = 0;
-  uint64_t nextMessage = 0;         // number of the next message arriving on this lane
-  std::deque<uint32_t> immediates;  // immediates that arrived here, not matched yet
-  uint64_t workRequests = 0;
-  uint64_t bytes = 0;
-  uint32_t maxOutstanding = 0;
-};
 
 struct Endpoint::Fragment {
   std::vector<uint8_t> copy;  // the bytes, copied aside
@@ -159,7 +135,7 @@ Status Endpoint::init() {
                          pool_->pd().registerMemory(recvSlab_.get(), rounded, v::access::kLocalWrite));
 
   for (size_t i = 0; i < o.numQp; ++i) {
-    auto lane = std::make_unique<Lane>();
+    auto lane = std::make_unique<QpLane>();
     lane->index = i;
     lane->nextMessage = i;
     FERRY_ASSIGN_OR_RETURN(lane->qp, pool_->pd().createQp({.type = v::QpType::kRc,
@@ -307,7 +283,7 @@ Status Endpoint::connect(std::string_view peerInfo) {
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kConnected) return invalidArgument("connect: the endpoint is already connected");
     for (size_t i = 0; i < lanes_.size(); ++i) {
-      Lane& lane = *lanes_[i];
+      QpLane& lane = *lanes_[i];
       v::Path path = peerPaths[i];
       path.reverse();
       path.portNum = lane.local.portNum;
@@ -579,18 +555,6 @@ int Endpoint::pickLaneLocked() {
   return -1;
 }
 
-namespace {
-
-void appendWr(std::vector<v::SendWr>& batch, std::vector<v::Sge>& sges, v::SendWr wr,
-              std::span<const v::Sge> list) {
-  size_t start = sges.size();
-  // The capacity was reserved for a full queue of work requests with the most SGEs each.
-  sges.insert(sges.end(), list.begin(), list.end());
-  wr.sgList = std::span<const v::Sge>(sges.data() + start, list.size());
-  batch.push_back(wr);
-}
-
-}  // namespace
 
 bool Endpoint::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
   const size_t n = lanes_.size();
@@ -605,13 +569,13 @@ bool Endpoint::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& 
     const uint64_t len = std::min(piece, t.length - op.transferOffset);
     const int li = pickLaneLocked();
     if (li < 0) return false;
-    Lane& lane = *lanes_[li];
+    QpLane& lane = *lanes_[li];
     v::Sge sge{.addr = t.localAddr + op.transferOffset, .length = static_cast<uint32_t>(len), .lkey = t.lkey};
     v::SendWr wr;
     wr.wrId = lane.nextSeq;
     wr.opcode = opcode;
     wr.rdma = {.remoteAddr = t.remoteAddr + op.transferOffset, .rkey = t.rkey};
-    appendWr(lane.batch, lane.sges, wr, std::span<const v::Sge>(&sge, 1));
+    lane.append(wr, std::span<const v::Sge>(&sge, 1));
     lane.inflight.push_back({lane.nextSeq++, ref});
     ++lane.outstanding;
     ++op.wrsInFlight;
@@ -626,13 +590,13 @@ bool Endpoint::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& 
     // The immediate goes on every queue pair after that pair's share of the data: RC order per
     // pair means the peer sees it only once all the data is in place. It matches them up again.
     while (op.markersPosted < n) {
-      Lane& lane = *lanes_[op.markersPosted];
+      QpLane& lane = *lanes_[op.markersPosted];
       if (lane.outstanding >= options_.sendDepth) return false;
       v::SendWr wr;
       wr.wrId = lane.nextSeq;
       wr.opcode = v::WrOpcode::kRdmaWriteWithImm;
       wr.immData = op.imm;
-      appendWr(lane.batch, lane.sges, wr, {});
+      lane.append(wr, {});
       lane.inflight.push_back({lane.nextSeq++, ref});
       ++lane.outstanding;
       ++op.wrsInFlight;
@@ -643,7 +607,7 @@ bool Endpoint::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& 
 }
 
 bool Endpoint::postMessageLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
-  Lane& lane = *lanes_[op.messageSeq % lanes_.size()];
+  QpLane& lane = *lanes_[op.messageSeq % lanes_.size()];
   const uint64_t fragment = peerRecvBufferSize_;
   bool first = op.movedBytes == 0 && op.wrsInFlight == 0;
   while (first || op.movedBytes < op.totalBytes) {
@@ -670,7 +634,7 @@ bool Endpoint::postMessageLocked(OpState& op, const std::shared_ptr<OpState>& re
     wr.wrId = lane.nextSeq;
     wr.opcode = v::WrOpcode::kSendWithImm;
     wr.immData = static_cast<uint32_t>(op.messageSeq & kMessageSeqMask) | (last ? kLastFragment : 0);
-    appendWr(lane.batch, lane.sges, wr, std::span<const v::Sge>(list, count));
+    lane.append(wr, std::span<const v::Sge>(list, count));
     lane.inflight.push_back({lane.nextSeq++, ref});
     ++lane.outstanding;
     ++op.wrsInFlight;
@@ -697,7 +661,7 @@ void Endpoint::pumpLocked() {
 
 void Endpoint::flushLocked() {
   for (auto& lanePtr : lanes_) {
-    Lane& lane = *lanePtr;
+    QpLane& lane = *lanePtr;
     if (lane.batch.empty()) continue;
     for (size_t i = 0; i < lane.batch.size(); ++i) {
       if (++lane.sinceSignal >= kSignalEvery || i + 1 == lane.batch.size()) {
@@ -720,7 +684,7 @@ void Endpoint::flushLocked() {
                  st.cause());
       std::vector<std::shared_ptr<OpState>> touched;
       for (size_t k = posted; k < lane.batch.size(); ++k) {
-        Lane::Record rec = std::move(lane.inflight.back());
+        QpLane::Record rec = std::move(lane.inflight.back());
         lane.inflight.pop_back();
         --lane.outstanding;
         if (rec.op) {
@@ -783,7 +747,7 @@ void Endpoint::progressFromWorker() {
 }
 
 void Endpoint::handleCompletionLocked(const v::WorkCompletion& wc) {
-  Lane* lane = nullptr;
+  QpLane* lane = nullptr;
   for (auto& l : lanes_) {
     if (l->qpNum == wc.qpNum) lane = l.get();
   }
@@ -795,7 +759,7 @@ void Endpoint::handleCompletionLocked(const v::WorkCompletion& wc) {
   }
 }
 
-void Endpoint::handleSendCompletionLocked(Lane& lane, const v::WorkCompletion& wc) {
+void Endpoint::handleSendCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
   Status error;
   if (wc.status != v::WcStatus::kSuccess) {
     error = workCompletionStatus(wc, lane.index, failure_);
@@ -804,7 +768,7 @@ void Endpoint::handleSendCompletionLocked(Lane& lane, const v::WorkCompletion& w
   }
   // Work requests complete in order: this completion covers every earlier (unsignaled) one.
   while (!lane.inflight.empty() && lane.inflight.front().seq <= wc.wrId) {
-    Lane::Record rec = std::move(lane.inflight.front());
+    QpLane::Record rec = std::move(lane.inflight.front());
     lane.inflight.pop_front();
     --lane.outstanding;
     if (!rec.op) continue;
@@ -815,7 +779,7 @@ void Endpoint::handleSendCompletionLocked(Lane& lane, const v::WorkCompletion& w
   if (!error.isOk()) failLocked(error);
 }
 
-void Endpoint::handleRecvCompletionLocked(Lane& lane, const v::WorkCompletion& wc) {
+void Endpoint::handleRecvCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
   const uint32_t buffer = static_cast<uint32_t>(wc.wrId & 0xffffffffu);
   if (lane.receivesPosted > 0) --lane.receivesPosted;
   if (state_ != State::kConnected) return;  // flushed receives of a failed endpoint
@@ -947,7 +911,7 @@ void Endpoint::matchImmediatesLocked() {
 
 void Endpoint::repostLocked(uint32_t buffer) {
   if (state_ == State::kShutdown || state_ == State::kFailed) return;
-  Lane& lane = *lanes_[buffer / options_.recvDepth];
+  QpLane& lane = *lanes_[buffer / options_.recvDepth];
   v::Sge sge{.addr = reinterpret_cast<uint64_t>(recvSlab_.get()) + uint64_t{buffer} * options_.recvBufferSize,
              .length = options_.recvBufferSize,
              .lkey = recvMr_.lkey()};
@@ -1005,12 +969,12 @@ void Endpoint::probeFromWorker() {
   // A zero-length WRITE on each idle queue pair: it touches no memory, and fails (RETRY_EXC_ERR)
   // when the peer is gone, which fails the receives waiting for it.
   for (auto& lanePtr : lanes_) {
-    Lane& lane = *lanePtr;
+    QpLane& lane = *lanePtr;
     if (lane.outstanding != 0) continue;
     v::SendWr wr;
     wr.wrId = lane.nextSeq;
     wr.opcode = v::WrOpcode::kRdmaWrite;
-    appendWr(lane.batch, lane.sges, wr, {});
+    lane.append(wr, {});
     lane.inflight.push_back({lane.nextSeq++, nullptr});
     ++lane.outstanding;
   }

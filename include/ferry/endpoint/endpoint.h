@@ -70,6 +70,9 @@
 
 namespace ferry::endpoint {
 
+// One queue pair of an endpoint with its bookkeeping (src/endpoint/lane.h; internal).
+struct QpLane;
+
 struct EndpointOptions {
   size_t numQp = 1;                          // queue pairs (1 .. 64); both peers need the same
   std::shared_ptr<Worker> worker = nullptr;  // nullptr: a worker of its own
@@ -184,7 +187,6 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
  private:
   friend class Worker;
-  struct Lane;
   struct RemoteRegion {
     std::string name;
     uint64_t addr = 0;
@@ -219,8 +221,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   bool wantsProbe() const { return wantsProbe_.load(std::memory_order_relaxed); }
   void updateProbeLocked();
   void handleCompletionLocked(const verbs::WorkCompletion& wc);
-  void handleSendCompletionLocked(Lane& lane, const verbs::WorkCompletion& wc);
-  void handleRecvCompletionLocked(Lane& lane, const verbs::WorkCompletion& wc);
+  void handleSendCompletionLocked(QpLane& lane, const verbs::WorkCompletion& wc);
+  void handleRecvCompletionLocked(QpLane& lane, const verbs::WorkCompletion& wc);
   void deliverFragmentLocked(uint64_t seq, bool last, const uint8_t* data, uint32_t length, uint32_t buffer);
   void copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t length);
   void finishRecvLocked(const std::shared_ptr<OpState>& op);
@@ -237,7 +239,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // Set once by init(): never change afterwards.
   verbs::CompletionChannel channel_;
   verbs::CompletionQueue cq_;
-  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::vector<std::unique_ptr<QpLane>> lanes_;
   std::unique_ptr<uint8_t[], void (*)(void*)> recvSlab_{nullptr, nullptr};
   verbs::MemoryRegion recvMr_;
   uint32_t maxSendSge_ = 1;
