@@ -4,6 +4,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -98,6 +99,13 @@ Status AgentImpl::init() {
       if (!parsed.isOk()) return invalidArgument("FERRY_AGENT_LANES: " + parsed.status().message());
       lanes_ = *parsed;
     }
+  }
+  // Each connection holds a few descriptors (its wireup link, its queue pairs' sockets or rings):
+  // an agent with thousands of peers needs more than the usual soft limit of 1024.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max && files.rlim_cur < 65536) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 65536);
+    (void)setrlimit(RLIMIT_NOFILE, &files);
   }
   self_.uuid = newUuid();
   self_.startNs = static_cast<uint64_t>(
@@ -289,7 +297,7 @@ void AgentImpl::shutdown() {
     for (auto& p : peers) {
       auto remote = p->remote();
       if (remote && p->state() != PeerImpl::State::kResolving) {
-        WireupMessage bye{.type = WireupType::kBye, .from = self_.uuid, .to = remote->uuid};
+        WireupMessage bye = wireupHeader(WireupType::kBye, self_.uuid, remote->uuid);
         bye.reason = "the agent shut down";
         sendLine(*remote, encodeWireup(bye, secret_));
       }
@@ -623,7 +631,7 @@ void AgentImpl::startWireup(const std::shared_ptr<PeerImpl>& peer) {
     peer->conn = nextConn_++;
   }
   peer->nonce = newNonce();
-  WireupMessage m{.type = WireupType::kRequest, .from = self_.uuid, .to = remote->uuid, .conn = peer->conn};
+  WireupMessage m = wireupHeader(WireupType::kRequest, self_.uuid, remote->uuid, peer->conn);
   m.fromAddress = selfBytes_;
   m.numQp = static_cast<uint32_t>(peer->numQp());
   m.lanes = laneText(*lanes);
@@ -702,6 +710,7 @@ void AgentImpl::sendLine(const WorkerAddress& to, const std::string& line) {
         });
     link->owner = to.uuid;
     link->hasOwner = true;
+    link->setDeadPeerTimeout(opts_.peerTimeout);
   }
   link->send(line);
 }
@@ -723,6 +732,7 @@ void AgentImpl::onAccept() {
         [weak](Link& l, const Status& why, bool connected) {
           if (auto a = weak.lock()) a->onLinkClosed(l, why, connected);
         });
+    link->setDeadPeerTimeout(opts_.peerTimeout);
     inbound_.insert(link);
   }
 }
@@ -759,7 +769,7 @@ void AgentImpl::onLinkClosed(Link& link, const Status& why, bool connected) {
   auto remote = peer->remote();
   if (remote) {
     peer->lastPing = Clock::now();
-    sendLine(*remote, encodeWireup({.type = WireupType::kPing, .from = self_.uuid, .to = remote->uuid}, secret_));
+    sendLine(*remote, encodeWireup(wireupHeader(WireupType::kPing, self_.uuid, remote->uuid), secret_));
   }
 }
 
@@ -786,7 +796,7 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
     if (m.type == WireupType::kRequest) {
       auto from = WorkerAddress::decode(m.fromAddress);
       if (from.isOk()) {
-        WireupMessage r{.type = WireupType::kReject, .from = self_.uuid, .to = m.from, .conn = m.conn};
+        WireupMessage r = wireupHeader(WireupType::kReject, self_.uuid, m.from, m.conn);
         r.reason = "stale: agent '" + self_.alias + "' restarted (it is " + uuidText(self_.uuid) + " now)";
         sendLine(*from, encodeWireup(r, secret_));
       }
@@ -812,7 +822,7 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
       auto peer = findUuid(m.from);
       if (!peer) return;
       auto remote = peer->remote();
-      if (remote) sendLine(*remote, encodeWireup({.type = WireupType::kPong, .from = self_.uuid, .to = m.from}, secret_));
+      if (remote) sendLine(*remote, encodeWireup(wireupHeader(WireupType::kPong, self_.uuid, m.from), secret_));
       break;
     }
     case WireupType::kPong: break;
@@ -908,7 +918,7 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
   if (parsedLanes.isOk()) theirs = *parsedLanes;
   auto lanes = selectLanes(self_, from, theirs);
   auto reject = [&](const Status& why) {
-    WireupMessage r{.type = WireupType::kReject, .from = self_.uuid, .to = from.uuid, .conn = m.conn};
+    WireupMessage r = wireupHeader(WireupType::kReject, self_.uuid, from.uuid, m.conn);
     r.reason = why.message();
     sendLine(from, encodeWireup(r, secret_));
     forget(peer);
@@ -916,7 +926,7 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
   };
   if (!lanes.isOk()) return reject(lanes.status());
   peer->setRemote(from, *lanes);
-  if (peer->endpoints().empty() || peer->numQp() != m.numQp) {
+  if (!peer->endpointsMatchLanes() || peer->numQp() != m.numQp) {
     if (peer->numQp() != m.numQp) {
       // A peer connecting with another qp_num than our own pending connect: its choice is used.
       auto replacement = std::make_shared<PeerImpl>(weak_from_this(), from.alias, m.numQp);
@@ -953,7 +963,7 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
   if (!connected.isOk()) return reject(connected);
   peer->remoteConn = m.conn;
   peer->nonce = newNonce();
-  WireupMessage r{.type = WireupType::kReply, .from = self_.uuid, .to = from.uuid, .conn = m.conn};
+  WireupMessage r = wireupHeader(WireupType::kReply, self_.uuid, from.uuid, m.conn);
   r.fromAddress = selfBytes_;
   r.endpoints = endpointInfos(*peer);
   r.nonce = peer->nonce;
@@ -981,7 +991,7 @@ void AgentImpl::onReply(const WireupMessage& m) {
   if (m.conn != peer->conn) return;  // for a REQUEST we abandoned, or an older one
   if (st == PeerImpl::State::kReady) {
     // Our ACK was lost: again.
-    WireupMessage ack{.type = WireupType::kAck, .from = self_.uuid, .to = m.from, .conn = m.conn};
+    WireupMessage ack = wireupHeader(WireupType::kAck, self_.uuid, m.from, m.conn);
     ack.echo = m.nonce;
     sendLine(*remote, encodeWireup(ack, secret_));
     return;
@@ -1001,7 +1011,7 @@ void AgentImpl::onReply(const WireupMessage& m) {
   if (m.abandoned != 0) peer->ignoredConn = m.abandoned;
   if (peer->retryTimer != 0) loop_.cancelTimer(peer->retryTimer);
   peer->retryTimer = 0;
-  WireupMessage ack{.type = WireupType::kAck, .from = self_.uuid, .to = m.from, .conn = m.conn};
+  WireupMessage ack = wireupHeader(WireupType::kAck, self_.uuid, m.from, m.conn);
   ack.echo = m.nonce;
   {
     std::lock_guard<std::mutex> lock(statsMu_);
@@ -1063,7 +1073,7 @@ void AgentImpl::onMrQuery(const WireupMessage& m) {
   if (!peer) return;
   auto remote = peer->remote();
   if (!remote) return;
-  WireupMessage r{.type = WireupType::kMrInfo, .from = self_.uuid, .to = m.from};
+  WireupMessage r = wireupHeader(WireupType::kMrInfo, self_.uuid, m.from);
   r.name = m.name;
   r.query = m.query;
   std::string info = regionInfoJson(m.name);
@@ -1079,7 +1089,7 @@ void AgentImpl::onMrInfo(const WireupMessage& m) {
 void AgentImpl::queryRegion(const std::shared_ptr<PeerImpl>& peer, const std::string& name) {
   auto remote = peer->remote();
   if (!remote) return;
-  WireupMessage q{.type = WireupType::kMrQuery, .from = self_.uuid, .to = remote->uuid};
+  WireupMessage q = wireupHeader(WireupType::kMrQuery, self_.uuid, remote->uuid);
   q.name = name;
   q.query = nextQuery_++;
   sendLine(*remote, encodeWireup(q, secret_));
@@ -1106,7 +1116,7 @@ void AgentImpl::sweep() {
     if (now - p->lastHeard >= opts_.heartbeat && now - p->lastPing >= opts_.heartbeat) {
       p->lastPing = now;
       auto remote = p->remote();
-      if (remote) sendLine(*remote, encodeWireup({.type = WireupType::kPing, .from = self_.uuid, .to = remote->uuid}, secret_));
+      if (remote) sendLine(*remote, encodeWireup(wireupHeader(WireupType::kPing, self_.uuid, remote->uuid), secret_));
     }
   }
   std::weak_ptr<AgentImpl> weak = weak_from_this();

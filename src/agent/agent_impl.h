@@ -88,6 +88,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // Set on the loop thread under mu_.
   void setRemote(WorkerAddress address, LaneSet lanes);
   void setEndpoints(std::map<std::string, std::shared_ptr<endpoint::Endpoint>> byDevice);
+  // Whether there is exactly one endpoint per local device the lanes use.
+  bool endpointsMatchLanes() const;
   const std::map<std::string, std::shared_ptr<endpoint::Endpoint>>& endpoints() const { return endpoints_; }
   void setState(State s);
   // Ready: replays the queue in order on the endpoints.
@@ -95,6 +97,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
 
  private:
   friend class AgentImpl;
+  // Points each operation class at the endpoint of its lane's device (mu_ held).
+  void bindClassesLocked();
   // Posts what can be posted from the front of the queue (mu_ held).
   void drainLocked();
   // Resolves names against ep; returns nullopt with *missing set when a remote name is unknown.

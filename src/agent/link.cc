@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -17,7 +18,26 @@ namespace {
 // How long one address may take to accept a connection before the next is tried.
 constexpr auto kConnectTimeout = std::chrono::seconds(3);
 
+void applyDeadPeerTimeout(int fd, std::chrono::milliseconds timeout) {
+  if (fd < 0 || timeout.count() <= 0) return;
+  int one = 1;
+  int idle = std::max<int>(1, static_cast<int>(timeout.count() / 3000));
+  int interval = std::max<int>(1, static_cast<int>(timeout.count() / 6000));
+  int count = 3;
+  unsigned int user = static_cast<unsigned int>(timeout.count());
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof user);
+}
+
 }  // namespace
+
+void Link::setDeadPeerTimeout(std::chrono::milliseconds timeout) {
+  deadPeerTimeout_ = timeout;
+  applyDeadPeerTimeout(fd_, timeout);
+}
 
 std::shared_ptr<Link> Link::adopt(Reactor& reactor, int fd, size_t maxLine, LineCb onLine, CloseCb onClose) {
   std::shared_ptr<Link> link(new Link(reactor, maxLine, std::move(onLine), std::move(onClose)));
@@ -93,6 +113,7 @@ void Link::tryNextTarget() {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    applyDeadPeerTimeout(fd, deadPeerTimeout_);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
       lastError_ = Status(StatusCode::kUnavailable, "wireup: cannot connect to " + t.ip + ":" + std::to_string(t.port) +
                                                         ": " + std::strerror(errno), errno);

@@ -3,6 +3,7 @@
 // and writing all wait in the reactor. Every method runs on the reactor thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,6 +38,11 @@ class Link : public std::enable_shared_from_this<Link> {
   void close();
   bool open() const { return fd_ >= 0 || connecting_; }
   bool connected() const { return everConnected_; }
+  // Lets the kernel find a dead host: TCP keepalive probes after a third of `timeout` idle, and
+  // unacknowledged data for longer than `timeout` ends the connection (TCP_USER_TIMEOUT). A dead
+  // process is found at once (its kernel closes the socket); neither costs this process anything
+  // while idle. Applied to the socket now and to any later one of a connecting link.
+  void setDeadPeerTimeout(std::chrono::milliseconds timeout);
   // Who this link belongs to, for the agent (the peer's uuid once known).
   Uuid owner{};
   bool hasOwner = false;
@@ -65,6 +71,7 @@ class Link : public std::enable_shared_from_this<Link> {
   std::string in_;
   std::string out_;
   Reactor::TimerId connectTimer_ = 0;
+  std::chrono::milliseconds deadPeerTimeout_{0};
 };
 
 }  // namespace ferry::agent

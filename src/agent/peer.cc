@@ -1,5 +1,6 @@
 // One connection to a peer: its state, the queue of operations waiting for the wireup, and the
 // PeerConnection façade (agent.h).
+#include <set>
 #include <variant>
 
 #include "agent/agent_impl.h"
@@ -49,13 +50,31 @@ void PeerImpl::setRemote(WorkerAddress address, LaneSet lanes) {
   std::lock_guard<std::mutex> lock(mu_);
   remote_ = std::move(address);
   lanes_ = std::move(lanes);
+  bindClassesLocked();
 }
 
 void PeerImpl::setEndpoints(std::map<std::string, std::shared_ptr<ep::Endpoint>> byDevice) {
   std::lock_guard<std::mutex> lock(mu_);
   endpoints_ = std::move(byDevice);
+  bindClassesLocked();
+}
+
+bool PeerImpl::endpointsMatchLanes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!lanes_ || endpoints_.empty()) return false;
+  std::set<std::string> needed;
+  for (const auto& lane : lanes_->lanes) needed.insert(lane.localDevice);
+  if (needed.size() != endpoints_.size()) return false;
+  for (const auto& device : needed) {
+    if (!endpoints_.count(device)) return false;
+  }
+  return true;
+}
+
+void PeerImpl::bindClassesLocked() {
   for (int i = 0; i < kNumOpClasses; ++i) {
-    byClass_[i] = lanes_ ? endpoints_[lanes_->lanes[i].localDevice] : nullptr;
+    auto it = lanes_ ? endpoints_.find(lanes_->lanes[i].localDevice) : endpoints_.end();
+    byClass_[i] = it == endpoints_.end() ? nullptr : it->second;
   }
 }
 
@@ -324,6 +343,21 @@ Status checkChunks(AgentImpl& agent, std::span<const NamedChunk> chunks, bool wr
   return Status::ok();
 }
 
+PendingOp transferOp(ep::OpKind kind, std::span<const NamedAssignment> batch, uint32_t imm = 0) {
+  PendingOp op;
+  op.kind = kind;
+  op.batch.assign(batch.begin(), batch.end());
+  op.imm = imm;
+  return op;
+}
+
+PendingOp messageOp(ep::OpKind kind, std::span<const NamedChunk> chunks) {
+  PendingOp op;
+  op.kind = kind;
+  op.chunks.assign(chunks.begin(), chunks.end());
+  return op;
+}
+
 template <typename F>
 Result<F> run(const PeerConnection& c, PendingOp op) {
   auto impl = c.impl();
@@ -337,14 +371,14 @@ Result<ep::ReadWriteFuture> PeerConnection::read(std::span<const NamedAssignment
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("read: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, true));
-  return run<ep::ReadWriteFuture>(*this, {.kind = ep::OpKind::kRead, .batch = {batch.begin(), batch.end()}});
+  return run<ep::ReadWriteFuture>(*this, transferOp(ep::OpKind::kRead, batch));
 }
 
 Result<ep::ReadWriteFuture> PeerConnection::write(std::span<const NamedAssignment> batch) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("write: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
-  return run<ep::ReadWriteFuture>(*this, {.kind = ep::OpKind::kWrite, .batch = {batch.begin(), batch.end()}});
+  return run<ep::ReadWriteFuture>(*this, transferOp(ep::OpKind::kWrite, batch));
 }
 
 Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAssignment> batch, uint32_t immData) {
@@ -352,25 +386,25 @@ Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAs
   if (!agent) return closedError("write_with_imm: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
   return run<ep::ReadWriteFuture>(
-      *this, {.kind = ep::OpKind::kWriteWithImm, .batch = {batch.begin(), batch.end()}, .imm = immData});
+      *this, transferOp(ep::OpKind::kWriteWithImm, batch, immData));
 }
 
 Result<ep::SendFuture> PeerConnection::send(std::span<const NamedChunk> chunks) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("send: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, false));
-  return run<ep::SendFuture>(*this, {.kind = ep::OpKind::kSend, .chunks = {chunks.begin(), chunks.end()}});
+  return run<ep::SendFuture>(*this, messageOp(ep::OpKind::kSend, chunks));
 }
 
 Result<ep::RecvFuture> PeerConnection::recv(std::span<const NamedChunk> chunks) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("recv: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, true));
-  return run<ep::RecvFuture>(*this, {.kind = ep::OpKind::kRecv, .chunks = {chunks.begin(), chunks.end()}});
+  return run<ep::RecvFuture>(*this, messageOp(ep::OpKind::kRecv, chunks));
 }
 
 Result<ep::ImmRecvFuture> PeerConnection::immRecv() {
-  return run<ep::ImmRecvFuture>(*this, {.kind = ep::OpKind::kImmRecv});
+  return run<ep::ImmRecvFuture>(*this, messageOp(ep::OpKind::kImmRecv, {}));
 }
 
 }  // namespace ferry::agent

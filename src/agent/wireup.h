@@ -43,6 +43,16 @@ struct WireupMessage {
   std::string reason;         // reject, bye
 };
 
+// A message of `type` from one agent to another (the other fields empty).
+inline WireupMessage wireupHeader(WireupType type, const Uuid& from, const Uuid& to, uint64_t conn = 0) {
+  WireupMessage m;
+  m.type = type;
+  m.from = from;
+  m.to = to;
+  m.conn = conn;
+  return m;
+}
+
 // One line (no newline) with the MAC when secret is not empty.
 std::string encodeWireup(const WireupMessage& message, const std::string& secret);
 // Parses and checks one line. kPermissionDenied for a missing or wrong MAC when a secret is set (and

@@ -259,7 +259,9 @@ std::string Endpoint::endpointInfo() const {
                      .linkType = context_->linkType(),
                      .numQp = static_cast<uint32_t>(options_.numQp),
                      .recvBufferSize = options_.recvBufferSize,
-                     .recvDepth = options_.recvDepth};
+                     .recvDepth = options_.recvDepth,
+                     .paths = {},
+                     .regions = {}};
   for (const auto& lane : lanes_) m.paths.push_back(lane->local);
   return encodeMetadata(m, pool_->mrInfo());
 }
