@@ -109,10 +109,21 @@ int waitFuture(const endpoint::Future& f, py::object timeout) {
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> deadline;
   if (!timeout.is_none()) {
-    double seconds = timeout.cast<double>();
+    PyObject* o = timeout.ptr();
+    if (PyBool_Check(o) || !(PyFloat_Check(o) || PyLong_Check(o) || PyIndex_Check(o))) {
+      raiseInvalid(std::string("wait: the timeout must be a number of seconds or None, not ") + Py_TYPE(o)->tp_name);
+    }
+    double seconds = PyFloat_AsDouble(o);
+    if (seconds == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      raiseInvalid("wait: the timeout is not a number of seconds");
+    }
     if (!(seconds >= 0)) raiseInvalid("wait: the timeout must be a non-negative number of seconds or None");
-    deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    // Beyond about 30 years (math.inf, 1e300) is "no deadline": the time point would overflow.
+    if (seconds < 1e9) {
+      deadline =
+          Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    }
   }
   for (;;) {
     auto slice = std::chrono::milliseconds(100);

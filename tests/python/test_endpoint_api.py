@@ -560,3 +560,22 @@ def test_add_endpoint_moves_it_to_a_worker(pair):
     a.write([(h, a.register_remote_memory_region("y", b.mr_info()["y"]), 0, 0, 30)], None).wait(10)
     assert dst == buf
     w.stop()
+
+
+def test_wait_takes_any_number_of_seconds_and_refuses_what_is_not_one(pair):
+    import math
+    a, b = pair()
+    src, dst = pattern(4, 64), np.zeros(64, dtype=np.uint8)
+    hs, hd = a.register_memory_region("s", src), b.register_memory_region("d", dst)
+    f = b.recv([(hd, 0, 64)], None)
+    # A timeout beyond any deadline (math.inf, 1e300) waits like None: not a TimedOut after 0.1 s.
+    sender = threading.Timer(0.5, lambda: a.send([(hs, 0, 64)], None).wait(10))
+    sender.start()
+    try:
+        assert f.wait(math.inf) == 0
+    finally:
+        sender.join()
+    assert f.wait(1e300) == 0 and f.wait(0) == 0 and f.wait(2) == 0
+    for bad in ("1", b"1", [1], True, -1, float("nan"), -math.inf):
+        with pytest.raises(ferry.InvalidArgument):
+            f.wait(bad)
