@@ -115,6 +115,8 @@ def garbage_client(ferry, payload, pattern):
 
 def main():
     ferry = sys.argv[1]
+    bad_option(ferry, ["127.0.0.1", "--port", "0"], r"--port 0 picks a free port for --server only")
+    bad_option(ferry, ["127.0.0.1:0"], r"the server port takes a whole number in \[1, 65535\]")
     bad_option(ferry, ["--local", "--op", "bogus"], r"unknown --op 'bogus'")
     bad_option(ferry, ["--local", "--soft-path", "shm"], r"unknown --soft-path 'shm'")
     bad_option(ferry, ["--local", "--soft-path"], r"--soft-path needs a value")

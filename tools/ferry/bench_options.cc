@@ -390,6 +390,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
     if (!st.isOk()) return st;
     if (portGiven && port != o.port) return invalidArgument("two different ports: in the address and --port");
     o.port = port;
+    if (o.port == 0) return invalidArgument("--port 0 picks a free port for --server only: give the server's port");
   }
   if (o.role != Options::Role::kLocal && !o.serverDevice.empty()) {
     return invalidArgument("--server-device is for --local (the server picks its device with --device)");
