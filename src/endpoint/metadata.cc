@@ -93,6 +93,8 @@ Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string
   EndpointMetadata m;
   m.device = textField(info, "device");
   m.linkType = textField(info, "link_type");
+  if (m.device.empty() || m.device.size() > 255) return error("\"device\" is missing, not text, or longer than 255 bytes");
+  if (m.linkType.size() > 64) return error("\"link_type\" is longer than 64 bytes");
   FERRY_ASSIGN_OR_RETURN(int64_t ibPort, intField(info, "ib_port", 1, 255, where, false, 1));
   m.ibPort = static_cast<int>(ibPort);
   FERRY_ASSIGN_OR_RETURN(int64_t numQp, intField(info, "num_qp", 1, 64, where));
@@ -116,7 +118,9 @@ Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string
     if (path->sgid.isZero()) return error("qp_paths[" + std::to_string(i) + "] has no GID");
     m.paths.push_back(*path);
   }
-  if (const json::Value* mrs = info.find("mr_info")) {
+  const json::Value* mrs = info.find("mr_info");
+  if (mrs == nullptr) return error("\"mr_info\" is missing (an endpoint's metadata lists its regions, maybe none)");
+  {
     if (!mrs->isObject()) return error("\"mr_info\" is not an object");
     for (const auto& [name, entry] : *mrs->object()) {
       if (name.empty()) return error("\"mr_info\" has a region without a name");

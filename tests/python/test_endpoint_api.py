@@ -357,6 +357,8 @@ def test_malformed_peer_info_raises_and_changes_nothing():
         changed(recv_buffer_size=0),
         changed(mr_info={"evil": {"addr": -5, "length": 8, "rkey": 1}}),
         changed(mr_info={"evil": {"addr": 5, "length": 8}}),
+        changed(device="x" * (64 << 20)), changed(device=""), changed(device=7),
+        {k: v for k, v in good.items() if k != "mr_info"},
         c.endpoint_info(),
     ]
     for info in bad:
