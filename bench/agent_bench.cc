@@ -474,7 +474,8 @@ int runServe(const Options& o) {
 
 struct ScaleOutcome {
   double connectSeconds = 0, readySeconds = 0, writesSeconds = 0;
-  uint64_t readyOk = 0, writesOk = 0, failed = 0;
+  uint64_t readyOk = 0, writesOk = 0, failed = 0;  // failed: connect(), write() or waitReady()
+  uint64_t writesFailed = 0;                         // queued WRITEs whose future failed
   std::string firstError;
 };
 
@@ -512,8 +513,12 @@ ScaleOutcome connectAll(const Options& o, BenchAgent& self, std::vector<std::sha
   out.readySeconds = secondsSince(t0);
   for (auto& f : writes) {
     Status st = f.wait(left());
-    if (st.isOk()) ++out.writesOk;
-    else if (out.firstError.empty()) out.firstError = st.toString();
+    if (st.isOk()) {
+      ++out.writesOk;
+    } else {
+      ++out.writesFailed;
+      if (out.firstError.empty()) out.firstError = st.toString();
+    }
   }
   out.writesSeconds = secondsSince(t0);
   return out;
@@ -532,9 +537,10 @@ int runConnector(const Options& o) {
   std::vector<std::shared_ptr<PeerConnection>> conns;
   ScaleOutcome r = connectAll(o, *self, conns);
   char line[256];
-  std::snprintf(line, sizeof line, "done connect_s=%.6f ready_s=%.6f writes_s=%.6f ready_ok=%llu writes_ok=%llu failed=%llu",
+  std::snprintf(line, sizeof line, "done connect_s=%.6f ready_s=%.6f writes_s=%.6f ready_ok=%llu writes_ok=%llu failed=%llu writes_failed=%llu",
                 r.connectSeconds, r.readySeconds, r.writesSeconds, static_cast<unsigned long long>(r.readyOk),
-                static_cast<unsigned long long>(r.writesOk), static_cast<unsigned long long>(r.failed));
+                static_cast<unsigned long long>(r.writesOk), static_cast<unsigned long long>(r.failed),
+                static_cast<unsigned long long>(r.writesFailed));
   std::string text = line;
   if (!r.firstError.empty()) text += " error_text=" + r.firstError;
   std::replace(text.begin(), text.end(), '\n', ' ');
@@ -874,9 +880,10 @@ ScaleTotals scaleTotals(const Options& o, const std::vector<ScaleProcess>& procs
 void printScale(const Options& o, const ScaleOutcome& r, const std::vector<ScaleProcess>& procs) {
   std::printf("scale: %llu endpoints, %llu serving processes, one connecting agent; idle sampled over %g s\n",
               (unsigned long long)o.endpoints, (unsigned long long)o.procs, o.idleSeconds);
-  std::printf("connect() calls %.3f s; all ready %.3f s (%llu of %llu ready); queued WRITEs done %.3f s (%llu ok); failures %llu\n",
+  std::printf("connect() calls %.3f s; all ready %.3f s (%llu of %llu ready); queued WRITEs done %.3f s (%llu ok, %llu failed); other failures %llu\n",
               r.connectSeconds, r.readySeconds, (unsigned long long)r.readyOk, (unsigned long long)o.endpoints,
-              r.writesSeconds, (unsigned long long)r.writesOk, (unsigned long long)r.failed);
+              r.writesSeconds, (unsigned long long)r.writesOk, (unsigned long long)r.writesFailed,
+              (unsigned long long)r.failed);
   if (!r.firstError.empty()) std::printf("first error: %s\n", r.firstError.c_str());
   std::printf("%-11s %8s %7s %12s %12s %9s %9s %7s %7s %9s\n", "process", "pid", "agents", "rss_before_kB",
               "rss_after_kB", "thr_after", "fds_after", "idle_s", "idle_%", "kB/endp");
@@ -906,6 +913,7 @@ json::Value scaleJson(const Options& o, const ScaleOutcome& r, const std::vector
   doc.set("ready_ok", static_cast<int64_t>(r.readyOk));
   doc.set("writes_ok", static_cast<int64_t>(r.writesOk));
   doc.set("failed", static_cast<int64_t>(r.failed));
+  doc.set("writes_failed", static_cast<int64_t>(r.writesFailed));
   doc.set("first_error", r.firstError.empty() ? json::Value() : json::Value(r.firstError));
   json::Array list;
   for (const auto& p : procs) list.push_back(scaleProcessJson(o, p));
@@ -936,6 +944,7 @@ Result<ScaleOutcome> awaitConnector(const Options& o, Child& connector) {
   r.readyOk = std::strtoull(f["ready_ok"].c_str(), nullptr, 10);
   r.writesOk = std::strtoull(f["writes_ok"].c_str(), nullptr, 10);
   r.failed = std::strtoull(f["failed"].c_str(), nullptr, 10);
+  r.writesFailed = std::strtoull(f["writes_failed"].c_str(), nullptr, 10);
   r.firstError = f["error_text"];
   return r;
 }

@@ -85,7 +85,7 @@ def check_overhead(binary, tmp):
 
 def check_scale(binary, tmp):
     table, doc = bench(binary, tmp, "scale", "--endpoints", "16", "--procs", "2", "--idle-seconds", "1")
-    for key, want in (("endpoints", 16), ("procs", 2), ("ready_ok", 16), ("writes_ok", 16), ("failed", 0)):
+    for key, want in (("endpoints", 16), ("procs", 2), ("ready_ok", 16), ("writes_ok", 16), ("failed", 0), ("writes_failed", 0)):
         if doc.get(key) != want:
             fail("scale: field %r is %r, expected %r" % (key, doc.get(key), want))
     if not 0 < doc["ready_seconds"] <= doc["writes_seconds"]:

@@ -147,7 +147,7 @@ std::shared_ptr<Agent> startAgent(const std::string& alias, const std::string& s
   o.listenPort = static_cast<uint16_t>(listenPort);
   o.connectTimeout = toMillis(connectTimeout, "connect_timeout");
   o.peerTimeout = toMillis(peerTimeout, "peer_timeout");
-  o.heartbeat = toMillis(heartbeat, "heartbeat");
+  o.heartbeat = heartbeat == 0 ? std::chrono::milliseconds(0) : toMillis(heartbeat, "heartbeat");
   if (leaseTtl < 1) raiseInvalid("lease_ttl must be at least 1 second");
   o.leaseTtl = std::chrono::seconds(leaseTtl);
   o.secret = secret;
@@ -278,7 +278,7 @@ void bindAgent(py::module_& m) {
       .def(py::init(&startAgent), py::kw_only(), py::arg("alias") = "", py::arg("store") = "",
            py::arg("scope") = "default", py::arg("devices") = std::vector<std::string>{},
            py::arg("listen_host") = "", py::arg("listen_port") = 0, py::arg("connect_timeout") = 30.0,
-           py::arg("peer_timeout") = 5.0, py::arg("heartbeat") = 1.0, py::arg("lease_ttl") = 10,
+           py::arg("peer_timeout") = 5.0, py::arg("heartbeat") = 0.0, py::arg("lease_ttl") = 10,
            py::arg("secret") = "", py::arg("lanes") = "", py::arg("recv_depth") = py::none(),
            py::arg("recv_buffer_size") = py::none())
       .def_property_readonly("alias", &Agent::alias)

@@ -73,9 +73,10 @@ Result<std::shared_ptr<AgentImpl>> AgentImpl::start(AgentOptions options) {
   if (options.scope.empty() || options.scope.find('/') != std::string::npos) {
     return invalidArgument("agent: the scope '" + options.scope + "' is empty or has a '/'");
   }
-  if (options.connectTimeout.count() <= 0 || options.peerTimeout.count() <= 0 || options.heartbeat.count() <= 0 ||
+  if (options.connectTimeout.count() <= 0 || options.peerTimeout.count() <= 0 || options.heartbeat.count() < 0 ||
       options.retryInterval.count() <= 0) {
-    return invalidArgument("agent: connect_timeout, peer_timeout, heartbeat and retry interval must be positive");
+    return invalidArgument("agent: connect_timeout, peer_timeout and the retry interval must be positive, heartbeat "
+                           "positive or 0 (off)");
   }
   if (options.leaseTtl.count() < 1) return invalidArgument("agent: the lease TTL must be at least 1 s");
   std::shared_ptr<AgentImpl> impl(new AgentImpl(std::move(options)));
@@ -148,10 +149,12 @@ Status AgentImpl::init() {
         });
     });
   }
-  std::weak_ptr<AgentImpl> weak = weak_from_this();
-  loop_.post([weak] {
-    if (auto a = weak.lock()) a->sweep();
-  });
+  if (opts_.heartbeat.count() > 0) {
+    std::weak_ptr<AgentImpl> weak = weak_from_this();
+    loop_.post([weak] {
+      if (auto a = weak.lock()) a->sweep();
+    });
+  }
   FERRY_LOG(kInfo, "agent %s started", self_.describe().c_str());
   return Status::ok();
 }

@@ -397,3 +397,30 @@ def test_ferry_info_shows_the_lanes_and_why(store):
         assert missing.returncode == 1 and "nobody" in missing.stderr
     finally:
         peer.close()
+
+
+def test_a_paused_peer_keeps_its_connection_and_a_dead_one_is_found_at_once(store):
+    with ferry.start_peer_agent(store=store.url, alias="patient", device="soft_lo", peer_timeout=1.0) as agent:
+        buf = np.zeros(4096, dtype=np.uint8)
+        buf[:] = pattern(6, 4096)
+        agent.register_memory_region("kv", buf)
+        peer = Peer(store.url, "sleeper")
+        try:
+            agent.connect_to("sleeper").wait(30)
+            peer.proc.send_signal(signal.SIGSTOP)
+            time.sleep(3)  # three peer timeouts: its kernel still answers, so it is not gone
+            peer.proc.send_signal(signal.SIGCONT)
+            agent.write("sleeper", [("kv", 0, 0, 4096)]).wait(30)
+            assert peer.call(cmd="check", seed=6, offset=0, length=4096)["ok"]
+            assert agent.stats()["peers_gone"] == 0
+            assert agent.connect_to("sleeper").peer_uuid == peer.uuid
+            # Killed: its kernel closes the wireup links, so a waiting receive fails at once, with
+            # no heartbeat running.
+            recv = agent.recv("sleeper", ("kv", 0, 16))
+            started = time.monotonic()
+            peer.kill()
+            with pytest.raises(ferry.PeerGone):
+                recv.wait(10)
+            assert time.monotonic() - started < 2
+        finally:
+            peer.close()

@@ -26,10 +26,11 @@
 //
 // Lanes: see lanes.h. One Endpoint per distinct local device among the lanes (normally one).
 //
-// Reconnection: every start has a new uuid (its generation). A peer that is silent for
-// peerTimeout (it answers a heartbeat every `heartbeat` while connected), whose wireup listener
-// refuses connections, that says goodbye, or whose endpoint fails, is gone: every pending operation
-// fails with kPeerGone, on every device. The next operation for that alias looks it up again and
+// Reconnection: every start has a new uuid (its generation). A peer whose process died (its kernel
+// closed the wireup links and its listener refuses), whose host is unreachable for peerTimeout (TCP
+// keepalive on the wireup links), that says goodbye, whose endpoint fails, or (with a heartbeat)
+// that is silent for peerTimeout, is gone: every pending operation fails with kPeerGone, on every
+// device. The next operation for that alias looks it up again and
 // wires up anew; a restarted peer (new uuid) gets a new connection, and nothing addressed to its
 // previous life (messages carry both uuids) reaches it.
 //
@@ -78,7 +79,11 @@ struct AgentOptions {
   uint16_t listenPort = 0;  // 0: the kernel picks one
   std::chrono::milliseconds connectTimeout{30000};  // the wireup's deadline
   std::chrono::milliseconds peerTimeout{5000};      // silence after which a peer is gone
-  std::chrono::milliseconds heartbeat{1000};        // how often a connected peer is asked
+  // How often a connected peer that said nothing is asked whether it is there (0: never). Off by
+  // default: the kernel finds dead processes and hosts on the wireup links at no cost (link.h), and
+  // a peer that is only paused (a debugger, SIGSTOP) keeps its connections. With a heartbeat, a peer
+  // silent for peerTimeout is gone even when its kernel still answers (a hung process).
+  std::chrono::milliseconds heartbeat{0};
   std::chrono::milliseconds retryInterval{250};     // first resend of an unanswered wireup message
   std::chrono::seconds leaseTtl{10};                // the store lease of the agent's entries
   std::string secret;       // "" : FERRY_AGENT_SECRET, else none

@@ -54,7 +54,7 @@ class PeerAgent:
     ``scope`` separates groups of agents sharing one store. The agent is a context manager."""
 
     def __init__(self, alias=None, store=None, device=None, scope=None, *, connect_timeout=30.0,
-                 peer_timeout=5.0, heartbeat=1.0, lease_ttl=10, secret=None, listen_host=None,
+                 peer_timeout=5.0, heartbeat=0.0, lease_ttl=10, secret=None, listen_host=None,
                  listen_port=0, lanes=None, recv_depth=None, recv_buffer_size=None):
         if store is None:
             store = os.environ.get("FERRY_STORE", "")
