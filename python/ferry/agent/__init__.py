@@ -11,8 +11,10 @@ Shaped like DLSlime's ``PeerAgent`` so that its users move over by changing an i
 A connection is usable the moment it is made: operations posted before the wireup finished wait in
 its queue and are replayed in order. ``conn.wait(timeout)`` reports the wireup; the wireup has a
 deadline (``connect_timeout``), after which queued operations raise ``ferry.TimedOut``. A peer that
-dies, stops answering for ``peer_timeout`` or shuts down fails every pending operation with
-``ferry.PeerGone``; the next operation to its alias finds it again (a restarted peer is wired anew).
+dies (its kernel closes its connections), whose host is unreachable for ``peer_timeout``, or that
+shuts down fails every pending operation with ``ferry.PeerGone`` (``heartbeat=`` seconds also finds a
+hung one); the next operation to its alias finds it again (a restarted peer is wired anew). A peer
+that is only paused keeps its connections.
 
 Assignments (read, write, write_with_imm), one or a list:
 
