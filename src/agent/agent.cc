@@ -233,7 +233,7 @@ Status AgentImpl::listen() {
     a.sin_addr.s_addr = hostIs4 ? host4.s_addr : htonl(INADDR_ANY);
     rc = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   }
-  if (rc != 0 || ::listen(fd, 512) != 0) {
+  if (rc != 0 || ::listen(fd, SOMAXCONN) != 0) {
     Status st = ioError("agent: cannot listen on port " + std::to_string(opts_.listenPort));
     ::close(fd);
     return st;
@@ -551,11 +551,7 @@ void AgentImpl::startResolve(const std::shared_ptr<PeerImpl>& peer) {
             p->state_ = PeerImpl::State::kFailed;
             p->failure_ = Status(StatusCode::kPeerGone, "superseded by the connection the peer made");
           }
-          for (auto& op : queued) {
-            auto outer = op.outer;
-            auto r = live->submit(std::move(op));
-            if (!r.isOk()) outer->complete(r.status());
-          }
+          for (auto& op : queued) live->adopt(std::move(op));
           auto ready = live->readyOp();
           ready->onDone([p](const ep::OpState& d) { p->readyOp()->complete(d.status()); });
           return;
@@ -579,11 +575,17 @@ Result<std::map<std::string, std::shared_ptr<ep::Endpoint>>> AgentImpl::makeEndp
       if (it != pools_.end()) pool = it->second;
     }
     if (!pool) return Status(StatusCode::kInternal, "agent: no memory pool for device " + lane.localDevice);
-    auto e = ep::Endpoint::create(pool, {.numQp = numQp,
-                                         .worker = worker_,
-                                         .sendDepth = opts_.sendDepth,
-                                         .recvDepth = opts_.recvDepth,
-                                         .recvBufferSize = opts_.recvBufferSize});
+    ep::EndpointOptions o;
+    o.numQp = numQp;
+    o.worker = worker_;
+    o.sendDepth = opts_.sendDepth;
+    o.recvDepth = opts_.recvDepth;
+    o.recvBufferSize = opts_.recvBufferSize;
+    // The agent finds dead peers itself (link.h), so its queue pairs can wait longer for a slow
+    // start (8 tries of about 1 s): under a connection burst a peer's first SYN may be dropped
+    // and resent a second or three later, which a 2 s transport timeout would take for a death.
+    o.ackTimeout = 18;
+    auto e = ep::Endpoint::create(pool, std::move(o));
     if (!e.isOk()) return e.status();
     out[lane.localDevice] = *e;
   }
@@ -947,11 +949,7 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
         peer->state_ = PeerImpl::State::kFailed;
         peer->failure_ = Status(StatusCode::kPeerGone, "superseded by the peer's connection");
       }
-      for (auto& op : queued) {
-        auto outer = op.outer;
-        auto r = replacement->submit(std::move(op));
-        if (!r.isOk()) outer->complete(r.status());
-      }
+      for (auto& op : queued) replacement->adopt(std::move(op));
       auto ready = replacement->readyOp();
       auto old = peer;
       ready->onDone([old](const ep::OpState& d) { old->readyOp()->complete(d.status()); });

@@ -260,7 +260,7 @@ Status StoreServer::Impl::start(const std::string& host, uint16_t port) {
   // A restarted server takes its port back at once, though old connections linger in TIME_WAIT.
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+  if (bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     Status st = ioError("store server: cannot listen on " + host + ":" + service);
     ::close(fd);
     freeaddrinfo(list);

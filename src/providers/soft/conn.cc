@@ -31,10 +31,10 @@ size_t OutFrame::total() const {
 }
 
 Conn::Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting)
-    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(connecting), staged_(kStagingBytes) {}
+    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(connecting), staged_(new uint8_t[kStagingBytes]) {}
 
 Conn::Conn(SoftContext* ctx, int fd, std::unique_ptr<RingLink> ring, Delegate* delegate)
-    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(false), staged_(kStagingBytes), ring_(std::move(ring)) {}
+    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(false), staged_(new uint8_t[kStagingBytes]), ring_(std::move(ring)) {}
 
 Conn::~Conn() {
   if (fd_ >= 0) ::close(fd_);
@@ -328,7 +328,7 @@ void Conn::onReadable() {
         if (ring_) ring_->wakeSelf();
         return;
       }
-      ssize_t n = ioRead(staged_.data(), staged_.size());
+      ssize_t n = ioRead(staged_.get(), kStagingBytes);
       if (n > 0) continue;
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -367,12 +367,12 @@ readMore:
     }
     if (stagedBegin_ == stagedEnd_) {
       stagedBegin_ = stagedEnd_ = 0;
-    } else if (stagedBegin_ > staged_.size() / 2) {
-      std::memmove(staged_.data(), staged_.data() + stagedBegin_, stagedEnd_ - stagedBegin_);
+    } else if (stagedBegin_ > kStagingBytes / 2) {
+      std::memmove(staged_.get(), staged_.get() + stagedBegin_, stagedEnd_ - stagedBegin_);
       stagedEnd_ -= stagedBegin_;
       stagedBegin_ = 0;
     }
-    ssize_t n = ioRead(staged_.data() + stagedEnd_, staged_.size() - stagedEnd_);
+    ssize_t n = ioRead(staged_.get() + stagedEnd_, kStagingBytes - stagedEnd_);
     if (n > 0) {
       stagedEnd_ += static_cast<size_t>(n);
       if (delegate_) delegate_->onProgress(*this);
@@ -511,7 +511,7 @@ void Conn::finishPayload() {
 bool Conn::consumeStaged() {
   while (stagedBegin_ < stagedEnd_ && !closed()) {
     size_t avail = stagedEnd_ - stagedBegin_;
-    const uint8_t* src = staged_.data() + stagedBegin_;
+    const uint8_t* src = staged_.get() + stagedBegin_;
     switch (inState_) {
       case InState::kHeader: {
         size_t take = std::min(headerNeed_ - headerHave_, avail);

@@ -137,7 +137,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Input state.
   enum class InState { kHeader, kPayload, kTrailer };
   InState inState_ = InState::kHeader;
-  std::vector<uint8_t> staged_;
+  // Not zero-filled: the kernel maps a page of it only when input first lands there, so an idle
+  // or message-only connection holds a few pages, not the whole buffer.
+  std::unique_ptr<uint8_t[]> staged_;
   size_t stagedBegin_ = 0;
   size_t stagedEnd_ = 0;
   uint8_t headerBuf_[wire::kMaxHeaderLen];

@@ -184,7 +184,10 @@ Status SoftContext::start() {
     if (::bind(listenFd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       return ioError("bind to " + device_.info.address);
     }
-    if (::listen(listenFd_, 512) != 0) return ioError("listen");
+    // The kernel's largest queue: a process with hundreds of endpoints accepts their connections in
+    // a burst, and a full queue drops SYNs whose resend (after 1 s, then 3 s) can outlast a queue
+    // pair's transport timeout.
+    if (::listen(listenFd_, SOMAXCONN) != 0) return ioError("listen");
     socklen_t len = sizeof addr;
     getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
     udpFd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -205,7 +208,7 @@ Status SoftContext::start() {
     socklen_t unLen = ringListenerAddress(static_cast<uint32_t>(getpid()), ringNonce_, &un);
     ringListenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (ringListenFd_ < 0 || ::bind(ringListenFd_, reinterpret_cast<sockaddr*>(&un), unLen) != 0 ||
-        ::listen(ringListenFd_, 512) != 0) {
+        ::listen(ringListenFd_, SOMAXCONN) != 0) {
       FERRY_LOG(kWarn, "%s: no shared-memory rings (same-host traffic uses TCP): %s", device_.info.name.c_str(),
                 std::strerror(errno));
       if (ringListenFd_ >= 0) ::close(ringListenFd_);
