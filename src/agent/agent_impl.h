@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,13 +32,23 @@ namespace ferry::agent {
 
 using Clock = std::chrono::steady_clock;
 
-// An operation waiting for the wireup (or for a region of the peer to be looked up).
+// An operation as the caller gave it (views of its batch or chunks, valid during the call).
+struct OpRequest {
+  endpoint::OpKind kind = endpoint::OpKind::kWrite;
+  std::span<const NamedAssignment> batch;
+  std::span<const NamedChunk> chunks;
+  uint32_t imm = 0;
+};
+
+// An operation waiting for the wireup (or for a region of the peer to be looked up): its own copy.
 struct PendingOp {
   endpoint::OpKind kind = endpoint::OpKind::kWrite;
   std::vector<NamedAssignment> batch;
   std::vector<NamedChunk> chunks;
   uint32_t imm = 0;
   std::shared_ptr<endpoint::OpState> outer;  // what the caller's future holds
+
+  OpRequest request() const { return {.kind = kind, .batch = batch, .chunks = chunks, .imm = imm}; }
 };
 
 class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
@@ -57,8 +68,10 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const std::shared_ptr<endpoint::OpState>& readyOp() const { return readyOp_; }
   size_t numQp() const { return numQp_; }
   std::shared_ptr<AgentImpl> agentImpl() const { return agent_.lock(); }
-  // The data path: straight to the endpoint once ready, else queued.
-  Result<std::shared_ptr<endpoint::OpState>> submit(PendingOp op);
+  // Takes over an operation queued on another connection to the same peer (its future stays).
+  void adopt(PendingOp op);
+  // The data path: straight to the endpoint once ready (no copy of the batch), else queued.
+  Result<std::shared_ptr<endpoint::OpState>> submit(const OpRequest& request);
 
   // ---- the agent's loop thread ----
   // Fails every queued operation, the ready future and the endpoints with why, and retires.
@@ -102,7 +115,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // Posts what can be posted from the front of the queue (mu_ held).
   void drainLocked();
   // Resolves names against ep; returns nullopt with *missing set when a remote name is unknown.
-  Result<std::shared_ptr<endpoint::OpState>> postLocked(PendingOp& op, std::string* missing);
+  Result<std::shared_ptr<endpoint::OpState>> postLocked(const OpRequest& op, std::string* missing);
+  // Queues an operation behind the wireup or a region lookup (mu_ held).
+  std::shared_ptr<endpoint::OpState> enqueueLocked(PendingOp op);
 
   std::weak_ptr<AgentImpl> agent_;
   const std::string alias_;

@@ -112,18 +112,42 @@ void PeerImpl::fail(const Status& why) {
 
 namespace {
 
-// A local region's handle on ep.
-Result<ep::MrHandle> localHandle(const ep::Endpoint& e, const RegionRef& r) {
-  if (const auto* name = std::get_if<std::string>(&r)) return e.localHandle(*name);
-  return std::get<ep::MrHandle>(r);
+// Name-to-handle lookups of one call, remembering the last name on each side: a batch names the
+// same regions over and over.
+class HandleResolver {
+ public:
+  explicit HandleResolver(const ep::Endpoint& e) : e_(e) {}
+  Result<ep::MrHandle> local(const RegionRef& r) { return resolve(r, false, lastLocal_); }
+  Result<ep::MrHandle> remote(const RegionRef& r) { return resolve(r, true, lastRemote_); }
+
+ private:
+  struct Last {
+    const std::string* name = nullptr;
+    ep::MrHandle handle = 0;
+  };
+  Result<ep::MrHandle> resolve(const RegionRef& r, bool remote, Last& last) {
+    const auto* name = std::get_if<std::string>(&r);
+    if (name == nullptr) return std::get<ep::MrHandle>(r);
+    if (last.name != nullptr && *last.name == *name) return last.handle;
+    auto h = remote ? e_.remoteHandle(*name) : e_.localHandle(*name);
+    if (h.isOk()) last = {name, *h};
+    return h;
+  }
+  const ep::Endpoint& e_;
+  Last lastLocal_, lastRemote_;
+};
+
+OpClass classOf(ep::OpKind kind) {
+  return kind == ep::OpKind::kRead || kind == ep::OpKind::kWrite ? OpClass::kRma : OpClass::kMessages;
 }
 
 }  // namespace
 
-Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(PendingOp& op, std::string* missing) {
-  OpClass cls = (op.kind == ep::OpKind::kRead || op.kind == ep::OpKind::kWrite) ? OpClass::kRma : OpClass::kMessages;
+Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(const OpRequest& op, std::string* missing) {
+  OpClass cls = classOf(op.kind);
   const std::shared_ptr<ep::Endpoint>& e = byClass_[static_cast<int>(cls)];
   if (!e) return Status(StatusCode::kInternal, "no endpoint for the " + std::string(opClassName(cls)) + " lane");
+  HandleResolver names(*e);
   switch (op.kind) {
     case ep::OpKind::kRead:
     case ep::OpKind::kWrite:
@@ -131,19 +155,13 @@ Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(PendingOp& op, std::st
       std::vector<ep::Assignment> batch;
       batch.reserve(op.batch.size());
       for (const auto& a : op.batch) {
-        FERRY_ASSIGN_OR_RETURN(ep::MrHandle local, localHandle(*e, a.local));
-        ep::MrHandle remote;
-        if (const auto* name = std::get_if<std::string>(&a.remote)) {
-          auto h = e->remoteHandle(*name);
-          if (!h.isOk()) {
-            *missing = *name;
-            return h.status();
-          }
-          remote = *h;
-        } else {
-          remote = std::get<ep::MrHandle>(a.remote);
+        FERRY_ASSIGN_OR_RETURN(ep::MrHandle local, names.local(a.local));
+        auto remote = names.remote(a.remote);
+        if (!remote.isOk()) {
+          if (const auto* name = std::get_if<std::string>(&a.remote)) *missing = *name;
+          return remote.status();
         }
-        batch.push_back({.local = local, .remote = remote, .localOffset = a.localOffset,
+        batch.push_back({.local = local, .remote = *remote, .localOffset = a.localOffset,
                          .remoteOffset = a.remoteOffset, .length = a.length});
       }
       Result<ep::ReadWriteFuture> f = op.kind == ep::OpKind::kRead    ? e->read(batch)
@@ -155,8 +173,9 @@ Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(PendingOp& op, std::st
     case ep::OpKind::kSend:
     case ep::OpKind::kRecv: {
       std::vector<ep::Chunk> chunks;
+      chunks.reserve(op.chunks.size());
       for (const auto& c : op.chunks) {
-        FERRY_ASSIGN_OR_RETURN(ep::MrHandle h, localHandle(*e, c.region));
+        FERRY_ASSIGN_OR_RETURN(ep::MrHandle h, names.local(c.region));
         chunks.push_back({.mr = h, .offset = c.offset, .length = c.length});
       }
       if (op.kind == ep::OpKind::kSend) {
@@ -181,7 +200,7 @@ void PeerImpl::drainLocked() {
   while (!queue_.empty() && state_ == State::kReady && queryId == 0) {
     PendingOp& op = queue_.front();
     std::string missing;
-    auto inner = postLocked(op, &missing);
+    auto inner = postLocked(op.request(), &missing);
     if (!inner.isOk() && !missing.empty()) {
       // Ask the peer for the region; the queue waits behind this operation (order is kept).
       if (auto agent = agent_.lock()) {
@@ -228,7 +247,7 @@ void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::
     std::string missing;
     PendingOp op = std::move(queue_.front());
     queue_.pop_front();
-    auto inner = postLocked(op, &missing);
+    auto inner = postLocked(op.request(), &missing);
     if (!inner.isOk()) {
       op.outer->complete(Status(StatusCode::kNotFound, "agent '" + alias_ + "' has no memory region named '" +
                                                            (missing.empty() ? name : missing) + "'"));
@@ -240,19 +259,13 @@ void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::
   drainLocked();
 }
 
-Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(PendingOp op) {
+Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(const OpRequest& request) {
   std::unique_lock<std::mutex> lock(mu_);
   if (state_ == State::kFailed) return failure_;
   if (state_ == State::kReady && queue_.empty() && queryId == 0) {
-    OpClass cls = (op.kind == ep::OpKind::kRead || op.kind == ep::OpKind::kWrite) ? OpClass::kRma : OpClass::kMessages;
-    const auto& e = byClass_[static_cast<int>(cls)];
+    const auto& e = byClass_[static_cast<int>(classOf(request.kind))];
     Status failed = e ? e->failure() : Status::ok();
-    if (failed.isOk()) {
-      std::string missing;
-      auto inner = postLocked(op, &missing);
-      if (inner.isOk() || missing.empty()) return inner;
-      // A remote region not known yet: queue it and ask the peer.
-    } else {
+    if (!failed.isOk()) {
       // The endpoint failed (the peer died, or refused an access): this connection is over; the
       // caller's next operation wires up anew.
       lock.unlock();
@@ -260,14 +273,36 @@ Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(PendingOp op) {
       if (auto agent = agent_.lock()) agent->retire(shared_from_this());
       return why;
     }
+    std::string missing;
+    auto inner = postLocked(request, &missing);
+    if (inner.isOk() || missing.empty()) return inner;
+    // A remote region not known yet: queue the operation and ask the peer.
   }
-  std::shared_ptr<ep::OpState> outer = op.outer ? op.outer : std::make_shared<ep::OpState>(op.kind);
-  op.outer = outer;
-  queue_.push_back(std::move(op));
+  PendingOp op;
+  op.kind = request.kind;
+  op.batch.assign(request.batch.begin(), request.batch.end());
+  op.chunks.assign(request.chunks.begin(), request.chunks.end());
+  op.imm = request.imm;
   if (auto agent = agent_.lock()) {
     std::lock_guard<std::mutex> statsLock(agent->statsMu());
     ++agent->mutableStats().operationsQueued;
   }
+  return enqueueLocked(std::move(op));
+}
+
+void PeerImpl::adopt(PendingOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) {
+    op.outer->complete(failure_);
+    return;
+  }
+  enqueueLocked(std::move(op));
+}
+
+std::shared_ptr<ep::OpState> PeerImpl::enqueueLocked(PendingOp op) {
+  if (!op.outer) op.outer = std::make_shared<ep::OpState>(op.kind);
+  std::shared_ptr<ep::OpState> outer = op.outer;
+  queue_.push_back(std::move(op));
   if (state_ == State::kReady) drainLocked();
   return outer;
 }
@@ -343,25 +378,10 @@ Status checkChunks(AgentImpl& agent, std::span<const NamedChunk> chunks, bool wr
   return Status::ok();
 }
 
-PendingOp transferOp(ep::OpKind kind, std::span<const NamedAssignment> batch, uint32_t imm = 0) {
-  PendingOp op;
-  op.kind = kind;
-  op.batch.assign(batch.begin(), batch.end());
-  op.imm = imm;
-  return op;
-}
-
-PendingOp messageOp(ep::OpKind kind, std::span<const NamedChunk> chunks) {
-  PendingOp op;
-  op.kind = kind;
-  op.chunks.assign(chunks.begin(), chunks.end());
-  return op;
-}
-
 template <typename F>
-Result<F> run(const PeerConnection& c, PendingOp op) {
+Result<F> run(const PeerConnection& c, const OpRequest& request) {
   auto impl = c.impl();
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ep::OpState> state, impl->submit(std::move(op)));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ep::OpState> state, impl->submit(request));
   return F(std::move(state));
 }
 
@@ -371,14 +391,14 @@ Result<ep::ReadWriteFuture> PeerConnection::read(std::span<const NamedAssignment
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("read: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, true));
-  return run<ep::ReadWriteFuture>(*this, transferOp(ep::OpKind::kRead, batch));
+  return run<ep::ReadWriteFuture>(*this, OpRequest{.kind = ep::OpKind::kRead, .batch = batch, .chunks = {}, .imm = 0});
 }
 
 Result<ep::ReadWriteFuture> PeerConnection::write(std::span<const NamedAssignment> batch) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("write: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
-  return run<ep::ReadWriteFuture>(*this, transferOp(ep::OpKind::kWrite, batch));
+  return run<ep::ReadWriteFuture>(*this, OpRequest{.kind = ep::OpKind::kWrite, .batch = batch, .chunks = {}, .imm = 0});
 }
 
 Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAssignment> batch, uint32_t immData) {
@@ -386,25 +406,25 @@ Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAs
   if (!agent) return closedError("write_with_imm: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
   return run<ep::ReadWriteFuture>(
-      *this, transferOp(ep::OpKind::kWriteWithImm, batch, immData));
+      *this, OpRequest{.kind = ep::OpKind::kWriteWithImm, .batch = batch, .chunks = {}, .imm = immData});
 }
 
 Result<ep::SendFuture> PeerConnection::send(std::span<const NamedChunk> chunks) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("send: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, false));
-  return run<ep::SendFuture>(*this, messageOp(ep::OpKind::kSend, chunks));
+  return run<ep::SendFuture>(*this, OpRequest{.kind = ep::OpKind::kSend, .batch = {}, .chunks = chunks, .imm = 0});
 }
 
 Result<ep::RecvFuture> PeerConnection::recv(std::span<const NamedChunk> chunks) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("recv: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, true));
-  return run<ep::RecvFuture>(*this, messageOp(ep::OpKind::kRecv, chunks));
+  return run<ep::RecvFuture>(*this, OpRequest{.kind = ep::OpKind::kRecv, .batch = {}, .chunks = chunks, .imm = 0});
 }
 
 Result<ep::ImmRecvFuture> PeerConnection::immRecv() {
-  return run<ep::ImmRecvFuture>(*this, messageOp(ep::OpKind::kImmRecv, {}));
+  return run<ep::ImmRecvFuture>(*this, OpRequest{.kind = ep::OpKind::kImmRecv, .batch = {}, .chunks = {}, .imm = 0});
 }
 
 }  // namespace ferry::agent
