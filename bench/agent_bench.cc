@@ -15,6 +15,7 @@
 //       resident memory before and after (per endpoint on each side), and the CPU every process
 //       spends once everything is idle.
 //   Common: [--size 8] (bytes per assignment; K/M/G suffixes) [--timeout 60] (seconds, every wait)
+//   [--heartbeat S] (every agent's AgentOptions::heartbeat; absent: the agent's default)
 //   [--json FILE] (the figures as one JSON document besides the table on stdout).
 //
 // Processes: this program runs itself (/proc/self/exe) in the roles --serve (hosts agents
@@ -85,6 +86,7 @@ struct Options {
   uint64_t procs = 4;
   double idleSeconds = 10;
   double timeoutSeconds = 60;
+  double heartbeatSeconds = 0;  // 0: the agent's default (AgentOptions::heartbeat)
   std::string jsonPath;
   // Child roles.
   std::string store;
@@ -127,7 +129,8 @@ bool parseSeconds(const char* text, double* out) {
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: %s --mode first-write|overhead|scale [--iters N] [--rounds N] [--batch N]\n"
-               "       [--size N] [--endpoints N] [--procs N] [--idle-seconds S] [--timeout S] [--json FILE]\n",
+               "       [--size N] [--endpoints N] [--procs N] [--idle-seconds S] [--timeout S] [--heartbeat S]\n"
+               "       [--json FILE]\n",
                kProgram);
 }
 
@@ -146,7 +149,7 @@ bool parseMode(const std::string& text, Mode* mode) {
 
 enum OptionId : int {
   kOptMode = 256, kOptIters, kOptRounds, kOptBatch, kOptSize, kOptEndpoints, kOptProcs, kOptIdle,
-  kOptTimeout, kOptJson, kOptHelp, kOptServe, kOptConnector, kOptStore, kOptPrefix, kOptCount,
+  kOptTimeout, kOptHeartbeat, kOptJson, kOptHelp, kOptServe, kOptConnector, kOptStore, kOptPrefix, kOptCount,
 };
 
 // Applies one parsed option; false when its value is bad.
@@ -161,6 +164,7 @@ bool applyOption(Options& o, int id, const char* arg) {
     case kOptProcs: return parseCount(arg, &o.procs) && o.procs <= 256;
     case kOptIdle: return parseSeconds(arg, &o.idleSeconds);
     case kOptTimeout: return parseSeconds(arg, &o.timeoutSeconds);
+    case kOptHeartbeat: return parseSeconds(arg, &o.heartbeatSeconds);
     case kOptJson: o.jsonPath = arg; return !o.jsonPath.empty();
     case kOptServe: o.role = Role::kServe; return true;
     case kOptConnector: o.role = Role::kConnector; return true;
@@ -178,6 +182,7 @@ Options parseOptions(int argc, char** argv) {
       {"size", required_argument, nullptr, kOptSize},       {"endpoints", required_argument, nullptr, kOptEndpoints},
       {"procs", required_argument, nullptr, kOptProcs},     {"idle-seconds", required_argument, nullptr, kOptIdle},
       {"timeout", required_argument, nullptr, kOptTimeout}, {"json", required_argument, nullptr, kOptJson},
+      {"heartbeat", required_argument, nullptr, kOptHeartbeat},
       {"help", no_argument, nullptr, kOptHelp},             {"serve", no_argument, nullptr, kOptServe},
       {"connector", no_argument, nullptr, kOptConnector},   {"store", required_argument, nullptr, kOptStore},
       {"prefix", required_argument, nullptr, kOptPrefix},  {"count", required_argument, nullptr, kOptCount},
@@ -420,6 +425,7 @@ AgentOptions agentOptions(const Options& o, std::string alias, std::string store
   a.devices = {kDevice};
   a.listenHost = "127.0.0.1";
   a.connectTimeout = timeoutOf(o);
+  if (o.heartbeatSeconds > 0) a.heartbeat = milliseconds(static_cast<int64_t>(o.heartbeatSeconds * 1000));
   return a;
 }
 
@@ -569,9 +575,16 @@ std::vector<std::string> childArgs(const Options& o, const char* role, const std
                                    const std::string& prefix, uint64_t count) {
   char timeout[32];
   std::snprintf(timeout, sizeof timeout, "%g", o.timeoutSeconds);
-  return {role, "--store", store, "--prefix", prefix, "--count", std::to_string(count),
-          "--size", std::to_string(o.size), "--batch", std::to_string(o.batch), "--timeout", timeout,
-          "--endpoints", std::to_string(o.endpoints), "--procs", std::to_string(o.procs)};
+  std::vector<std::string> args{role, "--store", store, "--prefix", prefix, "--count", std::to_string(count),
+                                "--size", std::to_string(o.size), "--batch", std::to_string(o.batch),
+                                "--timeout", timeout, "--endpoints", std::to_string(o.endpoints),
+                                "--procs", std::to_string(o.procs)};
+  if (o.heartbeatSeconds > 0) {
+    char heartbeat[32];
+    std::snprintf(heartbeat, sizeof heartbeat, "%g", o.heartbeatSeconds);
+    args.insert(args.end(), {"--heartbeat", heartbeat});
+  }
+  return args;
 }
 
 Result<Child*> spawnAndAwaitStart(Harness& h, const Options& o, std::string name, const char* role,
@@ -588,6 +601,8 @@ json::Value documentHead(const char* mode, const Options& o) {
   doc.set("mode", mode);
   doc.set("device", kDevice);
   doc.set("size", static_cast<int64_t>(o.size));
+  // null: the agent's default heartbeat.
+  doc.set("heartbeat_seconds", o.heartbeatSeconds > 0 ? json::Value(o.heartbeatSeconds) : json::Value());
   const char* sameHost = std::getenv("FERRY_SOFT_SAME_HOST");
   doc.set("ferry_soft_same_host", sameHost ? json::Value(sameHost) : json::Value());
   // Other work on the machine moves every figure: the 1-minute load average when the run began.

@@ -114,7 +114,7 @@ def check_scale(binary, tmp):
 
 def check_bad_options(binary):
     cases = [["--mode", "sideways"], ["--iters", "zero"], ["--size", "16Q"], ["--bogus"], ["--iters"],
-             ["--mode", "scale", "--endpoints", "2", "--procs", "4"], ["--idle-seconds", "-1"], ["extra"]]
+             ["--mode", "scale", "--endpoints", "2", "--procs", "4"], ["--idle-seconds", "-1"], ["--heartbeat", "0"], ["extra"]]
     for args in cases:
         r = run(binary, *args, timeout=30)
         if r.returncode != 2:
