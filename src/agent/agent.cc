@@ -543,17 +543,7 @@ void AgentImpl::startResolve(const std::shared_ptr<PeerImpl>& peer) {
           // The peer reached us first (its REQUEST made a reply endpoint): use that one.
           std::shared_ptr<PeerImpl> live = it->second;
           a->byAlias_[p->alias()] = live;
-          // Move our queued operations behind it.
-          std::deque<PendingOp> queued;
-          {
-            std::lock_guard<std::mutex> pl(p->mu_);
-            queued.swap(p->queue_);
-            p->state_ = PeerImpl::State::kFailed;
-            p->failure_ = Status(StatusCode::kPeerGone, "superseded by the connection the peer made");
-          }
-          for (auto& op : queued) live->adopt(std::move(op));
-          auto ready = live->readyOp();
-          ready->onDone([p](const ep::OpState& d) { p->readyOp()->complete(d.status()); });
+          p->handOver(live, "superseded by the connection the peer made");
           return;
         }
         a->byUuid_[address.uuid] = p;
@@ -942,17 +932,7 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
         byUuid_[from.uuid] = replacement;
         byAlias_[from.alias] = replacement;
       }
-      std::deque<PendingOp> queued;
-      {
-        std::lock_guard<std::mutex> pl(peer->mu_);
-        queued.swap(peer->queue_);
-        peer->state_ = PeerImpl::State::kFailed;
-        peer->failure_ = Status(StatusCode::kPeerGone, "superseded by the peer's connection");
-      }
-      for (auto& op : queued) replacement->adopt(std::move(op));
-      auto ready = replacement->readyOp();
-      auto old = peer;
-      ready->onDone([old](const ep::OpState& d) { old->readyOp()->complete(d.status()); });
+      peer->handOver(replacement, "superseded by the peer's connection");
       peer = replacement;
       armDeadline(peer);
     }

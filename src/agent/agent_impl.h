@@ -68,6 +68,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const std::shared_ptr<endpoint::OpState>& readyOp() const { return readyOp_; }
   size_t numQp() const { return numQp_; }
   std::shared_ptr<AgentImpl> agentImpl() const { return agent_.lock(); }
+  // Retires this connection in favour of `successor` (another one to the same peer): the queued
+  // operations move behind it with their futures, and this one's ready future follows its.
+  void handOver(const std::shared_ptr<PeerImpl>& successor, const std::string& why);
   // Takes over an operation queued on another connection to the same peer (its future stays).
   void adopt(PendingOp op);
   // The data path: straight to the endpoint once ready (no copy of the batch), else queued.
@@ -109,7 +112,6 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void becomeReady();
 
  private:
-  friend class AgentImpl;
   // Points each operation class at the endpoint of its lane's device (mu_ held).
   void bindClassesLocked();
   // Posts what can be posted from the front of the queue (mu_ held).

@@ -79,16 +79,7 @@ void Link::watch() {
 
 void Link::tryNextTarget() {
   if (!connecting_) return;
-  if (connectTimer_ != 0) {
-    reactor_.cancelTimer(connectTimer_);
-    connectTimer_ = 0;
-  }
-  if (fd_ >= 0) {
-    if (registered_) reactor_.removeFd(fd_);
-    registered_ = false;
-    ::close(fd_);
-    fd_ = -1;
-  }
+  closeSocket();
   while (nextTarget_ < targets_.size()) {
     const ControlEndpoint& t = targets_[nextTarget_++];
     sockaddr_storage ss{};
@@ -218,6 +209,19 @@ void Link::writeSome() {
   if (fd_ >= 0) watch();
 }
 
+void Link::closeSocket() {
+  if (connectTimer_ != 0) {
+    reactor_.cancelTimer(connectTimer_);
+    connectTimer_ = 0;
+  }
+  if (fd_ >= 0) {
+    if (registered_) reactor_.removeFd(fd_);
+    registered_ = false;
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
 void Link::fail(const Status& why) {
   bool wasOpen = fd_ >= 0 || connecting_ || !targets_.empty();
   close();
@@ -230,16 +234,7 @@ void Link::fail(const Status& why) {
 
 void Link::close() {
   connecting_ = false;
-  if (connectTimer_ != 0) {
-    reactor_.cancelTimer(connectTimer_);
-    connectTimer_ = 0;
-  }
-  if (fd_ >= 0) {
-    if (registered_) reactor_.removeFd(fd_);
-    registered_ = false;
-    ::close(fd_);
-    fd_ = -1;
-  }
+  closeSocket();
   targets_.clear();
 }
 

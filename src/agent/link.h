@@ -55,6 +55,8 @@ class Link : public std::enable_shared_from_this<Link> {
   void readSome();
   void writeSome();
   void fail(const Status& why);
+  // Stops the connect timer and closes the socket (the link may try another address after).
+  void closeSocket();
   void watch();
 
   Reactor& reactor_;

@@ -290,6 +290,19 @@ Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(const OpRequest& request) 
   return enqueueLocked(std::move(op));
 }
 
+void PeerImpl::handOver(const std::shared_ptr<PeerImpl>& successor, const std::string& why) {
+  std::deque<PendingOp> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued.swap(queue_);
+    state_ = State::kFailed;
+    failure_ = Status(StatusCode::kPeerGone, why);
+  }
+  for (auto& op : queued) successor->adopt(std::move(op));
+  std::shared_ptr<ep::OpState> mine = readyOp_;
+  successor->readyOp()->onDone([mine](const ep::OpState& d) { mine->complete(d.status()); });
+}
+
 void PeerImpl::adopt(PendingOp op) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ == State::kFailed) {
