@@ -11,6 +11,7 @@ Layers, each its own module:
 - the agent: ``ferry.start_peer_agent()`` / ``ferry.PeerAgent`` name a peer and write to it
   (wireup, lanes, discovery through a store, reconnection; ``ferry.agent``).
 - ``ferry.Error`` and one exception class per status code (``ferry.errors``).
+- every future is awaitable from asyncio (``await future``; ``ferry.aio``).
 """
 
 from ._core import __version__
@@ -21,6 +22,7 @@ from .rdma import __all__ as _rdma_all
 from .endpoint import *  # noqa: F401,F403
 from .endpoint import __all__ as _endpoint_all
 from .agent import PeerAgent, PeerConnection, start_peer_agent
+from . import aio  # noqa: F401  (makes every future awaitable)
 
 __all__ = (["__version__"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
            ["PeerAgent", "PeerConnection", "start_peer_agent"])

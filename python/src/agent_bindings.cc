@@ -209,6 +209,8 @@ void bindAgent(py::module_& m) {
       .def_property_readonly("peer_alias", &PeerConnection::peerAlias)
       .def_property_readonly("peer_uuid", &PeerConnection::peerUuid)
       .def("is_connected", &PeerConnection::isConnected, "Whether the wireup finished and the peer is there.")
+      .def("ready", &PeerConnection::ready,
+           "The wireup as a future (wait() it, or await it): done when connected or failed.")
       .def(
           "wait",
           [](const PeerConnection& c, py::object timeout) {

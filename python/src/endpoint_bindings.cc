@@ -14,7 +14,13 @@
 #include <string>
 #include <vector>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <mutex>
+
 #include "ferry/endpoint/endpoint.h"
+#include "ferry/endpoint/op_state.h"
 #include "memory_args.h"
 #include "status.h"
 
@@ -273,9 +279,67 @@ F submitOp(const std::shared_ptr<Endpoint>& ep, py::handle batch, OpKind kind, u
   return unwrap(std::move(f));
 }
 
+// Tells an event loop, through one file descriptor it watches, which futures completed: the
+// completing thread (a worker) appends the future's token and bumps an eventfd; the loop's reader
+// drains the tokens. No thread of its own and no polling (ferry/aio.py uses it for `await`).
+class DoneNotifier {
+ public:
+  DoneNotifier() : shared_(std::make_shared<Shared>()) {
+    shared_->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (shared_->fd < 0) raiseStatus(ioError("eventfd"));
+  }
+  int fileno() const { return shared_->fd; }
+  // Reports `token` through fileno() once f is done (at once when it is done already).
+  void watch(const endpoint::Future& f, uint64_t token) {
+    if (!f.valid()) raiseInvalid("watch: an empty future");
+    std::weak_ptr<Shared> weak = shared_;
+    f.state()->onDone([weak, token](const endpoint::OpState&) {
+      if (auto s = weak.lock()) s->push(token);
+    });
+  }
+  // The tokens of the futures done since the last call (clears the descriptor's readiness).
+  std::vector<uint64_t> drain() {
+    uint64_t count = 0;
+    ssize_t n = ::read(shared_->fd, &count, sizeof count);
+    (void)n;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    std::vector<uint64_t> out;
+    out.swap(shared_->done);
+    return out;
+  }
+
+ private:
+  // Outlives the notifier while a completion callback still holds it.
+  struct Shared {
+    std::mutex mu;
+    std::vector<uint64_t> done;
+    int fd = -1;
+    ~Shared() {
+      if (fd >= 0) ::close(fd);
+    }
+    void push(uint64_t token) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        done.push_back(token);
+      }
+      uint64_t one = 1;
+      ssize_t n = ::write(fd, &one, sizeof one);
+      (void)n;
+    }
+  };
+  std::shared_ptr<Shared> shared_;
+};
+
 }  // namespace
 
 void bindEndpoint(py::module_& m) {
+  py::class_<DoneNotifier>(m, "DoneNotifier",
+                           "Reports completed futures through a file descriptor an event loop watches.")
+      .def(py::init<>())
+      .def("fileno", &DoneNotifier::fileno)
+      .def("watch", &DoneNotifier::watch, py::arg("future"), py::arg("token"))
+      .def("drain", &DoneNotifier::drain);
+
   m.def(
       "available_nic", [] { return unwrap(endpoint::availableNics()); },
       "The names of every usable device (software devices included), in ferry's device order.");
