@@ -93,6 +93,11 @@ class PeerAgent:
         """The connection to the agent whose ``address`` (bytes) this is; no store needed."""
         return self._agent.connect_address(bytes(address), qp_num)
 
+    def peer(self, alias):
+        """The live connection to ``alias`` (one this agent made, or the reply endpoint a peer's
+        connection made here), else a new one, as ``connect_to`` would."""
+        return self._agent.peer(alias)
+
     def _peer(self, peer):
         if isinstance(peer, PeerConnection):
             return peer
