@@ -575,6 +575,8 @@ Result<std::map<std::string, std::shared_ptr<ep::Endpoint>>> AgentImpl::makeEndp
     // start (8 tries of about 1 s): under a connection burst a peer's first SYN may be dropped
     // and resent a second or three later, which a 2 s transport timeout would take for a death.
     o.ackTimeout = 18;
+    // A queue pair that gives up on the peer means the peer is gone, whichever side notices first.
+    o.transportFailureIsPeerGone = true;
     auto e = ep::Endpoint::create(pool, std::move(o));
     if (!e.isOk()) return e.status();
     out[lane.localDevice] = *e;

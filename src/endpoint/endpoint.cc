@@ -30,7 +30,9 @@ constexpr uint32_t kQpAccess = v::access::kLocalWrite | v::access::kRemoteWrite 
 
 Status protocolError(const std::string& what) { return Status(StatusCode::kProtocolError, what); }
 
-Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Status& failure) {
+// peerGone: report a queue pair that gave up on the peer, and the work flushed after it, as
+// kPeerGone (EndpointOptions::transportFailureIsPeerGone).
+Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Status& failure, bool peerGone) {
   std::string what = std::string(v::wcStatusName(wc.status));
   std::string text;
   switch (wc.status) {
@@ -46,7 +48,9 @@ Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Stat
       break;
     default: text = "work request failed: " + what + " on queue pair " + std::to_string(lane);
   }
-  return Status(StatusCode::kWorkCompletionError, text, static_cast<int>(wc.status));
+  bool gone = peerGone && (wc.status == v::WcStatus::kRetryExcErr ||
+                           (wc.status == v::WcStatus::kWrFlushErr && failure.code() == StatusCode::kPeerGone));
+  return Status(gone ? StatusCode::kPeerGone : StatusCode::kWorkCompletionError, text, static_cast<int>(wc.status));
 }
 
 }  // namespace
@@ -764,7 +768,7 @@ void Endpoint::handleCompletionLocked(const v::WorkCompletion& wc) {
 void Endpoint::handleSendCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
   Status error;
   if (wc.status != v::WcStatus::kSuccess) {
-    error = workCompletionStatus(wc, lane.index, failure_);
+    error = workCompletionStatus(wc, lane.index, failure_, options_.transportFailureIsPeerGone);
   } else {
     peerSeen_ = true;
   }
@@ -786,7 +790,7 @@ void Endpoint::handleRecvCompletionLocked(QpLane& lane, const v::WorkCompletion&
   if (lane.receivesPosted > 0) --lane.receivesPosted;
   if (state_ != State::kConnected) return;  // flushed receives of a failed endpoint
   if (wc.status != v::WcStatus::kSuccess) {
-    failLocked(workCompletionStatus(wc, lane.index, failure_));
+    failLocked(workCompletionStatus(wc, lane.index, failure_, options_.transportFailureIsPeerGone));
     return;
   }
   peerSeen_ = true;

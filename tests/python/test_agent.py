@@ -233,11 +233,16 @@ def test_kill_9_mid_transfer_fails_pending_work_and_a_restart_is_wired_again(sto
         recv = agent.recv("victim", ("kv", 0, 16))
         peer.kill()
         started = time.monotonic()
-        with pytest.raises((ferry.PeerGone, ferry.WorkCompletionError)):
-            for f in futures + [recv]:
+        # Every pending operation fails with PeerGone (a write that landed before the kill is OK),
+        # whichever noticed first: the queue pairs or the agent.
+        outcomes = []
+        for f in futures + [recv]:
+            try:
                 f.wait(20)
-        with pytest.raises(ferry.PeerGone):
-            recv.wait(20)
+                outcomes.append("ok")
+            except ferry.PeerGone:
+                outcomes.append("gone")
+        assert outcomes[-1] == "gone", outcomes
         assert time.monotonic() - started < 10, "a dead peer must fail pending work within the peer timeout"
         # The same alias comes back (a new process, a new uuid): the next operation wires it up.
         peer2 = Peer(store.url, "victim", size=size)

@@ -89,6 +89,9 @@ struct EndpointOptions {
   uint8_t ackTimeout = 16;
   // The GID table entry the queue pairs use (RoCE NICs list one per address and RoCE version).
   uint8_t gidIndex = 0;
+  // Report a queue pair that gave up on the peer (RETRY_EXC_ERR), and everything that fails with it,
+  // as kPeerGone instead of kWorkCompletionError (the agent's endpoints: a dead peer is one error).
+  bool transportFailureIsPeerGone = false;
 };
 
 // Counters, for tests and tuning.
