@@ -8,6 +8,7 @@ namespace ferry::python {
 void bindVerbs(py::module_& m);     // verbs_bindings.cc -> ferry._core.verbs
 void bindEndpoint(py::module_& m);  // endpoint_bindings.cc -> ferry._core.endpoint
 void bindAgent(py::module_& m);     // agent_bindings.cc -> ferry._core.agent
+void bindConnect(py::module_& m);   // connect_bindings.cc -> ferry._core.connect
 }  // namespace ferry::python
 
 PYBIND11_MODULE(_core, m) {
@@ -19,4 +20,6 @@ PYBIND11_MODULE(_core, m) {
   ferry::python::bindEndpoint(endpoint);
   py::module_ agent = m.def_submodule("agent", "The agent: wireup, lanes, discovery, reconnection");
   ferry::python::bindAgent(agent);
+  py::module_ connect = m.def_submodule("connect", "The connector: readable and writable operations");
+  ferry::python::bindConnect(connect);
 }

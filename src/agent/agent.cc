@@ -829,7 +829,44 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
       if (auto peer = findUuid(m.from)) peerGone(peer, "it shut down (" + m.reason + ")");
       break;
     }
+    case WireupType::kMessage: onMessage(m); break;
   }
+}
+
+void AgentImpl::onMessage(const WireupMessage& m) {
+  auto peer = findUuid(m.from);
+  std::shared_ptr<Agent::MessageHandler> handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handlers_.find(m.channel);
+    if (it != handlers_.end()) handler = it->second;
+  }
+  if (!peer || peer->state() != PeerImpl::State::kReady || !handler) {
+    FERRY_LOG(kDebug, "agent '%s': dropped a '%s' message (%s)", self_.alias.c_str(), m.channel.c_str(),
+              handler ? "the peer is not connected" : "no handler");
+    return;
+  }
+  (*handler)(std::make_shared<PeerConnection>(peer), m.body);
+}
+
+void AgentImpl::setMessageHandler(std::string channel, Agent::MessageHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (handler) {
+    handlers_[std::move(channel)] = std::make_shared<Agent::MessageHandler>(std::move(handler));
+  } else {
+    handlers_.erase(channel);
+  }
+}
+
+void AgentImpl::sendMessage(const WorkerAddress& to, std::string_view channel, std::string_view body) {
+  WireupMessage m = wireupHeader(WireupType::kMessage, self_.uuid, to.uuid);
+  m.channel = std::string(channel);
+  m.body = std::string(body);
+  std::string line = encodeWireup(m, secret_);
+  std::weak_ptr<AgentImpl> weak = weak_from_this();
+  loop_.post([weak, to, line = std::move(line)] {
+    if (auto a = weak.lock()) a->sendLine(to, line);
+  });
 }
 
 void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
@@ -1173,7 +1210,7 @@ Status AgentImpl::registerRegion(std::string_view name, void* addr, uint64_t len
     std::lock_guard<std::mutex> lock(mu_);
     regions_[std::string(name)] = Region{.addr = addr, .length = length, .options = options};
   }
-  if (store_) {
+  if (store_ && options.published) {
     std::string info = regionInfoJson(std::string(name));
     std::string key = storeKey("regions", self_.alias + "/" + std::string(name));
     std::weak_ptr<AgentImpl> weak = weak_from_this();
@@ -1186,15 +1223,19 @@ Status AgentImpl::registerRegion(std::string_view name, void* addr, uint64_t len
 
 Status AgentImpl::unregisterRegion(std::string_view name) {
   std::vector<std::shared_ptr<ep::MemoryPool>> pools;
+  bool published = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (regions_.erase(std::string(name)) == 0) {
+    auto it = regions_.find(std::string(name));
+    if (it == regions_.end()) {
       return notFound("unregister_memory_region: no region named '" + std::string(name) + "'");
     }
+    published = it->second.options.published;
+    regions_.erase(it);
     for (auto& [device, pool] : pools_) pools.push_back(pool);
   }
   for (auto& pool : pools) (void)pool->unregisterMemoryRegion(name);
-  if (store_) {
+  if (store_ && published) {
     std::string key = storeKey("regions", self_.alias + "/" + std::string(name));
     std::weak_ptr<AgentImpl> weak = weak_from_this();
     storeLoop_.post([weak, key] {
@@ -1317,5 +1358,8 @@ Result<LaneSet> Agent::lanes(std::string_view peerAlias) {
 
 std::vector<std::string> Agent::peers() const { return impl_->peerAliases(); }
 AgentStats Agent::stats() const { return impl_->stats(); }
+void Agent::onMessage(std::string channel, MessageHandler handler) {
+  impl_->setMessageHandler(std::move(channel), std::move(handler));
+}
 
 }  // namespace ferry::agent

@@ -66,6 +66,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::optional<LaneSet> lanes() const;
   std::shared_ptr<endpoint::Endpoint> endpointOf(OpClass c) const;
   const std::shared_ptr<endpoint::OpState>& readyOp() const { return readyOp_; }
+  // Done (with why) when this connection ends: the peer gone, the wireup failed, the agent shut down.
+  const std::shared_ptr<endpoint::OpState>& goneOp() const { return goneOp_; }
   size_t numQp() const { return numQp_; }
   std::shared_ptr<AgentImpl> agentImpl() const { return agent_.lock(); }
   // Retires this connection in favour of `successor` (another one to the same peer): the queued
@@ -133,6 +135,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::shared_ptr<endpoint::Endpoint> byClass_[kNumOpClasses];
   std::deque<PendingOp> queue_;
   std::shared_ptr<endpoint::OpState> readyOp_;
+  std::shared_ptr<endpoint::OpState> goneOp_;
 };
 
 class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
@@ -157,6 +160,9 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   Result<std::string> getMrInfo(std::string_view alias, std::string_view name);
   Result<std::vector<std::string>> listAgents();
   AgentStats stats() const;
+  void setMessageHandler(std::string channel, Agent::MessageHandler handler);
+  // Any thread: sends an upper layer's message to a connected peer (in order with the wireup).
+  void sendMessage(const WorkerAddress& to, std::string_view channel, std::string_view body);
 
   // For PeerImpl (loop thread): ask the peer for a region's metadata.
   void queryRegion(const std::shared_ptr<PeerImpl>& peer, const std::string& name);
@@ -190,6 +196,7 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void onReject(const WireupMessage& m);
   void onMrQuery(const WireupMessage& m);
   void onMrInfo(const WireupMessage& m);
+  void onMessage(const WireupMessage& m);
   void sweep();
   void peerGone(const std::shared_ptr<PeerImpl>& peer, const std::string& why);
   Result<std::map<std::string, std::shared_ptr<endpoint::Endpoint>>> makeEndpoints(const LaneSet& lanes,
@@ -225,6 +232,7 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
     endpoint::RegionOptions options;
   };
   std::map<std::string, Region> regions_;
+  std::map<std::string, std::shared_ptr<Agent::MessageHandler>> handlers_;  // by channel
   std::map<std::string, std::shared_ptr<endpoint::MemoryPool>> pools_;  // by device
   mutable std::mutex statsMu_;  // a leaf lock: taken under any other
   AgentStats stats_;

@@ -12,7 +12,8 @@ namespace ep = ferry::endpoint;
 
 PeerImpl::PeerImpl(std::weak_ptr<AgentImpl> agent, std::string alias, size_t numQp)
     : agent_(std::move(agent)), alias_(std::move(alias)), numQp_(numQp),
-      readyOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)) {
+      readyOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)),
+      goneOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)) {
   lastHeard = Clock::now();
   lastPing = lastHeard;
 }
@@ -108,6 +109,7 @@ void PeerImpl::fail(const Status& why) {
   for (auto& [device, e] : endpoints) e->shutdown(why);
   for (auto& op : queued) op.outer->complete(why);
   readyOp_->complete(why);
+  goneOp_->complete(why);
 }
 
 namespace {
@@ -301,6 +303,8 @@ void PeerImpl::handOver(const std::shared_ptr<PeerImpl>& successor, const std::s
   for (auto& op : queued) successor->adopt(std::move(op));
   std::shared_ptr<ep::OpState> mine = readyOp_;
   successor->readyOp()->onDone([mine](const ep::OpState& d) { mine->complete(d.status()); });
+  std::shared_ptr<ep::OpState> gone = goneOp_;
+  successor->goneOp()->onDone([gone](const ep::OpState& d) { gone->complete(d.status()); });
 }
 
 void PeerImpl::adopt(PendingOp op) {
@@ -434,6 +438,28 @@ Result<ep::RecvFuture> PeerConnection::recv(std::span<const NamedChunk> chunks) 
   if (!agent) return closedError("recv: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, true));
   return run<ep::RecvFuture>(*this, OpRequest{.kind = ep::OpKind::kRecv, .batch = {}, .chunks = chunks, .imm = 0});
+}
+
+ep::Future PeerConnection::closed() const { return ep::Future(currentImpl()->goneOp()); }
+
+Status PeerConnection::sendMessage(std::string_view channel, std::string_view body) {
+  if (channel.empty() || channel.size() > kMaxChannel) {
+    return invalidArgument("send_message: the channel is empty or longer than " + std::to_string(kMaxChannel) + " bytes");
+  }
+  if (body.size() > kMaxWireupLine / 2) {
+    return invalidArgument("send_message: a body of " + std::to_string(body.size()) + " bytes is longer than " +
+                           std::to_string(kMaxWireupLine / 2));
+  }
+  auto impl = currentImpl();
+  auto agent = impl->agentImpl();
+  auto remote = impl->remote();
+  if (!agent) return Status(StatusCode::kCancelled, "send_message: the agent was shut down");
+  if (impl->state() != PeerImpl::State::kReady || !remote) {
+    if (impl->retired()) return impl->failure();
+    return Status(StatusCode::kUnavailable, "send_message: the connection to '" + impl->alias() + "' is not ready");
+  }
+  agent->sendMessage(*remote, channel, body);
+  return Status::ok();
 }
 
 Result<ep::ImmRecvFuture> PeerConnection::immRecv() {

@@ -1,11 +1,9 @@
 // Wireup message codec (wireup.h).
 #include "agent/wireup.h"
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
 #include <cstring>
-#include <random>
+
+#include "agent/crypto.h"
 
 namespace ferry::agent {
 namespace {
@@ -15,48 +13,9 @@ constexpr size_t kMacHexBytes = 64;
 
 Status malformed(const std::string& what) { return Status(StatusCode::kProtocolError, "wireup message: " + what); }
 
-std::string hex(std::string_view bytes) {
-  static const char* kHex = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    s.push_back(kHex[c >> 4]);
-    s.push_back(kHex[c & 15]);
-  }
-  return s;
-}
-
-int hexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
-bool unhex(std::string_view text, std::string* out) {
-  if (text.size() % 2 != 0) return false;
-  out->clear();
-  for (size_t i = 0; i < text.size(); i += 2) {
-    int hi = hexDigit(text[i]), lo = hexDigit(text[i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out->push_back(static_cast<char>(hi << 4 | lo));
-  }
-  return true;
-}
-
-std::string macOf(const std::string& secret, std::string_view text) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(text.data()),
-       text.size(), md, &len);
-  return hex(std::string_view(reinterpret_cast<const char*>(md), len));
-}
-
-bool constantTimeEqual(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
+std::string hex(std::string_view bytes) { return hexOf(bytes); }
+bool unhex(std::string_view text, std::string* out) { return unhexInto(text, out); }
+std::string macOf(const std::string& secret, std::string_view text) { return hmacSha256Hex(secret, text); }
 
 struct TypeName {
   WireupType type;
@@ -66,6 +25,7 @@ constexpr TypeName kTypes[] = {
     {WireupType::kRequest, "request"}, {WireupType::kReply, "reply"},     {WireupType::kAck, "ack"},
     {WireupType::kReject, "reject"},   {WireupType::kPing, "ping"},       {WireupType::kPong, "pong"},
     {WireupType::kMrQuery, "mr_query"}, {WireupType::kMrInfo, "mr_info"}, {WireupType::kBye, "bye"},
+    {WireupType::kMessage, "message"},
 };
 
 // Field readers: a missing field or one of another kind is malformed.
@@ -113,15 +73,7 @@ const char* wireupTypeName(WireupType t) {
   return "?";
 }
 
-std::string newNonce() {
-  std::random_device rd;
-  std::string raw(16, '\0');
-  for (size_t i = 0; i < raw.size(); i += 4) {
-    uint32_t v = rd();
-    std::memcpy(raw.data() + i, &v, 4);
-  }
-  return hex(raw);
-}
+std::string newNonce() { return randomHex(16); }
 
 std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
   json::Value v = json::Value::emptyObject();
@@ -165,6 +117,10 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
       if (m.info) v.set("info", *m.info);
       break;
     case WireupType::kBye: v.set("reason", m.reason); break;
+    case WireupType::kMessage:
+      v.set("channel", m.channel);
+      v.set("body", m.body);
+      break;
     case WireupType::kPing:
     case WireupType::kPong: break;
   }
@@ -278,6 +234,12 @@ Result<WireupMessage> decodeWireup(std::string_view line, const std::string& sec
     }
     case WireupType::kBye: {
       FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
+      break;
+    }
+    case WireupType::kMessage: {
+      FERRY_ASSIGN_OR_RETURN(m.channel, text(v, "channel", kMaxChannel));
+      if (m.channel.empty()) return malformed("\"channel\" is empty");
+      FERRY_ASSIGN_OR_RETURN(m.body, text(v, "body", kMaxWireupLine));
       break;
     }
     case WireupType::kPing:

@@ -21,7 +21,9 @@ inline constexpr int kWireupVersion = 1;
 // Longest line accepted (a REQUEST with 64 queue pairs' paths on three devices and many regions).
 inline constexpr size_t kMaxWireupLine = size_t{4} << 20;
 
-enum class WireupType : uint8_t { kRequest, kReply, kAck, kReject, kPing, kPong, kMrQuery, kMrInfo, kBye };
+enum class WireupType : uint8_t { kRequest, kReply, kAck, kReject, kPing, kPong, kMrQuery, kMrInfo, kBye, kMessage };
+// Longest channel name of a message (an upper layer's name for its messages).
+inline constexpr size_t kMaxChannel = 64;
 const char* wireupTypeName(WireupType t);
 
 struct WireupMessage {
@@ -41,6 +43,8 @@ struct WireupMessage {
   uint64_t query = 0;         // mr_query, mr_info: matches an answer to its question
   std::optional<std::string> info;  // mr_info: the region's mr_info JSON per device, or absent
   std::string reason;         // reject, bye
+  std::string channel;        // message: the upper layer it is for
+  std::string body;           // message: that layer's text
 };
 
 // A message of `type` from one agent to another (the other fields empty).

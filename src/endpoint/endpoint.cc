@@ -226,6 +226,15 @@ Result<MrHandle> Endpoint::registerRemoteMemoryRegion(std::string_view name, std
       r.handle);
 }
 
+Status Endpoint::unregisterRemoteMemoryRegion(MrHandle handle) {
+  std::unique_lock<std::shared_mutex> lock(remoteMu_);
+  auto it = remotes_.find(handle);
+  if (it == remotes_.end()) return notFound("unregister_remote_memory_region: no remote region " + std::to_string(handle));
+  remoteNames_.erase(it->second.name);
+  remotes_.erase(it);
+  return Status::ok();
+}
+
 MrHandle Endpoint::recordRemoteLocked(RemoteRegion region, std::optional<MrHandle> wanted) {
   auto named = remoteNames_.find(region.name);
   MrHandle handle;

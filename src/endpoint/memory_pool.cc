@@ -15,6 +15,8 @@ struct MemoryPool::Region {
   uint64_t addr = 0;
   uint64_t length = 0;
   bool writable = true;
+  bool published = true;
+  RegionOptions::Remote remote = RegionOptions::Remote::kDefault;
   std::shared_ptr<void> owner;
 };
 
@@ -68,16 +70,18 @@ Result<MrHandle> MemoryPool::add(std::string name, MrHandle handle, bool named, 
     if (it != byName_.end()) {
       const Region& r = *byHandle_.at(it->second);
       if (r.addr == reinterpret_cast<uintptr_t>(addr) && r.length == length &&
-          r.writable == options.writable) {
+          r.writable == options.writable && r.remote == options.remote && r.published == options.published) {
         return r.handle;
       }
       return invalidArgument("register_memory_region: '" + name +
                              "' is already registered for another range; unregister it first");
     }
   }
-  uint32_t access =
-      options.writable ? verbs::access::kLocalWrite | verbs::access::kRemoteWrite | verbs::access::kRemoteRead
-                       : verbs::access::kRemoteRead;
+  using Remote = RegionOptions::Remote;
+  uint32_t access = 0;
+  if (options.writable) access |= verbs::access::kLocalWrite;
+  if (options.remote == Remote::kDefault) access |= verbs::access::kRemoteRead;
+  if (options.writable && options.remote != Remote::kNone) access |= verbs::access::kRemoteWrite;
   // Registration pins and maps the memory: do it outside the lock.
   FERRY_ASSIGN_OR_RETURN(verbs::MemoryRegion mr, pd_.registerMemory(addr, length, access));
   auto region = std::make_shared<Region>();
@@ -86,6 +90,8 @@ Result<MrHandle> MemoryPool::add(std::string name, MrHandle handle, bool named, 
   region->addr = reinterpret_cast<uintptr_t>(addr);
   region->length = length;
   region->writable = options.writable;
+  region->published = options.published;
+  region->remote = options.remote;
   region->owner = std::move(options.owner);
 
   std::unique_lock<std::shared_mutex> lock(mu_);
@@ -156,24 +162,39 @@ size_t MemoryPool::size() const {
   return byHandle_.size();
 }
 
+namespace {
+// A region's mr_info entry.
+template <typename R>
+json::Value infoOf(const R& r) {
+  json::Value entry = json::Value::emptyObject();
+  entry.set("handle", static_cast<int64_t>(r.handle));
+  entry.set("addr", static_cast<int64_t>(r.addr));
+  entry.set("length", static_cast<int64_t>(r.length));
+  entry.set("rkey", static_cast<int64_t>(r.mr.rkey()));
+  entry.set("writable", r.writable);
+  return entry;
+}
+}  // namespace
+
 std::string MemoryPool::mrInfo() const {
   json::Value out = json::Value::emptyObject();
   std::shared_lock<std::shared_mutex> lock(mu_);
   // In handle order, so the text is the same for the same regions.
   std::vector<const Region*> regions;
-  for (const auto& [handle, region] : byHandle_) regions.push_back(region.get());
+  for (const auto& [handle, region] : byHandle_) {
+    if (region->published) regions.push_back(region.get());
+  }
   std::sort(regions.begin(), regions.end(),
             [](const Region* a, const Region* b) { return a->handle < b->handle; });
-  for (const Region* r : regions) {
-    json::Value entry = json::Value::emptyObject();
-    entry.set("handle", static_cast<int64_t>(r->handle));
-    entry.set("addr", static_cast<int64_t>(r->addr));
-    entry.set("length", static_cast<int64_t>(r->length));
-    entry.set("rkey", static_cast<int64_t>(r->mr.rkey()));
-    entry.set("writable", r->writable);
-    out.set(r->name, std::move(entry));
-  }
+  for (const Region* r : regions) out.set(r->name, infoOf(*r));
   return json::serialize(out);
+}
+
+Result<std::string> MemoryPool::regionInfo(MrHandle handle) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = byHandle_.find(handle);
+  if (it == byHandle_.end()) return notFound("no region with handle " + std::to_string(handle));
+  return json::serialize(infoOf(*it->second));
 }
 
 }  // namespace ferry::endpoint

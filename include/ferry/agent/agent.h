@@ -52,6 +52,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -134,6 +135,10 @@ class PeerConnection {
   Status waitReady(std::chrono::milliseconds timeout) const;
   // The wireup as a future of the Endpoint API (done when connected or failed).
   endpoint::Future ready() const;
+  // Done when this connection ends, with why: the peer gone (kPeerGone), the wireup failed, or the
+  // agent shut down (kCancelled). A later operation on this PeerConnection wires up anew; its end
+  // is reported by a new closed() future.
+  endpoint::Future closed() const;
   // The endpoint of an operation class (nullptr before the wireup finished).
   std::shared_ptr<endpoint::Endpoint> endpoint(OpClass c = OpClass::kRma) const;
   // The lanes (kUnavailable before the peer's address is known).
@@ -150,6 +155,12 @@ class PeerConnection {
   Result<endpoint::SendFuture> send(std::span<const NamedChunk> chunks);
   Result<endpoint::RecvFuture> recv(std::span<const NamedChunk> chunks);
   Result<endpoint::ImmRecvFuture> immRecv();
+
+  // A message for an upper layer (ferry's connector) over the wireup link: delivered in order,
+  // once, to the handler the peer set for `channel` (Agent::onMessage), authenticated like the
+  // wireup when there is a shared secret; at most about 4 MiB. Never blocks. kUnavailable until
+  // the wireup finished (wait for ready()); kInvalidArgument for an empty or over-long channel.
+  Status sendMessage(std::string_view channel, std::string_view body);
 
   explicit PeerConnection(std::shared_ptr<PeerImpl> impl) : impl_(std::move(impl)) {}
   // The live state behind this connection: after the peer was gone (or the wireup failed) and an
@@ -217,6 +228,13 @@ class Agent {
   // The aliases of the peers with a connection (live or wiring).
   std::vector<std::string> peers() const;
   AgentStats stats() const;
+
+  // Upper layers' messages (PeerConnection::sendMessage): handler runs on the agent's thread for
+  // each message of `channel` from a connected peer, with that peer's connection; it must not
+  // block. Messages of a channel without a handler, or from a peer not connected, are dropped.
+  // Setting a handler again replaces it; an empty function removes it.
+  using MessageHandler = std::function<void(std::shared_ptr<PeerConnection> from, std::string_view body)>;
+  void onMessage(std::string channel, MessageHandler handler);
 
   explicit Agent(std::shared_ptr<AgentImpl> impl) : impl_(std::move(impl)) {}
   const std::shared_ptr<AgentImpl>& impl() const { return impl_; }

@@ -135,6 +135,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // free here, else a new one. Registering a name again replaces its entry (same handle).
   // kInvalidArgument for a malformed entry (nothing changes).
   Result<MrHandle> registerRemoteMemoryRegion(std::string_view name, std::string_view mrInfoJson);
+  // Forgets a remote region (operations posted before keep what they resolved). kNotFound when
+  // no remote region has that handle.
+  Status unregisterRemoteMemoryRegion(MrHandle handle);
   // The handle of a local region's name / of a remote region's name (kNotFound when none).
   Result<MrHandle> localHandle(std::string_view name) const;
   Result<MrHandle> remoteHandle(std::string_view name) const;

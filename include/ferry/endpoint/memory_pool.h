@@ -32,6 +32,14 @@ struct RegionOptions {
   bool writable = true;
   // Kept alive while the region is registered.
   std::shared_ptr<void> owner;
+  // What a peer holding the region's keys may do: kDefault reads it, and writes it when writable;
+  // kNone keeps it local (its keys grant no remote access); kWriteOnly lets a peer write (not read)
+  // a writable region.
+  enum class Remote : uint8_t { kDefault, kNone, kWriteOnly };
+  Remote remote = Remote::kDefault;
+  // Listed by mrInfo() (and so in an endpoint's metadata). A region left out is reachable only by
+  // a peer its keys are handed to (regionInfo()).
+  bool published = true;
 };
 
 // What a lookup returns: enough to build work requests, copied out of the pool.
@@ -82,6 +90,9 @@ class MemoryPool {
   // {"<name>": {"handle": H, "addr": A, "length": L, "rkey": K}, ...} as JSON text: what a peer
   // needs to READ and WRITE these regions (whoever holds it can, so hand it only to the peer).
   std::string mrInfo() const;
+  // One region's entry of mr_info ({"handle","addr","length","rkey","writable"}), published or not
+  // (kNotFound when none).
+  Result<std::string> regionInfo(MrHandle handle) const;
 
   const std::shared_ptr<RdmaContext>& context() const { return context_; }
   verbs::ProtectionDomain& pd() { return pd_; }
