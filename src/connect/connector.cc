@@ -753,6 +753,7 @@ Result<std::shared_ptr<Connector>> Connector::start(ConnectorOptions options) {
   a.devices = options.devices;
   a.listenHost = options.listenHost;
   a.secret = options.secret;
+  a.lanes = options.lanes;
   a.connectTimeout = options.connectTimeout;
   FERRY_ASSIGN_OR_RETURN(impl->agent, agent::Agent::start(std::move(a)));
   impl->nameSpace = options.scope;

@@ -75,6 +75,7 @@ struct ConnectorOptions {
   std::vector<std::string> devices;  // the agent's devices (empty: every visible one)
   std::string listenHost;          // the agent's wireup listener ("" : every interface)
   std::string secret;              // the agent's shared secret ("" : FERRY_AGENT_SECRET, else none)
+  agent::LaneOverrides lanes;      // the agent's lane overrides (empty: FERRY_AGENT_LANES, else its rules)
   // How long a readable or writable operation's metadata may be used (then refused as expired).
   std::chrono::milliseconds metadataTtl{std::chrono::minutes(10)};
   // The wireup deadline of a connection to an owner (begin fails ERRORED after it).
