@@ -863,6 +863,10 @@ void AgentImpl::sendMessage(const WorkerAddress& to, std::string_view channel, s
   m.channel = std::string(channel);
   m.body = std::string(body);
   std::string line = encodeWireup(m, secret_);
+  if (loop_.inLoop()) {
+    sendLine(to, line);
+    return;
+  }
   std::weak_ptr<AgentImpl> weak = weak_from_this();
   loop_.post([weak, to, line = std::move(line)] {
     if (auto a = weak.lock()) a->sendLine(to, line);
@@ -1358,6 +1362,8 @@ Result<LaneSet> Agent::lanes(std::string_view peerAlias) {
 
 std::vector<std::string> Agent::peers() const { return impl_->peerAliases(); }
 AgentStats Agent::stats() const { return impl_->stats(); }
+void Agent::post(std::function<void()> fn) { impl_->loop().post(std::move(fn)); }
+bool Agent::onAgentThread() const { return impl_->loop().inLoop(); }
 void Agent::onMessage(std::string channel, MessageHandler handler) {
   impl_->setMessageHandler(std::move(channel), std::move(handler));
 }

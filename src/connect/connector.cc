@@ -1,13 +1,14 @@
 // Connector (connector.h): readable and writable operations, moved by their owner.
 //
-// Threads: the protocol runs on the connector's reactor (loop): agent messages and batch
-// completions are posted to it. Impl::mu guards every operation's state and the tables; it is
+// Threads: the protocol runs on the agent's thread: its messages arrive there, and batch
+// completions (which run under their endpoint's lock) are posted to it. Impl::mu guards every operation's state and the tables; it is
 // never held while calling the agent's register/unregister (which may wait for a device) or while
 // completing an operation's future.
 #include "ferry/connect/connector.h"
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <set>
@@ -16,7 +17,6 @@
 #include "agent/crypto.h"
 #include "common/json.h"
 #include "common/log.h"
-#include "common/reactor.h"
 #include "connect/protocol.h"
 #include "ferry/endpoint/endpoint.h"
 
@@ -107,7 +107,6 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
   std::shared_ptr<agent::Agent> agent;
   std::string key;  // the tag key: 32 random bytes that never leave this process
   std::string nameSpace;
-  Reactor loop;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -255,7 +254,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     std::weak_ptr<Impl> weak = weak_from_this();
     peer->closed().state()->onDone([weak, uuid](const ep::OpState& d) {
       Status why = d.status();
-      if (auto self = weak.lock()) self->loop.post([weak, uuid, why] {
+      if (auto self = weak.lock()) self->agent->post([weak, uuid, why] {
           if (auto s = weak.lock()) s->peerClosed(uuid, why);
         });
     });
@@ -402,7 +401,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       std::weak_ptr<Impl> weak = weak_from_this();
       f->state()->onDone([weak, op, bytes](const ep::OpState& d) {
         Status st = d.status();
-        if (auto self = weak.lock()) self->loop.post([weak, op, bytes, st] {
+        if (auto self = weak.lock()) self->agent->post([weak, op, bytes, st] {
             if (auto s = weak.lock()) s->batchDone(op, bytes, st);
           });
       });
@@ -551,7 +550,15 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     md.worker = agent->alias();
     md.address = agent->address();
     md.operation = op->id;
-    md.nonce = agent::randomHex(16);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      char raw[16];
+      for (int i = 0; i < 16; i += 8) {
+        uint64_t v = rng();
+        std::memcpy(raw + i, &v, 8);
+      }
+      md.nonce = agent::hexOf(std::string_view(raw, 16));
+    }
     md.expires = nowMs() + opts.metadataTtl.count();
     for (const auto& b : op->buffers) {
       md.descriptors.push_back({.size = b.length, .device = "cpu"});
@@ -634,13 +641,17 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       active[op->id] = op;
       ++stats.begun;
     }
-    std::weak_ptr<Impl> weak = weak_from_this();
-    (*conn)->ready().state()->onDone([weak, op](const ep::OpState& d) {
-      Status st = d.status();
-      if (auto self = weak.lock()) self->loop.post([weak, op, st] {
-          if (auto s = weak.lock()) s->sendBegin(op, st);
-        });
-    });
+    if ((*conn)->isConnected()) {
+      sendBegin(op, Status::ok());  // the usual case: BEGIN leaves at once
+    } else {
+      std::weak_ptr<Impl> weak = weak_from_this();
+      (*conn)->ready().state()->onDone([weak, op](const ep::OpState& d) {
+        Status st = d.status();
+        if (auto self = weak.lock()) self->agent->post([weak, op, st] {
+            if (auto s = weak.lock()) s->sendBegin(op, st);
+          });
+      });
+    }
     return std::make_shared<Operation>(op);
   }
 
@@ -648,7 +659,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     std::unique_lock<std::mutex> lock(mu);
     if (op->ended) return;
     auto deadline = Clock::now() + opts.cancelGrace;
-    bool mayWait = !loop.inLoop();
+    bool mayWait = !agent->onAgentThread();
     if (op->passive) {
       if (op->status == OperationStatus::kInProgress) {
         // Stop our own batches, and let those in flight land (they are ours: they end promptly).
@@ -691,7 +702,6 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     }
     agent->onMessage(kChannel, nullptr);
     agent->shutdown();
-    loop.stop();
   }
 };
 
@@ -758,18 +768,9 @@ Result<std::shared_ptr<Connector>> Connector::start(ConnectorOptions options) {
   FERRY_ASSIGN_OR_RETURN(impl->agent, agent::Agent::start(std::move(a)));
   impl->nameSpace = options.scope;
   impl->key = agent::randomHex(32);
-  Status st = impl->loop.start("ferry-connect");
-  if (!st.isOk()) {
-    impl->agent->shutdown();
-    return st;
-  }
   std::weak_ptr<Impl> weak = impl;
   impl->agent->onMessage(kChannel, [weak](std::shared_ptr<agent::PeerConnection> from, std::string_view body) {
-    auto self = weak.lock();
-    if (!self) return;
-    self->loop.post([weak, from = std::move(from), body = std::string(body)] {
-      if (auto s = weak.lock()) s->onMessage(from, body);
-    });
+    if (auto self = weak.lock()) self->onMessage(from, body);
   });
   return std::make_shared<Connector>(impl);
 }

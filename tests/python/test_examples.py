@@ -15,6 +15,7 @@ FERRY = os.path.abspath(os.path.join(BIN_DIR, "..", "ferry"))
 @pytest.mark.parametrize("name, expect", [
     ("agent_prefill_decode.py", "block 7 arrived, verified"),
     ("agent_asyncio.py", "verified"),
+    ("connect_http.py", "the peer's answer arrived, verified"),
 ])
 def test_example_runs_and_verifies(name, expect):
     env = dict(os.environ, FERRY=FERRY, FERRY_DEVICES="soft_lo")

@@ -235,6 +235,12 @@ class Agent {
   // Setting a handler again replaces it; an empty function removes it.
   using MessageHandler = std::function<void(std::shared_ptr<PeerConnection> from, std::string_view body)>;
   void onMessage(std::string channel, MessageHandler handler);
+  // Runs fn on the agent's thread, in order with its messages (for upper layers whose work follows
+  // a completion: the thread that completes an operation must not post more on its endpoint).
+  // fn must not block. Dropped after shutdown().
+  void post(std::function<void()> fn);
+  // Whether the caller runs on the agent's thread.
+  bool onAgentThread() const;
 
   explicit Agent(std::shared_ptr<AgentImpl> impl) : impl_(std::move(impl)) {}
   const std::shared_ptr<AgentImpl>& impl() const { return impl_; }

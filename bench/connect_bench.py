@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""What ferry.connect costs over the Endpoint API, from Python, in one asyncio loop.
+
+For each size, one run interleaves (in rounds, so drift hits both alike):
+
+  connector  a whole operation: create_readable(Descriptor(src)), metadata().model_dump_json(),
+             RdmaMetadata.model_validate_json(), begin_read(), and both wait_for_completion()s;
+             two Connectors (two agents) of this process, over the lane their agents choose.
+  endpoint   the same bytes by the Endpoint API: one READ between two connected RDMAEndpoints
+             with the memory registered once, awaited from the same loop (ferry.aio).
+
+It prints the median time per operation of each, the connector's added cost (connector minus
+endpoint, in microseconds) and, from 1 MiB, the bandwidth ratio (endpoint time / connector
+time). Nothing is asserted about times; docs/performance.md ("Connector") has figures.
+
+    PYTHONPATH=build/python python3 bench/connect_bench.py [--sizes 4K,64K,1M,16M,256M,1G]
+        [--rounds 5] [--ops N] [--json FILE] [--check]
+
+--ops is operations per round for the smallest size (fewer for large ones, at least 2); --check
+verifies the bytes of every operation (slower; the bench smoke test uses it).
+"""
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on 2 cores
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import ferry
+from ferry.connect import Connector, Descriptor, RdmaMetadata
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text):
+    text = text.strip().upper().rstrip("B")
+    mult = 1
+    if text and text[-1] in UNITS:
+        mult = UNITS[text[-1]]
+        text = text[:-1]
+    value = int(text) * mult
+    if value <= 0:
+        raise ValueError("size must be positive")
+    return value
+
+
+def label(size):
+    for suffix, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= mult and size % mult == 0:
+            return "%d%s" % (size // mult, suffix)
+    return str(size)
+
+
+def ops_for(size, base):
+    return max(2, min(base, int(base * 65536 // max(size, 65536))))
+
+
+async def connector_round(a, b, src, dst, n, check):
+    times = []
+    for i in range(n):
+        if check:
+            src[:16] = np.frombuffer(np.int64(i).tobytes() * 2, np.uint8)
+        t0 = time.perf_counter()
+        readable = a.create_readable(Descriptor(src))
+        text = readable.metadata().model_dump_json()
+        op = await b.begin_read(RdmaMetadata.model_validate_json(text), Descriptor(dst))
+        await op.wait_for_completion()
+        await readable.wait_for_completion()
+        times.append(time.perf_counter() - t0)
+        if check and not np.array_equal(src, dst):
+            raise SystemExit("connect_bench: the bytes of a connector operation differ")
+    return times
+
+
+async def endpoint_round(ep, local, remote, size, src, dst, n, check):
+    times = []
+    for i in range(n):
+        if check:
+            src[:16] = np.frombuffer(np.int64(i + 7).tobytes() * 2, np.uint8)
+        t0 = time.perf_counter()
+        await ep.read([(local, remote, 0, 0, size)], None)
+        times.append(time.perf_counter() - t0)
+        if check and not np.array_equal(src, dst):
+            raise SystemExit("connect_bench: the bytes of an endpoint READ differ")
+    return times
+
+
+async def run(args):
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    a, b = Connector("bench-owner"), Connector("bench-reader")
+    await a.initialize()
+    await b.initialize()
+    reader, target = ferry.RDMAEndpoint(), ferry.RDMAEndpoint()
+    reader.connect(target.endpoint_info())
+    target.connect(reader.endpoint_info())
+    rows = []
+    try:
+        for size in sizes:
+            src = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+            dst = np.zeros(size, np.uint8)
+            name = "buf%d" % size
+            local = reader.register_memory_region(name, dst)
+            target.register_memory_region(name, src)
+            remote = reader.register_remote_memory_region(name, target.endpoint_info()["mr_info"][name])
+            n = ops_for(size, args.ops)
+            # One warm-up operation of each (the first connection, first pages).
+            await connector_round(a, b, src, dst, 1, args.check)
+            await endpoint_round(reader, local, remote, size, src, dst, 1, args.check)
+            conn, base = [], []
+            for _ in range(args.rounds):
+                conn += await connector_round(a, b, src, dst, n, args.check)
+                base += await endpoint_round(reader, local, remote, size, src, dst, n, args.check)
+            c, e = statistics.median(conn), statistics.median(base)
+            row = {"size": size, "ops": len(conn), "connector_us": c * 1e6, "endpoint_us": e * 1e6,
+                   "added_us": (c - e) * 1e6, "connector_gbps": size / c / 1e9, "endpoint_gbps": size / e / 1e9,
+                   "ratio": e / c}
+            rows.append(row)
+            print("%6s %6d %12.1f %12.1f %10.1f %9.3f %9.3f %7.2f" % (
+                label(size), row["ops"], row["connector_us"], row["endpoint_us"], row["added_us"],
+                row["connector_gbps"], row["endpoint_gbps"], row["ratio"]), flush=True)
+            reader.unregister_memory_region(local) if hasattr(reader, "unregister_memory_region") else None
+            del src, dst
+    finally:
+        a.shutdown()
+        b.shutdown()
+        reader.shutdown()
+        target.shutdown()
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="4K,64K,1M,16M,256M,1G")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--ops", type=int, default=400)
+    p.add_argument("--json", default="")
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args()
+    if args.rounds < 1 or args.ops < 1:
+        p.error("--rounds and --ops must be at least 1")
+    try:
+        [parse_size(s) for s in args.sizes.split(",")]
+    except ValueError as e:
+        p.error("--sizes: %s" % e)
+    print("%6s %6s %12s %12s %10s %9s %9s %7s" % (
+        "size", "ops", "connector_us", "endpoint_us", "added_us", "conn_GB/s", "ep_GB/s", "ratio"))
+    rows = asyncio.run(run(args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bench": "connect", "pid": os.getpid(), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
