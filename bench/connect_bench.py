@@ -20,20 +20,21 @@ time). Nothing is asserted about times; docs/performance.md ("Connector") has fi
 verifies the bytes of every operation (slower; the bench smoke test uses it).
 """
 
+import os
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on 2 cores
 
-import argparse
-import asyncio
-import json
-import os
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
 import statistics
-import sys
-import time
+import sys  # noqa: E402
+import time  # noqa: E402
 
-import numpy as np
+import numpy as np  # noqa: E402
 
-import ferry
-from ferry.connect import Connector, Descriptor, RdmaMetadata
+import ferry  # noqa: E402
+from ferry.connect import Connector, Descriptor, RdmaMetadata  # noqa: E402
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -124,7 +125,6 @@ async def run(args):
             print("%6s %6d %12.1f %12.1f %10.1f %9.3f %9.3f %7.2f" % (
                 label(size), row["ops"], row["connector_us"], row["endpoint_us"], row["added_us"],
                 row["connector_gbps"], row["endpoint_gbps"], row["ratio"]), flush=True)
-            reader.unregister_memory_region(local) if hasattr(reader, "unregister_memory_region") else None
             del src, dst
     finally:
         a.shutdown()
