@@ -14,7 +14,7 @@ endpoint, in microseconds) and, from 1 MiB, the bandwidth ratio (endpoint time /
 time). Nothing is asserted about times; docs/performance.md ("Connector") has figures.
 
     PYTHONPATH=build/python python3 bench/connect_bench.py [--sizes 4K,64K,1M,16M,256M,1G]
-        [--rounds 5] [--ops N] [--json FILE] [--check]
+        [--rounds 5] [--ops N] [--json FILE] [--check] [--chunk-bytes 64M] [--window 2]
 
 --ops is operations per round for the smallest size (fewer for large ones, at least 2); --check
 verifies the bytes of every operation (slower; the bench smoke test uses it).
@@ -94,7 +94,12 @@ async def endpoint_round(ep, local, remote, size, src, dst, n, check):
 
 async def run(args):
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    a, b = Connector("bench-owner"), Connector("bench-reader")
+    tuning = {}
+    if args.chunk_bytes:
+        tuning["chunk_bytes"] = parse_size(args.chunk_bytes)
+    if args.window:
+        tuning["window"] = args.window
+    a, b = Connector("bench-owner", **tuning), Connector("bench-reader", **tuning)
     await a.initialize()
     await b.initialize()
     reader, target = ferry.RDMAEndpoint(), ferry.RDMAEndpoint()
@@ -141,11 +146,15 @@ def main():
     p.add_argument("--ops", type=int, default=400)
     p.add_argument("--json", default="")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--chunk-bytes", default="", help="the owner's Connector(chunk_bytes=...) (default: its own)")
+    p.add_argument("--window", type=int, default=0, help="the owner's Connector(window=...) (default: its own)")
     args = p.parse_args()
     if args.rounds < 1 or args.ops < 1:
         p.error("--rounds and --ops must be at least 1")
     try:
         [parse_size(s) for s in args.sizes.split(",")]
+        if args.chunk_bytes:
+            parse_size(args.chunk_bytes)
     except ValueError as e:
         p.error("--sizes: %s" % e)
     print("%6s %6s %12s %12s %10s %9s %9s %7s" % (

@@ -376,7 +376,7 @@ class Connector:
     def __init__(self, worker_id: Optional[str] = None, *, runtime=None, store: Optional[str] = None,
                  namespace: str = "default", secret: Optional[str] = None, listen_host: str = "",
                  metadata_ttl: float = 600.0, connect_timeout: float = 30.0, cancel_grace: float = 2.0,
-                 chunk_bytes: int = 4 << 20, window: int = 8):
+                 chunk_bytes: int = 64 << 20, window: int = 4):
         if worker_id is not None and not isinstance(worker_id, str):
             raise InvalidArgument("Connector: worker_id must be a str or None")
         self._runtime = runtime

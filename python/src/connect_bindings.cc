@@ -140,7 +140,7 @@ void bindConnect(py::module_& m) {
            }),
            py::arg("worker_id") = "", py::arg("store") = "", py::arg("scope") = "default", py::arg("secret") = "",
            py::arg("listen_host") = "", py::arg("metadata_ttl") = 600.0, py::arg("connect_timeout") = 30.0,
-           py::arg("cancel_grace") = 2.0, py::arg("chunk_bytes") = uint64_t{4} << 20, py::arg("window") = 8)
+           py::arg("cancel_grace") = 2.0, py::arg("chunk_bytes") = uint64_t{64} << 20, py::arg("window") = 4)
       .def_property_readonly("name", &Connector::name)
       .def_property_readonly("namespace", &Connector::nameSpace)
       .def_property_readonly("address", [](const Connector& c) { return py::bytes(c.agent()->address()); })

@@ -82,8 +82,10 @@ struct ConnectorOptions {
   std::chrono::milliseconds connectTimeout{std::chrono::seconds(30)};
   // How long cancel() waits for a transfer in flight to stop before it revokes the memory anyway.
   std::chrono::milliseconds cancelGrace{std::chrono::seconds(2)};
-  uint64_t chunkBytes = uint64_t{4} << 20;  // bytes per RDMA batch of a transfer
-  uint32_t window = 8;                      // batches in flight per transfer
+  // Bytes per RDMA batch of a transfer, and batches in flight: large batches keep the copy rate of
+  // one big transfer (docs/performance.md, "Connector"); a cancel waits for at most window of them.
+  uint64_t chunkBytes = uint64_t{64} << 20;
+  uint32_t window = 4;
 };
 
 struct ConnectorStats {
