@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <future>
+#include <mutex>
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
@@ -420,6 +423,68 @@ TEST(Agent, MessagesAndImmediatesFlowBothWays) {
   EXPECT_EQ(std::memcmp(img.data(), out.data(), 4096), 0);
   ASSERT_TRUE(sf->wait(kWait).isOk());
   ASSERT_TRUE(wf->wait(kWait).isOk());
+}
+
+// Upper layers' messages (the connector's BEGIN / DONE / CANCEL): in order, to the channel's
+// handler, with the sender's connection; refused before the wireup and for a bad channel; a
+// connection's closed() future reports the peer's end; a private region is neither published nor
+// answered to a peer's query.
+TEST(Agent, UpperLayerMessagesArriveInOrderAndClosedReportsThePeersEnd) {
+  std::string store = uniqueStore();
+  auto a = startAgent(options("a", store));
+  auto b = startAgent(options("b", store));
+  ASSERT_TRUE(a && b);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> got;
+  std::string fromAlias;
+  b->onMessage("test", [&](std::shared_ptr<PeerConnection> from, std::string_view body) {
+    std::lock_guard<std::mutex> lock(mu);
+    got.emplace_back(body);
+    fromAlias = from->peerAlias();
+    cv.notify_all();
+  });
+  auto conn = a->connect("b");
+  ASSERT_TRUE(conn.isOk());
+  EXPECT_EQ((*conn)->sendMessage("", "x").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*conn)->sendMessage(std::string(65, 'c'), "x").code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*conn)->waitReady(kWait).isOk());
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE((*conn)->sendMessage("test", "{\"n\":" + std::to_string(i) + ",\"q\":\"\\\"\"}").isOk());
+  }
+  ASSERT_TRUE((*conn)->sendMessage("nobody-listens", "dropped").isOk());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return got.size() == 100; }));
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i], "{\"n\":" + std::to_string(i) + ",\"q\":\"\\\"\"}");
+    EXPECT_EQ(fromAlias, "a");
+  }
+  // Work posted on the agent's thread runs there.
+  std::promise<bool> onThread;
+  a->post([&] { onThread.set_value(a->onAgentThread()); });
+  EXPECT_TRUE(onThread.get_future().get());
+  EXPECT_FALSE(a->onAgentThread());
+
+  // A private region: not in the store, not answered to the peer.
+  std::vector<uint8_t> secret(4096, 0x5a), dst(4096, 0);
+  ep::RegionOptions hidden;
+  hidden.published = false;
+  hidden.remote = ep::RegionOptions::Remote::kNone;
+  ASSERT_TRUE(b->registerMemoryRegion("hidden", secret.data(), secret.size(), hidden).isOk());
+  ASSERT_TRUE(a->registerMemoryRegion("dst", dst.data(), dst.size()).isOk());
+  EXPECT_EQ(a->getMrInfo("b", "hidden").status().code(), StatusCode::kNotFound);
+  NamedAssignment r{.local = std::string("dst"), .remote = std::string("hidden"), .length = 4096};
+  auto rf = (*conn)->read(std::span(&r, 1));
+  ASSERT_TRUE(rf.isOk());
+  EXPECT_EQ(rf->wait(kWait).code(), StatusCode::kNotFound);
+  EXPECT_EQ(dst, std::vector<uint8_t>(4096, 0));
+
+  // The peer's end.
+  auto closed = (*conn)->closed();
+  EXPECT_FALSE(closed.done());
+  b->shutdown();
+  Status why = closed.wait(kWait);
+  EXPECT_EQ(why.code(), StatusCode::kPeerGone) << why.toString();
 }
 
 TEST(Agent, APeerThatLeavesFailsPendingWorkAndARestartIsWiredAgain) {
