@@ -110,6 +110,51 @@ TEST(EndpointTest, DocumentReadAndWriteTuples) {
   for (size_t i = 8; i < 16; ++i) EXPECT_EQ(remote[i], 1) << i;
 }
 
+// What a region grants a peer holding its keys (RegionOptions::remote), and what mr_info lists
+// (published). Each refused access is tried on a fresh pair: a remote access error ends the queue pair.
+TEST(EndpointTest, RegionsGrantOnlyTheirRemoteAccessAndPrivateOnesAreNotListed) {
+  std::vector<uint8_t> owner(4096), mine(4096, 0);
+  fill(owner, 3);
+  using Remote = RegionOptions::Remote;
+  struct Case {
+    Remote remote;
+    bool write;  // the peer WRITEs (else READs)
+    bool allowed;
+  };
+  for (const Case c : {Case{Remote::kNone, false, false}, Case{Remote::kNone, true, false},
+                       Case{Remote::kWriteOnly, false, false}, Case{Remote::kWriteOnly, true, true},
+                       Case{Remote::kDefault, false, true}}) {
+    Pair p = connectedPair();
+    ASSERT_TRUE(p.a && p.b);
+    RegionOptions o;
+    o.remote = c.remote;
+    o.published = false;
+    auto h = p.b->registerMemoryRegion("private", owner.data(), owner.size(), o);
+    ASSERT_TRUE(h.isOk()) << h.status().toString();
+    EXPECT_EQ(p.b->mrInfo().find("private"), std::string::npos);
+    auto info = p.b->pool()->regionInfo(*h);
+    ASSERT_TRUE(info.isOk());
+    auto remote = p.a->registerRemoteMemoryRegion("private", *info);
+    ASSERT_TRUE(remote.isOk()) << remote.status().toString();
+    auto local = p.a->registerMemoryRegion("mine", mine.data(), mine.size());
+    ASSERT_TRUE(local.isOk());
+    std::vector<uint8_t> before = owner;
+    std::fill(mine.begin(), mine.end(), 0);
+    Assignment a{.local = *local, .remote = *remote, .length = 4096};
+    auto f = c.write ? p.a->write({&a, 1}) : p.a->read({&a, 1});
+    ASSERT_TRUE(f.isOk());
+    Status st = f->wait(kWait);
+    EXPECT_EQ(st.isOk(), c.allowed) << static_cast<int>(c.remote) << (c.write ? " write: " : " read: ")
+                                    << st.toString();
+    if (!c.allowed) {
+      EXPECT_EQ(owner, before) << "a refused access changed the owner's memory";
+      if (!c.write) EXPECT_EQ(mine, std::vector<uint8_t>(4096, 0)) << "a refused READ delivered bytes";
+    }
+    ASSERT_TRUE(p.a->unregisterRemoteMemoryRegion(*remote).isOk());
+    EXPECT_EQ(p.a->unregisterRemoteMemoryRegion(*remote).code(), StatusCode::kNotFound);
+  }
+}
+
 TEST(EndpointTest, NamedFieldsAndHandles) {
   Pair p = connectedPair();
   ASSERT_TRUE(p.a && p.b);
