@@ -454,6 +454,14 @@ class Connector:
     async def close(self) -> None:
         self.shutdown()
 
+    def __del__(self):
+        # Shut down here, with the GIL released by the call, rather than in the core object's
+        # destructor (which runs holding the GIL while the agent's thread may need it).
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001  (never raise from a finalizer)
+            pass
+
     async def __aenter__(self):
         await self.initialize()
         return self
