@@ -52,6 +52,17 @@ std::vector<Buffer> toBuffers(py::handle descriptors) {
   return out;
 }
 
+// Converts the descriptors (with the GIL), then runs call (without it) and returns its operation.
+template <typename Call>
+std::shared_ptr<Operation> withBuffers(py::handle descriptors, Call call) {
+  auto bufs = toBuffers(descriptors);
+  auto r = [&] {
+    py::gil_scoped_release release;
+    return call(std::move(bufs));
+  }();
+  return unwrap(std::move(r));
+}
+
 std::chrono::milliseconds toMs(double seconds, const char* what) {
   if (!(seconds >= 0) || seconds > 1e9) raiseInvalid(std::string(what) + ": expected seconds in [0, 1e9]");
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
@@ -148,45 +159,27 @@ void bindConnect(py::module_& m) {
       .def(
           "create_readable",
           [](Connector& c, py::handle descriptors) {
-            auto bufs = toBuffers(descriptors);
-            auto r = [&] {
-              py::gil_scoped_release release;
-              return c.createReadable(std::move(bufs));
-            }();
-            return unwrap(std::move(r));
+            return withBuffers(descriptors, [&](std::vector<Buffer> b) { return c.createReadable(std::move(b)); });
           },
           py::arg("descriptors"))
       .def(
           "create_writable",
           [](Connector& c, py::handle descriptors) {
-            auto bufs = toBuffers(descriptors);
-            auto r = [&] {
-              py::gil_scoped_release release;
-              return c.createWritable(std::move(bufs));
-            }();
-            return unwrap(std::move(r));
+            return withBuffers(descriptors, [&](std::vector<Buffer> b) { return c.createWritable(std::move(b)); });
           },
           py::arg("descriptors"))
       .def(
           "begin_read",
           [](Connector& c, std::string metadata, py::handle descriptors) {
-            auto bufs = toBuffers(descriptors);
-            auto r = [&] {
-              py::gil_scoped_release release;
-              return c.beginRead(metadata, std::move(bufs));
-            }();
-            return unwrap(std::move(r));
+            return withBuffers(descriptors,
+                               [&](std::vector<Buffer> b) { return c.beginRead(metadata, std::move(b)); });
           },
           py::arg("metadata"), py::arg("descriptors"))
       .def(
           "begin_write",
           [](Connector& c, py::handle descriptors, std::string metadata) {
-            auto bufs = toBuffers(descriptors);
-            auto r = [&] {
-              py::gil_scoped_release release;
-              return c.beginWrite(std::move(bufs), metadata);
-            }();
-            return unwrap(std::move(r));
+            return withBuffers(descriptors,
+                               [&](std::vector<Buffer> b) { return c.beginWrite(std::move(b), metadata); });
           },
           py::arg("descriptors"), py::arg("metadata"))
       .def("shutdown", [](Connector& c) {
