@@ -24,38 +24,25 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on 2 cores
 
-import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
-import statistics
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-import numpy as np  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cli import ArgumentParser, format_size as label, size_arg, sizes_arg  # noqa: E402
 
-import ferry  # noqa: E402
-from ferry.connect import Connector, Descriptor, RdmaMetadata  # noqa: E402
-
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    text = text.strip().upper().rstrip("B")
-    mult = 1
-    if text and text[-1] in UNITS:
-        mult = UNITS[text[-1]]
-        text = text[:-1]
-    value = int(text) * mult
-    if value <= 0:
-        raise ValueError("size must be positive")
-    return value
+PROG = "bench/connect_bench.py"
+# Imported by load_ferry() once the options are known to be good.
+np = ferry = Connector = Descriptor = RdmaMetadata = None
 
 
-def label(size):
-    for suffix, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if size >= mult and size % mult == 0:
-            return "%d%s" % (size // mult, suffix)
-    return str(size)
+def load_ferry():
+    global np, ferry, Connector, Descriptor, RdmaMetadata
+    import numpy as np
+    import ferry
+    from ferry.connect import Connector, Descriptor, RdmaMetadata
 
 
 def ops_for(size, base):
@@ -93,10 +80,10 @@ async def endpoint_round(ep, local, remote, size, src, dst, n, check):
 
 
 async def run(args):
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     tuning = {}
     if args.chunk_bytes:
-        tuning["chunk_bytes"] = parse_size(args.chunk_bytes)
+        tuning["chunk_bytes"] = args.chunk_bytes
     if args.window:
         tuning["window"] = args.window
     a, b = Connector("bench-owner", **tuning), Connector("bench-reader", **tuning)
@@ -140,23 +127,31 @@ async def run(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="4K,64K,1M,16M,256M,1G")
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=sizes_arg(), default=[4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30],
+                   help="e.g. 4K,1M,16M (K/M/G binary, as ferry bench --size takes them)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--ops", type=int, default=400)
     p.add_argument("--json", default="")
     p.add_argument("--check", action="store_true")
-    p.add_argument("--chunk-bytes", default="", help="the owner's Connector(chunk_bytes=...) (default: its own)")
+    p.add_argument("--chunk-bytes", type=size_arg(), default=0,
+                   help="the owner's Connector(chunk_bytes=...), e.g. 64M (default: its own)")
     p.add_argument("--window", type=int, default=0, help="the owner's Connector(window=...) (default: its own)")
+    p.add_argument("--dry-run", action="store_true", help="print the settings as JSON and measure nothing")
     args = p.parse_args()
     if args.rounds < 1 or args.ops < 1:
         p.error("--rounds and --ops must be at least 1")
+    if args.window < 0:
+        p.error("--window must not be negative")
+    if args.dry_run:
+        print(json.dumps({"sizes": args.sizes, "rounds": args.rounds, "ops": args.ops,
+                          "chunk_bytes": args.chunk_bytes, "window": args.window}))
+        return 0
     try:
-        [parse_size(s) for s in args.sizes.split(",")]
-        if args.chunk_bytes:
-            parse_size(args.chunk_bytes)
-    except ValueError as e:
-        p.error("--sizes: %s" % e)
+        load_ferry()
+    except ImportError as e:
+        print("%s: cannot import %s: set PYTHONPATH=build/python (make env)" % (PROG, e), file=sys.stderr)
+        return 1
     print("%6s %6s %12s %12s %10s %9s %9s %7s" % (
         "size", "ops", "connector_us", "endpoint_us", "added_us", "conn_GB/s", "ep_GB/s", "ratio"))
     rows = asyncio.run(run(args))

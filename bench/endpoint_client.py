@@ -35,6 +35,9 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from bench_cli import SizeError, format_size, parse_sizes  # noqa: E402
+
 PROTOCOL = 1
 DEFAULT_PORT = 18520
 SWEEP = [8, 4096, 65536, 1 << 20, 16 << 20, 64 << 20]
@@ -56,26 +59,9 @@ class UsageError(Exception):
 
 
 def pattern(length):
-    """Byte i of a source half, as `ferry bench` fills it (patternByte in tools/ferry/bench.h)."""
+    """Byte i of a source half, as `ferry bench` fills it (patternByte in bench/engine/bench.h)."""
     period = bytes(((i % 251) * 7 + 3) & 0xFF for i in range(251))
     return (period * (length // 251 + 1))[:length]
-
-
-def format_size(n):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= (1 << shift) and n % (1 << shift) == 0:
-            return "%d%s" % (n >> shift, unit)
-    return str(n)
-
-
-def parse_size(text):
-    m = re.fullmatch(r"(\d+)([kKmMgG]?)(i?B)?", text)
-    if not m or (m.group(3) == "iB" and not m.group(2)):
-        raise UsageError("bad size '%s': expected a number with an optional K, M or G suffix" % text)
-    value = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
-    if not 1 <= value <= MAX_SIZE:
-        raise UsageError("bad size '%s': sizes are 1 byte to 1G" % text)
-    return value
 
 
 def auto_iterations(mode, size):
@@ -404,9 +390,16 @@ def run_session(args, control, server_name):
         client.close()
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """Usage errors become UsageError, which main() prints on one line."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("server", nargs="?", help="HOST[:PORT] of a `ferry bench --server`")
     p.add_argument("--local", action="store_true", help="start the server here as a child process")
     p.add_argument("--ferry", help="the ferry binary for --local (default: ferry on PATH, else build/ferry)")
@@ -414,7 +407,7 @@ def parse_args(argv):
     p.add_argument("--server-device", default="", help="--local: the server's device (default: --device)")
     p.add_argument("--op", default="write")
     p.add_argument("--mode", default="bw")
-    p.add_argument("--size", action="append", default=[])
+    p.add_argument("--size", action="append", default=[], help="N[,N...], as ferry bench --size takes them")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--iters", type=int, default=0)
     p.add_argument("--duration", type=float, default=0)
@@ -424,10 +417,7 @@ def parse_args(argv):
     p.add_argument("--form", default="tuple", help="tuple (default), numpy or assignment")
     p.add_argument("--timeout", type=float, default=30)
     p.add_argument("--json", action="store_true")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:
-        raise UsageError("bad options") if e.code else e
+    args = p.parse_args(argv)
     if args.local == bool(args.server):
         raise UsageError("give exactly one of --local or a server address HOST[:PORT]")
     if args.op not in OPS:
@@ -444,7 +434,10 @@ def parse_args(argv):
             raise UsageError("%s takes a whole number in [1, %d], not %d" % (flag, hi, value))
     if args.iters < 0 or args.duration < 0 or args.timeout <= 0 or (args.iters and args.duration):
         raise UsageError("--iters and --duration are positive, and not both given")
-    sizes = [parse_size(s) for text in args.size for s in text.split(",")]
+    try:
+        sizes = [size for text in args.size for size in parse_sizes(text)]
+    except SizeError as e:
+        raise UsageError(str(e)) from None
     if args.sweep or not sizes:
         sizes += SWEEP
     args.sizes = sorted(set(sizes))

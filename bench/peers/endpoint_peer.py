@@ -35,7 +35,6 @@ least 3 calls) after one untimed call; then latency: single `size`-byte transfer
 waited for, `--lat-iters` times after a tenth as many untimed ones.
 """
 
-import argparse
 import hashlib
 import json
 import mmap
@@ -49,6 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peer_common  # noqa: E402
+import bench_cli  # noqa: E402  (peer_common puts bench/ on the path)
 
 SIZES = [8, 4096, 65536, 1 << 20, 16 << 20]
 LAT_SIZES = [8, 4096]
@@ -71,21 +71,30 @@ class Library:
         self.version = version  # () -> str
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser()
+def parse_args(prog, argv=None):
+    """The driver's options; bad ones end it with one line and exit code 2."""
+    p = bench_cli.ArgumentParser(prog=prog)
     p.add_argument("--role", choices=["initiator", "target"], default="initiator")
     p.add_argument("--device", default="rxe0")
     p.add_argument("--link-type", default="RoCE")
-    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
-    p.add_argument("--lat-sizes", default=",".join(str(s) for s in LAT_SIZES))
+    p.add_argument("--sizes", type=bench_cli.sizes_arg(), default=SIZES, help="e.g. 4K,1M,16M")
+    p.add_argument("--lat-sizes", type=bench_cli.sizes_arg(), default=LAT_SIZES)
     p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per size and operation")
     p.add_argument("--lat-iters", type=int, default=200)
     p.add_argument("--region", type=int, default=0, help="target: bytes to register")
+    p.add_argument("--dry-run", action="store_true", help="print the settings as JSON and measure nothing")
     args = p.parse_args(argv)
-    args.sizes = [int(s) for s in args.sizes.split(",") if s]
-    args.lat_sizes = [int(s) for s in args.lat_sizes.split(",") if s]
+    if not args.seconds > 0:
+        p.error("--seconds must be above 0, not %s" % args.seconds)
+    if args.lat_iters < 1 or args.region < 0:
+        p.error("--lat-iters must be at least 1 and --region not negative")
     if args.region == 0:
         args.region = region_length(args.sizes + args.lat_sizes)
+    if args.dry_run:
+        print(json.dumps({"role": args.role, "device": args.device, "sizes": args.sizes,
+                          "lat_sizes": args.lat_sizes, "seconds": args.seconds, "lat_iters": args.lat_iters,
+                          "region": args.region}))
+        sys.exit(0)
     return args
 
 
@@ -306,7 +315,7 @@ def measure(lib, args, script):
 
 
 def main(lib, script):
-    args = parse_args()
+    args = parse_args("bench/peers/" + os.path.basename(script))
     try:
         __import__(lib.module)
     except Exception as e:

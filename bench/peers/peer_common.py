@@ -11,7 +11,6 @@ JSON line of results:
 or {"peer": NAME, "error": "why it could not run"}. All traffic stays on 127.0.0.1.
 """
 
-import argparse
 import importlib
 import json
 import os
@@ -19,19 +18,29 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_cli  # noqa: E402
+
 SIZES = [8, 4096, 65536, 1 << 20, 16 << 20, 64 << 20]
 
 
-def parse_args():
-    p = argparse.ArgumentParser()
+def parse_args(prog):
+    """The driver's options; bad ones end it with one line and exit code 2."""
+    p = bench_cli.ArgumentParser(prog=prog)
     p.add_argument("--role", choices=["initiator", "target"], default="initiator")
-    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    p.add_argument("--sizes", type=bench_cli.sizes_arg(), default=SIZES, help="e.g. 4K,1M,16M")
     p.add_argument("--seconds", type=float, default=1.0, help="time per size and operation")
-    p.add_argument("--max-size", type=int, default=0)
+    p.add_argument("--max-size", type=bench_cli.size_arg(), default=0, help="target: bytes to register")
+    p.add_argument("--dry-run", action="store_true", help="print the settings as JSON and measure nothing")
     args = p.parse_args()
-    args.sizes = [int(s) for s in args.sizes.split(",")]
+    if not args.seconds > 0:
+        p.error("--seconds must be above 0, not %s" % args.seconds)
     if args.max_size == 0:
         args.max_size = max(args.sizes)
+    if args.dry_run:
+        print(json.dumps({"role": args.role, "sizes": args.sizes, "seconds": args.seconds,
+                          "max_size": args.max_size}))
+        sys.exit(0)
     return args
 
 
@@ -145,7 +154,7 @@ def run_initiator(name, script, args, measure):
 def main(name, module, script, target, measure):
     """A peer driver's entry point: imports `module` (reporting why it cannot), then runs the
     target role (`target(args)`) or the initiator role (`measure`, through run_initiator)."""
-    args = parse_args()
+    args = parse_args("bench/peers/" + os.path.basename(script))
     try:
         importlib.import_module(module)
     except Exception as e:

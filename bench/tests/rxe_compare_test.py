@@ -26,10 +26,11 @@ def run(args, timeout=120, env=None, cwd=None):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--sizes", "8,abc"], r"'abc' is not a size"),
-    (["--sizes", "0"], r"0 is outside 1 B .. 64 MiB"),
-    (["--sizes", "128M"], r"134217728 is outside 1 B .. 64 MiB"),
-    (["--lat-sizes", "4K,"], r"'' is not a size"),
+    (["--sizes", "8,abc"], r"bad size 'abc': expected a number of bytes"),
+    (["--sizes", "0"], r"bad size '0': sizes start at 1 byte"),
+    (["--sizes", "128M"], r"bad size '128M': larger than 64M"),
+    (["--sizes", "16MiB,4T"], r"bad size '4T': expected a number with an optional K, M or G suffix"),
+    (["--lat-sizes", "4K,"], r"bad size '': expected a number of bytes"),
     (["--seconds", "0"], r"must be above 0"),
     (["--lat-iters", "ten"], r"'ten' is not a number"),
     (["--timeout", "-5"], r"must be above 0"),
