@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import aio as _aio  # noqa: F401  (makes ferry's futures awaitable)
 from ._core import connect as _cc
+from ._memory import registrable as _registrable
 from .errors import InvalidArgument, NotSupported
 
 __all__ = [
@@ -140,9 +141,10 @@ class Device:
 
 class Descriptor:
     """Memory of an operation: a NumPy array, a torch tensor, ``bytes`` / ``bytearray`` /
-    ``memoryview`` / ``mmap``, or ``(ptr, size, device, ref)`` (``ref`` is kept alive while the
-    descriptor is in use). The memory must be contiguous; it is registered when an operation
-    uses it, and stays referenced until that operation ends."""
+    ``memoryview`` / ``mmap``, an object exporting CPU memory through DLPack (``__dlpack__``;
+    viewed without a copy, and kept alive), or ``(ptr, size, device, ref)`` (``ref`` is kept
+    alive while the descriptor is in use). The memory must be contiguous; it is registered when
+    an operation uses it, and stays referenced until that operation ends."""
 
     def __init__(self, data):
         self._data = data
@@ -170,15 +172,15 @@ class Descriptor:
             self._size = data.numel() * data.element_size()
             self._read_only = False
         else:
-            target = data
+            target = _registrable(data, "Descriptor")
             if isinstance(data, mmap.mmap):
                 target = memoryview(data)
             try:
                 ptr, size, read_only = _cc.buffer_info(target)
             except TypeError:
                 raise InvalidArgument(
-                    "Descriptor: expected a NumPy array, a torch tensor, bytes, bytearray, memoryview, mmap "
-                    "or (ptr, size, device, ref), not %s" % type(data).__name__) from None
+                    "Descriptor: expected a NumPy array, a torch tensor, bytes, bytearray, memoryview, mmap, "
+                    "a DLPack object or (ptr, size, device, ref), not %s" % type(data).__name__) from None
             self._data = target
             self._ptr, self._size, self._read_only = ptr, size, read_only
             self._device = Device("cpu")

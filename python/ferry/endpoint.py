@@ -29,6 +29,7 @@ import inspect as _inspect
 import json as _json
 
 from ._core import endpoint as _ep
+from ._memory import registrable as _registrable
 from .errors import InvalidArgument as _InvalidArgument
 
 __all__ = [
@@ -100,7 +101,7 @@ def _register_args(args, kwargs, allow_pool_form):
         raise TypeError("register_memory_region needs a key (name or int) and memory (address or buffer)")
     if isinstance(key, bool) or not isinstance(key, (str, int)):
         raise _InvalidArgument("register_memory_region: the key must be a str name or an int")
-    return key, target, 0 if offset is None else offset, length
+    return key, _registrable(target, "register_memory_region"), 0 if offset is None else offset, length
 
 
 class RDMAContext(_ep.Context):
@@ -145,8 +146,8 @@ class RDMAMemoryPool(_ep.MemoryPool):
         """Registers memory and returns its handle. Forms: ``(key, ptr, offset, length)`` (memory at
         ptr + offset), ``(key, ptr, length)``, ``(key, buffer[, offset, length])`` and
         ``(data_ptr, length, name=None)``. ``key`` is a str name or an int below 2**31 (then the
-        handle is the key). Buffers (bytearray, memoryview, mmap, NumPy arrays) and CPU tensors are
-        kept alive, and their exports held, until the region is unregistered."""
+        handle is the key). Buffers (bytearray, memoryview, mmap, NumPy arrays), CPU tensors and CPU
+        DLPack objects are kept alive, and their exports held, until the region is unregistered."""
         key, target, offset, length = _register_args(args, kwargs, allow_pool_form=True)
         return self._register(key, target, offset, length)
 
@@ -213,7 +214,8 @@ class RDMAEndpoint(_ep.Endpoint):
 
         ``(key, ptr, offset, length)`` as in the document (memory at ptr + offset),
         ``(key, ptr, length)``, or ``(key, buffer[, offset, length])`` for anything exporting the
-        buffer protocol (bytearray, memoryview, mmap, NumPy) or a CPU tensor. ``key`` is a str name
+        buffer protocol (bytearray, memoryview, mmap, NumPy), a CPU tensor, or any object exporting
+        CPU memory through DLPack (``__dlpack__``; viewed without a copy). ``key`` is a str name
         or an int below 2**31 (then the handle is that int); mr_info lists the region under the
         name (the int's decimal text). The memory must stay valid until the region is
         unregistered; buffers passed as objects are kept alive by the registration.

@@ -33,6 +33,7 @@ from . import IBA
 from . import errors as _errors
 from . import path as _path
 from ._core import verbs as _core
+from ._memory import registrable as _registrable
 
 # ---------------------------------------------------------------------------------------------
 # Constants (libibverbs' numbers).
@@ -739,14 +740,16 @@ class PD(_core.PD):
 
     def mr(self, buf, access=0):
         """Create a new :class:`MR` over *buf*, anything supporting the buffer protocol (bytes,
-        bytearray, mmap, memoryview, NumPy arrays). Write access (LOCAL_WRITE, REMOTE_WRITE,
-        REMOTE_ATOMIC) needs a writable buffer. The MR keeps *buf* alive (and, for bytearray,
-        mmap and NumPy, unresizable) until it is closed. A str is registered as its UTF-8 bytes,
-        read-only."""
+        bytearray, mmap, memoryview, NumPy arrays) or exporting CPU memory through DLPack
+        (``__dlpack__``; registered through a zero-copy view that keeps *buf* alive). Write access
+        (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC) needs a writable buffer. The MR keeps *buf*
+        alive (and, for bytearray, mmap and NumPy, unresizable) until it is closed. A str is
+        registered as its UTF-8 bytes, read-only."""
         if isinstance(buf, str):
             if access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC):
                 raise TypeError("a str is immutable: register a bytearray for write access")
             buf = buf.encode("utf-8")
+        buf = _registrable(buf, "PD.mr")
         return MR(self, buf, access)
 
     def qp(self, qp_type, max_send_wr, send_cq, max_recv_wr, recv_cq, srq=None, sq_sig_all=1, max_send_sge=1,

@@ -29,6 +29,7 @@ Chunks (send, recv): ``(region, offset, length)``, one or a list. Futures are th
 import os
 
 from .._core import agent as _agent
+from .._memory import registrable as _registrable
 
 __all__ = ["PeerAgent", "PeerConnection", "start_peer_agent"]
 
@@ -124,9 +125,10 @@ class PeerAgent:
     # ---- memory ----
     def register_memory_region(self, name, ptr, offset=0, length=None):
         """Registers memory under ``name`` on every device and publishes it: ``ptr`` is an address
-        (then ``length`` is needed), a buffer (bytearray, memoryview, mmap, NumPy array) or a CPU
-        tensor; ``offset`` bytes are skipped. The object is kept alive while registered."""
-        self._agent.register_memory_region(name, ptr, offset, length)
+        (then ``length`` is needed), a buffer (bytearray, memoryview, mmap, NumPy array), a CPU
+        tensor or an object exporting CPU memory through DLPack (``__dlpack__``); ``offset`` bytes
+        are skipped. The object is kept alive while registered."""
+        self._agent.register_memory_region(name, _registrable(ptr, "register_memory_region"), offset, length)
 
     def unregister_memory_region(self, name):
         self._agent.unregister_memory_region(name)
