@@ -83,9 +83,9 @@ demo: build ## Two processes move 1 GiB by RDMA WRITE and READ over a software d
 	@$(RUN)
 	run $(BUILD_DIR)/ferry demo $(DEMO_ARGS)
 
-check: build ## Build build/ and run its tests (the quick loop; no sanitizers, no fuzzing, no VM)
+check: build ## Build build/ and run its tests (the quick loop; no sanitizers, fuzzing, VM or packaging)
 	@$(RUN)
-	run $(CTEST) --test-dir $(BUILD_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
+	run $(CTEST) --test-dir $(BUILD_DIR) -LE 'rdma|packaging' -j$(TEST_JOBS) --output-on-failure
 
 build-asan: deps ## Build build-asan/ (AddressSanitizer + UBSan, Debug at -O1)
 	@$(RUN)
@@ -140,7 +140,8 @@ test: deps ## The whole suite: builds, fuzzing, tests, RDMA tests in the rxe VM,
 # The tests labelled "rdma" need rxe0 and run only inside the VM (test-rdma-run).
 test-run:
 	@$(RUN)
-	run $(CTEST) --test-dir $(BUILD_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
+	run $(CTEST) --test-dir $(BUILD_DIR) -L packaging --output-on-failure
+	run $(CTEST) --test-dir $(BUILD_DIR) -LE 'rdma|packaging' -j$(TEST_JOBS) --output-on-failure
 	$(MAKE) test-rdma-run
 	run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
 	  $(CTEST) --test-dir $(ASAN_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure

@@ -381,11 +381,6 @@ int finishReport(const Options& o, const BenchReport& report) {
     std::printf("%s\n", json::serialize(reportJson(report)).c_str());
     std::fflush(stdout);
   }
-  if (!o.plotPath.empty()) {
-    Status st = writePlot(o.plotPath, report);
-    if (!st.isOk()) return fail("", st);
-    std::fprintf(o.json ? stderr : stdout, "ferry bench: plot written to %s\n", o.plotPath.c_str());
-  }
   return 0;
 }
 

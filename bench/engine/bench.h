@@ -97,7 +97,6 @@ struct Options {
   uint64_t iters = 0;      // 0: chosen per size (see autoIterations)
   double duration = 0;     // seconds per size; 0: run by iterations
   bool json = false;
-  std::string plotPath;
   double timeout = 30;     // seconds: control messages and stalled transfers
   bool announce = false;   // server: print {"type":"listening"} on stdout (used by --local)
   // --soft-path: the software provider's path between processes of this host, as

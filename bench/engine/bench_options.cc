@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bench.h"
+#include "ferry/common/config.h"
 
 namespace ferry::cli::bench {
 
@@ -136,33 +137,11 @@ std::string formatSize(uint64_t bytes) {
 }
 
 Result<uint64_t> parseSize(std::string_view text) {
-  auto bad = [&](const char* why) {
-    return invalidArgument("bad size '" + std::string(text) + "': " + why);
-  };
-  size_t i = 0;
-  uint64_t value = 0;
-  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
-    if (value > (UINT64_MAX - 9) / 10) return bad("too large");
-    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
-    ++i;
+  FERRY_ASSIGN_OR_RETURN(uint64_t bytes, config::parseByteSize(text));
+  if (bytes > kMaxMessageSize) {
+    return invalidArgument("bad size '" + std::string(text) + "': larger than 1G, the largest message ferry bench moves");
   }
-  if (i == 0) return bad("expected a number of bytes such as 4096, 4K or 1M");
-  uint64_t scale = 1;
-  if (i < text.size()) {
-    switch (text[i]) {
-      case 'k': case 'K': scale = uint64_t{1} << 10; ++i; break;
-      case 'm': case 'M': scale = uint64_t{1} << 20; ++i; break;
-      case 'g': case 'G': scale = uint64_t{1} << 30; ++i; break;
-      default: break;
-    }
-  }
-  std::string_view rest = text.substr(i);
-  if (!(rest.empty() || rest == "B" || (scale > 1 && (rest == "iB" || rest == "b")))) {
-    return bad("expected a number with an optional K, M or G suffix");
-  }
-  if (value == 0) return bad("sizes start at 1 byte");
-  if (value > kMaxMessageSize / scale) return bad("larger than 1G, the largest message ferry bench moves");
-  return value * scale;
+  return bytes;
 }
 
 uint64_t autoIterations(Mode mode, uint64_t size) {
@@ -197,7 +176,7 @@ void printUsage(FILE* out) {
                "  --qps N               QPs per thread, used round-robin (default 1); endpoint: num_qp\n"
                "  --threads N           threads, each with its own QPs, CQ and buffer (default 1)\n"
                "  --json                print the results as one JSON document on stdout\n"
-               "  --plot FILE.png       draw bandwidth or latency against message size\n"
+               "                        (bench/plot.py draws charts from these documents)\n"
                "  --timeout SEC         give up when the peer is silent or a transfer stalls this long\n"
                "                        (default 30)\n"
                "  --port P              control port (default %u); --server --port 0 picks a free one\n"
@@ -293,7 +272,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
     } else if (a == "--bind") {
       st = value(&o.bind);
     } else if (a == "--plot") {
-      st = value(&o.plotPath);
+      st = invalidArgument("--plot is gone: write --json and draw it with bench/plot.py");
     } else if (a == "--soft-path") {
       if ((st = value(&v)).isOk()) {
         if (v == "same-host") {

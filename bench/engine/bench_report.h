@@ -50,7 +50,5 @@ double percentile(const std::vector<double>& sorted, double p);
 void printHeader(FILE* out, const BenchReport& report);
 void printRow(FILE* out, const RunShape& shape, const SizeResult& r);
 json::Value reportJson(const BenchReport& report);
-// A line chart of bandwidth (bw) or latency (lat: min, median, p99) against message size.
-Status writePlot(const std::string& path, const BenchReport& report);
 
 }  // namespace ferry::cli::bench

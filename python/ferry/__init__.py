@@ -12,9 +12,16 @@ Layers, each its own module:
   (wireup, lanes, discovery through a store, reconnection; ``ferry.agent``).
 - ``ferry.Error`` and one exception class per status code (``ferry.errors``).
 - every future is awaitable from asyncio (``await future``; ``ferry.aio``).
+- ``ferry.stats()``: operations, bytes, errors and latency histograms per device context
+  (``ferry.metrics``, with an optional Prometheus collector); ``ferry.config()``: every
+  ``FERRY_*`` variable; ferry's log lines go to the ``logging`` logger ``"ferry"``.
 """
 
 from ._core import __version__
+from ._core import check_config
+from ._logging import forward_to_logging
+from . import metrics
+from .metrics import stats
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .rdma import *  # noqa: F401,F403
@@ -24,5 +31,19 @@ from .endpoint import __all__ as _endpoint_all
 from .agent import PeerAgent, PeerConnection, start_peer_agent
 from . import aio  # noqa: F401  (makes every future awaitable)
 
-__all__ = (["__version__"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
+
+
+def config():
+    """Every ``FERRY_*`` variable ferry reads, as a list of dicts: ``name``, ``meaning``,
+    ``default``, ``valid`` (the values it takes), ``set`` (whether this process has it),
+    ``value`` (as set), ``effective`` (the value in effect) and ``error`` (why a set value is
+    refused; empty when valid). ``check_config()`` raises ``ferry.InvalidArgument`` for the first
+    refused one; opening a device or starting an agent does the same. docs/configuration.md holds
+    the same table."""
+    from . import _core
+
+    return _core.config()
+
+
+__all__ = (["__version__", "config", "check_config", "forward_to_logging", "metrics", "stats"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
            ["PeerAgent", "PeerConnection", "start_peer_agent"])

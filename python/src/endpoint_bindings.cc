@@ -330,9 +330,46 @@ class DoneNotifier {
   std::shared_ptr<Shared> shared_;
 };
 
+// {kind: {"operations", "bytes", "errors", "errors_by_status", "latency_sum_us",
+//         "latency_buckets": [(upper_bound_us, count), ...]}} (counts per bucket, not cumulative).
+py::dict operationsDict(const std::vector<OpMetrics>& ops) {
+  py::dict out;
+  for (const OpMetrics& m : ops) {
+    py::dict d;
+    d["operations"] = m.operations;
+    d["bytes"] = m.bytes;
+    d["errors"] = m.errors;
+    py::dict byStatus;
+    for (const auto& [name, n] : m.errorsByStatus) byStatus[py::str(name)] = n;
+    d["errors_by_status"] = byStatus;
+    d["latency_sum_us"] = m.latencySumUs;
+    py::list buckets;
+    for (int i = 0; i < kLatencyBuckets; ++i) {
+      buckets.append(py::make_tuple(OpMetrics::bucketUpperUs(i), m.latencyBuckets[static_cast<size_t>(i)]));
+    }
+    d["latency_buckets"] = buckets;
+    out[py::str(m.kind)] = d;
+  }
+  return out;
+}
+
 }  // namespace
 
 void bindEndpoint(py::module_& m) {
+  m.def(
+      "process_stats",
+      [] {
+        py::list out;
+        for (const auto& ctx : RdmaContext::openNow()) {
+          py::dict d;
+          d["device"] = ctx->deviceName();
+          d["ib_port"] = ctx->ibPort();
+          d["operations"] = operationsDict(ctx->metrics()->snapshot());
+          out.append(d);
+        }
+        return out;
+      },
+      "Every context open in this process: device, port and its operations' metrics");
   py::class_<DoneNotifier>(m, "DoneNotifier",
                            "Reports completed futures through a file descriptor an event loop watches.")
       .def(py::init<>())
@@ -360,6 +397,9 @@ void bindEndpoint(py::module_& m) {
       .def_property_readonly("device_name", &RdmaContext::deviceName)
       .def_property_readonly("ib_port", &RdmaContext::ibPort)
       .def_property_readonly("link_type", &RdmaContext::linkType)
+      .def(
+          "stats", [](const RdmaContext& c) { return operationsDict(c.metrics()->snapshot()); },
+          "Per kind of operation of every endpoint on this context: completed, bytes, errors by status, latency")
       .def_property_readonly("socket_id", &RdmaContext::socketId);
 
   py::class_<MemoryPool, std::shared_ptr<MemoryPool>>(m, "MemoryPool",
@@ -558,6 +598,7 @@ void bindEndpoint(py::module_& m) {
           lanes.append(d);
         }
         py::dict out;
+        out["operations"] = operationsDict(s.operations);
         out["lanes"] = lanes;
         out["operations_queued"] = s.operationsQueued;
         out["unexpected_bytes"] = s.unexpectedBytes;

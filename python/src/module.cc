@@ -2,6 +2,11 @@
 // themselves to a submodule here.
 #include <pybind11/pybind11.h>
 
+#include "common/log.h"
+#include "ferry/common/config.h"
+#include "ferry/common/version.h"
+#include "status.h"
+
 namespace py = pybind11;
 
 namespace ferry::python {
@@ -13,7 +18,45 @@ void bindConnect(py::module_& m);   // connect_bindings.cc -> ferry._core.connec
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ferry's C++ core: verbs and endpoints";
-  m.attr("__version__") = FERRY_VERSION;
+  m.attr("__version__") = ferry::version();
+  m.def(
+      "config",
+      [] {
+        py::list out;
+        for (const ferry::config::Setting& s : ferry::config::settings()) {
+          py::dict d;
+          d["name"] = s.variable->name;
+          d["meaning"] = s.variable->meaning;
+          d["default"] = s.variable->defaultText;
+          d["valid"] = s.variable->validValues;
+          d["set"] = s.set;
+          d["value"] = s.raw;
+          d["effective"] = s.effective;
+          d["error"] = s.error;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every FERRY_* variable: name, meaning, default, valid values, and this process's setting");
+  m.def(
+      "forward_log", [](int fd) { ferry::log::setForwardFd(fd); }, py::arg("fd"),
+      "Sends ferry's log lines (\"LEVEL message\\n\") to fd instead of stderr; -1 returns to stderr");
+  m.def(
+      "log",
+      [](const std::string& level, const std::string& message) {
+        ferry::log::Level l = level == "error"  ? ferry::log::Level::kError
+                              : level == "warn" ? ferry::log::Level::kWarn
+                              : level == "info" ? ferry::log::Level::kInfo
+                              : level == "debug"
+                                  ? ferry::log::Level::kDebug
+                                  : throw py::value_error("log level: error, warn, info or debug, not '" + level + "'");
+        if (ferry::log::enabled(l)) ferry::log::write(l, "%s", message.c_str());
+      },
+      py::arg("level"), py::arg("message"), "Writes one line through ferry's log (as the core does)");
+  m.def("dropped_log_lines", &ferry::log::droppedLines, "Log lines the forwarding descriptor could not take");
+  m.def(
+      "check_config", [] { ferry::python::check(ferry::config::check()); },
+      "Raises ferry.InvalidArgument naming the first FERRY_* variable set to a value it does not take");
   py::module_ verbs = m.def_submodule("verbs", "The verbs layer");
   ferry::python::bindVerbs(verbs);
   py::module_ endpoint = m.def_submodule("endpoint", "The Endpoint API");

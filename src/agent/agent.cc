@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ferry/common/config.h"
 #include "agent/agent_impl.h"
 #include "common/log.h"
 #include "ferry/devices.h"
@@ -89,13 +90,14 @@ Result<std::shared_ptr<AgentImpl>> AgentImpl::start(AgentOptions options) {
 }
 
 Status AgentImpl::init() {
+  FERRY_RETURN_IF_ERROR(config::check());
   secret_ = opts_.secret;
   if (secret_.empty()) {
-    if (const char* s = std::getenv("FERRY_AGENT_SECRET")) secret_ = s;
+    secret_ = config::agentSecret();
   }
   lanes_ = opts_.lanes;
   if (lanes_.empty()) {
-    if (const char* s = std::getenv("FERRY_AGENT_LANES")) {
+    if (const std::string s = config::agentLanes(); !s.empty()) {
       auto parsed = parseLaneOverrides(s);
       if (!parsed.isOk()) return invalidArgument("FERRY_AGENT_LANES: " + parsed.status().message());
       lanes_ = *parsed;

@@ -1,16 +1,25 @@
-// Logging: one line per event to stderr, filtered by FERRY_LOG_LEVEL (error, warn, info, debug;
-// default warn). Log an error once, where it is decided.
+// Logging: one line per event, filtered by FERRY_LOG_LEVEL (error, warn, info, debug; default
+// warn). A line goes to stderr with a UTC timestamp, the process id and the level:
+//   2026-11-24T20:31:02.123456Z ferry[4242] WARN: ...
+// or, once setForwardFd() named a descriptor, to that descriptor as "LEVEL message\n" (the Python
+// package forwards those lines to the `logging` module). Log an error once, where it is decided.
 #pragma once
 
 #include <cstdarg>
+#include <cstdint>
 
 namespace ferry::log {
 
 enum class Level { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
 bool enabled(Level level);
-// printf-style; adds "ferry[pid] LEVEL: " and a newline.
+// printf-style; adds the prefix above and a newline.
 void write(Level level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+// Sends every line to `fd` (a pipe's write end; made non-blocking) instead of stderr; -1 returns
+// to stderr. A line the descriptor cannot take at once is dropped and counted, never waited for.
+void setForwardFd(int fd);
+uint64_t droppedLines();
 
 }  // namespace ferry::log
 

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "ferry/devices.h"
+#include "ferry/endpoint/assignment.h"
 
 namespace ferry::endpoint {
 namespace {
@@ -40,6 +41,15 @@ std::map<std::pair<std::string, int>, std::weak_ptr<RdmaContext>>& openContexts(
 }  // namespace
 
 RdmaContext::~RdmaContext() = default;
+
+std::vector<std::shared_ptr<RdmaContext>> RdmaContext::openNow() {
+  std::vector<std::shared_ptr<RdmaContext>> out;
+  std::lock_guard<std::mutex> lock(gContextsMu);
+  for (auto& [key, weak] : openContexts()) {
+    if (auto ctx = weak.lock()) out.push_back(std::move(ctx));
+  }
+  return out;
+}
 
 int RdmaContext::socketId() const { return info_.numaNode < 0 ? 0 : info_.numaNode; }
 
@@ -78,6 +88,7 @@ Result<std::shared_ptr<RdmaContext>> RdmaContext::open(const ContextOptions& opt
       }
       FERRY_ASSIGN_OR_RETURN(verbs::PortAttr port, opened.queryPort(static_cast<uint8_t>(options.ibPort)));
       ctx.reset(new RdmaContext());
+      ctx->metrics_ = std::make_shared<Metrics>(opKindNames());
       ctx->ctx_ = std::move(opened);
       ctx->info_ = *device;
       ctx->attr_ = attr;

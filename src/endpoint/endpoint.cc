@@ -364,6 +364,7 @@ Status Endpoint::failure() const {
 
 Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::span<const Assignment> batch) {
   auto op = std::make_shared<OpState>(kind);
+  op->track(metrics_, context_->metrics());
   op->transfers.reserve(batch.size());
   const char* verb = kind == OpKind::kRead ? "read" : kind == OpKind::kWrite ? "write" : "write_with_imm";
   std::optional<RegionView> local;
@@ -428,6 +429,7 @@ Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::sp
 
 Result<std::shared_ptr<OpState>> Endpoint::resolvePieces(OpKind kind, std::span<const Chunk> chunks) {
   auto op = std::make_shared<OpState>(kind);
+  op->track(metrics_, context_->metrics());
   const char* verb = kind == OpKind::kSend ? "send" : "recv";
   std::optional<RegionView> region;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -537,6 +539,7 @@ Result<RecvFuture> Endpoint::recv(std::span<const Chunk> chunks) {
 
 Result<ImmRecvFuture> Endpoint::immRecv() {
   auto op = std::make_shared<OpState>(OpKind::kImmRecv);
+  op->track(metrics_, context_->metrics());
   std::shared_ptr<Worker> worker;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1043,6 +1046,7 @@ void Endpoint::shutdown(const Status& why) {
 EndpointStats Endpoint::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EndpointStats s;
+  s.operations = metrics_->snapshot();
   for (const auto& lane : lanes_) {
     s.lanes.push_back({.workRequests = lane->workRequests,
                        .bytes = lane->bytes,

@@ -2,6 +2,8 @@
 
 #include "ferry/endpoint/op_state.h"
 
+#include <algorithm>
+
 namespace ferry::endpoint {
 
 bool OpState::complete(Status status, uint32_t immData, uint64_t bytes) {
@@ -15,9 +17,21 @@ bool OpState::complete(Status status, uint32_t immData, uint64_t bytes) {
     done_.store(true, std::memory_order_release);
     cbs.swap(doneCbs_);
   }
+  if (metrics_[0] || metrics_[1]) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count();
+    for (const auto& m : metrics_) {
+      if (m) m->record(static_cast<int>(kind_), status_.code(), bytes_, static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
+    }
+  }
   cv_.notify_all();
   for (auto& cb : cbs) cb(*this);
   return true;
+}
+
+void OpState::track(std::shared_ptr<Metrics> endpoint, std::shared_ptr<Metrics> context) {
+  metrics_[0] = std::move(endpoint);
+  metrics_[1] = std::move(context);
+  started_ = Clock::now();
 }
 
 void OpState::onDone(DoneCb cb) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <sstream>
 
+#include "ferry/common/config.h"
 #include "ferry/devices.h"
 #include "providers/soft/soft.h"
 #ifdef FERRY_PROVIDER_IBVERBS
@@ -47,16 +48,8 @@ const std::vector<ProviderEntry>& providerTable() {
 
 // FERRY_DEVICES=a,b: only those names are visible. Unset or empty: all.
 bool visible(const std::string& name) {
-  const char* env = std::getenv("FERRY_DEVICES");
-  if (env == nullptr || *env == '\0') return true;
-  std::stringstream list(env);
-  std::string item;
-  while (std::getline(list, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item == name) return true;
-  }
-  return false;
+  const std::optional<std::vector<std::string>> wanted = config::devices();
+  return !wanted || std::find(wanted->begin(), wanted->end(), name) != wanted->end();
 }
 
 std::vector<const ProviderEntry*> byPriority() {
@@ -81,6 +74,7 @@ std::vector<ProviderInfo> listProviders() {
 }
 
 Result<std::vector<verbs::DeviceInfo>> listDevices() {
+  FERRY_RETURN_IF_ERROR(config::check());
   std::vector<verbs::DeviceInfo> out;
   for (const auto* e : byPriority()) {
     std::string reason;
@@ -93,6 +87,7 @@ Result<std::vector<verbs::DeviceInfo>> listDevices() {
 }
 
 Result<verbs::Context> openDevice(std::string_view name) {
+  FERRY_RETURN_IF_ERROR(config::check());
   std::string wanted(name);
   if (!visible(wanted)) return notFound("device " + wanted + " is hidden by FERRY_DEVICES");
   for (const auto* e : byPriority()) {

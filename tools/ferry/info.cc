@@ -5,6 +5,9 @@
 #include <string>
 
 #include "commands.h"
+#include "common/json.h"
+#include "ferry/common/config.h"
+#include "ferry/common/version.h"
 #include "ferry/agent/agent.h"
 #include "ferry/agent/lanes.h"
 #include "ferry/agent/store.h"
@@ -46,9 +49,9 @@ int printAgent(const std::string& peer, const std::string& store, const std::str
   std::string devices;
   for (const auto& d : mine.devices) devices += (devices.empty() ? "" : ", ") + d.name;
   std::printf("  devices offered:     %s\n", devices.c_str());
-  const char* forced = std::getenv("FERRY_AGENT_LANES");
+  const std::string forced = config::agentLanes();
   std::printf("  lane rules:          same_host, then rdma (same fabric), then tcp%s%s\n",
-              forced && *forced ? "; FERRY_AGENT_LANES=" : "", forced && *forced ? forced : "");
+              forced.empty() ? "" : "; FERRY_AGENT_LANES=", forced.c_str());
   if (peer.empty()) return 0;
   if (store.empty()) {
     std::fprintf(stderr, "ferry info: --peer needs --store URL\n");
@@ -71,7 +74,7 @@ int printAgent(const std::string& peer, const std::string& store, const std::str
     return 1;
   }
   agent::LaneOverrides overrides;
-  if (forced && *forced) {
+  if (!forced.empty()) {
     auto parsed = agent::parseLaneOverrides(forced);
     if (parsed.isOk()) overrides = *parsed;
   }
@@ -89,13 +92,142 @@ int printAgent(const std::string& peer, const std::string& store, const std::str
   return 0;
 }
 
+// `ferry info --config`: every FERRY_* variable, its setting here and the value in effect.
+int printConfig(bool asJson) {
+  const std::vector<config::Setting> settings = config::settings();
+  bool allValid = true;
+  json::Array rows;
+  for (const config::Setting& s : settings) {
+    allValid = allValid && s.error.empty();
+    if (asJson) {
+      json::Value row = json::Value::emptyObject();
+      row.set("name", s.variable->name);
+      row.set("meaning", s.variable->meaning);
+      row.set("default", s.variable->defaultText);
+      row.set("valid", s.variable->validValues);
+      row.set("set", s.set);
+      row.set("value", s.set ? json::Value(s.raw) : json::Value());
+      row.set("effective", s.effective);
+      row.set("error", s.error.empty() ? json::Value() : json::Value(s.error));
+      rows.push_back(std::move(row));
+      continue;
+    }
+    const std::string shown = std::string(s.variable->name) == "FERRY_AGENT_SECRET" && s.set ? s.effective : s.raw;
+    std::printf("%-22s %s%s\n", s.variable->name, s.set ? shown.c_str() : "(unset)",
+                s.set ? "" : (std::string(": ") + s.effective).c_str());
+    if (!s.error.empty()) std::printf("%-22s   INVALID: %s\n", "", s.error.c_str());
+  }
+  if (asJson) {
+    json::Value doc = json::Value::emptyObject();
+    doc.set("version", version());
+    doc.set("config", json::Value(std::move(rows)));
+    std::printf("%s\n", json::serialize(doc).c_str());
+  }
+  return allValid ? 0 : 2;
+}
+
+// `ferry info --json`: providers, devices with their attributes, ports and GIDs, and the settings.
+int printJson(const std::string& only) {
+  json::Value doc = json::Value::emptyObject();
+  doc.set("version", version());
+  Status valid = config::check();
+  doc.set("config_error", valid.isOk() ? json::Value() : json::Value(valid.message()));
+  json::Array providers;
+  for (const auto& p : listProviders()) {
+    json::Value o = json::Value::emptyObject();
+    o.set("name", p.name);
+    o.set("priority", p.priority);
+    o.set("available", p.available);
+    o.set("reason", p.reason);
+    json::Array paths;
+    for (const auto& path : p.paths) paths.push_back(path);
+    o.set("paths", json::Value(std::move(paths)));
+    providers.push_back(std::move(o));
+  }
+  doc.set("providers", json::Value(std::move(providers)));
+  json::Array devices;
+  auto listed = listDevices();
+  for (const auto& d : listed.isOk() ? *listed : std::vector<verbs::DeviceInfo>{}) {
+    if (!only.empty() && d.name != only) continue;
+    json::Value o = json::Value::emptyObject();
+    o.set("name", d.name);
+    o.set("provider", d.provider);
+    o.set("transport", d.transport);
+    o.set("netdev", d.netdev);
+    o.set("address", d.address);
+    char guid[17];
+    std::snprintf(guid, sizeof guid, "%016" PRIx64, d.guid);
+    o.set("node_guid", guid);
+    o.set("numa_node", d.numaNode);
+    auto ctx = openDevice(d.name);
+    if (!ctx.isOk()) {
+      o.set("error", ctx.status().toString());
+      devices.push_back(std::move(o));
+      continue;
+    }
+    if (auto attr = ctx->queryDevice(); attr.isOk()) {
+      const auto& a = *attr;
+      o.set("fw_ver", a.fwVer);
+      o.set("vendor_id", static_cast<int64_t>(a.vendorId));
+      o.set("max_mr_size", static_cast<int64_t>(a.maxMrSize));
+      o.set("max_qp", a.maxQp);
+      o.set("max_qp_wr", a.maxQpWr);
+      o.set("max_sge", a.maxSge);
+      o.set("max_cq", a.maxCq);
+      o.set("max_cqe", a.maxCqe);
+      o.set("max_mr", a.maxMr);
+      o.set("max_pd", a.maxPd);
+      o.set("max_qp_rd_atom", a.maxQpRdAtom);
+      o.set("max_srq", a.maxSrq);
+      o.set("max_inline_data", static_cast<int64_t>(a.maxInlineData));
+      json::Array ports;
+      for (uint8_t port = 1; port <= a.physPortCnt; ++port) {
+        auto p = ctx->queryPort(port);
+        if (!p.isOk()) continue;
+        json::Value po = json::Value::emptyObject();
+        po.set("port", static_cast<int64_t>(port));
+        po.set("state", portStateName(p->state));
+        po.set("active_mtu", static_cast<int64_t>(verbs::mtuBytes(p->activeMtu)));
+        po.set("link_layer", linkLayerName(p->linkLayer));
+        po.set("lid", static_cast<int64_t>(p->lid));
+        json::Array gids;
+        for (int i = 0; i < p->gidTblLen; ++i) {
+          auto gid = ctx->queryGid(port, i);
+          if (gid.isOk() && (!gid->isZero() || i == 0)) {
+            json::Value g = json::Value::emptyObject();
+            g.set("index", i);
+            g.set("gid", gid->toString());
+            gids.push_back(std::move(g));
+          }
+        }
+        po.set("gids", json::Value(std::move(gids)));
+        ports.push_back(std::move(po));
+      }
+      o.set("ports", json::Value(std::move(ports)));
+    }
+    devices.push_back(std::move(o));
+  }
+  doc.set("devices", json::Value(std::move(devices)));
+  std::printf("%s\n", json::serialize(doc).c_str());
+  if (!listed.isOk()) {
+    std::fprintf(stderr, "ferry info: %s\n", listed.status().toString().c_str());
+    return valid.isOk() ? 1 : 2;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int runInfo(const std::vector<std::string>& args) {
   std::string only;
   std::string peer, store, scope = "default";
+  bool asJson = false, configOnly = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--device" && i + 1 < args.size()) {
+    if (args[i] == "--json") {
+      asJson = true;
+    } else if (args[i] == "--config") {
+      configOnly = true;
+    } else if (args[i] == "--device" && i + 1 < args.size()) {
       only = args[++i];
     } else if (args[i] == "--peer" && i + 1 < args.size()) {
       peer = args[++i];
@@ -108,6 +240,14 @@ int runInfo(const std::vector<std::string>& args) {
       return 2;
     }
   }
+  if (configOnly) return printConfig(asJson);
+  if (asJson) {
+    if (!peer.empty()) {
+      std::fprintf(stderr, "ferry info: --json does not combine with --peer\n");
+      return 2;
+    }
+    return printJson(only);
+  }
   std::printf("providers:\n");
   for (const auto& p : listProviders()) {
     std::printf("  %-8s priority %-3d %s%s%s\n", p.name.c_str(), p.priority, p.available ? "available" : "unavailable",
@@ -117,7 +257,7 @@ int runInfo(const std::vector<std::string>& args) {
   auto devices = listDevices();
   if (!devices.isOk()) {
     std::fprintf(stderr, "ferry info: %s\n", devices.status().toString().c_str());
-    return 1;
+    return devices.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   int shown = 0;
   for (const auto& d : *devices) {

@@ -8,6 +8,7 @@
 
 #include "bench.h"
 #include "commands.h"
+#include "ferry/common/version.h"
 
 namespace {
 
@@ -16,7 +17,8 @@ void usage(FILE* out) {
                "usage: ferry <command> [options]\n"
                "\n"
                "commands:\n"
-               "  info [--device NAME]                 providers, devices, ports, limits, GIDs\n"
+               "  info [--device NAME] [--json]        providers, devices, ports, limits, GIDs\n"
+               "  info --config [--json]               every FERRY_* variable and the value in effect\n"
                "  demo [--device NAME] [--size BYTES]  two processes move data with RDMA WRITE and READ,\n"
                "       [--target-device NAME]          verify it byte for byte and print throughput; the\n"
                "       [--target-via 'LAUNCHER ...']   target may use another device and start through a\n"
@@ -24,14 +26,12 @@ void usage(FILE* out) {
                "  bench --local|--server|HOST[:PORT]   perftest-style bandwidth and latency of WRITE, READ,\n"
                "        [--op OP] [--mode bw|lat]      SEND, WRITE_WITH_IMM and atomics between two\n"
                "        [--size N | --sweep] [--json]  processes; `ferry bench --help` lists every option\n"
-               "        [--plot FILE.png]\n"
                "  store [--host ADDRESS] [--port N]    serve the discovery store ferry://ADDRESS:N (default\n"
                "                                       127.0.0.1:4479) until SIGINT or SIGTERM\n"
                "  help                                 this text\n"
+               "  --version                            ferry's version\n"
                "\n"
-               "environment:\n"
-               "  FERRY_DEVICES=a,b    only these devices are visible\n"
-               "  FERRY_LOG_LEVEL=L    error, warn (default), info, debug\n");
+               "environment: `ferry info --config` lists every FERRY_* variable (docs/configuration.md)\n");
 }
 
 }  // namespace
@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
     std::string path = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
     if (command == "bench") return ferry::cli::runBench(args, path);
     return ferry::cli::runDemo(args, path);
+  }
+  if (command == "--version" || command == "version") {
+    std::printf("ferry %s\n", ferry::version());
+    return 0;
   }
   if (command == "help" || command == "--help" || command == "-h") {
     usage(stdout);

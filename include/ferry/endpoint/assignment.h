@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ferry::endpoint {
 
@@ -27,6 +29,10 @@ using MrHandle = uint64_t;
 inline constexpr MrHandle kNamedHandleBase = MrHandle{1} << 31;
 
 enum class OpKind : uint8_t { kRead, kWrite, kWriteWithImm, kSend, kRecv, kImmRecv };
+// "read", "write", "write_with_imm", "send", "recv", "imm_recv", in OpKind order (the names metrics use).
+inline std::vector<std::string> opKindNames() {
+  return {"read", "write", "write_with_imm", "send", "recv", "imm_recv"};
+}
 
 // One range of a READ, WRITE or WRITE_WITH_IMM batch.
 struct Assignment {

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/common/metrics.h"
 #include "ferry/common/status.h"
 #include "ferry/verbs/types.h"
 #include "ferry/verbs/verbs.h"
@@ -52,6 +53,10 @@ class RdmaContext {
   // The verbs context (thread-safe; shared by everything built on this RdmaContext).
   verbs::Context& verbs() { return ctx_; }
   const verbs::Context& verbs() const { return ctx_; }
+  // What every endpoint on this context did (see Metrics); shared with their operations.
+  const std::shared_ptr<Metrics>& metrics() const { return metrics_; }
+  // The contexts open in this process (for process-wide metrics).
+  static std::vector<std::shared_ptr<RdmaContext>> openNow();
 
  private:
   RdmaContext() = default;
@@ -62,6 +67,7 @@ class RdmaContext {
   verbs::PortAttr portAttr_;
   int port_ = 1;
   std::string linkType_;
+  std::shared_ptr<Metrics> metrics_;
 };
 
 // The names of every usable device, in listDevices() order (the document's available_nic()).

@@ -59,6 +59,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ferry/common/metrics.h"
 #include "ferry/common/status.h"
 #include "ferry/endpoint/assignment.h"
 #include "ferry/endpoint/context.h"
@@ -96,6 +97,8 @@ struct EndpointOptions {
 
 // Counters, for tests and tuning.
 struct EndpointStats {
+  // Per kind of operation (opKindNames() order): completed, bytes, errors by status, latency.
+  std::vector<OpMetrics> operations;
   struct Lane {
     uint64_t workRequests = 0;    // send-queue work requests posted
     uint64_t bytes = 0;           // payload bytes posted (READ, WRITE, SEND)
@@ -241,6 +244,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   const std::shared_ptr<MemoryPool> pool_;
   const std::shared_ptr<RdmaContext> context_;
   std::shared_ptr<Worker> worker_;
+  const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>(opKindNames());
 
   // Set once by init(): never change afterwards.
   verbs::CompletionChannel channel_;

@@ -10,10 +10,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
+#include "ferry/common/metrics.h"
 #include "ferry/common/status.h"
 #include "ferry/endpoint/assignment.h"
 
@@ -58,6 +60,10 @@ class OpState {
   using DoneCb = std::function<void(const OpState&)>;
   void onDone(DoneCb cb);
 
+  // Records the operation in these metrics when it completes (kind, status, bytes, the time from
+  // this call to completion). Set once, by the endpoint that creates the operation.
+  void track(std::shared_ptr<Metrics> endpoint, std::shared_ptr<Metrics> context);
+
   // Waits until done or the deadline; the operation's status when done, else kTimedOut.
   Status waitUntil(Clock::time_point deadline) const;
   // The status once done (kBusy while still running).
@@ -84,6 +90,8 @@ class OpState {
 
  private:
   const OpKind kind_;
+  std::shared_ptr<Metrics> metrics_[2];
+  Clock::time_point started_{};
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "ferry/common/config.h"
 #include "common/log.h"
 #include "providers/ibverbs/ibverbs.h"
 
@@ -422,12 +423,7 @@ std::string IbvContext::gidTypeOf(uint8_t portNum, int index) const {
 
 int IbvContext::defaultGidIndex(uint8_t portNum) {
   // FERRY_IB_GID_INDEX names the index outright (as NCCL_IB_GID_INDEX does for NCCL).
-  if (const char* forced = std::getenv("FERRY_IB_GID_INDEX"); forced != nullptr && *forced != '\0') {
-    char* end = nullptr;
-    const long index = std::strtol(forced, &end, 10);
-    if (end != forced && *end == '\0' && index >= 0 && index <= 255) return static_cast<int>(index);
-    FERRY_LOG(kWarn, "FERRY_IB_GID_INDEX=%s is not a GID index (0..255); ignored", forced);
-  }
+  if (std::optional<int> forced = config::ibGidIndex()) return *forced;
   {
     std::lock_guard<std::mutex> lock(cacheMu_);
     if (auto it = defaultGid_.find(portNum); it != defaultGid_.end()) return it->second;

@@ -1,4 +1,5 @@
 #include "providers/ibverbs/loader.h"
+#include "ferry/common/config.h"
 
 #include <dlfcn.h>
 
@@ -32,8 +33,7 @@ bool resolve(void* library, const char* name, Fn* slot, std::string* reason) {
 
 Loaded load() {
   Loaded loaded;
-  const char* configured = std::getenv("FERRY_IBVERBS_LIBRARY");
-  const std::string path = configured != nullptr && *configured != '\0' ? configured : "libibverbs.so.1";
+  const std::string path = config::ibverbsLibrary();
   // Never closed: contexts and their provider libraries live as long as the process.
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {

@@ -1,4 +1,5 @@
 #include "providers/soft/ring.h"
+#include "ferry/common/config.h"
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -68,11 +69,7 @@ int64_t nowNs() {
 // the application's own threads need), else 20 us.
 int64_t maxSpinNs() {
   static const int64_t value = [] {
-    if (const char* env = std::getenv("FERRY_SOFT_SPIN_US"); env && *env) {
-      char* end = nullptr;
-      long us = std::strtol(env, &end, 10);
-      if (end && *end == '\0' && us >= 0 && us <= 10000) return int64_t{us} * 1000;
-    }
+    if (std::optional<int64_t> us = config::softSpinUs()) return *us * 1000;
     long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
     return cores >= 4 ? int64_t{20000} : int64_t{0};
   }();
@@ -131,11 +128,8 @@ uint64_t ringBytesWritten() { return bytesWritten.load(std::memory_order_relaxed
 size_t RingLink::defaultRingBytes() {
   static const size_t value = [] {
     size_t bytes = size_t{1} << 20;
-    if (const char* env = std::getenv("FERRY_SOFT_RING_BYTES"); env && *env) {
-      char* end = nullptr;
-      unsigned long long v = std::strtoull(env, &end, 10);
-      if (end && *end == '\0' && v >= kMinRing && v <= kMaxRing)
-        bytes = std::bit_floor(static_cast<size_t>(v));
+    if (std::optional<uint64_t> v = config::softRingBytes(); v && *v >= kMinRing && *v <= kMaxRing) {
+      bytes = std::bit_floor(static_cast<size_t>(*v));
     }
     return bytes;
   }();

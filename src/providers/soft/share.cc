@@ -1,4 +1,5 @@
 #include "providers/soft/share.h"
+#include "ferry/common/config.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -156,9 +157,11 @@ namespace {
 // path taken where the kernel refuses it); anything else (or unset): both, where allowed.
 enum class SameHostMode { kOff, kRingOnly, kAuto };
 SameHostMode sameHostMode() {
-  const char* env = std::getenv("FERRY_SOFT_SAME_HOST");
-  if (env && std::strcmp(env, "0") == 0) return SameHostMode::kOff;
-  if (env && std::strcmp(env, "ring") == 0) return SameHostMode::kRingOnly;
+  switch (config::softSameHost()) {
+    case config::SameHost::kOff: return SameHostMode::kOff;
+    case config::SameHost::kRingOnly: return SameHostMode::kRingOnly;
+    case config::SameHost::kAuto: break;
+  }
   return SameHostMode::kAuto;
 }
 

@@ -1,0 +1,72 @@
+// Configuration from the environment: every FERRY_* variable ferry reads, in one table.
+//
+// Each variable has a meaning, a default and the values it takes. ferry reads them only through
+// this header. A set variable whose value is not valid is an error that names it: check() returns
+// it, and everything that opens devices or starts an agent calls check() first, so a typo never
+// passes silently. `ferry info --config` and Python's `ferry.config()` print the effective
+// settings; docs/configuration.md is the same table for readers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/common/status.h"
+
+namespace ferry::config {
+
+struct Variable {
+  const char* name;         // e.g. "FERRY_DEVICES"
+  const char* meaning;      // one sentence
+  const char* defaultText;  // what applies when it is unset
+  const char* validValues;  // the values it takes, in words
+  // The value in effect for `raw` (a set, non-empty value), or InvalidArgument naming the variable.
+  Result<std::string> (*parse)(std::string_view raw);
+};
+
+// The table, in the order the docs list it.
+const std::vector<Variable>& variables();
+
+// One variable as this process sees it.
+struct Setting {
+  const Variable* variable;
+  bool set = false;        // present and non-empty in the environment
+  std::string raw;         // its value as set
+  std::string effective;   // the value in effect (the default when unset)
+  std::string error;       // why `raw` is refused; empty when valid
+};
+std::vector<Setting> settings();
+
+// OK when every set variable holds a valid value; otherwise InvalidArgument for the first that
+// does not, e.g. "FERRY_SOFT_SPIN_US=abc: expected a whole number of microseconds, 0..10000".
+Status check();
+
+// ---- typed readers (an invalid value reads as unset: check() is where it is reported) ----
+
+// FERRY_DEVICES: the device names to show, or nullopt for all.
+std::optional<std::vector<std::string>> devices();
+// FERRY_SOFT_SAME_HOST.
+enum class SameHost { kAuto, kOff, kRingOnly };
+SameHost softSameHost();
+// FERRY_SOFT_RING_BYTES, or nullopt for the default.
+std::optional<uint64_t> softRingBytes();
+// FERRY_SOFT_SPIN_US, or nullopt for the default (which depends on the number of cores).
+std::optional<int64_t> softSpinUs();
+// FERRY_IB_GID_INDEX, or nullopt to choose by GID type.
+std::optional<int> ibGidIndex();
+// FERRY_IBVERBS_LIBRARY (default "libibverbs.so.1").
+std::string ibverbsLibrary();
+// FERRY_LOG_LEVEL as 0 error, 1 warn, 2 info, 3 debug.
+int logLevel();
+// FERRY_AGENT_SECRET, FERRY_AGENT_LANES, FERRY_STORE: the raw value, empty when unset.
+std::string agentSecret();
+std::string agentLanes();
+std::string store();
+
+// A byte count: digits with an optional K, M or G (binary) suffix and an optional "B"/"iB"
+// ("4096", "4K", "16M", "1GiB"). Zero and values past 2^64 are refused.
+Result<uint64_t> parseByteSize(std::string_view text);
+
+}  // namespace ferry::config

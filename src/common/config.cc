@@ -1,0 +1,277 @@
+#include "ferry/common/config.h"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace ferry::config {
+namespace {
+
+Status refuse(const char* name, std::string_view raw, const std::string& why) {
+  return invalidArgument(std::string(name) + "=" + std::string(raw) + ": " + why);
+}
+
+// A whole number in [lo, hi], or nullopt.
+std::optional<int64_t> wholeNumber(std::string_view text, int64_t lo, int64_t hi) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + (c - '0');
+  }
+  if (value < lo || value > hi) return std::nullopt;
+  return value;
+}
+
+std::vector<std::string> splitNames(std::string_view text) {
+  std::vector<std::string> out;
+  std::stringstream list{std::string(text)};
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Result<std::string> parseDevices(std::string_view raw) {
+  std::vector<std::string> names = splitNames(raw);
+  if (names.empty()) return refuse("FERRY_DEVICES", raw, "expected device names separated by commas");
+  std::string joined;
+  for (const auto& n : names) {
+    for (char c : n) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                      c == '-' || c == '.' || c == ':';
+      if (!ok) return refuse("FERRY_DEVICES", raw, "'" + n + "' is not a device name");
+    }
+    joined += (joined.empty() ? "" : ",") + n;
+  }
+  return joined;
+}
+
+Result<std::string> parseSameHost(std::string_view raw) {
+  if (raw == "0" || raw == "off") return std::string("0");
+  if (raw == "ring") return std::string("ring");
+  if (raw == "1" || raw == "auto") return std::string("auto");
+  return refuse("FERRY_SOFT_SAME_HOST", raw, "expected 0 (TCP only), ring (rings, no cross-memory attach) or auto");
+}
+
+constexpr uint64_t kMinRingBytes = 64 * 1024;
+constexpr uint64_t kMaxRingBytes = 64 * 1024 * 1024;
+
+Result<std::string> parseRingBytes(std::string_view raw) {
+  Result<uint64_t> bytes = parseByteSize(raw);
+  if (!bytes.isOk() || *bytes < kMinRingBytes || *bytes > kMaxRingBytes) {
+    return refuse("FERRY_SOFT_RING_BYTES", raw, "expected a size from 64K to 64M, such as 1M");
+  }
+  return std::to_string(*bytes);
+}
+
+Result<std::string> parseSpinUs(std::string_view raw) {
+  auto us = wholeNumber(raw, 0, 10000);
+  if (!us) return refuse("FERRY_SOFT_SPIN_US", raw, "expected a whole number of microseconds, 0..10000");
+  return std::to_string(*us);
+}
+
+Result<std::string> parseGidIndex(std::string_view raw) {
+  auto index = wholeNumber(raw, 0, 255);
+  if (!index) return refuse("FERRY_IB_GID_INDEX", raw, "expected a GID index, 0..255");
+  return std::to_string(*index);
+}
+
+Result<std::string> parseAnyText(std::string_view raw) { return std::string(raw); }
+
+Result<std::string> parseSecret(std::string_view raw) {
+  return std::string("(set, ") + std::to_string(raw.size()) + " characters)";
+}
+
+// CLASS=KIND[,CLASS=KIND...]; the agent turns it into lane overrides (lanes.h).
+Result<std::string> parseLanes(std::string_view raw) {
+  for (const std::string& item : splitNames(raw)) {
+    const size_t eq = item.find('=');
+    const std::string cls = item.substr(0, eq);
+    const std::string kind = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (cls != "messages" && cls != "rma" && cls != "atomics") {
+      return refuse("FERRY_AGENT_LANES", raw, "'" + item + "': expected CLASS=KIND with CLASS messages, rma or atomics");
+    }
+    if (kind != "same_host" && kind != "rdma" && kind != "tcp") {
+      return refuse("FERRY_AGENT_LANES", raw, "'" + item + "': expected KIND same_host, rdma or tcp");
+    }
+  }
+  return std::string(raw);
+}
+
+Result<std::string> parseStore(std::string_view raw) {
+  for (const char* scheme : {"memory://", "ferry://", "redis://", "etcd://"}) {
+    if (raw.substr(0, std::string_view(scheme).size()) == scheme) return std::string(raw);
+  }
+  return refuse("FERRY_STORE", raw, "expected a URL starting memory://, ferry://, redis:// or etcd://");
+}
+
+Result<std::string> parseLogLevel(std::string_view raw) {
+  for (const char* level : {"error", "warn", "info", "debug"}) {
+    if (raw == level) return std::string(raw);
+  }
+  return refuse("FERRY_LOG_LEVEL", raw, "expected error, warn, info or debug");
+}
+
+const char* rawValue(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && *env != '\0' ? env : nullptr;
+}
+
+// The effective value of a set variable, or nullopt when it is unset or invalid.
+std::optional<std::string> parsed(const char* name) {
+  const char* raw = rawValue(name);
+  if (raw == nullptr) return std::nullopt;
+  for (const Variable& v : variables()) {
+    if (std::string_view(v.name) == name) {
+      Result<std::string> value = v.parse(raw);
+      if (value.isOk()) return *value;
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> table = {
+      {"FERRY_DEVICES", "Only the named devices are listed and opened, everywhere devices are.", "all devices",
+       "device names separated by commas, e.g. soft_lo,rxe0", parseDevices},
+      {"FERRY_SOFT_SAME_HOST",
+       "How the soft provider connects processes of one host: shared-memory rings with one-copy WRITE/READ, rings "
+       "only, or TCP.",
+       "auto", "auto (or 1), ring, 0 (or off)", parseSameHost},
+      {"FERRY_SOFT_RING_BYTES", "The size of each shared-memory ring of the same-host path (rounded down to a power of two).",
+       "1M", "64K..64M", parseRingBytes},
+      {"FERRY_SOFT_SPIN_US", "How long a progress thread polls a ring before it sleeps (0: never polls).",
+       "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinUs},
+      {"FERRY_IB_GID_INDEX", "The GID index every RDMA port uses (as NCCL_IB_GID_INDEX).",
+       "chosen by GID type: RoCE v2 IPv4-mapped, then global IPv6, then link-local", "0..255", parseGidIndex},
+      {"FERRY_IBVERBS_LIBRARY", "The libibverbs the ibverbs provider loads at run time.", "libibverbs.so.1",
+       "a library name or path", parseAnyText},
+      {"FERRY_LOG_LEVEL", "How much ferry logs (to stderr, or to Python's logging from Python).", "warn",
+       "error, warn, info, debug", parseLogLevel},
+      {"FERRY_STORE", "The discovery store an agent uses when none is given.", "none (peers connect by address)",
+       "memory://NAME, ferry://HOST:PORT, redis://HOST:PORT, etcd://HOST:PORT", parseStore},
+      {"FERRY_AGENT_SECRET", "A shared secret: every agent wireup message carries an HMAC-SHA256 of it.",
+       "none (no challenge)", "any text (it is never printed)", parseSecret},
+      {"FERRY_AGENT_LANES", "Overrides the agent's lane choice per operation class.", "chosen per peer",
+       "CLASS=KIND,... with CLASS messages, rma, atomics and KIND same_host, rdma, tcp", parseLanes},
+  };
+  return table;
+}
+
+std::vector<Setting> settings() {
+  std::vector<Setting> out;
+  for (const Variable& v : variables()) {
+    Setting s;
+    s.variable = &v;
+    const char* raw = rawValue(v.name);
+    if (raw == nullptr) {
+      s.effective = v.defaultText;
+    } else {
+      s.set = true;
+      s.raw = raw;
+      Result<std::string> value = v.parse(raw);
+      if (value.isOk()) {
+        s.effective = *value;
+      } else {
+        s.error = value.status().message();
+        s.effective = v.defaultText;
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Status check() {
+  for (const Variable& v : variables()) {
+    const char* raw = rawValue(v.name);
+    if (raw == nullptr) continue;
+    Result<std::string> value = v.parse(raw);
+    if (!value.isOk()) return value.status();
+  }
+  return Status::ok();
+}
+
+std::optional<std::vector<std::string>> devices() {
+  auto value = parsed("FERRY_DEVICES");
+  if (!value) return std::nullopt;
+  return splitNames(*value);
+}
+
+SameHost softSameHost() {
+  auto value = parsed("FERRY_SOFT_SAME_HOST");
+  if (value == "0") return SameHost::kOff;
+  if (value == "ring") return SameHost::kRingOnly;
+  return SameHost::kAuto;
+}
+
+std::optional<uint64_t> softRingBytes() {
+  auto value = parsed("FERRY_SOFT_RING_BYTES");
+  if (!value) return std::nullopt;
+  return std::stoull(*value);
+}
+
+std::optional<int64_t> softSpinUs() {
+  auto value = parsed("FERRY_SOFT_SPIN_US");
+  if (!value) return std::nullopt;
+  return std::stoll(*value);
+}
+
+std::optional<int> ibGidIndex() {
+  auto value = parsed("FERRY_IB_GID_INDEX");
+  if (!value) return std::nullopt;
+  return std::stoi(*value);
+}
+
+std::string ibverbsLibrary() { return parsed("FERRY_IBVERBS_LIBRARY").value_or("libibverbs.so.1"); }
+
+int logLevel() {
+  const std::string level = parsed("FERRY_LOG_LEVEL").value_or("warn");
+  if (level == "error") return 0;
+  if (level == "info") return 2;
+  if (level == "debug") return 3;
+  return 1;
+}
+
+std::string agentSecret() {
+  const char* raw = rawValue("FERRY_AGENT_SECRET");
+  return raw != nullptr && parsed("FERRY_AGENT_SECRET") ? raw : "";
+}
+std::string agentLanes() { return parsed("FERRY_AGENT_LANES").value_or(""); }
+std::string store() { return parsed("FERRY_STORE").value_or(""); }
+
+Result<uint64_t> parseByteSize(std::string_view text) {
+  auto bad = [&](const char* why) { return invalidArgument("bad size '" + std::string(text) + "': " + why); };
+  size_t i = 0;
+  uint64_t value = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+    if (value > (UINT64_MAX - 9) / 10) return bad("too large");
+    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
+    ++i;
+  }
+  if (i == 0) return bad("expected a number of bytes such as 4096, 4K or 1M");
+  uint64_t scale = 1;
+  if (i < text.size()) {
+    switch (text[i]) {
+      case 'k': case 'K': scale = uint64_t{1} << 10; ++i; break;
+      case 'm': case 'M': scale = uint64_t{1} << 20; ++i; break;
+      case 'g': case 'G': scale = uint64_t{1} << 30; ++i; break;
+      default: break;
+    }
+  }
+  const std::string_view rest = text.substr(i);
+  if (!(rest.empty() || rest == "B" || (scale > 1 && (rest == "iB" || rest == "b")))) {
+    return bad("expected a number with an optional K, M or G suffix");
+  }
+  if (value == 0) return bad("sizes start at 1 byte");
+  if (value > UINT64_MAX / scale) return bad("too large");
+  return value * scale;
+}
+
+}  // namespace ferry::config
