@@ -3,8 +3,8 @@
 The one conversion every layer that registers memory applies first: the Endpoint API
 (``register_memory_region`` of endpoints and pools), ``ferry.verbs`` (``PD.mr``), the agent
 (``PeerAgent.register_memory_region``) and ``ferry.connect`` (``Descriptor``). Each of them takes
-addresses, buffer objects and CPU tensors itself; a DLPack producer that is none of those (a JAX,
-CuPy-on-host or TensorFlow array, or any object that only speaks DLPack) becomes a zero-copy NumPy
+addresses, buffer objects and CPU tensors itself; a DLPack producer that is none of those (a JAX or
+TensorFlow array on the CPU, or any object that only speaks DLPack) becomes a zero-copy NumPy
 view of its memory here, which the layers then take as a buffer. The view keeps the producer alive
 as long as the registration holds the view.
 
