@@ -478,8 +478,8 @@ int runBench(const std::vector<std::string>& args, const std::string& self) {
       bench::printUsage(stdout);
       return 0;
     }
-    std::fprintf(stderr, "ferry bench: %s\n\n", options.status().message().c_str());
-    bench::printUsage(stderr);
+    std::fprintf(stderr, "ferry bench: %s (ferry bench --help lists every option)\n",
+                 options.status().message().c_str());
     return 2;
   }
   // Before any device opens (and inherited by --local's server process).

@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+
+#include <CLI/CLI.hpp>
 
 #include "bench.h"
 #include "ferry/common/config.h"
@@ -241,122 +244,114 @@ Status parseHostPort(const std::string& text, std::string* host, uint16_t* port)
 
 Result<Options> parseOptions(const std::vector<std::string>& args) {
   Options o;
-  bool server = false, local = false, sweep = false, portGiven = false;
-  std::vector<uint64_t> sizes;
-  std::string target;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* out) -> Status {
-      if (i + 1 >= args.size()) return invalidArgument(a + " needs a value");
-      *out = args[++i];
-      return Status::ok();
-    };
-    std::string v;
-    Status st;
-    if (a == "-h" || a == "--help") {
-      return Status(StatusCode::kCancelled, "help");
-    } else if (a == "--server") {
-      server = true;
-    } else if (a == "--local") {
-      local = true;
-    } else if (a == "--announce") {
-      o.announce = true;
-    } else if (a == "--sweep") {
-      sweep = true;
-    } else if (a == "--json") {
-      o.json = true;
-    } else if (a == "--device") {
-      st = value(&o.device);
-    } else if (a == "--server-device") {
-      st = value(&o.serverDevice);
-    } else if (a == "--bind") {
-      st = value(&o.bind);
-    } else if (a == "--plot") {
-      st = invalidArgument("--plot is gone: write --json and draw it with bench/plot.py");
-    } else if (a == "--soft-path") {
-      if ((st = value(&v)).isOk()) {
-        if (v == "same-host") {
-          o.softSameHost = "1";
-        } else if (v == "ring") {
-          o.softSameHost = "ring";
-        } else if (v == "tcp") {
-          o.softSameHost = "0";
-        } else {
-          st = invalidArgument("unknown --soft-path '" + v + "': use same-host, ring or tcp");
-        }
-      }
-    } else if (a == "--op") {
-      if ((st = value(&v)).isOk() && !parseOp(v, &o.shape.op)) {
-        st = invalidArgument("unknown --op '" + v + "': use write, read, send, write_imm or atomic");
-      }
-    } else if (a == "--api") {
-      if ((st = value(&v)).isOk() && !parseApi(v, &o.shape.api)) {
-        st = invalidArgument("unknown --api '" + v + "': use verbs or endpoint");
-      }
-    } else if (a == "--mode") {
-      if ((st = value(&v)).isOk() && !parseMode(v, &o.shape.mode)) {
-        st = invalidArgument("unknown --mode '" + v + "': use bw or lat");
-      }
-    } else if (a == "--size") {
-      if ((st = value(&v)).isOk()) {
-        size_t start = 0;
-        while (st.isOk()) {
-          size_t comma = v.find(',', start);
-          auto size = parseSize(std::string_view(v).substr(start, comma == std::string::npos ? std::string::npos
-                                                                                            : comma - start));
-          if (!size.isOk()) {
-            st = size.status();
-          } else {
-            sizes.push_back(*size);
-          }
-          if (comma == std::string::npos) break;
-          start = comma + 1;
-        }
-      }
-    } else if (a == "--port" || a == "--iters" || a == "--batch" || a == "--depth" || a == "--qps" ||
-               a == "--threads") {
-      if ((st = value(&v)).isOk()) {
-        int64_t lo = a == "--port" ? 0 : 1;
-        int64_t hi = a == "--port" ? 65535 : a == "--iters" ? int64_t{1} << 40 : a == "--threads" ? kMaxThreads
-                     : a == "--qps" ? kMaxQpsPerThread : a == "--batch" ? kMaxEndpointBatch : kMaxDepth;
-        auto n = parseCount(a, v, lo, hi);
-        if (!n.isOk()) {
-          st = n.status();
-        } else if (a == "--port") {
-          o.port = static_cast<uint16_t>(*n);
-          portGiven = true;
-        } else if (a == "--iters") {
-          o.iters = static_cast<uint64_t>(*n);
-        } else if (a == "--batch") {
-          o.shape.batch = static_cast<int>(*n);
-        } else if (a == "--depth") {
-          o.shape.depth = static_cast<int>(*n);
-        } else if (a == "--qps") {
-          o.shape.qps = static_cast<int>(*n);
-        } else {
-          o.shape.threads = static_cast<int>(*n);
-        }
-      }
-    } else if (a == "--duration" || a == "--timeout") {
-      if ((st = value(&v)).isOk()) {
-        char* end = nullptr;
-        double d = std::strtod(v.c_str(), &end);
-        if (v.empty() || *end != '\0' || !std::isfinite(d) || d <= 0 || d > 86400) {
-          st = invalidArgument(a + " takes seconds, a number in (0, 86400], not '" + v + "'");
-        } else if (a == "--duration") {
-          o.duration = d;
-        } else {
-          o.timeout = d;
-        }
-      }
-    } else if (!a.empty() && a[0] == '-') {
-      st = invalidArgument("unknown option '" + a + "'");
-    } else if (target.empty()) {
-      target = a;
+  bool server = false, local = false, sweep = false, help = false;
+  std::vector<std::string> sizeTexts;
+  std::string target, softPath, op, api, mode, port, iters, batch, depth, qps, threads, duration, timeout, plot;
+  // CLI11 recognises the options and their values; the checks below give each value's own message.
+  CLI::App app("perftest-style bandwidth and latency between two processes", "ferry bench");
+  app.set_help_flag();  // printUsage() is the help
+  app.add_flag("-h,--help", help);
+  app.add_flag("--server", server);
+  app.add_flag("--local", local);
+  app.add_flag("--announce", o.announce);
+  app.add_flag("--sweep", sweep);
+  app.add_flag("--json", o.json);
+  app.add_option("--device", o.device);
+  app.add_option("--server-device", o.serverDevice);
+  app.add_option("--bind", o.bind);
+  app.add_option("--plot", plot);
+  app.add_option("--soft-path", softPath);
+  app.add_option("--op", op);
+  app.add_option("--api", api);
+  app.add_option("--mode", mode);
+  app.add_option("--size", sizeTexts)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  for (auto [name, text] : {std::pair{"--port", &port}, {"--iters", &iters}, {"--batch", &batch}, {"--depth", &depth},
+                            {"--qps", &qps}, {"--threads", &threads}, {"--duration", &duration},
+                            {"--timeout", &timeout}}) {
+    app.add_option(name, *text);
+  }
+  app.add_option("target", target, "HOST[:PORT]");
+  app.allow_extras();  // reported below, by name
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return invalidArgument(e.what());
+  }
+  for (const std::string& extra : app.remaining()) {
+    if (!extra.empty() && extra[0] == '-') return invalidArgument("unknown option '" + extra + "'");
+    return invalidArgument("more than one server address ('" + target + "', '" + extra + "')");
+  }
+  if (help) return Status(StatusCode::kCancelled, "help");
+  if (!plot.empty()) return invalidArgument("--plot is gone: write --json and draw it with bench/plot.py");
+
+  auto given = [&](const char* name) { return app.count(name) > 0; };
+  if (given("--soft-path")) {
+    if (softPath == "same-host") {
+      o.softSameHost = "1";
+    } else if (softPath == "ring") {
+      o.softSameHost = "ring";
+    } else if (softPath == "tcp") {
+      o.softSameHost = "0";
     } else {
-      st = invalidArgument("more than one server address ('" + target + "', '" + a + "')");
+      return invalidArgument("unknown --soft-path '" + softPath + "': use same-host, ring or tcp");
     }
-    if (!st.isOk()) return st;
+  }
+  if (given("--op") && !parseOp(op, &o.shape.op)) {
+    return invalidArgument("unknown --op '" + op + "': use write, read, send, write_imm or atomic");
+  }
+  if (given("--api") && !parseApi(api, &o.shape.api)) {
+    return invalidArgument("unknown --api '" + api + "': use verbs or endpoint");
+  }
+  if (given("--mode") && !parseMode(mode, &o.shape.mode)) {
+    return invalidArgument("unknown --mode '" + mode + "': use bw or lat");
+  }
+  std::vector<uint64_t> sizes;
+  for (const std::string& v : sizeTexts) {
+    size_t start = 0;
+    while (true) {
+      size_t comma = v.find(',', start);
+      FERRY_ASSIGN_OR_RETURN(
+          uint64_t size,
+          parseSize(std::string_view(v).substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      sizes.push_back(size);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  const bool portGiven = given("--port");
+  if (portGiven) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--port", port, 0, 65535));
+    o.port = static_cast<uint16_t>(n);
+  }
+  if (given("--iters")) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--iters", iters, 1, int64_t{1} << 40));
+    o.iters = static_cast<uint64_t>(n);
+  }
+  if (given("--batch")) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--batch", batch, 1, kMaxEndpointBatch));
+    o.shape.batch = static_cast<int>(n);
+  }
+  if (given("--depth")) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--depth", depth, 1, kMaxDepth));
+    o.shape.depth = static_cast<int>(n);
+  }
+  if (given("--qps")) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--qps", qps, 1, kMaxQpsPerThread));
+    o.shape.qps = static_cast<int>(n);
+  }
+  if (given("--threads")) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--threads", threads, 1, kMaxThreads));
+    o.shape.threads = static_cast<int>(n);
+  }
+  for (auto [name, text, out] : {std::tuple{"--duration", &duration, &o.duration}, {"--timeout", &timeout, &o.timeout}}) {
+    if (!given(name)) continue;
+    char* end = nullptr;
+    double d = std::strtod(text->c_str(), &end);
+    if (text->empty() || *end != '\0' || !std::isfinite(d) || d <= 0 || d > 86400) {
+      return invalidArgument(std::string(name) + " takes seconds, a number in (0, 86400], not '" + *text + "'");
+    }
+    *out = d;
   }
 
   if (server + local + !target.empty() != 1) {

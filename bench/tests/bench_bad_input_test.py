@@ -42,6 +42,7 @@ def bad_option(ferry, args, pattern, command=None):
         return check(name, False, "hung")
     check(name, r.returncode == 2, "exit code %d, expected 2" % r.returncode)
     check(name, re.search(pattern, r.stderr), "stderr %r does not match %r" % (r.stderr[:200], pattern))
+    check(name, len(r.stderr.strip().splitlines()) == 1, "not one line: %r" % r.stderr[:300])
 
 
 def fake_server(reply, hold_seconds):
@@ -119,7 +120,7 @@ def main():
     bad_option(ferry, ["127.0.0.1:0"], r"the server port takes a whole number in \[1, 65535\]")
     bad_option(ferry, ["--local", "--op", "bogus"], r"unknown --op 'bogus'")
     bad_option(ferry, ["--local", "--soft-path", "shm"], r"unknown --soft-path 'shm'")
-    bad_option(ferry, ["--local", "--soft-path"], r"--soft-path needs a value")
+    bad_option(ferry, ["--local", "--soft-path"], r"--soft-path: 1 required TEXT missing")
     bad_option(ferry, ["--local", "--mode", "fast"], r"unknown --mode 'fast'")
     bad_option(ferry, ["--local", "--size", "0"], r"bad size '0'")
     bad_option(ferry, ["--local", "--size", "12Q"], r"bad size '12Q'")

@@ -76,7 +76,7 @@ def ferry_answer(ferry, text):
     r = subprocess.run([ferry, "bench", "--server", "--server-device", "x", "--size", text], capture_output=True,
                        text=True, timeout=20, stdin=subprocess.DEVNULL)
     first = r.stderr.splitlines()[0] if r.stderr else ""
-    m = re.match(r"ferry bench: bad size '.*': (.*)$", first)
+    m = re.match(r"ferry bench: bad size '.*': (.*?)(?: \(ferry bench --help lists every option\))?$", first)
     if m:
         return m.group(1)
     assert "--server-device is for --local" in first, "ferry bench said %r of %r" % (first, text)

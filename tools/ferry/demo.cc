@@ -21,7 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "cli_args.h"
 #include "commands.h"
+#include "ferry/common/config.h"
 #include "agent/store/ferry_store_server.h"
 #include "ferry/agent/agent.h"
 #include "ferry/devices.h"
@@ -156,32 +158,24 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   std::string alias;
   size_t size = size_t{1} << 30;
   bool target = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--device" && i + 1 < args.size()) {
-      device = args[++i];
-    } else if (args[i] == "--target-device" && i + 1 < args.size()) {
-      targetDevice = args[++i];
-    } else if (args[i] == "--store" && i + 1 < args.size()) {
-      store = args[++i];
-    } else if (args[i] == "--alias" && i + 1 < args.size()) {
-      alias = args[++i];
-    } else if (args[i] == "--target-via" && i + 1 < args.size()) {
-      via = args[++i];
-    } else if (args[i] == "--size" && i + 1 < args.size()) {
-      char* end = nullptr;
-      size = std::strtoull(args[i + 1].c_str(), &end, 10);
-      if (end == args[i + 1].c_str() || *end != '\0' || size < 8 || size % 8 != 0) {
-        std::fprintf(stderr, "ferry demo: --size takes a byte count, a multiple of 8\n");
-        return 2;
-      }
-      ++i;
-    } else if (args[i] == "--target") {
-      target = true;
-    } else {
-      std::fprintf(stderr, "ferry demo: unknown option '%s'\n", args[i].c_str());
-      return 2;
-    }
+  std::string sizeOption = "1G";
+  CLI::App app("Two processes find each other through a store and move data by RDMA WRITE and READ, verified",
+               "ferry demo");
+  app.add_option("--device", device, "This side's device")->capture_default_str();
+  app.add_option("--target-device", targetDevice, "The target's device (default: --device)");
+  app.add_option("--target-via", via, "Start the target through this launcher, e.g. 'ip netns exec NS'");
+  app.add_option("--size", sizeOption, "Bytes to move, a multiple of 8 (4096, 64M, 1G)")->capture_default_str();
+  app.add_option("--store", store, "The discovery store (default: one served from this process)");
+  app.add_option("--alias", alias, "The target's alias (with --target)");
+  app.add_flag("--target", target, "Run as the target (started by the demo itself)");
+  if (auto code = parseCommand(app, "demo", args)) return *code;
+  Result<uint64_t> bytes = config::parseByteSize(sizeOption);
+  if (!bytes.isOk() || *bytes < 8 || *bytes % 8 != 0 || *bytes > (uint64_t{64} << 30)) {
+    std::fprintf(stderr, "ferry demo: --size '%s': takes a byte count, a multiple of 8, up to 64G (e.g. 64M)\n",
+                 sizeOption.c_str());
+    return 2;
   }
+  size = static_cast<size_t>(*bytes);
   if (target) {
     if (store.empty() || alias.empty()) {
       std::fprintf(stderr, "ferry demo --target: needs --store URL and --alias NAME\n");

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cli_args.h"
 #include "commands.h"
 #include "common/json.h"
 #include "ferry/common/config.h"
@@ -222,24 +223,15 @@ int runInfo(const std::vector<std::string>& args) {
   std::string only;
   std::string peer, store, scope = "default";
   bool asJson = false, configOnly = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--json") {
-      asJson = true;
-    } else if (args[i] == "--config") {
-      configOnly = true;
-    } else if (args[i] == "--device" && i + 1 < args.size()) {
-      only = args[++i];
-    } else if (args[i] == "--peer" && i + 1 < args.size()) {
-      peer = args[++i];
-    } else if (args[i] == "--store" && i + 1 < args.size()) {
-      store = args[++i];
-    } else if (args[i] == "--scope" && i + 1 < args.size()) {
-      scope = args[++i];
-    } else {
-      std::fprintf(stderr, "ferry info: unknown option '%s'\n", args[i].c_str());
-      return 2;
-    }
-  }
+  CLI::App app("Providers, devices, ports, limits and GIDs (like ibv_devinfo -v); the agent's lanes to a peer",
+               "ferry info");
+  app.add_option("--device", only, "Only this device");
+  app.add_flag("--json", asJson, "One JSON document on stdout");
+  app.add_flag("--config", configOnly, "Every FERRY_* variable, its setting here and the value in effect");
+  app.add_option("--peer", peer, "The lanes to this agent (needs --store)");
+  app.add_option("--store", store, "The discovery store the peer registered in");
+  app.add_option("--scope", scope, "The store's scope")->capture_default_str();
+  if (auto code = parseCommand(app, "info", args)) return *code;
   if (configOnly) return printConfig(asJson);
   if (asJson) {
     if (!peer.empty()) {

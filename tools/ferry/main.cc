@@ -61,7 +61,6 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  std::fprintf(stderr, "ferry: unknown command '%s'\n\n", command.c_str());
-  usage(stderr);
+  std::fprintf(stderr, "ferry: unknown command '%s' (ferry help lists them)\n", command.c_str());
   return 2;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "agent/store/ferry_store_server.h"
+#include "cli_args.h"
 #include "commands.h"
 
 namespace ferry::cli {
@@ -26,31 +27,19 @@ int usageError(const std::string& message) {
 int runStore(const std::vector<std::string>& args) {
   std::string host = "127.0.0.1";
   uint16_t port = kDefaultStorePort;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: ferry store [--host ADDRESS] [--port N]\n"
-          "  serves the discovery store ferry://ADDRESS:N (default 127.0.0.1:%u; --port 0 picks a\n"
-          "  free port) until SIGINT or SIGTERM; nothing is kept across restarts\n",
-          static_cast<unsigned>(kDefaultStorePort));
-      return 0;
-    }
-    if (a != "--host" && a != "--port") return usageError("unknown option '" + a + "'");
-    if (i + 1 >= args.size()) return usageError(a + " needs a value");
-    const std::string& value = args[++i];
-    if (a == "--host") {
-      if (value.empty()) return usageError("--host needs an address");
-      host = value;
-      continue;
-    }
-    unsigned n = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || n > 65535) {
-      return usageError("--port '" + value + "' is not a port number in [0, 65535]");
-    }
-    port = static_cast<uint16_t>(n);
+  std::string portText = std::to_string(kDefaultStorePort);
+  CLI::App app("Serves the discovery store ferry://ADDRESS:N until SIGINT or SIGTERM; nothing is kept across restarts",
+               "ferry store");
+  app.add_option("--host", host, "The address to listen on")->capture_default_str();
+  app.add_option("--port", portText, "The port (0 picks a free one)")->capture_default_str();
+  if (auto code = parseCommand(app, "store", args)) return *code;
+  if (host.empty()) return usageError("--host needs an address");
+  unsigned n = 0;
+  auto [end, ec] = std::from_chars(portText.data(), portText.data() + portText.size(), n);
+  if (portText.empty() || ec != std::errc() || end != portText.data() + portText.size() || n > 65535) {
+    return usageError("--port '" + portText + "' is not a port number in [0, 65535]");
   }
+  port = static_cast<uint16_t>(n);
 
   // The signals are taken synchronously with sigwait, so no handler runs inside the server's code;
   // blocked before start() so the server's thread inherits the mask and never takes them.

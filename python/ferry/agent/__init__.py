@@ -26,8 +26,8 @@ Assignments (read, write, write_with_imm), one or a list:
 Chunks (send, recv): ``(region, offset, length)``, one or a list. Futures are the Endpoint API's.
 """
 
-import os
 
+from .. import _core
 from .._core import agent as _agent
 from .._memory import registrable as _registrable
 
@@ -60,7 +60,9 @@ class PeerAgent:
                  peer_timeout=5.0, heartbeat=0.0, lease_ttl=10, secret=None, listen_host=None,
                  listen_port=0, lanes=None, recv_depth=None, recv_buffer_size=None):
         if store is None:
-            store = os.environ.get("FERRY_STORE", "")
+            # FERRY_STORE through ferry's one table of variables: a malformed URL is refused, naming it.
+            _core.check_config()
+            store = next((row["value"] for row in _core.config() if row["name"] == "FERRY_STORE"), "")
         self._agent = _agent.Agent(
             alias=alias or "", store=store, scope=scope or "default", devices=_devices(device),
             listen_host=listen_host or "", listen_port=listen_port, connect_timeout=connect_timeout,
