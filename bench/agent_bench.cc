@@ -52,6 +52,7 @@
 
 #include "agent/store/ferry_store_server.h"
 #include "common/json.h"
+#include "ferry/common/config.h"
 #include "ferry/agent/agent.h"
 
 namespace {
@@ -100,21 +101,13 @@ milliseconds timeoutOf(const Options& o) { return milliseconds(static_cast<int64
 
 // ---------------------------------------------------------------- options
 
-// "8", "4K", "16M", "1G" (binary suffixes); false for anything else or for 0.
+// A count or size in ferry's one size syntax ("8", "4K", "16M", "1G"; config::parseByteSize), at
+// most 2^40; false for anything else or for 0.
 bool parseCount(const char* text, uint64_t* out) {
-  if (!text || !*text || *text == '-') return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (end == text || errno != 0) return false;
-  uint64_t scale = 1;
-  std::string suffix(end);
-  if (suffix == "K" || suffix == "k") scale = uint64_t{1} << 10;
-  else if (suffix == "M" || suffix == "m") scale = uint64_t{1} << 20;
-  else if (suffix == "G" || suffix == "g") scale = uint64_t{1} << 30;
-  else if (!suffix.empty()) return false;
-  if (v == 0 || v > (uint64_t{1} << 40) / scale) return false;
-  *out = v * scale;
+  if (text == nullptr) return false;
+  ferry::Result<uint64_t> v = ferry::config::parseByteSize(text);
+  if (!v.isOk() || *v > (uint64_t{1} << 40)) return false;
+  *out = *v;
   return true;
 }
 

@@ -20,7 +20,7 @@ WHAT", with exit code 2 (argparse's own error prints the usage first).
 
 import argparse
 
-MAX_SIZE = 1 << 30  # kMaxMessageSize in tools/ferry/bench.h
+MAX_SIZE = 1 << 30  # kMaxMessageSize in bench/engine/bench.h
 _SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _UINT64_MAX = (1 << 64) - 1
 

@@ -31,6 +31,9 @@ if not any(n.endswith(".data/scripts/ferry") for n in names):
     sys.exit("wheel_test: no ferry program in the wheel")
 if not any(n.startswith("ferry/_core") and n.endswith(".so") for n in names):
     sys.exit("wheel_test: no extension module in the wheel")
+for typed in ("ferry/py.typed", "ferry/_core/__init__.pyi"):
+    if typed not in names:
+        sys.exit("wheel_test: %s is not in the wheel" % typed)
 print("%d files, all under ferry/, dist-info and scripts/ferry" % len(names))
 PY
 
