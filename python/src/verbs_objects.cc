@@ -444,6 +444,31 @@ verbs::QpAttr QpObject::query() { return unwrap(handle().query(), "ibv_query_qp"
 
 void QpObject::postSend(py::handle wrs) { postSendList(*this, wrs); }
 
-void QpObject::postRecv(py::handle wrs) { postRecvList(&handle(), nullptr, wrs); }
+void QpObject::postRecv(py::handle wrs) {
+  // The verbs document posts receives before establish() ("Post receive work requests to qp
+  // here"), as drivers that take receives in RESET allow. A QP still in RESET (and not on an SRQ)
+  // first moves to INIT on port 1, P_Key index 0; establish() / modify_to_init() then set the
+  // path's own values with INIT -> INIT. Everything else (an SRQ, a full queue, ERR) is the
+  // provider's to refuse.
+  verbs::QueuePair& qp = handle();
+  if (Result<verbs::QpAttr> now = qp.query(); now.isOk() && now->state == verbs::QpState::kReset &&
+      (!srq_ || srq_.is_none())) {
+    namespace m = verbs::qp_attr_mask;
+    verbs::QpAttr init;
+    init.state = verbs::QpState::kInit;
+    init.pkeyIndex = 0;
+    init.portNum = 1;
+    uint32_t mask = m::kState | m::kPkeyIndex | m::kPort;
+    if (qp.type() == verbs::QpType::kUd) {
+      init.qkey = 0;
+      mask |= m::kQkey;
+    } else {
+      init.qpAccessFlags = 0;
+      mask |= m::kAccessFlags;
+    }
+    check(qp.modify(init, mask), "ibv_modify_qp");
+  }
+  postRecvList(&qp, nullptr, wrs);
+}
 
 }  // namespace ferry::python

@@ -216,8 +216,9 @@ Status QueuePair::establish(const Path& path, uint32_t accessFlags) {
   namespace m = qp_attr_mask;
   FERRY_ASSIGN_OR_RETURN(QpAttr current, impl_->query());
   QpAttr attr;
+  // From RESET, or from INIT (receives were posted first): INIT -> INIT sets the path's values.
   if (type() == QpType::kUd) {
-    if (current.state == QpState::kReset) {
+    if (current.state == QpState::kReset || current.state == QpState::kInit) {
       attr.state = QpState::kInit;
       attr.pkeyIndex = path.pkeyIndex;
       attr.portNum = path.portNum;
@@ -234,7 +235,7 @@ Status QueuePair::establish(const Path& path, uint32_t accessFlags) {
     return invalidArgument(std::string("establish: the QP is in ") + qpStateName(current.state) +
                            ", not RESET or INIT");
   }
-  if (current.state == QpState::kReset) {
+  {
     attr.state = QpState::kInit;
     attr.pkeyIndex = path.pkeyIndex;
     attr.portNum = path.portNum;

@@ -34,8 +34,7 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reas
      "process, verified"),
     ("verbs/cq_poller.py", "CQPoller: 8 completions from the completion channel within 1 s, verified"),
     # Written in the specification's order, which posts receives while the QP is still in RESET.
-    pytest.param("verbs/ud.py", "the other process answered 'echo:Hello over UD' through the reply path, verified",
-                 marks=pytest.mark.xfail(strict=True, reason="receive before establish: not yet accepted")),
+    ("verbs/ud.py", "the other process answered 'echo:Hello over UD' through the reply path, verified"),
 ])
 def test_example_runs_and_verifies(name, expect):
     env = dict(os.environ, FERRY=FERRY, FERRY_DEVICES="soft_lo")

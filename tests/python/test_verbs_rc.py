@@ -437,3 +437,37 @@ def test_inline_send_from_registered_memory():
     finally:
         a.ctx.close()
         b.ctx.close()
+
+
+def test_receives_posted_before_establish_are_kept_and_delivered():
+    """The verbs document posts receives and then establishes ("Post receive work requests to qp
+    here"): the QP moves from RESET to INIT for them, establish() still applies the path's access
+    flags (INIT -> INIT), and the receives take the peer's SENDs in order."""
+    end_port = ferry.get_end_port()
+    a, b = Side(end_port), Side(end_port)
+    try:
+        rbuf = bytearray(32)
+        rmr = b.pd.mr(rbuf, ibv.IBV_ACCESS_LOCAL_WRITE | ibv.IBV_ACCESS_REMOTE_WRITE)
+        assert b.qp.query(ibv.IBV_QP_STATE)[0].qp_state == ibv.IBV_QPS_RESET
+        b.qp.post_recv([ibv.recv_wr(wr_id=1, sg_list=rmr.sge(length=16, off=0)),
+                        ibv.recv_wr(wr_id=2, sg_list=rmr.sge(length=16, off=16))])
+        assert b.qp.query(ibv.IBV_QP_STATE)[0].qp_state == ibv.IBV_QPS_INIT
+        connect(a, b, access=ibv.IBV_ACCESS_REMOTE_WRITE)
+        assert b.qp.query(ibv.IBV_QP_ACCESS_FLAGS)[0].qp_access_flags & ibv.IBV_ACCESS_REMOTE_WRITE
+        sbuf = bytearray(b"first message...second message..")
+        smr = a.pd.mr(sbuf, ibv.IBV_ACCESS_LOCAL_WRITE)
+        for i in range(2):
+            a.qp.post_send(ibv.send_wr(wr_id=10 + i, opcode=ibv.IBV_WR_SEND, send_flags=ibv.IBV_SEND_SIGNALED,
+                                       sg_list=smr.sge(length=16, off=16 * i)))
+        got = [poll_one(b.cq) for _ in range(2)]
+        assert [(wc.status, wc.wr_id, wc.byte_len) for wc in got] == [(ibv.IBV_WC_SUCCESS, 1, 16),
+                                                                     (ibv.IBV_WC_SUCCESS, 2, 16)]
+        assert bytes(rbuf) == bytes(sbuf)
+        # The peer may WRITE into b: establish() applied the path's access flags over INIT's.
+        a.qp.post_send(ibv.send_wr(wr_id=20, opcode=ibv.IBV_WR_RDMA_WRITE, send_flags=ibv.IBV_SEND_SIGNALED,
+                                   sg_list=smr.sge(length=8), remote_addr=rmr.addr, rkey=rmr.rkey))
+        assert [poll_one(a.cq).status for _ in range(3)] == [ibv.IBV_WC_SUCCESS] * 3
+        assert bytes(rbuf[:8]) == b"first me"
+    finally:
+        a.ctx.close()
+        b.ctx.close()
