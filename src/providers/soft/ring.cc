@@ -272,6 +272,15 @@ Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, i
     return refuse("the segment's size does not match its rings");
   }
   if (!isEventFd(ownWake) || !isEventFd(peerWake)) return refuse("a wake-up descriptor is not an eventfd");
+  // The peer chose these descriptors' flags: a blocking eventfd would stall this progress thread in
+  // clearWake() (a read with the counter at zero) or in a wake-up (a write with the counter preset
+  // near its limit). Both are made non-blocking, for the peer's copies too (one open file).
+  for (int fd : {ownWake, peerWake}) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ((flags & O_NONBLOCK) == 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)) {
+      return refuse("a wake-up descriptor cannot be made non-blocking");
+    }
+  }
   void* base = ::mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (base == MAP_FAILED) {
     int err = errno;

@@ -109,12 +109,25 @@ uint64_t processStartTime(pid_t pid) {
   return std::strtoull(field.c_str(), nullptr, 10);
 }
 
-// Whether the accessor that claimed a slot still runs.
+int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+// Whether the accessor that claimed a slot still runs. A process that exited is dead even while it
+// is a zombie (not yet waited for by its parent), which kill(pid, 0) would still find: its pidfd is
+// readable from the moment it exits. A reused pid is told apart by its start time.
 bool accessorAlive(const AccessorSlot& slot) {
   pid_t pid = static_cast<pid_t>(slot.pid.load());
   if (pid == 0) return false;
   if (pid == getpid()) return true;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  if (int fd = pidfdOpen(pid); fd >= 0) {
+    pollfd exited{fd, POLLIN, 0};
+    const int ready = ::poll(&exited, 1, 0);
+    ::close(fd);
+    if (ready > 0 && (exited.revents & POLLIN)) return false;
+  } else if (errno == ESRCH) {
+    return false;
+  } else if (::kill(pid, 0) != 0 && errno == ESRCH) {  // no pidfd here (an old kernel)
+    return false;
+  }
   uint64_t start = processStartTime(pid);
   return start == 0 || start == slot.startTime.load();
 }
@@ -123,8 +136,6 @@ uint64_t selfStartTime() {
   static const uint64_t start = processStartTime(getpid());
   return start;
 }
-
-int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 // Seqlock writes (the owner, under its write lock).
 template <typename Record, typename Fill>

@@ -352,6 +352,24 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
       open.push_back(s);
     }
     if ((s = connectTo(name)) >= 0) {
+      // A valid setup whose wake-up eventfds block (counter zero, or preset to its limit), then
+      // silence: the listener's progress thread must never wait on them.
+      int zero = ::eventfd(0, EFD_CLOEXEC), full = ::eventfd(0, EFD_CLOEXEC);
+      const uint64_t nearLimit = UINT64_MAX - 1;
+      ASSERT_EQ(::write(full, &nearLimit, sizeof nearLimit), static_cast<ssize_t>(sizeof nearLimit));
+      auto blocking = RingLink::create(kRing);
+      ASSERT_TRUE(isOk(blocking.status()));
+      RingSetupMessage theirs = (*blocking)->setupMessage();
+      sendWithFds(s, &theirs, sizeof theirs, {(*blocking)->memfd(), full, zero});
+      uint8_t hello[32];
+      std::memset(hello, 0, sizeof hello);
+      iovec iov{hello, sizeof hello};
+      (void)(*blocking)->writev(&iov, 1);  // data, and the listener reads its (blocking) wake-up
+      ::close(zero);
+      ::close(full);
+      open.push_back(s);
+    }
+    if ((s = connectTo(name)) >= 0) {
       // A genuine ring, then frames that are not a hello.
       sendWithFds(s, &msg, sizeof msg,
                   {(*genuine)->memfd(), (*genuine)->ownWakeFd(), (*genuine)->peerWakeFd()});
