@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ferry/verbs/path.h"
+#include "verbs/mapped.h"
 
 namespace ferry::verbs {
 
@@ -89,6 +90,10 @@ Result<MemoryRegion> ProtectionDomain::registerMemory(void* addr, size_t length,
   if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr)) {
     return invalidArgument("register memory: range wraps around the address space");
   }
+  // Like ibv_reg_mr: memory that is not mapped, or not mapped with the access asked for, is refused
+  // here, on every provider, rather than faulting at its first use.
+  FERRY_RETURN_IF_ERROR(checkMapped(
+      addr, length, (access & (access::kLocalWrite | access::kRemoteWrite | access::kRemoteAtomic)) != 0));
   FERRY_ASSIGN_OR_RETURN(auto mr, impl_->registerMemory(addr, length, access));
   return MemoryRegion(std::move(mr));
 }

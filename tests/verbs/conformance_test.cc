@@ -3,7 +3,9 @@
 // behaviour is libibverbs' (docs: shared notes "verbs semantics"); rxe is the referee.
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -322,6 +324,37 @@ TEST_P(VerbsConformance, RegisterMemoryChecksAccessFlags) {
   ASSERT_OK_AND_ASSIGN(v::MemoryRegion other, pd.registerMemory(memory.data(), 4096, access::kAll));
   EXPECT_NE(other.lkey(), mr.lkey());
   EXPECT_NE(other.rkey(), mr.rkey());
+}
+
+// As ibv_reg_mr refuses them: memory that is not mapped, memory mapped without the access asked
+// for (read-only with a write flag, PROT_NONE), and a range that wraps past 2^64. Nothing registers,
+// nothing faults, and the same pages register once they are mapped as asked.
+TEST_P(VerbsConformance, RegisterMemoryRefusesUnmappedAndWrongAccess) {
+  ASSERT_OK_AND_ASSIGN(v::Context context, openContext());
+  ASSERT_OK_AND_ASSIGN(v::ProtectionDomain pd, context.allocPd());
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* area = ::mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(area, MAP_FAILED);
+  auto* bytes = static_cast<uint8_t*>(area);
+  ASSERT_EQ(::munmap(bytes + 2 * page, page), 0);  // a hole: page 2
+  auto refused = [&](void* addr, size_t length, uint32_t flags, const char* why) {
+    Result<v::MemoryRegion> mr = pd.registerMemory(addr, length, flags);
+    EXPECT_TRUE(hasCode(mr.status(), StatusCode::kInvalidArgument, EINVAL)) << why << ": " << mr.status().toString();
+  };
+  refused(bytes + page, 2 * page, access::kLocalWrite, "a range over an unmapped page");
+  refused(bytes + 2 * page + 8, 16, 0, "a range inside an unmapped page");
+  ASSERT_EQ(::mprotect(bytes, page, PROT_READ), 0);
+  refused(bytes, page, access::kLocalWrite, "read-only memory with LOCAL_WRITE");
+  refused(bytes, page, access::kLocalWrite | access::kRemoteWrite, "read-only memory with REMOTE_WRITE");
+  EXPECT_OK(pd.registerMemory(bytes, page, access::kRemoteRead)) << "read-only memory, read access";
+  ASSERT_EQ(::mprotect(bytes + page, page, PROT_NONE), 0);
+  refused(bytes + page, page, access::kRemoteRead, "PROT_NONE memory");
+  refused(reinterpret_cast<void*>(~uintptr_t{0} - 100), 4096, 0, "a range that wraps past 2^64");
+  ASSERT_EQ(::mprotect(bytes, 2 * page, PROT_READ | PROT_WRITE), 0);
+  EXPECT_OK(pd.registerMemory(bytes, 2 * page, access::kAll)) << "the same pages, now writable";
+  EXPECT_EQ(bytes[0], 0) << "registration changed no byte";
+  ASSERT_EQ(::munmap(bytes, 2 * page), 0);
+  ASSERT_EQ(::munmap(bytes + 3 * page, page), 0);
 }
 
 TEST_P(VerbsConformance, CreateQpChecksCapsAndCqs) {

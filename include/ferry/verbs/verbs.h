@@ -111,8 +111,11 @@ class ProtectionDomain : public Handle<PdImpl> {
  public:
   using Handle::Handle;
   // Registers [addr, addr+length) with the given access flags (access::k...). REMOTE_WRITE or
-  // REMOTE_ATOMIC without LOCAL_WRITE is refused (EINVAL), as in libibverbs. The memory must stay
-  // valid until the region is closed; after close() returns no device access touches it again.
+  // REMOTE_ATOMIC without LOCAL_WRITE is refused (EINVAL), as in libibverbs. As ibv_reg_mr pins
+  // the pages, they are faulted in, and memory that is not mapped, not mapped writable when any
+  // write flag is set (readable otherwise), or a range that wraps past 2^64 is refused (EINVAL).
+  // The memory must stay valid until the region is closed; after close() returns no device access
+  // touches it again.
   Result<MemoryRegion> registerMemory(void* addr, size_t length, uint32_t access);
   // A QP; EINVAL when its caps exceed the device's or its CQs are missing or of another context.
   Result<QueuePair> createQp(const QpInit& init);
