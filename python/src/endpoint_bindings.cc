@@ -104,6 +104,14 @@ Assignment tupleToAssignment(OpKind kind, MrHandle local, MrHandle remote, uint6
 std::vector<Assignment> toBatch(const Endpoint& ep, py::handle batch, OpKind kind) {
   std::vector<Assignment> out;
   PyObject* obj = batch.ptr();
+  // One assignment given alone, (mr_key, remote_mr_key, target_offset, source_offset, length), as
+  // DLSlime's users write it: a batch of one.
+  py::list single;
+  if (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 5 && !PyTuple_Check(PyTuple_GET_ITEM(obj, 0)) &&
+      !PyList_Check(PyTuple_GET_ITEM(obj, 0))) {
+    single.append(batch);
+    obj = single.ptr();
+  }
   if (!PyList_Check(obj) && !PyTuple_Check(obj) && PyObject_CheckBuffer(obj)) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {

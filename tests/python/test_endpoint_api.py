@@ -267,6 +267,27 @@ def test_int_keys_names_and_handles_in_tuples(pair):
         a.write([(5, 17, 0)], None)
 
 
+def test_a_single_tuple_is_a_batch_of_one(pair):
+    """read/write/write_with_imm take one assignment tuple alone, send/recv one chunk alone."""
+    a, b = pair()
+    src = pattern(11, 4096)
+    dst = np.zeros(4096, dtype=np.uint8)
+    back = np.zeros(4096, dtype=np.uint8)
+    a.register_memory_region(1, src.ctypes.data, 0, src.nbytes)
+    a.register_memory_region(3, back.ctypes.data, 0, back.nbytes)
+    b.register_memory_region(2, dst.ctypes.data, 0, dst.nbytes)
+    a.register_remote_memory_region(2, b.endpoint_info()["mr_info"]["2"])
+    a.write((1, 2, 0, 0, 2048)).wait(10)
+    imm = b.imm_recv()
+    a.write_with_imm((1, 2, 2048, 2048, 2048), imm_data=9).wait(10)
+    imm.wait(10)
+    assert np.array_equal(dst, src)
+    a.read((3, 2, 0, 0, 4096)).wait(10)
+    assert np.array_equal(back, src)
+    with pytest.raises(ferry.InvalidArgument):
+        a.write((1, 2, 0, 0))  # four fields: neither an assignment nor a batch
+
+
 def test_named_assignments_and_array_batches(pair):
     a, b = pair(num_qp=2)
     n = 100_000
