@@ -137,7 +137,8 @@ int waitFuture(const endpoint::Future& f, py::object timeout) {
       st = f.wait(slice);
     }
     if (f.done()) {
-      check(st);
+      // The operation's own status: the slice may have timed out just before it completed.
+      check(f.status());
       return 0;
     }
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
