@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "bench_engine.h"
+#include "ferry/common/config.h"
 
 namespace ferry::cli::bench {
 namespace {
@@ -142,8 +143,11 @@ json::Value reportJson(const BenchReport& rep) {
   doc.set("batch", s.batch);
   doc.set("iterations_rule", rep.iterationsRule);
   doc.set("latency_kind", s.mode == Mode::kBandwidth ? "none" : isPingPong(s) ? "one_way_half_rtt" : "post_to_completion");
-  const char* sameHost = std::getenv("FERRY_SOFT_SAME_HOST");  // as set, for the record
-  doc.set("ferry_soft_same_host", sameHost ? json::Value(sameHost) : json::Value());
+  json::Value sameHost;  // as set (null when unset), for the record
+  for (const config::Setting& s : config::settings()) {
+    if (std::string_view(s.variable->name) == "FERRY_SOFT_SAME_HOST" && s.set) sameHost = s.raw;
+  }
+  doc.set("ferry_soft_same_host", std::move(sameHost));
   json::Array results;
   for (const SizeResult& r : rep.results) {
     json::Value o = json::Value::emptyObject();

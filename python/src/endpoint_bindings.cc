@@ -107,8 +107,9 @@ std::vector<Assignment> toBatch(const Endpoint& ep, py::handle batch, OpKind kin
   // One assignment given alone, (mr_key, remote_mr_key, target_offset, source_offset, length), as
   // DLSlime's users write it: a batch of one.
   py::list single;
-  if (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 5 && !PyTuple_Check(PyTuple_GET_ITEM(obj, 0)) &&
-      !PyList_Check(PyTuple_GET_ITEM(obj, 0))) {
+  // Its first field is a key (an int or a name); a tuple of five ferry.Assignment objects is a batch.
+  if (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 5 &&
+      (PyLong_Check(PyTuple_GET_ITEM(obj, 0)) || PyUnicode_Check(PyTuple_GET_ITEM(obj, 0)))) {
     single.append(batch);
     obj = single.ptr();
   }

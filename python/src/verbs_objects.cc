@@ -398,6 +398,7 @@ verbs::QueuePair& QpObject::handle() {
 
 void QpObject::modify(py::handle attr, uint32_t mask) {
   namespace m = verbs::qp_attr_mask;
+  mayBeInReset_ = true;  // the next post_recv looks again (a modify may return the QP to RESET)
   std::shared_ptr<verbs::QpImpl> impl = handle().impl();
   if (mask & m::kAltPath) {
     raiseStatus(notSupported("alternate paths (IBV_QP_ALT_PATH) are not offered by ferry's devices"),
@@ -451,8 +452,12 @@ void QpObject::postRecv(py::handle wrs) {
   // path's own values with INIT -> INIT. Everything else (an SRQ, a full queue, ERR) is the
   // provider's to refuse.
   verbs::QueuePair& qp = handle();
-  if (Result<verbs::QpAttr> now = qp.query(); now.isOk() && now->state == verbs::QpState::kReset &&
-      (!srq_ || srq_.is_none())) {
+  // Only a new QP, or one modified since, can be in RESET: no query on every post.
+  if (mayBeInReset_) {
+    Result<verbs::QpAttr> now = qp.query();
+    mayBeInReset_ = now.isOk() && now->state == verbs::QpState::kReset;
+  }
+  if (mayBeInReset_ && (!srq_ || srq_.is_none())) {
     namespace m = verbs::qp_attr_mask;
     verbs::QpAttr init;
     init.state = verbs::QpState::kInit;

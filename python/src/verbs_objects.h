@@ -250,6 +250,7 @@ class QpObject final : public VerbsObject, public std::enable_shared_from_this<Q
   verbs::QpType type_ = verbs::QpType::kRc;
   bool sqSigAll_ = true;
   uint32_t qpNum_ = 0;
+  bool mayBeInReset_ = true;  // see postRecv(): cleared once the QP was seen past RESET
 };
 
 // Struct bindings and conversions (verbs_structs.cc).

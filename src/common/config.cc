@@ -189,11 +189,8 @@ std::vector<Setting> settings() {
 }
 
 Status check() {
-  for (const Variable& v : variables()) {
-    const char* raw = rawValue(v.name);
-    if (raw == nullptr) continue;
-    Result<std::string> value = v.parse(raw);
-    if (!value.isOk()) return value.status();
+  for (const Setting& s : settings()) {
+    if (!s.error.empty()) return invalidArgument(s.error);
   }
   return Status::ok();
 }

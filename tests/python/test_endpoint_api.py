@@ -284,6 +284,12 @@ def test_a_single_tuple_is_a_batch_of_one(pair):
     assert np.array_equal(dst, src)
     a.read((3, 2, 0, 0, 4096)).wait(10)
     assert np.array_equal(back, src)
+    # A tuple of five ferry.Assignment objects is a batch of five, not one assignment.
+    back[:] = 0
+    five = tuple(ferry.Assignment(local=3, remote=2, local_offset=i * 512, remote_offset=i * 512, length=512)
+                 for i in range(5))
+    a.read(five).wait(10)
+    assert np.array_equal(back[:2560], src[:2560]) and not back[2560:].any()
     with pytest.raises(ferry.InvalidArgument):
         a.write((1, 2, 0, 0))  # four fields: neither an assignment nor a batch
 

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 
-#include "ferry/common/config.h"
 
 namespace ferry::cli {
 
@@ -22,15 +21,6 @@ std::optional<int> parseCommand(CLI::App& app, const std::string& command, const
     return 2;
   }
   return std::nullopt;
-}
-
-CLI::Validator byteSize() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        Result<uint64_t> bytes = config::parseByteSize(text);
-        return bytes.isOk() ? std::string() : bytes.status().message();
-      },
-      "SIZE");
 }
 
 }  // namespace ferry::cli

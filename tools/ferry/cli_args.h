@@ -16,8 +16,4 @@ namespace ferry::cli {
 // "ferry COMMAND: MESSAGE").
 std::optional<int> parseCommand(CLI::App& app, const std::string& command, const std::vector<std::string>& args);
 
-// A byte count in ferry's one size syntax ("4096", "4K", "16M", "1G"; see config::parseByteSize),
-// for CLI11's ->check(); the message names the option's value.
-CLI::Validator byteSize();
-
 }  // namespace ferry::cli

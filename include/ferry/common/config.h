@@ -31,7 +31,7 @@ const std::vector<Variable>& variables();
 
 // One variable as this process sees it.
 struct Setting {
-  const Variable* variable;
+  const Variable* variable = nullptr;
   bool set = false;        // present and non-empty in the environment
   std::string raw;         // its value as set
   std::string effective;   // the value in effect (the default when unset)
