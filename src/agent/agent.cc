@@ -573,10 +573,9 @@ Result<std::map<std::string, std::shared_ptr<ep::Endpoint>>> AgentImpl::makeEndp
     o.sendDepth = opts_.sendDepth;
     o.recvDepth = opts_.recvDepth;
     o.recvBufferSize = opts_.recvBufferSize;
-    // The agent finds dead peers itself (link.h), so its queue pairs can wait longer for a slow
-    // start (8 tries of about 1 s): under a connection burst a peer's first SYN may be dropped
-    // and resent a second or three later, which a 2 s transport timeout would take for a death.
-    o.ackTimeout = 18;
+    // The agent finds dead peers itself (link.h); its queue pairs keep the endpoints' transport
+    // timeout (FERRY_TRANSPORT_TIMEOUT, 30 s by default), which also outlasts a connection burst
+    // where a peer's first SYN is dropped and resent a second or three later.
     // A queue pair that gives up on the peer means the peer is gone, whichever side notices first.
     o.transportFailureIsPeerGone = true;
     auto e = ep::Endpoint::create(pool, std::move(o));

@@ -73,6 +73,12 @@ Result<std::string> parseSpinUs(std::string_view raw) {
   return std::to_string(*us);
 }
 
+Result<std::string> parseTransportTimeout(std::string_view raw) {
+  auto seconds = wholeNumber(raw, 1, 70000);
+  if (!seconds) return refuse("FERRY_TRANSPORT_TIMEOUT", raw, "expected a whole number of seconds, 1..70000");
+  return std::to_string(*seconds);
+}
+
 Result<std::string> parseGidIndex(std::string_view raw) {
   auto index = wholeNumber(raw, 0, 255);
   if (!index) return refuse("FERRY_IB_GID_INDEX", raw, "expected a GID index, 0..255");
@@ -148,6 +154,11 @@ const std::vector<Variable>& variables() {
        "1M", "64K..64M", parseRingBytes},
       {"FERRY_SOFT_SPIN_US", "How long a progress thread polls a ring before it sleeps (0: never polls).",
        "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinUs},
+      {"FERRY_TRANSPORT_TIMEOUT",
+       "How long the queue pairs of endpoints and agents wait for a peer that makes no progress (paused, "
+       "unreachable, not connected yet) before their work fails: their timeout and retry_cnt are set to cover "
+       "it. A queue pair whose peer is gone (its process died, its connection dropped) fails at once.",
+       "30 (34 s in effect: 8 tries of 4.3 s)", "1..70000 (seconds)", parseTransportTimeout},
       {"FERRY_IB_GID_INDEX", "The GID index every RDMA port uses (as NCCL_IB_GID_INDEX).",
        "chosen by GID type: RoCE v2 IPv4-mapped, then global IPv6, then link-local", "0..255", parseGidIndex},
       {"FERRY_IBVERBS_LIBRARY", "The libibverbs the ibverbs provider loads at run time.", "libibverbs.so.1",
@@ -224,6 +235,11 @@ std::optional<int> ibGidIndex() {
   auto value = parsed("FERRY_IB_GID_INDEX");
   if (!value) return std::nullopt;
   return std::stoi(*value);
+}
+
+int transportTimeoutSeconds() {
+  auto value = parsed("FERRY_TRANSPORT_TIMEOUT");
+  return value ? std::stoi(*value) : 30;
 }
 
 std::string ibverbsLibrary() { return parsed("FERRY_IBVERBS_LIBRARY").value_or("libibverbs.so.1"); }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/json.h"
+#include "ferry/common/config.h"
 #include "common/log.h"
 #include "endpoint/lane.h"
 #include "endpoint/metadata.h"
@@ -69,6 +70,14 @@ struct Endpoint::IncomingMessage {
 // ---------------------------------------------------------------------------------------------
 // Creation
 
+uint8_t ackTimeoutCovering(int seconds, int tries) {
+  const double perTry = static_cast<double>(seconds) / std::max(tries, 1);
+  for (uint8_t e = 1; e < 31; ++e) {
+    if (4.096e-6 * static_cast<double>(uint64_t{1} << e) >= perTry) return e;
+  }
+  return 31;
+}
+
 Result<std::shared_ptr<Endpoint>> Endpoint::create(const ContextOptions& device, EndpointOptions options) {
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<RdmaContext> context, RdmaContext::open(device));
   return create(std::move(context), std::move(options));
@@ -84,6 +93,7 @@ Result<std::shared_ptr<Endpoint>> Endpoint::create(std::shared_ptr<RdmaContext> 
 Result<std::shared_ptr<Endpoint>> Endpoint::create(std::shared_ptr<MemoryPool> pool,
                                                    EndpointOptions options) {
   if (!pool) return invalidArgument("Endpoint: no memory pool");
+  if (options.ackTimeout == 0) options.ackTimeout = ackTimeoutCovering(config::transportTimeoutSeconds());
   std::shared_ptr<Endpoint> ep(new Endpoint(std::move(pool), std::move(options)));
   FERRY_RETURN_IF_ERROR(ep->init());
   return ep;
@@ -117,7 +127,7 @@ Status Endpoint::init() {
     return invalidArgument("largest work request must be 1 .. " + std::to_string(maxMsg) + " bytes");
   }
   if (o.minStripeBytes < 1) return invalidArgument("the smallest stripe must be at least 1 byte");
-  if (o.ackTimeout < 1 || o.ackTimeout > 31) return invalidArgument("ackTimeout must be 1..31");
+  if (o.ackTimeout < 1 || o.ackTimeout > 31) return invalidArgument("ackTimeout must be 0 (from FERRY_TRANSPORT_TIMEOUT) or 1..31");
   uint64_t cqe = o.numQp * (uint64_t{o.sendDepth} + o.recvDepth) + 64;
   if (cqe > static_cast<uint64_t>(dev.maxCqe)) {
     return invalidArgument(

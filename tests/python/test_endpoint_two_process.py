@@ -3,6 +3,7 @@ the target; the two exchange endpoint_info() over the peer's stdin/stdout."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -170,3 +171,35 @@ def test_killed_peer_fails_transfers_in_flight():
     assert failed > 0
     assert time.monotonic() - start < 6
     ep.shutdown()
+
+
+def test_paused_peer_resumes_with_its_connection_intact():
+    """A peer stopped (SIGSTOP: a debugger, a long pause) for less than the transport timeout
+    (FERRY_TRANSPORT_TIMEOUT, 30 s by default) resumes with everything intact: the transfers and
+    receives pending meanwhile complete, byte-checked."""
+    peer = Peer(2)
+    ep = ferry.RDMAEndpoint(num_qp=2)
+    buf = np.zeros(SIZE, dtype=np.uint8)
+    msg = np.zeros(SIZE, dtype=np.uint8)
+    handle = ep.register_memory_region("buf", buf)
+    msg_handle = ep.register_memory_region("msg", msg)
+    peer.send(ep.endpoint_info())
+    ep.connect(peer.info)
+    assert peer.read()["ready"]
+    ep.write([(handle, "buf", 0, 0, 4096)], None).wait(30)  # the peer has answered once
+    waiting = ep.recv([(msg_handle, 0, 4096)], None)  # the endpoint probes its peer meanwhile
+    peer.proc.send_signal(signal.SIGSTOP)
+    try:
+        buf[:] = pattern(11, SIZE)
+        write = ep.write([(handle, "buf", 0, 0, SIZE)], None)
+        time.sleep(3)  # longer than the 2 s that used to end the connection
+    finally:
+        peer.proc.send_signal(signal.SIGCONT)
+    write.wait(30)
+    assert peer.call(cmd="check", seed=11, offset=0, length=SIZE)["ok"]
+    peer.call(cmd="send", sizes=[4096])
+    waiting.wait(30)
+    assert waiting.nbytes() == 4096
+    assert np.array_equal(msg[:4096], pattern(0, 4096))
+    ep.shutdown()
+    peer.close()

@@ -420,6 +420,59 @@ TEST_P(CrossProcess, KilledPeerFailsOutstandingWritesQuickly) {
   EXPECT_TRUE(reachesState(side.qp, v::QpState::kErr));
 }
 
+// A peer paused for less than the QP's transport timeout (timeout 20, retry_cnt 7: 8 tries of
+// 4.3 s, what endpoints and agents use by default) resumes with the connection intact: the work
+// posted while it was stopped completes, byte for byte, and the QP goes on.
+TEST_P(CrossProcess, PeerPausedWithinTheTimeoutResumesIntact) {
+  Side side;
+  ASSERT_NO_FATAL_FAILURE(connect(side, {.timeout = 20, .retries = 7}));
+  constexpr size_t kSize = 1 * kMiB;
+  PeerRegion remote;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(2 * kSize, access::kAll, 540, &remote));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 2 * kSize, access::kAll, 541));
+  WorkCompletion wc;
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 1,
+                           .sges = {sgeOf(src, 0, 4096)},
+                           .remoteAddr = remote.addr,
+                           .rkey = remote.rkey}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+
+  peer_.signal(SIGSTOP);
+  ASSERT_TRUE(peer_.waitStopped(kWaitTimeout));
+  ASSERT_OK(postAll(side.qp, {{.opcode = WrOpcode::kRdmaWrite,
+                               .wrId = 2,
+                               .sges = {sgeOf(src, 0, kSize)},
+                               .remoteAddr = remote.addr,
+                               .rkey = remote.rkey},
+                              {.opcode = WrOpcode::kRdmaRead,
+                               .wrId = 3,
+                               .sges = {sgeOf(src, kSize, kSize)},
+                               .remoteAddr = remote.addr + kSize,
+                               .rkey = remote.rkey}}));
+  // Three seconds: longer than the 2 s that used to end an endpoint's connection.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  peer_.signal(SIGCONT);
+  std::vector<WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(side.sendCq, 2, &completions, kPeerLossBound));
+  EXPECT_EQ(completions[0].wrId, 2u);
+  EXPECT_EQ(completions[0].status, WcStatus::kSuccess) << describe(completions[0]);
+  EXPECT_EQ(completions[1].wrId, 3u);
+  EXPECT_EQ(completions[1].status, WcStatus::kSuccess) << describe(completions[1]);
+  EXPECT_OK(peer("check", remote.index, 0, kSize, 541, 0));
+  EXPECT_TRUE(matchesPattern(bytesOf(src, kSize, kSize), 540, kSize));
+  // And the connection carries on.
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 4,
+                           .sges = {sgeOf(src, 0, 4096)},
+                           .remoteAddr = remote.addr,
+                           .rkey = remote.rkey}));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc));
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  EXPECT_TRUE(reachesState(side.qp, v::QpState::kRts));
+}
+
 TEST_P(CrossProcess, StoppedPeerTimesOutWithRetryExceeded) {
   Side side;
   const LinkOptions link{.timeout = 12, .retries = 2};

@@ -54,6 +54,8 @@ SameHost softSameHost();
 std::optional<uint64_t> softRingBytes();
 // FERRY_SOFT_SPIN_US, or nullopt for the default (which depends on the number of cores).
 std::optional<int64_t> softSpinUs();
+// FERRY_TRANSPORT_TIMEOUT in seconds (default 30).
+int transportTimeoutSeconds();
 // FERRY_IB_GID_INDEX, or nullopt to choose by GID type.
 std::optional<int> ibGidIndex();
 // FERRY_IBVERBS_LIBRARY (default "libibverbs.so.1").

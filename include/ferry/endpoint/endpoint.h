@@ -83,11 +83,12 @@ struct EndpointOptions {
   uint64_t maxWorkRequestBytes = 4u << 20;   // largest piece of a range in one work request
   uint64_t minStripeBytes = 256u << 10;      // ranges above this are striped over the queue pairs
   uint64_t maxUnexpectedBytes = 64u << 20;   // message bytes kept aside for recv()s not yet issued
-  // Transport timeout of each try (4.096 us * 2^ackTimeout; 8 tries): how long work waits for an
-  // unreachable peer, or for a peer that has not called connect() yet, before it fails with
-  // RETRY_EXC_ERR. 16: about 2 s of no progress in all. (A peer whose connection drops fails work
-  // at once.)
-  uint8_t ackTimeout = 16;
+  // Transport timeout of each try (4.096 us * 2^ackTimeout; 8 tries): how long work waits for a
+  // peer that makes no progress (paused by SIGSTOP or a debugger, unreachable, or not connected
+  // yet) before it fails with RETRY_EXC_ERR. 0: the smallest value whose 8 tries cover
+  // FERRY_TRANSPORT_TIMEOUT (default 30 s, so 20: 34 s). A peer whose process dies or whose
+  // connection drops fails work at once, whatever this is.
+  uint8_t ackTimeout = 0;
   // The GID table entry the queue pairs use (RoCE NICs list one per address and RoCE version).
   uint8_t gidIndex = 0;
   // Report a queue pair that gave up on the peer (RETRY_EXC_ERR), and everything that fails with it,
@@ -110,6 +111,10 @@ struct EndpointStats {
   uint64_t unexpectedBytes = 0;   // message bytes kept for recv()s not issued yet
   uint64_t immediatesQueued = 0;  // immediates that arrived before their immRecv()
 };
+
+// The smallest QP timeout exponent (1..31) whose `tries` tries of 4.096 us * 2^exponent each last
+// at least `seconds`: what EndpointOptions::ackTimeout 0 becomes.
+uint8_t ackTimeoutCovering(int seconds, int tries = 8);
 
 class Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:

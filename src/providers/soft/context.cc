@@ -34,6 +34,12 @@ constexpr int kMaxCqe = 1 << 22;
 constexpr int kMaxRdAtomic = 16;
 constexpr uint32_t kMaxInline = 512;
 constexpr int kHelloTimeoutMs = 5000;
+// Handshakes not finished yet are bounded in number (each holds a descriptor and, over TCP, a
+// connection's buffers) as well as in time (kHelloTimeoutMs): past the bound a new connection is
+// closed at once, so a flood of silent connections costs this process a bounded amount.
+constexpr size_t kMaxPendingConns = 4096;
+constexpr size_t kMaxPendingRingSockets = 1024;
+constexpr size_t kMaxRingTickets = 4096;
 
 // Whether ip is an address of this host (in this network namespace): it can be bound.
 bool isLocalAddress(in_addr_t ip) {
@@ -282,6 +288,12 @@ void SoftContext::onAcceptFromLoop() {
       }
       return;
     }
+    if (pendingConns_.size() >= kMaxPendingConns) {
+      FERRY_LOG(kWarn, "%s: %zu connections have not said hello yet; closing a new one", device_.info.name.c_str(),
+                pendingConns_.size());
+      ::close(fd);
+      continue;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     auto conn = std::make_shared<Conn>(this, fd, gate_.get(), false);
@@ -313,6 +325,24 @@ void SoftContext::onRingAcceptFromLoop() {
       }
       return;
     }
+    // Only a process of our own user may hand us a ring (its memory and descriptors become ours
+    // to map and wait on), and only so many may be half-way through their setup at once.
+    ucred cred{};
+    socklen_t credLen = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credLen) != 0 || cred.uid != ::geteuid()) {
+      FERRY_LOG(kWarn, "%s: refused a ring connection from process %d of user %u (not ours)",
+                device_.info.name.c_str(), static_cast<int>(cred.pid), static_cast<unsigned>(cred.uid));
+      countRingSetupRefused();
+      ::close(fd);
+      continue;
+    }
+    if (pendingRingSockets_.size() >= kMaxPendingRingSockets) {
+      FERRY_LOG(kWarn, "%s: %zu ring connections have not sent their setup yet; closing a new one",
+                device_.info.name.c_str(), pendingRingSockets_.size());
+      countRingSetupRefused();
+      ::close(fd);
+      continue;
+    }
     if (onRingSetupFromLoop(fd)) continue;
     // The setup message is not here yet: wait for it, for as long as a hello may take.
     auto timer = reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, fd] {
@@ -339,7 +369,7 @@ void SoftContext::onRingAcceptFromLoop() {
 }
 
 bool SoftContext::onRingSetupFromLoop(int fd) {
-  auto link = receiveRingSetup(fd);
+  auto link = receiveRingSetup(fd, [this](uint64_t ticket) { return admitRingTicketFromLoop(ticket); });
   if (!link.isOk() && link.status().code() == StatusCode::kUnavailable) return false;
   if (!link.isOk()) {
     FERRY_LOG(kWarn, "%s: %s", device_.info.name.c_str(), link.status().toString().c_str());
@@ -350,6 +380,24 @@ bool SoftContext::onRingSetupFromLoop(int fd) {
   if (!conn->attach().isOk()) return true;  // the Conn closes fd
   awaitHelloFromLoop(conn);
   return true;
+}
+
+uint64_t SoftContext::issueRingTicketFromLoop() {
+  auto now = std::chrono::steady_clock::now();
+  if (ringTickets_.size() >= kMaxRingTickets) std::erase_if(ringTickets_, [&](const auto& t) { return t.second <= now; });
+  if (ringTickets_.size() >= kMaxRingTickets) return 0;
+  uint64_t ticket = 0;
+  if (getrandom(&ticket, sizeof ticket, 0) != sizeof ticket || ticket == 0) return 0;
+  ringTickets_[ticket] = now + std::chrono::milliseconds(kHelloTimeoutMs);
+  return ticket;
+}
+
+bool SoftContext::admitRingTicketFromLoop(uint64_t ticket) {
+  auto it = ringTickets_.find(ticket);
+  if (ticket == 0 || it == ringTickets_.end()) return false;
+  bool inTime = it->second > std::chrono::steady_clock::now();
+  ringTickets_.erase(it);
+  return inTime;
 }
 
 void SoftContext::onDatagramsFromLoop() {
@@ -392,6 +440,9 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     if (getpeername(conn->fd(), reinterpret_cast<sockaddr*>(&peer), &len) == 0) peerIp = peer.sin_addr.s_addr;
     peerLocal = (hello.flags & wire::kFlagRingOffer) && offersRings() && isLocalAddress(peerIp);
   }
+  // A requester of this host is told to connect again over rings, with a ticket only it has.
+  uint64_t ticket = peerLocal ? issueRingTicketFromLoop() : 0;
+  if (ticket == 0) peerLocal = false;
   wire::HelloResult result = wire::HelloResult::kNoSuchQp;
   if (auto qp = findQp(hello.qpn)) result = qp->acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
   wire::FrameHeader reply;
@@ -402,6 +453,7 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     reply.aux = static_cast<uint32_t>(wire::HelloResult::kUseRing);
     reply.sharePid = static_cast<uint32_t>(getpid());
     reply.shareCookie = ringNonce_;
+    reply.ringTicket = ticket;
     conn->sendHeader(reply);
     conn->closeAfterFlush(/*drain=*/true);
     return;

@@ -388,6 +388,9 @@ void SoftQp::resetFromLoop() {
   reqConn_.reset();
   respConn_.reset();
   reqReady_ = false;
+  peerReached_ = false;
+  listenerReached_ = false;
+  peerGone_ = false;
   for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
     if (*timer) ctx_->reactor().cancelTimer(*timer);
     *timer = 0;
@@ -737,8 +740,17 @@ void SoftQp::startConnectFromLoop() {
   }
 }
 
+void SoftQp::peerGoneFromLoop(const char* why) {
+  if (!peerGone_) FERRY_LOG(kInfo, "QP %u: the peer is gone: %s", qpn_, why);
+  peerGone_ = true;
+  // Work waiting for it fails now, as a NIC's would once its retries ran out; later work fails
+  // as soon as it is posted (its connection attempt is refused the same way).
+  if (!sq_.empty()) enterErrorFromLoop(WcStatus::kRetryExcErr);
+}
+
 void SoftQp::scheduleReconnectFromLoop() {
   if (reconnectTimer_ || state_.load() != QpState::kRts) return;
+  if (peerGone_ && sq_.empty()) return;
   // Keep trying while work waits, or for a while after RTS (the peer may not be at RTR yet).
   auto window = std::max<Clock::duration>(transportBudget(), std::chrono::seconds(2));
   if (sq_.empty() && Clock::now() - connectStarted_ > window) return;
@@ -754,6 +766,7 @@ void SoftQp::scheduleReconnectFromLoop() {
 
 void SoftQp::onConnected(Conn& conn) {
   if (&conn != reqConn_.get()) return;
+  listenerReached_ = true;
   wire::FrameHeader hello;
   hello.type = wire::FrameType::kHello;
   hello.qpn = attr_.destQpNum;
@@ -765,7 +778,7 @@ void SoftQp::onConnected(Conn& conn) {
   conn.sendHeader(hello);
 }
 
-bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce) {
+bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket) {
   auto fail = [&](const std::string& why) {
     FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
     return false;
@@ -791,7 +804,7 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce) {
     ::close(fd);
     return fail(link.status().toString());
   }
-  if (Status sent = sendRingSetup(fd, **link); !sent.isOk()) {
+  if (Status sent = sendRingSetup(fd, **link, ticket); !sent.isOk()) {
     ::close(fd);
     return fail(sent.toString());
   }
@@ -830,6 +843,12 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
     FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight: %s", qpn_,
               why.toString().c_str());
     enterErrorFromLoop(WcStatus::kRetryExcErr);
+    return;
+  }
+  // A paused peer keeps its sockets; one whose listener we had reached and that now refuses a
+  // connection has no listener any more: its process (or its context) is gone.
+  if (listenerReached_ && !wasReady && why.cause() == ECONNREFUSED) {
+    peerGoneFromLoop("its connections are refused");
     return;
   }
   scheduleReconnectFromLoop();
@@ -885,7 +904,7 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       // The peer is on this host: the same conversation again, over shared-memory rings.
       reqConn_->close(Status::ok(), true);
       reqConn_.reset();
-      if (h.sharePid == 0 || !startRingConnectFromLoop(h.sharePid, h.shareCookie)) {
+      if (h.sharePid == 0 || h.ringTicket == 0 || !startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket)) {
         ringRefused_ = true;
         scheduleReconnectFromLoop();
         armTimeoutFromLoop();
@@ -894,14 +913,20 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
     }
     if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
       reqReady_ = true;
+      peerReached_ = true;
       setupFastPathFromLoop(h);
       reconnectDelayMs_ = 1;
       lastProgress_ = Clock::now();
       pumpFromLoop();
     } else {
-      // The peer QP is not ready yet (or refuses us): try again until the transport timeout.
+      // The peer QP is not ready yet (or refuses us): try again until the transport timeout. A QP
+      // that was reached before and now is not there was destroyed: the peer is gone.
       reqConn_->close(Status::ok(), true);
       reqConn_.reset();
+      if (peerReached_ && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {
+        peerGoneFromLoop("its queue pair no longer exists");
+        return;
+      }
       scheduleReconnectFromLoop();
       armTimeoutFromLoop();
     }

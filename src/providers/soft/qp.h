@@ -80,8 +80,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void startConnectFromLoop();
   // Connects to the peer's ring listener (a kUseRing hello reply); false when that cannot be done
   // (the QP then connects over TCP without offering rings).
-  bool startRingConnectFromLoop(uint32_t pid, uint64_t nonce);
+  bool startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket);
   void scheduleReconnectFromLoop();
+  // The peer we had reached is gone (why, for the log): pending work fails with RETRY_EXC_ERR.
+  void peerGoneFromLoop(const char* why);
   void armTimeoutFromLoop();
   void onTimeoutFromLoop();
   Clock::duration transportBudget() const;
@@ -159,6 +161,9 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   int reconnectDelayMs_ = 1;
   std::shared_ptr<Conn> reqConn_;
   bool reqReady_ = false;
+  bool peerReached_ = false;      // a hello of ours was accepted once
+  bool listenerReached_ = false;  // a connection to the peer's listener was made once
+  bool peerGone_ = false;     // since then, the peer refused a connection or lost its QP
   bool ringRefused_ = false;      // a ring connection to the peer failed: stay on TCP
 
   std::shared_ptr<Conn> respConn_;

@@ -54,6 +54,7 @@ using ring_layout::Segment;
 
 std::atomic<uint64_t> linksMade{0};
 std::atomic<uint64_t> bytesWritten{0};
+std::atomic<uint64_t> setupsRefused{0};
 
 constexpr size_t kMinRing = 64 * 1024;
 constexpr size_t kMaxRing = 64 * 1024 * 1024;
@@ -124,6 +125,8 @@ void copyRing(uint8_t* ring, size_t size, uint64_t pos, const iovec* iov, int co
 
 uint64_t ringLinksMade() { return linksMade.load(std::memory_order_relaxed); }
 uint64_t ringBytesWritten() { return bytesWritten.load(std::memory_order_relaxed); }
+uint64_t ringSetupsRefused() { return setupsRefused.load(std::memory_order_relaxed); }
+void countRingSetupRefused() { setupsRefused.fetch_add(1, std::memory_order_relaxed); }
 
 size_t RingLink::defaultRingBytes() {
   static const size_t value = [] {
@@ -164,8 +167,9 @@ msghdr setupHeader(iovec* iov, void* control, size_t controlLen) {
 }
 }  // namespace
 
-Status sendRingSetup(int sock, const RingLink& link) {
+Status sendRingSetup(int sock, const RingLink& link, uint64_t ticket) {
   RingSetupMessage msg = link.setupMessage();
+  msg.ticket = ticket;
   int fds[kSetupFds] = {link.memfd(), link.ownWakeFd(), link.peerWakeFd()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
   iovec iov{&msg, sizeof msg};
@@ -181,7 +185,7 @@ Status sendRingSetup(int sock, const RingLink& link) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock) {
+Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit) {
   RingSetupMessage msg;
   // Room for one descriptor more than a setup has, so that too many show as MSG_CTRUNC or a count.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kSetupFds + 1))];
@@ -204,6 +208,7 @@ Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock) {
   }
   auto refuse = [&](const char* why) -> Status {
     for (int f : fds) ::close(f);
+    countRingSetupRefused();
     return Status(StatusCode::kProtocolError, std::string("refused a ring connection: ") + why);
   };
   if (n == 0) return refuse("the peer hung up before its setup");
@@ -212,8 +217,14 @@ Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock) {
     return refuse("a setup message of the wrong size");
   }
   if (fds.size() != kSetupFds) return refuse("a setup message without exactly three descriptors");
+  if (msg.magic != RingSetupMessage::kMagic || msg.version != RingSetupMessage::kVersion) {
+    return refuse("not a ring setup of this version");
+  }
+  if (!admit(msg.ticket)) return refuse("a ticket no hello reply of this process gave");
   // [memfd, the requester's eventfd, ours]
-  return RingLink::adopt(msg, fds[0], fds[2], fds[1]);
+  auto link = RingLink::adopt(msg, fds[0], fds[2], fds[1]);
+  if (!link.isOk()) countRingSetupRefused();
+  return link;
 }
 
 Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {

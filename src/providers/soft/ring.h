@@ -13,7 +13,10 @@
 //
 // The requester creates the segment and both eventfds and hands them to the responder over an
 // AF_UNIX SOCK_SEQPACKET connection (SCM_RIGHTS) to the responder's ring listener, whose abstract
-// name carries a random nonce the responder gave in a TCP hello reply. That connection stays open
+// name carries a random nonce the responder gave in a TCP hello reply. That name is visible to
+// every process of the host (/proc/net/unix), so it proves nothing: the setup must also carry the
+// one-time ticket of the same reply, which went only over the TCP connection, and come from a
+// process of the listener's user. That connection stays open
 // for the ring's life: its hang-up tells either side that the other is gone (or closed), just as a
 // TCP reset does.
 //
@@ -30,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,14 +47,17 @@ struct Control;
 }  // namespace ring_layout
 
 // The setup message the requester sends with its three descriptors (memfd, its own eventfd, the
-// responder's eventfd), little-endian: u64 magic, u32 version, u32 ring bytes.
+// responder's eventfd), little-endian: u64 magic, u32 version, u32 ring bytes, u64 ticket (the
+// one-time secret of the responder's hello reply, wire::FrameHeader::ringTicket).
 struct RingSetupMessage {
   static constexpr uint64_t kMagic = 0x676e6972'79727266ull;  // "ferryring"
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   uint64_t magic = kMagic;
   uint32_t version = kVersion;
   uint32_t ringBytes = 0;
+  uint64_t ticket = 0;
 };
+static_assert(sizeof(RingSetupMessage) == 24);
 
 class RingLink {
  public:
@@ -121,16 +128,22 @@ class RingLink {
 // into rings: what tests and `ferry bench` read to tell which path carried the traffic.
 uint64_t ringLinksMade();
 uint64_t ringBytesWritten();
+// How many ring connections this process's listeners refused (a stranger's user, too many pending,
+// no valid ticket, a setup that cannot be trusted), and the count the listener adds to.
+uint64_t ringSetupsRefused();
+void countRingSetupRefused();
 
 // The abstract AF_UNIX name a responder's ring listener is bound to, and its socket address.
 std::string ringListenerName(uint32_t pid, uint64_t nonce);
 socklen_t ringListenerAddress(uint32_t pid, uint64_t nonce, sockaddr_un* out);
 
-// The requester's side of the handover: link's setup message and its three descriptors on sock.
-Status sendRingSetup(int sock, const RingLink& link);
-// The responder's side: reads a setup message and its descriptors from sock and adopts them.
-// kUnavailable (cause EAGAIN) when nothing has arrived yet; kProtocolError for a hang-up or a
-// setup that cannot be trusted, with every descriptor that came closed.
-Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock);
+// The requester's side of the handover: link's setup message, carrying ticket, and its three
+// descriptors on sock.
+Status sendRingSetup(int sock, const RingLink& link, uint64_t ticket);
+// The responder's side: reads a setup message and its descriptors from sock and adopts them when
+// admit(ticket) says the message's ticket is one this process issued (admit consumes it).
+// kUnavailable (cause EAGAIN) when nothing has arrived yet; kProtocolError for a hang-up, a
+// ticket admit refuses, or a setup that cannot be trusted, with every descriptor that came closed.
+Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit);
 
 }  // namespace ferry::soft

@@ -167,6 +167,10 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   void onRingAcceptFromLoop();
   // The setup message of an accepted ring connection (true when done: adopted or refused).
   bool onRingSetupFromLoop(int fd);
+  // A new ticket for a kUseRing reply (0 when none can be given: the table is full of live
+  // tickets, or no random bytes), and the listener's check of one (each admits once, in time).
+  uint64_t issueRingTicketFromLoop();
+  bool admitRingTicketFromLoop(uint64_t ticket);
   // A new connection waits for its hello (dropped if none comes in time).
   void awaitHelloFromLoop(const std::shared_ptr<Conn>& conn);
   void onDatagramsFromLoop();
@@ -179,6 +183,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   int ringListenFd_ = -1;  // AF_UNIX SOCK_SEQPACKET, abstract name ringListenerName(pid, ringNonce_)
   uint64_t ringNonce_ = 0;
   std::unordered_map<int, Reactor::TimerId> pendingRingSockets_;  // accepted, setup not read yet
+  // One-time tickets given in kUseRing hello replies (reactor only): ticket -> when it expires.
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> ringTickets_;
   verbs::Gid gid_;
   std::atomic<bool> closed_{false};
   verbs::ChildList children_;

@@ -54,7 +54,9 @@ size_t headerLenFor(FrameType type) {
 
 size_t encodedHeaderLen(const FrameHeader& h) {
   size_t len = headerLenFor(h.type);
-  if (h.type == FrameType::kHelloReply && h.sharePid != 0) len += kHelloReplyShareLen;
+  if (h.type == FrameType::kHelloReply && h.sharePid != 0) {
+    len += h.ringTicket != 0 ? kHelloReplyRingLen : kHelloReplyShareLen;
+  }
   return len;
 }
 
@@ -170,6 +172,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
         h.sharePid = get32(x);
         h.shareFd = get32(x + 4);
         h.shareCookie = get64(x + 8);
+        if (*len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
       }
       break;
     default:
@@ -228,6 +231,7 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
         put32(x, h.sharePid);
         put32(x + 4, h.shareFd);
         put64(x + 8, h.shareCookie);
+        if (h.ringTicket != 0) put64(x + 16, h.ringTicket);
       }
       break;
     default:

@@ -69,7 +69,9 @@ enum class HelloResult : uint32_t {
   kBusy = 3,         // the QP already has a live connection from its peer
   kUseRing = 4,      // (to a hello with kFlagRingOffer) the QP would accept: connect again over
                      // shared-memory rings; sharePid = the responder's pid, shareCookie = the nonce
-                     // in its ring listener's name (ringListenerName)
+                     // in its ring listener's name (ringListenerName), ringTicket = the one-time
+                     // secret the ring setup must carry (the name is visible to every process of
+                     // the host; the ticket went only over this connection)
 };
 
 struct FrameHeader {
@@ -98,6 +100,8 @@ struct FrameHeader {
   uint32_t sharePid = 0;
   uint32_t shareFd = 0;
   uint64_t shareCookie = 0;
+  // kHelloReply with kUseRing (optional, after the share fields: present when non-zero)
+  uint64_t ringTicket = 0;
 };
 
 // The shortest header version 1 accepts for a type (0 for an unknown type).
@@ -105,6 +109,7 @@ size_t headerLenFor(FrameType type);
 // The header length encodeHeader() writes for h: headerLenFor(h.type) plus its optional fields.
 size_t encodedHeaderLen(const FrameHeader& h);
 inline constexpr size_t kHelloReplyShareLen = 16;  // sharePid, shareFd, shareCookie
+inline constexpr size_t kHelloReplyRingLen = 24;   // the share fields, then ringTicket
 // Bytes after the payload (4 for kReadResp, else 0).
 size_t trailerLen(FrameType type);
 // True for the types whose payloadLen may be non-zero.

@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "providers/soft/share.h"
@@ -149,7 +151,7 @@ TEST(RingLink, AdoptRefusesWhatItCannotTrust) {
   EXPECT_EQ(tryAdopt(bad, fds[0], fds[1], fds[2]), StatusCode::kProtocolError) << "magic";
   fds = dupAll();
   bad = good;
-  bad.version = 2;
+  bad.version = RingSetupMessage::kVersion + 1;
   EXPECT_EQ(tryAdopt(bad, fds[0], fds[1], fds[2]), StatusCode::kProtocolError) << "version";
   fds = dupAll();
   bad = good;
@@ -322,11 +324,28 @@ void sendWithFds(int sock, const void* data, size_t len, std::vector<int> fds) {
   (void)::sendmsg(sock, &mh, MSG_NOSIGNAL);
 }
 
+// Whether the peer of sock closed it (a read returns 0 or an error) within the time given.
+bool hungUpWithin(int sock, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    pollfd p{sock, POLLIN, 0};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n == 1) {
+      char byte;
+      ssize_t r = ::recv(sock, &byte, 1, MSG_DONTWAIT);
+      if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
 // The listener answers only after a hello reply named it, but its name can be found on the host:
 // whatever a stranger sends it is refused, and the context serves its own peers as before.
 TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  const uint64_t refusedBefore = soft::ringSetupsRefused();
   auto names = ringListeners();
   ASSERT_FALSE(names.empty()) << "the contexts listen for rings";
   auto genuine = RingLink::create(kRing);
@@ -380,6 +399,25 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
       open.push_back(s);
     }
   }
+  // The genuine setup and descriptors, with no ticket or a forged one: the listener's name is no
+  // secret, the ticket of a hello reply is.
+  std::vector<int> refusedWithoutTicket;
+  for (const auto& name : names) {
+    for (uint64_t ticket : {uint64_t{0}, uint64_t{0x0123456789abcdefull}}) {
+      auto link = RingLink::create(kRing);
+      ASSERT_TRUE(isOk(link.status()));
+      RingSetupMessage msg = (*link)->setupMessage();
+      msg.ticket = ticket;
+      int s = connectTo(name);
+      ASSERT_GE(s, 0);
+      sendWithFds(s, &msg, sizeof msg, {(*link)->memfd(), (*link)->ownWakeFd(), (*link)->peerWakeFd()});
+      refusedWithoutTicket.push_back(s);
+    }
+  }
+  for (int s : refusedWithoutTicket) {
+    EXPECT_TRUE(hungUpWithin(s, std::chrono::seconds(5))) << "a setup without its ticket is refused at once";
+    ::close(s);
+  }
   ::close(unsealed);
   // The pair still moves data both ways.
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 64 * 1024, v::access::kLocalWrite, 21));
@@ -400,7 +438,94 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(pollOne(second->b.recvCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_GE(linksNow() - before, 2u);
+  // Per listener: the hang-up, the garbage, the setup without descriptors, the unsealed segment,
+  // the blocking eventfds, the genuine ring without a ticket, and the two ticketless setups above.
+  EXPECT_GE(soft::ringSetupsRefused() - refusedBefore, 8u * names.size());
   for (int s : open) ::close(s);
+}
+
+// Only so many ring connections may be waiting for their setup at once, and only for a while: a
+// local process that opens connections and says nothing costs the listener a bounded number of
+// descriptors, for a bounded time, and the context serves its peers throughout.
+TEST_P(RingPath, SilentRingConnectionsAreBoundedInNumberAndTime) {
+  if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
+  constexpr size_t kBound = 1024;  // the listener's kMaxPendingRingSockets
+  constexpr size_t kExtra = 32;
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  rlimit saved = lim;
+  lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 8192);
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 2 * kBound + 3 * kExtra + 256) {
+    GTEST_SKIP() << "needs room for " << 2 * kBound << " descriptors (RLIMIT_NOFILE " << saved.rlim_max << ")";
+  }
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  auto names = ringListeners();
+  ASSERT_FALSE(names.empty());
+  const std::string name = names.front();
+  std::vector<int> silent;
+  for (size_t i = 0; i < kBound + kExtra; ++i) {
+    int s = connectTo(name);
+    if (s < 0) break;  // the kernel's accept queue is full: also a bound
+    silent.push_back(s);
+  }
+  ASSERT_GE(silent.size(), kBound) << "the listener accepts up to its bound";
+  // Past the bound, a new connection is closed at once; the ones within it stay open for now.
+  int later = -1;
+  for (int attempt = 0; attempt < 50 && later < 0; ++attempt) {
+    later = connectTo(name);
+    if (later < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(later, 0);
+  EXPECT_TRUE(hungUpWithin(later, std::chrono::seconds(3))) << "a connection past the bound is closed at once";
+  ::close(later);
+  size_t stillOpen = 0;
+  for (int s : silent) stillOpen += hungUpWithin(s, std::chrono::milliseconds(0)) ? 0 : 1;
+  EXPECT_GE(stillOpen, kBound - kExtra) << "the connections within the bound wait for their setup";
+  // The pair moves data meanwhile.
+  v::WorkCompletion wc;
+  ASSERT_OK(postReceive(pair->b.qp, 1, {}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 1}));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  // And every silent connection is dropped once the handshake's time (5 s) has passed.
+  size_t dropped = 0;
+  for (int s : silent) dropped += hungUpWithin(s, std::chrono::seconds(10)) ? 1 : 0;
+  EXPECT_EQ(dropped, silent.size()) << "silent ring connections are dropped after the handshake timeout";
+  for (int s : silent) ::close(s);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+}
+
+// A ring listener takes rings from processes of its own user only: another user's process is
+// refused at once, whatever it sends (it could name the listener, as anyone can).
+TEST_P(RingPath, RingListenerRefusesAnotherUser) {
+  if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  auto names = ringListeners();
+  ASSERT_FALSE(names.empty());
+  const uint64_t refusedBefore = soft::ringSetupsRefused();
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) ::_exit(3);
+    int s = connectTo(names.front());
+    if (s < 0) ::_exit(4);
+    RingSetupMessage msg;
+    msg.ringBytes = kRing;
+    sendWithFds(s, &msg, sizeof msg, {});
+    ::_exit(hungUpWithin(s, std::chrono::seconds(5)) ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3/4: could not become another user or connect; 5: not refused";
+  EXPECT_GE(soft::ringSetupsRefused() - refusedBefore, 1u);
+  // The pair is untouched.
+  v::WorkCompletion wc;
+  ASSERT_OK(postReceive(pair->b.qp, 1, {}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 1}));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
 }
 
 // Where the kernel refuses cross-memory attach (here: a seccomp filter, as container runtimes

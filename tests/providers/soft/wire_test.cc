@@ -53,6 +53,7 @@ void expectSameFields(const FrameHeader& a, const FrameHeader& b) {
   EXPECT_EQ(a.sharePid, b.sharePid);
   EXPECT_EQ(a.shareFd, b.shareFd);
   EXPECT_EQ(a.shareCookie, b.shareCookie);
+  EXPECT_EQ(a.ringTicket, b.ringTicket);
 }
 
 // One frame of each type, with every field that type carries set to a distinctive value.
@@ -154,6 +155,16 @@ TEST(WireTest, HelloReplyCarriesTheSameHostTableOnlyWhenOffered) {
   ASSERT_TRUE(decodeHeader(bytes, &back).isOk());
   EXPECT_EQ(back.sharePid, 4242u);
   EXPECT_EQ(back.shareFd, 17u);
+  EXPECT_EQ(back.shareCookie, 0x0123456789abcdefULL);
+  EXPECT_EQ(back.ringTicket, 0u);
+  // A kUseRing reply also carries its ring ticket, after the table's fields.
+  FrameHeader ring = offered;
+  ring.aux = static_cast<uint32_t>(HelloResult::kUseRing);
+  ring.ringTicket = 0xfeedfacecafebeefULL;
+  bytes = encode(ring);
+  ASSERT_EQ(bytes.size(), kCommonHeaderLen + kHelloReplyRingLen);
+  ASSERT_TRUE(decodeHeader(bytes, &back).isOk());
+  EXPECT_EQ(back.ringTicket, 0xfeedfacecafebeefULL);
   EXPECT_EQ(back.shareCookie, 0x0123456789abcdefULL);
   // A 24-byte reply decodes with no table; so does a reply with fields appended but too few bytes
   // for the table (a later version may put other fields there).
