@@ -7,8 +7,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -271,18 +274,127 @@ std::shared_ptr<Endpoint> makeEndpoint(py::object context, py::object pool, cons
   return unwrap(std::move(ep));
 }
 
+// Memory given by raw address, as DLSlime's users write `(tensor.data_ptr(), offset, length)`:
+// a local key at or above kNamedHandleBase (2^31, where the addresses of a 64-bit process's heap
+// and mappings lie) that is no registered region's handle is the address of memory registered for
+// this one operation. Each address is registered once per operation, over the furthest byte the
+// operation reaches, unpublished and with no remote access, and unregistered when the operation
+// completes (or at once when it cannot be submitted). The memory must stay valid until then, as
+// with any registered memory.
+class RawRegions {
+ public:
+  explicit RawRegions(std::shared_ptr<endpoint::MemoryPool> pool, bool writable)
+      : pool_(std::move(pool)), writable_(writable) {}
+  RawRegions(const RawRegions&) = delete;
+  RawRegions& operator=(const RawRegions&) = delete;
+  ~RawRegions() { release(pool_, std::move(handles_)); }
+
+  // Whether key needs a registration of its own (call with every local key, then register()).
+  void note(MrHandle key, uint64_t offset, uint64_t length) {
+    if (key < endpoint::kNamedHandleBase) return;
+    if (extent_.count(key) == 0 && pool_->find(key).isOk()) return;  // a registered region
+    uint64_t end = offset + length;
+    if (end < offset) raiseInvalid("memory at address " + std::to_string(key) + ": offset + length overflows");
+    uint64_t& extent = extent_[key];
+    extent = std::max(extent, std::max<uint64_t>(end, 1));
+  }
+  // Registers every noted address; returns the handle each maps to (GIL released by the caller).
+  Status registerAll() {
+    static std::atomic<uint64_t> serial{0};
+    for (const auto& [addr, extent] : extent_) {
+      endpoint::RegionOptions o;
+      o.writable = writable_;
+      o.remote = endpoint::RegionOptions::Remote::kNone;
+      o.published = false;
+      std::string name = "raw:" + std::to_string(addr) + ":" + std::to_string(serial.fetch_add(1));
+      auto h = pool_->registerMemoryRegion(name, reinterpret_cast<void*>(addr), extent, std::move(o));
+      if (!h.isOk()) {
+        return Status(h.status().code(), "memory at address 0x" + toHex(addr) +
+                                             " is not a registered region and could not be registered for "
+                                             "this operation: " + h.status().message());
+      }
+      handles_.push_back(*h);
+      mapped_[addr] = *h;
+    }
+    return Status::ok();
+  }
+  bool empty() const { return extent_.empty(); }
+  MrHandle map(MrHandle key) const {
+    auto it = mapped_.find(key);
+    return it == mapped_.end() ? key : it->second;
+  }
+  // Unregisters the regions once the operation is done.
+  void releaseWhenDone(const endpoint::Future& f) {
+    if (handles_.empty()) return;
+    auto pool = pool_;
+    auto handles = std::make_shared<std::vector<MrHandle>>(std::move(handles_));
+    handles_.clear();
+    f.state()->onDone([pool, handles](const endpoint::OpState&) { release(pool, std::move(*handles)); });
+  }
+
+ private:
+  static void release(const std::shared_ptr<endpoint::MemoryPool>& pool, std::vector<MrHandle> handles) {
+    for (MrHandle h : handles) (void)pool->unregisterMemoryRegion(h);
+  }
+  static std::string toHex(uint64_t v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
+    return buf;
+  }
+  std::shared_ptr<endpoint::MemoryPool> pool_;
+  bool writable_;
+  std::map<MrHandle, uint64_t> extent_;
+  std::map<MrHandle, MrHandle> mapped_;
+  std::vector<MrHandle> handles_;
+};
+
 template <typename F>
 F submitOp(const std::shared_ptr<Endpoint>& ep, py::handle batch, OpKind kind, uint32_t imm = 0) {
   std::vector<Assignment> assignments = toBatch(*ep, batch, kind);
+  // The local side of a READ is written; of a WRITE, only read.
+  RawRegions raw(ep->pool(), kind == OpKind::kRead);
+  for (const Assignment& a : assignments) raw.note(a.local, a.localOffset, a.length);
   Result<endpoint::ReadWriteFuture> f = Status(StatusCode::kInternal, "unset");
   {
     py::gil_scoped_release release;
-    if (kind == OpKind::kRead) {
-      f = ep->read(assignments);
-    } else if (kind == OpKind::kWrite) {
-      f = ep->write(assignments);
+    Status registered = raw.empty() ? Status::ok() : raw.registerAll();
+    if (!registered.isOk()) {
+      f = registered;
     } else {
-      f = ep->writeWithImm(assignments, imm);
+      if (!raw.empty()) {
+        for (Assignment& a : assignments) a.local = raw.map(a.local);
+      }
+      if (kind == OpKind::kRead) {
+        f = ep->read(assignments);
+      } else if (kind == OpKind::kWrite) {
+        f = ep->write(assignments);
+      } else {
+        f = ep->writeWithImm(assignments, imm);
+      }
+      if (f.isOk()) raw.releaseWhenDone(*f);
+    }
+  }
+  return unwrap(std::move(f));
+}
+
+// send() and recv() with the same raw-address chunks.
+template <typename F, typename Submit>
+F submitMessage(const std::shared_ptr<Endpoint>& ep, py::handle chunks, bool writable, Submit submit) {
+  std::vector<Chunk> list = toChunks(*ep, chunks);
+  RawRegions raw(ep->pool(), writable);
+  for (const Chunk& c : list) raw.note(c.mr, c.offset, c.length);
+  Result<F> f = Status(StatusCode::kInternal, "unset");
+  {
+    py::gil_scoped_release release;
+    Status registered = raw.empty() ? Status::ok() : raw.registerAll();
+    if (!registered.isOk()) {
+      f = registered;
+    } else {
+      if (!raw.empty()) {
+        for (Chunk& c : list) c.mr = raw.map(c.mr);
+      }
+      f = submit(list);
+      if (f.isOk()) raw.releaseWhenDone(*f);
     }
   }
   return unwrap(std::move(f));
@@ -545,26 +657,16 @@ void bindEndpoint(py::module_& m) {
       .def(
           "send",
           [](const std::shared_ptr<Endpoint>& ep, py::handle chunks, py::handle stream) {
-            std::vector<Chunk> list = toChunks(*ep, chunks);
-            Result<endpoint::SendFuture> f = Status(StatusCode::kInternal, "unset");
-            {
-              py::gil_scoped_release release;
-              f = ep->send(list);
-            }
-            return unwrap(std::move(f));
+            return submitMessage<endpoint::SendFuture>(ep, chunks, false,
+                                                       [&](const std::vector<Chunk>& l) { return ep->send(l); });
           },
           py::arg("chunk"), py::arg("stream_handler") = py::none(),
           "Sends one message gathered from [(mr_key, offset, length), ...].")
       .def(
           "recv",
           [](const std::shared_ptr<Endpoint>& ep, py::handle chunks, py::handle stream) {
-            std::vector<Chunk> list = toChunks(*ep, chunks);
-            Result<endpoint::RecvFuture> f = Status(StatusCode::kInternal, "unset");
-            {
-              py::gil_scoped_release release;
-              f = ep->recv(list);
-            }
-            return unwrap(std::move(f));
+            return submitMessage<endpoint::RecvFuture>(ep, chunks, true,
+                                                       [&](const std::vector<Chunk>& l) { return ep->recv(l); });
           },
           py::arg("chunk"), py::arg("stream_handler") = py::none(),
           "Receives the next message into [(mr_key, offset, length), ...].")

@@ -27,7 +27,8 @@ bool sameFields(const FrameHeader& a, const FrameHeader& b) {
          a.length == b.length && a.compareAdd == b.compareAdd && a.swap == b.swap &&
          a.atomicResult == b.atomicResult && a.srcQpn == b.srcQpn && a.psn == b.psn &&
          a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.qkey == b.qkey && a.nonce == b.nonce &&
-         a.sharePid == b.sharePid && a.shareFd == b.shareFd && a.shareCookie == b.shareCookie;
+         a.sharePid == b.sharePid && a.shareFd == b.shareFd && a.shareCookie == b.shareCookie &&
+         a.ringTicket == b.ringTicket;
 }
 
 void checkAccepted(const FrameHeader& h, size_t headerLen) {
