@@ -16,6 +16,7 @@ ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 BUILD_DIR ?= $(ROOT)/build
 ASAN_DIR ?= $(ROOT)/build-asan
 FUZZ_DIR ?= $(ROOT)/build-fuzz
+TSAN_DIR ?= $(ROOT)/build-tsan
 VENV ?= $(ROOT)/.venv
 CMAKE ?= cmake
 CTEST ?= ctest
@@ -33,6 +34,11 @@ FUZZ_SECONDS ?= 60
 # Sanitizer runtime options for the build-asan/ test run.
 TEST_ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+TEST_TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+# The ThreadSanitizer pass: the C++ tests (every one is multi-threaded: progress threads, workers,
+# agents), not the Python, packaging, bench, namespace or RDMA ones, nor the kill campaign (its
+# hundreds of processes add nothing a data race could hide in).
+TSAN_CTEST_ARGS ?= -LE 'rdma|packaging|bench|netns|python' -E KillAndStopCampaign
 # Extra arguments for `ferry demo`.
 DEMO_ARGS ?=
 # The rxe VM (QEMU guest with the kernel's soft-RoCE, rdma_rxe) that runs the RDMA tests, and the
@@ -53,7 +59,7 @@ DEBUG_O1 := '-DCMAKE_C_FLAGS_DEBUG=-O1 -g' '-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g'
 RUN := run() { printf '+ %s\n' "$$*"; "$$@"; }
 
 .PHONY: help deps lint-deps configure build demo check build-asan build-fuzz fuzz test test-run test-rdma \
-	test-rdma-run env format \
+	test-rdma-run soak build-tsan env format \
 	format-check tidy clean distclean
 
 help: ## List the targets
@@ -92,6 +98,12 @@ build-asan: deps ## Build build-asan/ (AddressSanitizer + UBSan, Debug at -O1)
 	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(ASAN_DIR) -G Ninja \
 	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_SANITIZE=address,undefined
 	run $(CMAKE) --build $(ASAN_DIR) $(BUILD_JOBS_FLAG)
+
+build-tsan: deps ## Build build-tsan/ (ThreadSanitizer, RelWithDebInfo; no Python module)
+	@$(RUN)
+	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(TSAN_DIR) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=thread
+	run $(CMAKE) --build $(TSAN_DIR) $(BUILD_JOBS_FLAG)
 
 build-fuzz: deps ## Build the libFuzzer targets in build-fuzz/ (clang-14)
 	@$(RUN)
@@ -134,6 +146,7 @@ fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds
 test: deps ## The whole suite: builds, fuzzing, tests, RDMA tests in the rxe VM, sanitizer tests
 	@$(MAKE) build
 	$(MAKE) build-asan
+	$(MAKE) build-tsan
 	$(MAKE) fuzz
 	$(MAKE) test-run
 
@@ -143,6 +156,8 @@ test-run:
 	run $(CTEST) --test-dir $(BUILD_DIR) -L packaging --output-on-failure
 	run $(CTEST) --test-dir $(BUILD_DIR) -LE 'rdma|packaging' -j$(TEST_JOBS) --output-on-failure
 	$(MAKE) test-rdma-run
+	run env TSAN_OPTIONS=$(TEST_TSAN_OPTIONS) $(CTEST) --test-dir $(TSAN_DIR) $(TSAN_CTEST_ARGS) -j$(TEST_JOBS) \
+	  --output-on-failure
 	run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
 	  $(CTEST) --test-dir $(ASAN_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
 
@@ -186,6 +201,10 @@ test-rdma-run:
 	  *) echo "test-rdma: FAILED: ctest -L rdma in the rxe VM exited $$rc" >&2; exit "$$rc" ;;
 	esac
 
+soak: build ## SOAK_SECONDS (600) of verified transfers between two namespaces under netem loss, delay, reordering
+	@$(RUN)
+	run $(ROOT)/tests/netns/netns_soak.sh $(BUILD_DIR)/ferry $${SOAK_SECONDS:-600}
+
 env: ## Print shell exports: eval "$(make -s env)"
 	@if [[ ! -x $(BUILD_DIR)/ferry ]]; then echo "# note: $(BUILD_DIR)/ferry is not built yet (make build)" >&2; fi
 	printf 'export VIRTUAL_ENV=%q\n' '$(VENV)'
@@ -207,8 +226,8 @@ tidy: lint-deps configure ## clang-tidy over src/ and tools/ with build/compile_
 	@find $(wildcard $(ROOT)/src $(ROOT)/tools) -type f -name '*.cc' -print0 \
 	  | xargs -0 -r -n 4 -P $(TIDY_JOBS) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet
 
-clean: ## Remove the build trees (build/, build-asan/, build-fuzz/)
-	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(FUZZ_DIR)
+clean: ## Remove the build trees (build/, build-asan/, build-tsan/, build-fuzz/)
+	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR)
 
 distclean: clean ## Also remove .venv
 	@rm -rf $(VENV)

@@ -203,3 +203,38 @@ def test_buffer_pool_methods():
             pool.pop()
     finally:
         rx.close()
+
+
+def test_a_send_holds_its_slot_until_its_completion_is_polled():
+    """A UD QP of depth 16 takes 16 signaled sends; one post_send of 16,384 fails with WRError at
+    index 16 (ENOMEM), the 16 before it posted; polling their completions frees the slots."""
+    end_port = ferry.get_end_port()
+    rx = Receiver(end_port)
+    ctx = ferry.get_verbs(end_port)
+    try:
+        path = IBPath(end_port, dpqn=rx.qp.qp_num, qkey=IBA.IB_DEFAULT_QP1_QKEY, DGID=rx.gid)
+        with ferry.get_gmp_mad(path.end_port, verbs=ctx) as umad:
+            ferry.path.resolve_path(umad, path, reversible=True)
+        with ctx.pd() as pd:
+            cq = pd.cq(64)
+            qp = pd.qp(ibv.IBV_QPT_UD, 16, cq, 16, cq)
+            depth = qp.query(ibv.IBV_QP_CAP)[1].cap.max_send_wr
+            path.sqpn = qp.qp_num
+            qp.establish(path)
+            msg = bytearray(b"x" * 64)
+            mr = pd.mr(msg, ibv.IBV_ACCESS_LOCAL_WRITE)
+            ah = pd.ah(path)
+            wrs = [ibv.send_wr(opcode=ibv.IBV_WR_SEND, send_flags=ibv.IBV_SEND_SIGNALED, ah=ah,
+                               remote_qpn=path.dpqn, remote_qkey=path.qkey, wr_id=i, sg_list=mr.sge())
+                   for i in range(16384)]
+            with pytest.raises(ibv.WRError) as info:
+                qp.post_send(wrs)
+            assert info.value.bad_index == depth
+            assert info.value.errno == 12 and isinstance(info.value, ferry.ResourceExhausted)
+            done = list(ferry.vtools.CQPoller(cq).iterwc(count=depth, timeout=WAIT))
+            assert [w.wr_id for w in done] == list(range(depth))
+            qp.post_send(wrs[:depth])  # the polled completions gave the slots back
+            assert len(list(ferry.vtools.CQPoller(cq).iterwc(count=depth, timeout=WAIT))) == depth
+    finally:
+        ctx.close()
+        rx.close()

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "support/verbs_fixture.h"
 
@@ -232,6 +233,74 @@ TEST_P(UdConformance, UdTransitionsFollowTheUdTable) {
   ASSERT_OK(qp->modify(attr, m::kState | m::kSqPsn));
   ASSERT_OK_AND_ASSIGN(auto q, qp->query());
   EXPECT_EQ(q.state, QpState::kRts);
+}
+
+// A send holds its send-queue slot until its completion is polled (an unsignaled one, until the
+// next signaled completion is): one post_send of 16,384 signaled sends on a QP of depth 16 fails
+// at the first send past the depth, with the ones before it posted; polling frees the slots.
+TEST_P(UdConformance, SendQueueSlotsAreHeldUntilTheirCompletionIsPolled) {
+  UdSide a, b;
+  ASSERT_TRUE(isOk(openSide(a.side, nullptr, 256)));
+  auto qp = a.side.pd.createQp({.type = v::QpType::kUd, .sendCq = &a.side.sendCq, .recvCq = &a.side.recvCq,
+                                .cap = {.maxSendWr = 16, .maxRecvWr = 16, .maxSendSge = 1, .maxRecvSge = 1}});
+  if (!qp.isOk() && qp.status().code() == StatusCode::kNotSupported) GTEST_SKIP() << "no UD QPs";
+  ASSERT_TRUE(isOk(qp.status()));
+  a.qp = std::move(*qp);
+  namespace m = v::qp_attr_mask;
+  v::QpAttr attr;
+  attr.state = QpState::kInit;
+  attr.portNum = 1;
+  attr.qkey = kQkey;
+  ASSERT_OK(a.qp.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey));
+  attr.state = QpState::kRtr;
+  ASSERT_OK(a.qp.modify(attr, m::kState));
+  attr.state = QpState::kRts;
+  ASSERT_OK(a.qp.modify(attr, m::kState | m::kSqPsn));
+  ASSERT_OK_AND_ASSIGN(auto q, a.qp.query());
+  const size_t depth = q.cap.maxSendWr;  // at least 16; a NIC may round it up
+  ASSERT_GE(depth, 16u);
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, b));
+  ASSERT_OK_AND_ASSIGN(auto buf, registerBuffer(a.side.pd, 64, v::access::kLocalWrite, 7));
+  v::Sge sge = sgeOf(buf, 0, 64);
+  auto sendWr = [&](uint64_t id, bool signaled) {
+    v::SendWr wr{.wrId = id,
+                 .opcode = v::WrOpcode::kSend,
+                 .sendFlags = signaled ? v::send_flags::kSignaled : 0u,
+                 .sgList = std::span<const v::Sge>(&sge, 1)};
+    wr.ud = {.ah = ah.id(), .remoteQpn = b.qp.qpNum(), .remoteQkey = kQkey};
+    return wr;
+  };
+  std::vector<v::SendWr> many;
+  for (uint64_t i = 0; i < 16384; ++i) many.push_back(sendWr(i, true));
+  size_t bad = 0;
+  Status st = a.qp.postSend(many, &bad);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.toString();
+  EXPECT_EQ(bad, depth) << "the sends before the first that found no slot were posted";
+  std::vector<v::WorkCompletion> done;
+  ASSERT_TRUE(pollCompletions(a.side.sendCq, depth, &done));
+  for (size_t i = 0; i < depth; ++i) {
+    EXPECT_EQ(done[i].wrId, i);
+    EXPECT_EQ(done[i].status, WcStatus::kSuccess);
+  }
+  EXPECT_TRUE(noCompletionFor(a.side.sendCq, std::chrono::milliseconds(20)));
+  // Polled: the slots are free again.
+  ASSERT_OK(a.qp.postSend(std::vector<v::SendWr>(many.begin(), many.begin() + depth), &bad));
+  done.clear();
+  ASSERT_TRUE(pollCompletions(a.side.sendCq, depth, &done));
+  // Unsignaled sends hold theirs until a later signaled completion is polled.
+  std::vector<v::SendWr> quiet;
+  for (size_t i = 0; i + 1 < depth; ++i) quiet.push_back(sendWr(100 + i, false));
+  quiet.push_back(sendWr(999, true));
+  ASSERT_OK(a.qp.postSend(quiet, &bad));
+  EXPECT_EQ(a.qp.postSend(std::vector<v::SendWr>{sendWr(1000, true)}, &bad).code(), StatusCode::kResourceExhausted);
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(a.side.sendCq, &wc));
+  EXPECT_EQ(wc.wrId, 999u);
+  ASSERT_OK(a.qp.postSend(std::vector<v::SendWr>(many.begin(), many.begin() + depth), &bad))
+      << "polling the signaled completion freed every slot before it";
+  done.clear();
+  ASSERT_TRUE(pollCompletions(a.side.sendCq, depth, &done));
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, UdConformance, ::testing::ValuesIn(providerPaths()), providerPathTestName);

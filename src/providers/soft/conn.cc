@@ -10,6 +10,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "common/device_access.h"
 #include "common/log.h"
 
 namespace ferry::soft {
@@ -136,11 +137,15 @@ ssize_t Conn::ioWritev(iovec* iov, int count) {
   msghdr msg{};
   msg.msg_iov = iov;
   msg.msg_iovlen = count;
+  DeviceAccess device;  // the pieces are registered memory (and frame headers)
   return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 ssize_t Conn::ioReadv(iovec* iov, int count) {
-  if (!ring_) return ::readv(fd_, iov, count);
+  if (!ring_) {
+    DeviceAccess device;
+    return ::readv(fd_, iov, count);
+  }
   ssize_t n = ring_->readv(iov, count);
   if (n < 0 && errno == EAGAIN && peerHungUp_) return 0;  // the ring is empty and the peer is gone
   return n;
@@ -449,6 +454,7 @@ size_t Conn::placeFromBuffer(const uint8_t* src, size_t len) {
     if (seg.entry && seg.entry->revoked) {
       plan_.revoked = true;  // deregistered while the message arrived: discard
     } else {
+      DeviceAccess device;
       std::memcpy(seg.ptr + segOffset_, src + taken, piece);
     }
     taken += piece;

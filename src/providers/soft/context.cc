@@ -827,7 +827,9 @@ Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
   if (overflowed_) return Status(StatusCode::kIoError, "poll CQ: the CQ overflowed", EOVERFLOW);
   int n = 0;
   while (n < static_cast<int>(out.size()) && !entries_.empty()) {
-    out[n++] = entries_.front();
+    Entry& e = entries_.front();
+    out[n++] = e.wc;
+    if (e.held) e.held->fetch_sub(std::min(e.slots, e.held->load()));
     entries_.pop_front();
   }
   return n;
@@ -857,7 +859,10 @@ int SoftCq::cqe() const {
   return capacity_;
 }
 
-void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited) {
+void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited) { push(wc, solicited, nullptr, 0); }
+
+void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited, std::shared_ptr<std::atomic<uint32_t>> held,
+                  uint32_t slots) {
   if (closed_) return;
   bool fire = false;
   bool overflow = false;
@@ -868,7 +873,7 @@ void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited) {
       overflowed_ = true;
       overflow = true;
     } else {
-      entries_.push_back(wc);
+      entries_.push_back(Entry{wc, std::move(held), slots});
       if (armed_ == 1 || (armed_ == 2 && (solicited || wc.status != verbs::WcStatus::kSuccess))) {
         armed_ = 0;
         fire = true;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <shared_mutex>
 
+#include "common/device_access.h"
 #include "common/log.h"
 #include "verbs/qp_state.h"
 
@@ -971,6 +972,7 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
         if (wqe->local.empty() || wqe->local[0].entry->revoked) {
           wqe->error = WcStatus::kLocProtErr;
         } else {
+          DeviceAccess device;
           std::memcpy(wqe->local[0].ptr, &h.atomicResult, 8);
         }
       }
@@ -1451,6 +1453,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
         auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, 8, verbs::access::kRemoteAtomic);
         if (entry) {
           auto* target = reinterpret_cast<uint64_t*>(h.remoteAddr);
+          DeviceAccess device;
           if (h.type == FrameType::kCmpSwap) {
             uint64_t expected = h.compareAdd;
             __atomic_compare_exchange_n(target, &expected, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

@@ -1,4 +1,6 @@
 #include "providers/soft/ring.h"
+
+#include "common/device_access.h"
 #include "ferry/common/config.h"
 
 #include <fcntl.h>
@@ -109,6 +111,7 @@ void copyRing(uint8_t* ring, size_t size, uint64_t pos, const iovec* iov, int co
     n -= len;
     while (len > 0) {
       size_t piece = std::min(len, size - at);
+      DeviceAccess device;  // iov may be registered memory
       if (toRing) {
         std::memcpy(ring + at, p, piece);
       } else {

@@ -297,11 +297,21 @@ class SoftCq final : public verbs::CqImpl {
   const SoftContext* context() const { return ctx_.get(); }
   // Adds a completion (reactor thread). solicited: a receive of a solicited message.
   void push(const verbs::WorkCompletion& wc, bool solicited);
+  // The same for a send whose send-queue slots (its own and those of the unsignaled sends before
+  // it) are given back when the completion is polled: `slots` is subtracted from *held then, as a
+  // NIC's driver frees send-queue entries when it polls their completion.
+  void push(const verbs::WorkCompletion& wc, bool solicited, std::shared_ptr<std::atomic<uint32_t>> held,
+            uint32_t slots);
 
  private:
+  struct Entry {
+    verbs::WorkCompletion wc;
+    std::shared_ptr<std::atomic<uint32_t>> held;  // the send queue's count of held slots, or null
+    uint32_t slots = 0;
+  };
   std::shared_ptr<SoftContext> ctx_;
   mutable std::mutex mu_;
-  std::deque<verbs::WorkCompletion> entries_;
+  std::deque<Entry> entries_;
   int capacity_;
   bool overflowed_ = false;
   int armed_ = 0;  // 0 not armed, 1 next completion, 2 next solicited or error completion

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <shared_mutex>
 
+#include "common/device_access.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -47,6 +48,8 @@ Status SoftUdQp::modify(const verbs::QpAttr& attr, uint32_t mask) {
     if (mask & m::kSqPsn) attr_.sqPsn = attr.sqPsn;
     if (*next == QpState::kReset) {
       rq_.clear();
+      sqHeld_ = std::make_shared<std::atomic<uint32_t>>(0);  // completions still queued free nothing
+      unsignaledRun_ = 0;
       verbs::QpAttr fresh;
       fresh.cap = cap_;
       attr_ = fresh;
@@ -98,10 +101,15 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
     } else if (!(ah = pd_->findAh(wr.ud.ah))) {
       status = refusePost("unknown or closed address handle (of another PD?)");
     }
+    if (status.isOk() && sqHeld_->load() >= cap_.maxSendWr) {
+      status = resourceExhausted("post send: send queue full (" + std::to_string(cap_.maxSendWr) +
+                                 " sends whose completions have not been polled)");
+    }
     if (!status.isOk()) {
       if (badIndex) *badIndex = i;
       return status;
     }
+    sqHeld_->fetch_add(1);
     verbs::WorkCompletion wc;
     wc.wrId = wr.wrId;
     wc.opcode = WcOpcode::kSend;
@@ -109,7 +117,7 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
     wc.byteLen = static_cast<uint32_t>(total);
     if (state_ == QpState::kErr) {
       wc.status = WcStatus::kWrFlushErr;
-      complete(sendCq_, wc, false);
+      completeSendLocked(wc, true);
       continue;
     }
     wire::FrameHeader h;
@@ -152,13 +160,23 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
         msg.msg_iov = iov;
         msg.msg_iovlen = count;
         // A datagram the kernel refuses is lost, as UD allows; the send still completes.
+        DeviceAccess device;
         (void)::sendmsg(ctx_->udpFd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       }
     }
     wc.status = localOk ? WcStatus::kSuccess : WcStatus::kLocProtErr;
-    if (!localOk || sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled)) complete(sendCq_, wc, false);
+    completeSendLocked(wc, !localOk || sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled));
   }
   return Status::ok();
+}
+
+void SoftUdQp::completeSendLocked(const verbs::WorkCompletion& wc, bool signaled) {
+  if (!signaled) {
+    ++unsignaledRun_;
+    return;
+  }
+  sendCq_->push(wc, false, sqHeld_, unsignaledRun_ + 1);
+  unsignaledRun_ = 0;
 }
 
 Status SoftUdQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
@@ -268,7 +286,10 @@ void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* pay
           size_t piece = std::min(left, need - done);
           const uint8_t* src = done < kGrhBytes ? grh + done : payload + (done - kGrhBytes);
           if (done < kGrhBytes) piece = std::min(piece, kGrhBytes - done);
-          std::memcpy(dst, src, piece);
+          {
+            DeviceAccess device;
+            std::memcpy(dst, src, piece);
+          }
           dst += piece;
           left -= piece;
           done += piece;

@@ -39,6 +39,9 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   bool takeRecv(RecvWqe* out);
   void flushRecvs();
   void complete(const std::shared_ptr<SoftCq>& cq, const verbs::WorkCompletion& wc, bool solicited);
+  // A send's completion: a signaled one goes to the send CQ carrying its slot and those of the
+  // unsignaled sends before it, which are freed when it is polled (mu_ held).
+  void completeSendLocked(const verbs::WorkCompletion& wc, bool signaled);
 
   std::shared_ptr<SoftContext> ctx_;
   std::shared_ptr<SoftPd> pd_;
@@ -54,6 +57,10 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   verbs::QpState state_ = verbs::QpState::kReset;
   verbs::QpAttr attr_;
   std::deque<RecvWqe> rq_;
+  // Send-queue slots held: a send holds its slot from its post until its completion (or the next
+  // signaled one, when it is unsignaled) is polled, as on a NIC; a post past max_send_wr fails.
+  std::shared_ptr<std::atomic<uint32_t>> sqHeld_ = std::make_shared<std::atomic<uint32_t>>(0);
+  uint32_t unsignaledRun_ = 0;  // unsignaled sends since the last signaled one
 };
 
 }  // namespace ferry::soft
