@@ -177,6 +177,17 @@ class EndPort:
         return 0
 
     @property
+    def sa_path(self):
+        """The path to this port's subnet administrator: QP1 at the subnet manager's LID
+        (:attr:`sm_lid`, :attr:`sm_sl`) with the GSI Q_Key and the default P_Key, a new
+        :class:`ferry.path.IBPath` on each access (change it freely). ferry's devices have no
+        subnet manager: :func:`ferry.path.resolve_path` answers path queries locally, and the SA
+        path names this port itself (its SM LID is the port's own LID, 0 on RoCE-style and software
+        devices)."""
+        return path.IBPath(self, SLID=self.lid, DLID=self.sm_lid, SL=self.sm_sl, sqpn=1, dqpn=1,
+                           qkey=IBA.IB_DEFAULT_QP1_QKEY, pkey=IBA.PKEY_DEFAULT)
+
+    @property
     def state(self):
         """The IBV_PORT_* state."""
         return self._port_attr()["state"]

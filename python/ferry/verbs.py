@@ -1007,14 +1007,21 @@ class QP(_core.QP):
         self.modify_to_rts(path)
 
     def attach_mcast(self, path):
-        """Attach this QP to the multicast group of *path* (DGID, DLID). ferry's devices have no
-        multicast: raises :class:`ferry.NotSupported`."""
-        raise _not_supported("ibv_attach_mcast", "multicast is not offered by ferry's devices")
+        """Attach this QP to receive the multicast group described by ``path.DGID`` and
+        ``path.DLID`` (a UD QP; the GID is in ff00::/8). On ferry's software devices every QP of
+        the host attached to the group, in any process of the same user, receives a send to it
+        (an AH for the group's GID, ``remote_qpn`` 0xFFFFFF); the sending QP does not receive its
+        own. :class:`ferry.InvalidArgument` for another QP type or a GID that is not multicast."""
+        if path.DGID is None:
+            raise ValueError("attach_mcast: the path has no DGID (the multicast group)")
+        self._attach_mcast(bytes(IBA.GID(path.DGID)), int(path.DLID or 0))
 
     def detach_mcast(self, path):
-        """Detach this QP from the multicast group of *path*. Raises :class:`ferry.NotSupported`
-        (see :meth:`attach_mcast`)."""
-        raise _not_supported("ibv_detach_mcast", "multicast is not offered by ferry's devices")
+        """Detach this QP from the multicast group described by ``path.DGID`` and ``path.DLID``
+        (:class:`ferry.InvalidArgument` when it is not attached)."""
+        if path.DGID is None:
+            raise ValueError("detach_mcast: the path has no DGID (the multicast group)")
+        self._detach_mcast(bytes(IBA.GID(path.DGID)), int(path.DLID or 0))
 
     def __str__(self):
         return "qp:%u:%s" % (self.qp_num, self.pd)

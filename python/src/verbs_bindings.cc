@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "ferry/devices.h"
 #include "status.h"
@@ -17,6 +18,17 @@
 #include "verbs_structs.h"
 
 namespace ferry::python {
+
+namespace {
+// A GID given as 16 bytes (bytes(IBA.GID)).
+verbs::Gid gidFromBytes(const py::bytes& raw, const char* func) {
+  std::string text = raw;
+  if (text.size() != 16) raiseStatus(invalidArgument("a GID is 16 bytes, not " + std::to_string(text.size())), func);
+  verbs::Gid g;
+  std::memcpy(g.raw.data(), text.data(), 16);
+  return g;
+}
+}  // namespace
 
 namespace {
 
@@ -420,7 +432,33 @@ void bindVerbs(py::module_& m) {
       .def("post_send", &QpObject::postSend, py::arg("wrlist"),
            "wrlist may be a single send_wr or a list of them.")
       .def("post_recv", &QpObject::postRecv, py::arg("wrlist"),
-           "wrlist may be a single recv_wr or a list of them.");
+           "wrlist may be a single recv_wr or a list of them.")
+      .def(
+          "_attach_mcast",
+          [](QpObject& q, py::bytes gid, uint16_t lid) {
+            verbs::Gid g = gidFromBytes(gid, "ibv_attach_mcast");
+            verbs::QueuePair& handle = q.handle();
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = handle.attachMcast(g, lid);
+            }
+            check(st, "ibv_attach_mcast");
+          },
+          py::arg("gid"), py::arg("lid"))
+      .def(
+          "_detach_mcast",
+          [](QpObject& q, py::bytes gid, uint16_t lid) {
+            verbs::Gid g = gidFromBytes(gid, "ibv_detach_mcast");
+            verbs::QueuePair& handle = q.handle();
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = handle.detachMcast(g, lid);
+            }
+            check(st, "ibv_detach_mcast");
+          },
+          py::arg("gid"), py::arg("lid"));
 }
 
 }  // namespace ferry::python

@@ -216,6 +216,31 @@ Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {
   return impl_->postRecv(wrs, badIndex);
 }
 
+namespace {
+Status checkMcast(const char* what, QpType type, const Gid& gid) {
+  if (type != QpType::kUd) {
+    return Status(StatusCode::kInvalidArgument, std::string(what) + ": only UD queue pairs join multicast groups",
+                  EINVAL);
+  }
+  if (gid.raw[0] != 0xff) {
+    return Status(StatusCode::kInvalidArgument, std::string(what) + ": not a multicast GID (ff00::/8)", EINVAL);
+  }
+  return Status::ok();
+}
+}  // namespace
+
+Status QueuePair::attachMcast(const Gid& gid, uint16_t lid) {
+  if (!impl_) return emptyHandle("QueuePair");
+  FERRY_RETURN_IF_ERROR(checkMcast("attach_mcast", impl_->type(), gid));
+  return impl_->attachMcast(gid, lid);
+}
+
+Status QueuePair::detachMcast(const Gid& gid, uint16_t lid) {
+  if (!impl_) return emptyHandle("QueuePair");
+  FERRY_RETURN_IF_ERROR(checkMcast("detach_mcast", impl_->type(), gid));
+  return impl_->detachMcast(gid, lid);
+}
+
 Status QueuePair::establish(const Path& path, uint32_t accessFlags) {
   if (!impl_) return emptyHandle("QueuePair");
   namespace m = qp_attr_mask;

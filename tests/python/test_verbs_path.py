@@ -190,3 +190,19 @@ def test_default_gid_needs_an_open_context():
             ctx.close()
     with pytest.raises(ferry.RDMAError):
         ferry.get_end_port("soft_lo").default_gid
+
+
+def test_end_port_sa_path_names_qp1_of_the_subnet_manager():
+    """EndPort.sa_path: QP1 at the SM's LID with the GSI Q_Key; a fresh path on each access, usable
+    where python-rdma's users pass it (a MAD channel on its end port)."""
+    end_port = ferry.get_end_port()
+    with ferry.get_verbs(end_port):
+        sa = end_port.sa_path
+        assert isinstance(sa, ferry.path.IBPath) and sa.end_port is end_port
+        assert (sa.sqpn, sa.dqpn, sa.qkey) == (1, 1, IBA.IB_DEFAULT_QP1_QKEY)
+        assert (sa.DLID, sa.SLID, sa.SL, sa.pkey) == (end_port.sm_lid, end_port.lid, end_port.sm_sl,
+                                                     IBA.PKEY_DEFAULT)
+        sa.qkey = 5
+        assert end_port.sa_path.qkey == IBA.IB_DEFAULT_QP1_QKEY  # changing one changes no other
+        with ferry.get_gmp_mad(sa.end_port) as umad:
+            assert umad is not None

@@ -238,3 +238,64 @@ def test_a_send_holds_its_slot_until_its_completion_is_polled():
     finally:
         ctx.close()
         rx.close()
+
+
+_MCAST_MEMBER = r"""
+import sys
+import ferry, ferry.IBA as IBA, ferry.verbs as ibv, ferry.vtools
+from ferry.path import IBPath
+group = IBA.GID(sys.argv[1])
+end_port = ferry.get_end_port()
+with ferry.get_verbs(end_port) as ctx:
+    pd = ctx.pd()
+    cq = ctx.cq(4)
+    qp = pd.qp(ibv.IBV_QPT_UD, 4, cq, 4, cq)
+    qp.establish(IBPath(end_port, qkey=0x1234, sqpn=qp.qp_num))
+    buf = bytearray(ibv.GRH_BYTES + 64)
+    mr = pd.mr(buf, ibv.IBV_ACCESS_LOCAL_WRITE)
+    qp.post_recv(ibv.recv_wr(wr_id=1, sg_list=mr.sge()))
+    qp.attach_mcast(IBPath(end_port, DGID=group))
+    print("ready", flush=True)
+    wcs = list(ferry.vtools.CQPoller(cq).iterwc(count=1, timeout=10))
+    assert wcs and wcs[0].status == ibv.IBV_WC_SUCCESS, wcs
+    print(bytes(buf[ibv.GRH_BYTES:wcs[0].byte_len]).decode(), flush=True)
+    qp.detach_mcast(IBPath(end_port, DGID=group))
+"""
+
+
+def test_multicast_reaches_every_attached_qp_across_processes():
+    """attach_mcast as the verbs document has it: two other processes attach a UD QP each to a
+    group; one send to the group (destination QP 0xFFFFFF) reaches both."""
+    import os
+    import subprocess
+    import sys
+    group = "ff0e::4652:%x" % os.getpid()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    members = [subprocess.Popen([sys.executable, "-c", _MCAST_MEMBER, group], stdout=subprocess.PIPE, text=True,
+                                env=env) for _ in range(2)]
+    try:
+        for m in members:
+            assert m.stdout.readline().strip() == "ready"
+        end_port = ferry.get_end_port()
+        with ferry.get_verbs(end_port) as ctx:
+            pd = ctx.pd()
+            cq = ctx.cq(4)
+            qp = pd.qp(ibv.IBV_QPT_UD, 4, cq, 4, cq)
+            qp.establish(IBPath(end_port, qkey=0x1234, sqpn=qp.qp_num))
+            msg = bytearray(b"to every member of the group")
+            mr = pd.mr(msg, ibv.IBV_ACCESS_LOCAL_WRITE)
+            path = IBPath(end_port, DGID=IBA.GID(group), has_grh=True, dqpn=0xFFFFFF, qkey=0x1234)
+            qp.post_send(ibv.send_wr(opcode=ibv.IBV_WR_SEND, send_flags=ibv.IBV_SEND_SIGNALED, ah=pd.ah(path),
+                                     remote_qpn=0xFFFFFF, remote_qkey=0x1234, wr_id=1, sg_list=mr.sge()))
+            assert len(list(ferry.vtools.CQPoller(cq).iterwc(count=1, timeout=WAIT))) == 1
+            with pytest.raises(ferry.InvalidArgument):
+                qp.attach_mcast(IBPath(end_port, DGID=end_port.default_gid))  # not a multicast GID
+        for m in members:
+            out, _ = m.communicate(timeout=20)
+            assert out.strip() == msg.decode()
+            assert m.returncode == 0
+    finally:
+        for m in members:
+            if m.poll() is None:
+                m.kill()
+                m.wait()

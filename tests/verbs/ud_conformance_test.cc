@@ -1,5 +1,6 @@
 // Conformance of unreliable-datagram (UD) queue pairs, over every provider path that offers them.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <vector>
@@ -233,6 +234,70 @@ TEST_P(UdConformance, UdTransitionsFollowTheUdTable) {
   ASSERT_OK(qp->modify(attr, m::kState | m::kSqPsn));
   ASSERT_OK_AND_ASSIGN(auto q, qp->query());
   EXPECT_EQ(q.state, QpState::kRts);
+}
+
+// UD multicast: every QP attached to a group receives a send to it (an AH for the group's GID,
+// destination QP 0xffffff), with the sender's GID and QP in its completion; a detached QP no
+// longer does; only UD QPs and multicast GIDs are accepted.
+TEST_P(UdConformance, MulticastReachesEveryAttachedQpAndNoDetachedOne) {
+  UdSide a, b, c;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  ASSERT_NO_FATAL_FAILURE(openUd(c));
+  // A group of this process alone: ff0e::/16 (global scope) with this pid in it.
+  v::Gid group;
+  group.raw = {0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0x46, 0x52};
+  const uint32_t pid = static_cast<uint32_t>(::getpid());
+  std::memcpy(group.raw.data() + 12, &pid, 4);
+  ASSERT_OK(b.qp.attachMcast(group, 0xc001));
+  ASSERT_OK(c.qp.attachMcast(group, 0xc001));
+  ASSERT_OK(c.qp.attachMcast(group, 0xc001)) << "attaching twice is no error";
+  ASSERT_OK_AND_ASSIGN(auto out, registerBuffer(a.side.pd, 512, v::access::kLocalWrite, 31));
+  std::vector<RegisteredBuffer> ins;
+  for (UdSide* r : {&b, &c}) {
+    ASSERT_OK_AND_ASSIGN(auto in, registerBuffer(r->side.pd, 2 * (kGrh + 512), v::access::kLocalWrite, 0));
+    ASSERT_OK(postReceive(r->qp, 1, {sgeOf(in, 0, kGrh + 512)}));
+    ASSERT_OK(postReceive(r->qp, 2, {sgeOf(in, kGrh + 512, kGrh + 512)}));
+    ins.push_back(std::move(in));
+  }
+  v::AhAttr attr;
+  attr.dgid = group;
+  attr.dlid = 0xc001;
+  attr.isGlobal = true;
+  attr.portNum = 1;
+  ASSERT_OK_AND_ASSIGN(auto ah, a.side.pd.createAh(attr));
+  ASSERT_OK(sendTo(a, ah, 0xffffff, out, 512, 9));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(a.side.sendCq, &wc));
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  size_t at = 0;
+  for (UdSide* r : {&b, &c}) {
+    ASSERT_TRUE(pollOne(r->side.recvCq, &wc)) << "every attached QP receives the send";
+    EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+    EXPECT_EQ(wc.wrId, 1u);
+    EXPECT_EQ(wc.byteLen, kGrh + 512);
+    EXPECT_EQ(wc.srcQp, a.qp.qpNum());
+    v::Gid sgid;
+    std::memcpy(sgid.raw.data(), ins[at].data() + 8, 16);
+    EXPECT_EQ(sgid, gidOf(a));
+    EXPECT_EQ(firstPatternMismatch(bytesOf(ins[at], kGrh, 512), 31), 512u) << "payload differs";
+    ++at;
+  }
+  // Detached, c receives no more; b still does.
+  ASSERT_OK(c.qp.detachMcast(group, 0xc001));
+  ASSERT_OK(sendTo(a, ah, 0xffffff, out, 512, 10));
+  ASSERT_TRUE(pollOne(a.side.sendCq, &wc));
+  ASSERT_TRUE(pollOne(b.side.recvCq, &wc));
+  EXPECT_EQ(wc.wrId, 2u);
+  EXPECT_TRUE(noCompletionFor(c.side.recvCq, std::chrono::milliseconds(100)));
+  // Refused: detaching again, a GID that is not multicast, a QP that is not UD.
+  EXPECT_TRUE(hasCode(c.qp.detachMcast(group, 0xc001), StatusCode::kInvalidArgument, EINVAL));
+  EXPECT_TRUE(hasCode(b.qp.attachMcast(gidOf(a), 0), StatusCode::kInvalidArgument, EINVAL));
+  Side rc;
+  ASSERT_OK(openSide(rc, nullptr, 16));
+  ASSERT_OK(createQp(rc, {}));
+  EXPECT_TRUE(hasCode(rc.qp.attachMcast(group, 0xc001), StatusCode::kInvalidArgument, EINVAL));
+  ASSERT_OK(b.qp.detachMcast(group, 0xc001));
 }
 
 // A send holds its send-queue slot until its completion is polled (an unsignaled one, until the

@@ -134,6 +134,15 @@ class QpImpl : public Closeable {
   virtual Result<QpAttr> query() = 0;
   virtual Status postSend(std::span<const SendWr> wrs, size_t* badIndex) = 0;
   virtual Status postRecv(std::span<const RecvWr> wrs, size_t* badIndex) = 0;
+  // UD multicast (QueuePair::attachMcast checked the QP type and the GID first).
+  virtual Status attachMcast(const Gid& gid, uint16_t lid) {
+    (void)gid, (void)lid;
+    return Status(StatusCode::kNotSupported, "attach_mcast: this device has no multicast", EOPNOTSUPP);
+  }
+  virtual Status detachMcast(const Gid& gid, uint16_t lid) {
+    (void)gid, (void)lid;
+    return Status(StatusCode::kNotSupported, "detach_mcast: this device has no multicast", EOPNOTSUPP);
+  }
 };
 
 class SrqImpl : public Closeable {

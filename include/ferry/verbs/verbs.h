@@ -190,6 +190,11 @@ class QueuePair : public Handle<QpImpl> {
   Status postSend(const SendWr& wr) { return postSend(std::span<const SendWr>(&wr, 1)); }
   Status postRecv(std::span<const RecvWr> wrs, size_t* badIndex = nullptr);
   Status postRecv(const RecvWr& wr) { return postRecv(std::span<const RecvWr>(&wr, 1)); }
+  // ibv_attach_mcast / ibv_detach_mcast: a UD QP receives the sends to the multicast group gid
+  // (ff00::/8; lid is the group's LID, 0 on RoCE-style and software devices). EINVAL for another
+  // QP type or a GID that is not multicast, and for detaching a group the QP is not attached to.
+  Status attachMcast(const Gid& gid, uint16_t lid);
+  Status detachMcast(const Gid& gid, uint16_t lid);
 };
 
 class SharedReceiveQueue : public Handle<SrqImpl> {

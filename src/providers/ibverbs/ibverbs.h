@@ -291,6 +291,8 @@ class IbvQp final : public verbs::QpImpl {
   Result<verbs::QpAttr> query() override;
   Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
+  Status attachMcast(const verbs::Gid& gid, uint16_t lid) override;
+  Status detachMcast(const verbs::Gid& gid, uint16_t lid) override;
   void close() override;
 
  private:

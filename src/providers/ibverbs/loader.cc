@@ -75,7 +75,9 @@ Loaded load() {
                   resolve(library, "ibv_query_qp", &a.queryQp, &r) &&
                   resolve(library, "ibv_destroy_qp", &a.destroyQp, &r) &&
                   resolve(library, "ibv_create_ah", &a.createAh, &r) &&
-                  resolve(library, "ibv_destroy_ah", &a.destroyAh, &r);
+                  resolve(library, "ibv_destroy_ah", &a.destroyAh, &r) &&
+                  resolve(library, "ibv_attach_mcast", &a.attachMcast, &r) &&
+                  resolve(library, "ibv_detach_mcast", &a.detachMcast, &r);
   loaded.ok = ok;
   return loaded;
 }

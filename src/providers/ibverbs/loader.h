@@ -53,6 +53,8 @@ struct Api {
   int (*destroyQp)(ibv_qp* qp) = nullptr;
   ibv_ah* (*createAh)(ibv_pd* pd, ibv_ah_attr* attr) = nullptr;
   int (*destroyAh)(ibv_ah* ah) = nullptr;
+  int (*attachMcast)(ibv_qp* qp, const ibv_gid* gid, uint16_t lid) = nullptr;
+  int (*detachMcast)(ibv_qp* qp, const ibv_gid* gid, uint16_t lid) = nullptr;
 
   // ibv_query_port: the provider's query_port operation when it has one (the full, current
   // ibv_port_attr), else the compatibility entry point.

@@ -320,6 +320,22 @@ Status IbvQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   return Status::ok();
 }
 
+Status IbvQp::attachMcast(const verbs::Gid& gid, uint16_t lid) {
+  if (closed_) return closedError("attach_mcast: the QP is closed");
+  ibv_gid g{};
+  std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
+  if (int rc = pd_->ctx()->api().attachMcast(qp_, &g, lid); rc != 0) return verbsError("ibv_attach_mcast", errnoOf(rc));
+  return Status::ok();
+}
+
+Status IbvQp::detachMcast(const verbs::Gid& gid, uint16_t lid) {
+  if (closed_) return closedError("detach_mcast: the QP is closed");
+  ibv_gid g{};
+  std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
+  if (int rc = pd_->ctx()->api().detachMcast(qp_, &g, lid); rc != 0) return verbsError("ibv_detach_mcast", errnoOf(rc));
+  return Status::ok();
+}
+
 Status IbvQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
   auto refuse = [&](size_t index, Status status) {
     if (badIndex) *badIndex = index;

@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "providers/soft/conn.h"
+#include "providers/soft/mcast.h"
 #include "providers/soft/qp.h"
 #include "providers/soft/soft.h"
 #include "providers/soft/ud_qp.h"
@@ -717,13 +718,15 @@ Result<std::shared_ptr<verbs::SrqImpl>> SoftPd::createSrq(const verbs::SrqInit& 
 
 Result<std::shared_ptr<verbs::AhImpl>> SoftPd::createAh(const verbs::AhAttr& attr) {
   if (closed_ || ctx_->closed()) return closedError("create AH: the PD is closed");
-  in_addr_t ip;
-  uint16_t port;
-  if (!attr.isGlobal || !parseSoftGid(attr.dgid, &ip, &port)) {
-    return invalidArgument("create AH: the destination must be a GID of a software device (is_global, dgid)");
+  in_addr_t ip = 0;
+  uint16_t port = 0;
+  const bool multicast = attr.isGlobal && mcast::isMulticastGid(attr.dgid);
+  if (!attr.isGlobal || (!multicast && !parseSoftGid(attr.dgid, &ip, &port))) {
+    return invalidArgument(
+        "create AH: the destination must be a GID of a software device or a multicast group (is_global, dgid)");
   }
   if (attr.portNum != 1) return invalidArgument("create AH: port_num must be 1");
-  auto ah = std::make_shared<SoftAh>(this, attr, ip, port);
+  auto ah = std::make_shared<SoftAh>(this, attr, ip, port, multicast);
   children_.add(ah);
   std::lock_guard<std::mutex> lock(ahMu_);
   for (auto it = ahs_.begin(); it != ahs_.end();) it = it->second.expired() ? ahs_.erase(it) : std::next(it);

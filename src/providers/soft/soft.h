@@ -233,20 +233,23 @@ class SoftPd final : public verbs::PdImpl, public std::enable_shared_from_this<S
 // An address handle: a soft GID (address and port of a peer context) plus the attributes given.
 class SoftAh final : public verbs::AhImpl {
  public:
-  SoftAh(const void* pd, verbs::AhAttr attr, in_addr_t ipv4, uint16_t port)
-      : pd_(pd), attr_(attr), ipv4_(ipv4), port_(port) {}
+  SoftAh(const void* pd, verbs::AhAttr attr, in_addr_t ipv4, uint16_t port, bool multicast = false)
+      : pd_(pd), attr_(attr), ipv4_(ipv4), port_(port), multicast_(multicast) {}
   verbs::AhAttr attr() const override { return attr_; }
   void close() override { closed_ = true; }
   bool closed() const { return closed_.load(); }
   const void* pd() const { return pd_; }
   in_addr_t ipv4() const { return ipv4_; }
   uint16_t port() const { return port_; }
+  // A multicast group's GID (attr().dgid): sends go to its members (mcast.h).
+  bool multicast() const { return multicast_; }
 
  private:
   const void* pd_;
   verbs::AhAttr attr_;
   in_addr_t ipv4_;
   uint16_t port_;
+  bool multicast_;
   std::atomic<bool> closed_{false};
 };
 

@@ -4,9 +4,11 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <set>
 #include <shared_mutex>
 
 #include "common/device_access.h"
+#include "providers/soft/mcast.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -18,6 +20,7 @@ using verbs::WcStatus;
 using verbs::WrOpcode;
 
 constexpr uint32_t kMaxInline = 512;
+constexpr uint32_t kMulticastQpn = 0xffffff;  // the destination QP of a multicast send (IBA 10.5.2)
 
 Status refusePost(const std::string& why) { return invalidArgument("post: " + why); }
 
@@ -149,19 +152,30 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
         }
         iov[count++] = {reinterpret_cast<void*>(sge.addr), sge.length};
       }
-      if (localOk) {
+      // A datagram the kernel refuses is lost, as UD allows; the send still completes.
+      auto sendOne = [&](in_addr_t ip, uint16_t port) {
         sockaddr_in dest{};
         dest.sin_family = AF_INET;
-        dest.sin_addr.s_addr = ah->ipv4();
-        dest.sin_port = htons(ah->port());
+        dest.sin_addr.s_addr = ip;
+        dest.sin_port = htons(port);
         msghdr msg{};
         msg.msg_name = &dest;
         msg.msg_namelen = sizeof dest;
         msg.msg_iov = iov;
         msg.msg_iovlen = count;
-        // A datagram the kernel refuses is lost, as UD allows; the send still completes.
         DeviceAccess device;
         (void)::sendmsg(ctx_->udpFd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      };
+      if (localOk && !ah->multicast()) {
+        sendOne(ah->ipv4(), ah->port());
+      } else if (localOk && (wr.ud.remoteQpn & 0xffffff) == kMulticastQpn) {
+        // The group's members, each in its own datagram naming its QP (mcast.h); not this QP.
+        for (const mcast::Member& m : mcast::members(ah->attr().dgid)) {
+          if (m.pid == static_cast<uint32_t>(::getpid()) && m.qpn == qpn_ && m.ipv4 == ctx_->ipv4()) continue;
+          h.qpn = m.qpn;
+          iov[0].iov_len = wire::encodeHeader(h, header);
+          sendOne(m.ipv4, m.port);
+        }
       }
     }
     wc.status = localOk ? WcStatus::kSuccess : WcStatus::kLocProtErr;
@@ -226,7 +240,41 @@ void SoftUdQp::flushRecvs() {
 
 void SoftUdQp::close() {
   if (closed_.exchange(true)) return;
+  std::set<std::array<uint8_t, 16>> groups;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups.swap(groups_);
+  }
+  for (const auto& raw : groups) (void)mcast::detach(verbs::Gid{raw}, ctx_->ipv4(), ownPort(), qpn_);
   ctx_->removeQp(qpn_);
+}
+
+uint16_t SoftUdQp::ownPort() const {
+  in_addr_t ip;
+  uint16_t port = 0;
+  parseSoftGid(ctx_->gid(), &ip, &port);
+  return port;
+}
+
+Status SoftUdQp::attachMcast(const verbs::Gid& gid, uint16_t lid) {
+  (void)lid;  // the software devices have no LIDs
+  if (closed_) return closedError("attach_mcast: the QP is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (groups_.count(gid.raw) != 0) return Status::ok();
+  FERRY_RETURN_IF_ERROR(mcast::attach(gid, ctx_->ipv4(), ownPort(), qpn_));
+  groups_.insert(gid.raw);
+  return Status::ok();
+}
+
+Status SoftUdQp::detachMcast(const verbs::Gid& gid, uint16_t lid) {
+  (void)lid;
+  if (closed_) return closedError("detach_mcast: the QP is closed");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (groups_.count(gid.raw) == 0) {
+    return Status(StatusCode::kInvalidArgument, "detach_mcast: the QP is not attached to that group", EINVAL);
+  }
+  groups_.erase(gid.raw);
+  return mcast::detach(gid, ctx_->ipv4(), ownPort(), qpn_);
 }
 
 bool SoftUdQp::takeRecv(RecvWqe* out) {

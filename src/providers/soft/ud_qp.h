@@ -7,10 +7,12 @@
 // GRH (sender's GID at bytes 8-23, receiver's at 24-39) followed by the message.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "providers/soft/soft.h"
 
@@ -30,6 +32,10 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
   void close() override;
+  // Joins or leaves a multicast group: every QP of the host attached to it receives a send to it
+  // (destination QP 0xffffff), across processes of the same user (mcast.h).
+  Status attachMcast(const verbs::Gid& gid, uint16_t lid) override;
+  Status detachMcast(const verbs::Gid& gid, uint16_t lid) override;
 
   void setQpn(uint32_t qpn) { qpn_ = qpn; }
   // A datagram for this QP arrived (reactor thread).
@@ -42,6 +48,7 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   // A send's completion: a signaled one goes to the send CQ carrying its slot and those of the
   // unsignaled sends before it, which are freed when it is polled (mu_ held).
   void completeSendLocked(const verbs::WorkCompletion& wc, bool signaled);
+  uint16_t ownPort() const;  // the context's UDP port (in its GID)
 
   std::shared_ptr<SoftContext> ctx_;
   std::shared_ptr<SoftPd> pd_;
@@ -61,6 +68,7 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   // signaled one, when it is unsignaled) is polled, as on a NIC; a post past max_send_wr fails.
   std::shared_ptr<std::atomic<uint32_t>> sqHeld_ = std::make_shared<std::atomic<uint32_t>>(0);
   uint32_t unsignaledRun_ = 0;  // unsignaled sends since the last signaled one
+  std::set<std::array<uint8_t, 16>> groups_;  // multicast groups attached (their GIDs)
 };
 
 }  // namespace ferry::soft
