@@ -348,41 +348,17 @@ class RawRegions {
   std::vector<MrHandle> handles_;
 };
 
-template <typename F>
-F submitOp(const std::shared_ptr<Endpoint>& ep, py::handle batch, OpKind kind, uint32_t imm = 0) {
-  std::vector<Assignment> assignments = toBatch(*ep, batch, kind);
-  // The local side of a READ is written; of a WRITE, only read.
-  RawRegions raw(ep->pool(), kind == OpKind::kRead);
-  for (const Assignment& a : assignments) raw.note(a.local, a.localOffset, a.length);
-  Result<endpoint::ReadWriteFuture> f = Status(StatusCode::kInternal, "unset");
-  {
-    py::gil_scoped_release release;
-    Status registered = raw.empty() ? Status::ok() : raw.registerAll();
-    if (!registered.isOk()) {
-      f = registered;
-    } else {
-      if (!raw.empty()) {
-        for (Assignment& a : assignments) a.local = raw.map(a.local);
-      }
-      if (kind == OpKind::kRead) {
-        f = ep->read(assignments);
-      } else if (kind == OpKind::kWrite) {
-        f = ep->write(assignments);
-      } else {
-        f = ep->writeWithImm(assignments, imm);
-      }
-      if (f.isOk()) raw.releaseWhenDone(*f);
-    }
-  }
-  return unwrap(std::move(f));
-}
-
-// send() and recv() with the same raw-address chunks.
-template <typename F, typename Submit>
-F submitMessage(const std::shared_ptr<Endpoint>& ep, py::handle chunks, bool writable, Submit submit) {
-  std::vector<Chunk> list = toChunks(*ep, chunks);
+// Submits items (assignments or chunks) whose local keys may be raw addresses: `key` names an
+// item's local key (a reference to it), `local` gives (offset, length) of its local bytes; the
+// addresses are registered, the keys replaced, submit(items) called, all without the GIL.
+template <typename F, typename Item, typename Key, typename Local, typename Submit>
+F submitWithRaw(const std::shared_ptr<Endpoint>& ep, std::vector<Item>& items, bool writable, Key key, Local local,
+                Submit submit) {
   RawRegions raw(ep->pool(), writable);
-  for (const Chunk& c : list) raw.note(c.mr, c.offset, c.length);
+  for (Item& item : items) {
+    auto [offset, length] = local(item);
+    raw.note(key(item), offset, length);
+  }
   Result<F> f = Status(StatusCode::kInternal, "unset");
   {
     py::gil_scoped_release release;
@@ -391,13 +367,36 @@ F submitMessage(const std::shared_ptr<Endpoint>& ep, py::handle chunks, bool wri
       f = registered;
     } else {
       if (!raw.empty()) {
-        for (Chunk& c : list) c.mr = raw.map(c.mr);
+        for (Item& item : items) key(item) = raw.map(key(item));
       }
-      f = submit(list);
+      f = submit(items);
       if (f.isOk()) raw.releaseWhenDone(*f);
     }
   }
   return unwrap(std::move(f));
+}
+
+template <typename F>
+F submitOp(const std::shared_ptr<Endpoint>& ep, py::handle batch, OpKind kind, uint32_t imm = 0) {
+  std::vector<Assignment> assignments = toBatch(*ep, batch, kind);
+  // The local side of a READ is written; of a WRITE, only read.
+  return submitWithRaw<endpoint::ReadWriteFuture>(
+      ep, assignments, kind == OpKind::kRead, [](Assignment& a) -> MrHandle& { return a.local; },
+      [](const Assignment& a) { return std::pair<uint64_t, uint64_t>(a.localOffset, a.length); },
+      [&](const std::vector<Assignment>& list) {
+        if (kind == OpKind::kRead) return ep->read(list);
+        if (kind == OpKind::kWrite) return ep->write(list);
+        return ep->writeWithImm(list, imm);
+      });
+}
+
+// send() and recv() with the same raw-address chunks.
+template <typename F, typename Submit>
+F submitMessage(const std::shared_ptr<Endpoint>& ep, py::handle chunks, bool writable, Submit submit) {
+  std::vector<Chunk> list = toChunks(*ep, chunks);
+  return submitWithRaw<F>(
+      ep, list, writable, [](Chunk& c) -> MrHandle& { return c.mr; },
+      [](const Chunk& c) { return std::pair<uint64_t, uint64_t>(c.offset, c.length); }, submit);
 }
 
 // Tells an event loop, through one file descriptor it watches, which futures completed: the

@@ -28,6 +28,19 @@ verbs::Gid gidFromBytes(const py::bytes& raw, const char* func) {
   std::memcpy(g.raw.data(), text.data(), 16);
   return g;
 }
+
+// ibv_attach_mcast (join) or ibv_detach_mcast on q, without the GIL.
+void mcast(QpObject& q, const py::bytes& gid, uint16_t lid, bool join) {
+  const char* func = join ? "ibv_attach_mcast" : "ibv_detach_mcast";
+  verbs::Gid g = gidFromBytes(gid, func);
+  verbs::QueuePair& handle = q.handle();
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = join ? handle.attachMcast(g, lid) : handle.detachMcast(g, lid);
+  }
+  check(st, func);
+}
 }  // namespace
 
 namespace {
@@ -435,29 +448,11 @@ void bindVerbs(py::module_& m) {
            "wrlist may be a single recv_wr or a list of them.")
       .def(
           "_attach_mcast",
-          [](QpObject& q, py::bytes gid, uint16_t lid) {
-            verbs::Gid g = gidFromBytes(gid, "ibv_attach_mcast");
-            verbs::QueuePair& handle = q.handle();
-            Status st;
-            {
-              py::gil_scoped_release release;
-              st = handle.attachMcast(g, lid);
-            }
-            check(st, "ibv_attach_mcast");
-          },
+          [](QpObject& q, py::bytes gid, uint16_t lid) { mcast(q, gid, lid, true); },
           py::arg("gid"), py::arg("lid"))
       .def(
           "_detach_mcast",
-          [](QpObject& q, py::bytes gid, uint16_t lid) {
-            verbs::Gid g = gidFromBytes(gid, "ibv_detach_mcast");
-            verbs::QueuePair& handle = q.handle();
-            Status st;
-            {
-              py::gil_scoped_release release;
-              st = handle.detachMcast(g, lid);
-            }
-            check(st, "ibv_detach_mcast");
-          },
+          [](QpObject& q, py::bytes gid, uint16_t lid) { mcast(q, gid, lid, false); },
           py::arg("gid"), py::arg("lid"));
 }
 

@@ -5,30 +5,9 @@
 set -u
 ferry="$1"
 size="${2:-67108864}"
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
-  echo "SKIP: needs root and iproute2 to create network namespaces"
-  exit 77
-fi
+. "$(dirname "$0")/netns_lib.sh"
 tag="f$$"
-nsa="ferry_${tag}_a"
-nsb="ferry_${tag}_b"
-cleanup() {
-  ip netns del "$nsa" 2>/dev/null
-  ip netns del "$nsb" 2>/dev/null
-}
-trap cleanup EXIT
-if ! ip netns add "$nsa" 2>/dev/null || ! ip netns add "$nsb" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here"
-  exit 77
-fi
-set -e
-ip link add "${tag}a" netns "$nsa" type veth peer name "${tag}b" netns "$nsb"
-ip -n "$nsa" addr add 10.213.0.1/30 dev "${tag}a"
-ip -n "$nsb" addr add 10.213.0.2/30 dev "${tag}b"
-ip -n "$nsa" link set lo up
-ip -n "$nsb" link set lo up
-ip -n "$nsa" link set "${tag}a" up
-ip -n "$nsb" link set "${tag}b" up
+netns_pair "$tag" 10.213.0
 set +e
 out=$(timeout 120 ip netns exec "$nsa" "$ferry" demo --size "$size" --device "soft_${tag}a" \
       --target-device "soft_${tag}b" --target-via "ip netns exec $nsb" 2>&1)

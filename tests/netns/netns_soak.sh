@@ -12,28 +12,13 @@ set -u
 ferry="$1"
 seconds="${2:-${SOAK_SECONDS:-600}}"
 size="${3:-67108864}"
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
-  echo "SKIP: needs root, ip and tc to create network namespaces with netem"
+if ! command -v tc >/dev/null 2>&1; then
+  echo "SKIP: needs tc for netem"
   exit 77
 fi
+. "$(dirname "$0")/netns_lib.sh"
 tag="s$$"
-nsa="ferry_${tag}_a"
-nsb="ferry_${tag}_b"
-cleanup() {
-  ip netns del "$nsa" 2>/dev/null
-  ip netns del "$nsb" 2>/dev/null
-}
-trap cleanup EXIT
-if ! ip netns add "$nsa" 2>/dev/null || ! ip netns add "$nsb" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here"
-  exit 77
-fi
-ip link add "${tag}a" netns "$nsa" type veth peer name "${tag}b" netns "$nsb" || exit 1
-ip -n "$nsa" addr add 10.214.0.1/30 dev "${tag}a"
-ip -n "$nsb" addr add 10.214.0.2/30 dev "${tag}b"
-for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
-ip -n "$nsa" link set "${tag}a" up
-ip -n "$nsb" link set "${tag}b" up
+netns_pair "$tag" 10.214.0
 for end in "$nsa ${tag}a" "$nsb ${tag}b"; do
   set -- $end
   if ! err=$(ip netns exec "$1" tc qdisc add dev "$2" root netem delay 2ms 1ms loss 1% reorder 5% 50% 2>&1); then

@@ -236,6 +236,18 @@ class CrossProcess : public VerbsTest {
     ASSERT_EQ(out->length, size);
   }
 
+  // One 4 KiB WRITE from src into remote that completes: the connection to the peer is up.
+  static void writeOnce(Side& side, const RegisteredBuffer& src, const PeerRegion& remote) {
+    ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
+                             .wrId = 1,
+                             .sges = {sgeOf(src, 0, 4096)},
+                             .remoteAddr = remote.addr,
+                             .rkey = remote.rkey}));
+    WorkCompletion wc;
+    ASSERT_TRUE(pollOne(side.sendCq, &wc));
+    ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  }
+
   // Sends a command built from the arguments, separated by spaces.
   template <typename... Args>
   Result<std::string> peer(const Args&... args) {
@@ -435,13 +447,7 @@ TEST_P(CrossProcess, PeerPausedWithinTheTimeoutResumesIntact) {
   ASSERT_NO_FATAL_FAILURE(peerRegion(2 * kSize, access::kAll, 540, &remote));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 2 * kSize, access::kAll, 541));
   WorkCompletion wc;
-  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                           .wrId = 1,
-                           .sges = {sgeOf(src, 0, 4096)},
-                           .remoteAddr = remote.addr,
-                           .rkey = remote.rkey}));
-  ASSERT_TRUE(pollOne(side.sendCq, &wc));
-  ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  ASSERT_NO_FATAL_FAILURE(writeOnce(side, src, remote));
 
   peer_.signal(SIGSTOP);
   ASSERT_TRUE(peer_.waitStopped(kWaitTimeout));
@@ -629,13 +635,7 @@ TEST_P(CrossProcess, StoppedPeerTimesOutWithRetryExceeded) {
   ASSERT_NO_FATAL_FAILURE(peerRegion(1 * kMiB, access::kAll, 530, &remote));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 1 * kMiB, access::kLocalWrite, 531));
   WorkCompletion wc;
-  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                           .wrId = 1,
-                           .sges = {sgeOf(src, 0, 4096)},
-                           .remoteAddr = remote.addr,
-                           .rkey = remote.rkey}));
-  ASSERT_TRUE(pollOne(side.sendCq, &wc));
-  ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  ASSERT_NO_FATAL_FAILURE(writeOnce(side, src, remote));
 
   // The peer's sockets stay open, but nothing answers.
   peer_.signal(SIGSTOP);

@@ -36,17 +36,22 @@ class UdConformance : public VerbsTest {
     }
     ASSERT_TRUE(isOk(qp.status()));
     ud.qp = std::move(*qp);
+    ASSERT_NO_FATAL_FAILURE(bringUp(ud.qp, qkey));
+  }
+
+  // RESET -> INIT (qkey) -> RTR -> RTS.
+  static void bringUp(v::QueuePair& qp, uint32_t qkey = kQkey) {
     namespace m = v::qp_attr_mask;
     v::QpAttr attr;
     attr.state = QpState::kInit;
     attr.portNum = 1;
     attr.qkey = qkey;
-    ASSERT_TRUE(isOk(ud.qp.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey)));
+    ASSERT_TRUE(isOk(qp.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey)));
     attr.state = QpState::kRtr;
-    ASSERT_TRUE(isOk(ud.qp.modify(attr, m::kState)));
+    ASSERT_TRUE(isOk(qp.modify(attr, m::kState)));
     attr.state = QpState::kRts;
     attr.sqPsn = 0x123;
-    ASSERT_TRUE(isOk(ud.qp.modify(attr, m::kState | m::kSqPsn)));
+    ASSERT_TRUE(isOk(qp.modify(attr, m::kState | m::kSqPsn)));
   }
 
   v::Gid gidOf(UdSide& ud) {
@@ -311,16 +316,7 @@ TEST_P(UdConformance, SendQueueSlotsAreHeldUntilTheirCompletionIsPolled) {
   if (!qp.isOk() && qp.status().code() == StatusCode::kNotSupported) GTEST_SKIP() << "no UD QPs";
   ASSERT_TRUE(isOk(qp.status()));
   a.qp = std::move(*qp);
-  namespace m = v::qp_attr_mask;
-  v::QpAttr attr;
-  attr.state = QpState::kInit;
-  attr.portNum = 1;
-  attr.qkey = kQkey;
-  ASSERT_OK(a.qp.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kQkey));
-  attr.state = QpState::kRtr;
-  ASSERT_OK(a.qp.modify(attr, m::kState));
-  attr.state = QpState::kRts;
-  ASSERT_OK(a.qp.modify(attr, m::kState | m::kSqPsn));
+  ASSERT_NO_FATAL_FAILURE(bringUp(a.qp));
   ASSERT_OK_AND_ASSIGN(auto q, a.qp.query());
   const size_t depth = q.cap.maxSendWr;  // at least 16; a NIC may round it up
   ASSERT_GE(depth, 16u);
