@@ -14,9 +14,11 @@ struct Rule {
   uint32_t optional = 0;
 };
 
-// Attribute masks per transition for RC (and UC, which is not offered) and UD QPs.
+// Attribute masks per transition for RC, UC and UD QPs (IBA 11.2.4.2, as libibverbs checks them).
+// UC has no acknowledgements: no READ/atomic resources, RNR timer, timeout or retry counts.
 Rule ruleFor(QpType type, QpState from, QpState to) {
   const bool ud = type == QpType::kUd;
+  const bool uc = type == QpType::kUc;
   if (to == QpState::kReset || to == QpState::kErr) return {true, 0, 0};
   switch (from) {
     case QpState::kReset:
@@ -32,6 +34,9 @@ Rule ruleFor(QpType type, QpState from, QpState to) {
       }
       if (to == QpState::kRtr) {
         if (ud) return {true, 0, m::kPkeyIndex | m::kQkey};
+        if (uc) {
+          return {true, m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn, m::kAltPath | m::kAccessFlags | m::kPkeyIndex};
+        }
         return {true,
                 m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn | m::kMaxDestRdAtomic | m::kMinRnrTimer,
                 m::kAltPath | m::kAccessFlags | m::kPkeyIndex};
@@ -40,6 +45,7 @@ Rule ruleFor(QpType type, QpState from, QpState to) {
     case QpState::kRtr:
       if (to == QpState::kRts) {
         if (ud) return {true, m::kSqPsn, m::kCurState | m::kQkey};
+        if (uc) return {true, m::kSqPsn, m::kCurState | m::kAltPath | m::kAccessFlags | m::kPathMigState};
         return {true, m::kSqPsn | m::kMaxQpRdAtomic | m::kRetryCnt | m::kRnrRetry | m::kTimeout,
                 m::kCurState | m::kAltPath | m::kAccessFlags | m::kMinRnrTimer | m::kPathMigState};
       }
@@ -47,6 +53,7 @@ Rule ruleFor(QpType type, QpState from, QpState to) {
     case QpState::kRts:
       if (to == QpState::kRts) {
         if (ud) return {true, 0, m::kCurState | m::kQkey};
+        if (uc) return {true, 0, m::kCurState | m::kAccessFlags | m::kAltPath | m::kPathMigState};
         return {true, 0,
                 m::kCurState | m::kAccessFlags | m::kAltPath | m::kPathMigState | m::kMinRnrTimer};
       }
@@ -62,7 +69,7 @@ Status refuse(const std::string& why) { return invalidArgument("modify QP: " + w
 }  // namespace
 
 Result<QpState> checkQpTransition(QpType type, QpState current, const QpAttr& attr, uint32_t mask) {
-  if (type != QpType::kRc && type != QpType::kUd) return refuse("unsupported QP type");
+  if (type != QpType::kRc && type != QpType::kUc && type != QpType::kUd) return refuse("unsupported QP type");
   if ((mask & m::kCurState) && attr.curState != current) {
     return refuse(std::string("cur_state ") + qpStateName(attr.curState) + " is not the QP's state " +
                   qpStateName(current));

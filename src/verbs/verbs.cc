@@ -281,11 +281,14 @@ Status QueuePair::establish(const Path& path, uint32_t accessFlags) {
   attr.maxDestRdAtomic = path.drdatomic;
   attr.minRnrTimer = path.minRnrTimer;
   attr.qpAccessFlags = accessFlags;
+  const bool uc = type() == QpType::kUc;  // no acknowledgements: no READ/atomic, RNR or retry settings
   FERRY_RETURN_IF_ERROR(impl_->modify(attr, m::kState | m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn |
-                                                m::kMaxDestRdAtomic | m::kMinRnrTimer | m::kAccessFlags));
+                                                m::kAccessFlags |
+                                                (uc ? 0u : m::kMaxDestRdAtomic | m::kMinRnrTimer)));
   attr = QpAttr{};
   attr.state = QpState::kRts;
   attr.sqPsn = path.sqpsn;
+  if (uc) return impl_->modify(attr, m::kState | m::kSqPsn);
   attr.maxRdAtomic = path.srdatomic;
   attr.retryCnt = path.retries;
   attr.rnrRetry = path.rnrRetries;

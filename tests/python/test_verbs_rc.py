@@ -24,12 +24,12 @@ WAIT = 5.0
 
 
 class Side:
-    def __init__(self, end_port, max_send_sge=1, max_inline_data=0, channel=False):
+    def __init__(self, end_port, max_send_sge=1, max_inline_data=0, channel=False, qp_type=ibv.IBV_QPT_RC):
         self.ctx = ferry.get_verbs(end_port)
         self.pd = self.ctx.pd()
         self.cc = self.ctx.comp_channel() if channel else None
         self.cq = self.ctx.cq(64, self.cc)
-        self.qp = self.pd.qp(ibv.IBV_QPT_RC, 16, self.cq, 16, self.cq, max_send_sge=max_send_sge,
+        self.qp = self.pd.qp(qp_type, 16, self.cq, 16, self.cq, max_send_sge=max_send_sge,
                              max_inline_data=max_inline_data)
 
 
@@ -468,6 +468,44 @@ def test_receives_posted_before_establish_are_kept_and_delivered():
                                    sg_list=smr.sge(length=8), remote_addr=rmr.addr, rkey=rmr.rkey))
         assert [poll_one(a.cq).status for _ in range(3)] == [ibv.IBV_WC_SUCCESS] * 3
         assert bytes(rbuf[:8]) == b"first me"
+    finally:
+        a.ctx.close()
+        b.ctx.close()
+
+
+def test_uc_queue_pairs_write_and_send_without_acknowledgements():
+    """IBV_QPT_UC through the document's no-CM set-up: WRITE and SEND arrive; READ is refused at
+    post; a SEND no receive waits for completes at the sender and is dropped at the target."""
+    end_port = ferry.get_end_port()
+    a, b = Side(end_port, qp_type=ibv.IBV_QPT_UC), Side(end_port, qp_type=ibv.IBV_QPT_UC)
+    try:
+        connect(a, b, ibv.IBV_ACCESS_LOCAL_WRITE | ibv.IBV_ACCESS_REMOTE_WRITE)
+        assert a.qp.state == ibv.IBV_QPS_RTS and b.qp.state == ibv.IBV_QPS_RTS
+        src = bytearray(b"unreliable but connected" * 10)
+        dst = bytearray(len(src))
+        mr_src = a.pd.mr(src, ibv.IBV_ACCESS_LOCAL_WRITE)
+        mr_dst = b.pd.mr(dst, ibv.IBV_ACCESS_LOCAL_WRITE | ibv.IBV_ACCESS_REMOTE_WRITE)
+        a.qp.post_send(ibv.send_wr(wr_id=1, opcode=ibv.IBV_WR_SEND, send_flags=ibv.IBV_SEND_SIGNALED,
+                                   sg_list=mr_src.sge(16)))  # no receive posted: dropped
+        assert poll_one(a.cq).status == ibv.IBV_WC_SUCCESS
+        b.qp.post_recv(ibv.recv_wr(wr_id=7, sg_list=mr_dst.sge()))
+        a.qp.post_send(ibv.send_wr(wr_id=2, opcode=ibv.IBV_WR_SEND, send_flags=ibv.IBV_SEND_SIGNALED,
+                                   sg_list=mr_src.sge()))
+        got = poll_one(b.cq)
+        assert (got.wr_id, got.status, got.byte_len) == (7, ibv.IBV_WC_SUCCESS, len(src))
+        assert dst == src
+        dst[:] = bytes(len(dst))
+        a.qp.post_send(ibv.send_wr(wr_id=3, opcode=ibv.IBV_WR_RDMA_WRITE, send_flags=ibv.IBV_SEND_SIGNALED,
+                                   sg_list=mr_src.sge(), remote_addr=mr_dst.addr, rkey=mr_dst.rkey))
+        assert [w.wr_id for w in ferry.vtools.CQPoller(a.cq).iterwc(count=2, timeout=WAIT)] == [2, 3]
+        deadline = time.monotonic() + WAIT
+        while dst != src and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert dst == src
+        with pytest.raises(ibv.WRError) as info:
+            a.qp.post_send(ibv.send_wr(wr_id=4, opcode=ibv.IBV_WR_RDMA_READ, sg_list=mr_src.sge(8),
+                                       remote_addr=mr_dst.addr, rkey=mr_dst.rkey))
+        assert info.value.bad_index == 0 and isinstance(info.value, ferry.InvalidArgument)
     finally:
         a.ctx.close()
         b.ctx.close()

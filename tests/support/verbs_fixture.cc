@@ -476,7 +476,7 @@ Status VerbsTest::openSide(Side& side, Context* shared, int cqe) const {
 }
 
 Status VerbsTest::createQp(Side& side, const QpOptions& options) const {
-  FERRY_ASSIGN_OR_RETURN(side.qp, side.pd.createQp({.type = verbs::QpType::kRc,
+  FERRY_ASSIGN_OR_RETURN(side.qp, side.pd.createQp({.type = options.type,
                                                     .sendCq = &side.sendCq,
                                                     .recvCq = &side.recvCq,
                                                     .cap = options.cap,

@@ -258,6 +258,7 @@ struct Side {
 struct QpOptions {
   verbs::QpCap cap{.maxSendWr = 128, .maxRecvWr = 128, .maxSendSge = 4, .maxRecvSge = 4, .maxInlineData = 0};
   bool sqSigAll = false;
+  verbs::QpType type = verbs::QpType::kRc;  // kRc or kUc (connected)
 };
 
 struct PairOptions {

@@ -684,6 +684,106 @@ TEST_P(VerbsConformance, WriteIsByteExactForEverySize) {
   EXPECT_TRUE(noCompletionFor(pair->b.recvCq, milliseconds(1))) << "a plain WRITE consumes no receive";
 }
 
+// UC queue pairs: WRITE, WRITE_WITH_IMM and SEND arrive byte-exact; READ and atomics are refused
+// at post; there are no acknowledgements and no retries, so a WRITE the target refuses (a bad
+// rkey) and a SEND that finds no receive posted still complete at the requester, are dropped at
+// the target without a word, and the connection goes on.
+TEST_P(VerbsConformance, UcCarriesWritesAndSendsAndDropsWhatTheTargetRefuses) {
+  PairOptions options;
+  options.qpA.type = options.qpB.type = v::QpType::kUc;
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair(options));
+  constexpr size_t kSize = 64 * 1024;
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, access::kLocalWrite, 41));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 2 * kSize, access::kAll, 42));
+  WorkCompletion wc;
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
+                              .wrId = 1,
+                              .sges = {sgeOf(src, 0, kSize)},
+                              .remoteAddr = dst.address(0),
+                              .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRdmaWrite));
+  // The requester's completion says the WRITE left, not that it landed: poll the target.
+  auto landed = [&](size_t offset, size_t length, uint64_t seed, uint64_t position) {
+    for (auto until = Clock::now() + kWaitTimeout; Clock::now() < until;) {
+      if (firstPatternMismatch(bytesOf(dst, offset, length), seed, position) == length) return true;
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    return false;
+  };
+  EXPECT_TRUE(landed(0, kSize, 41, 0)) << "the WRITE arrived byte-exact";
+  // WRITE_WITH_IMM and SEND consume receives, as on RC.
+  ASSERT_OK(postReceive(pair->b.qp, 10, {sgeOf(dst, kSize, kSize)}));
+  ASSERT_OK(postReceive(pair->b.qp, 11, {sgeOf(dst, kSize, kSize)}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWriteWithImm,
+                              .wrId = 2,
+                              .sges = {sgeOf(src, 0, 4096)},
+                              .remoteAddr = dst.address(0),
+                              .rkey = dst.mr.rkey(),
+                              .imm = 0x5151}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 100, 1000)}}));
+  std::vector<WorkCompletion> got;
+  ASSERT_TRUE(pollCompletions(pair->b.recvCq, 2, &got));
+  EXPECT_EQ(got[0].wrId, 10u);
+  EXPECT_EQ(got[0].opcode, WcOpcode::kRecvRdmaWithImm);
+  EXPECT_EQ(got[0].immData, 0x5151u);
+  EXPECT_EQ(got[1].wrId, 11u);
+  EXPECT_EQ(got[1].opcode, WcOpcode::kRecv);
+  EXPECT_EQ(got[1].byteLen, 1000u);
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, kSize, 1000), 41, 100));
+  std::vector<WorkCompletion> sent;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &sent));
+  EXPECT_TRUE(succeeded(sent[0], 2, WcOpcode::kRdmaWrite));
+  EXPECT_TRUE(succeeded(sent[1], 3, WcOpcode::kSend));
+  // No READ, no atomics.
+  EXPECT_TRUE(hasCode(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
+                                        .wrId = 4,
+                                        .sges = {sgeOf(src, 0, 8)},
+                                        .remoteAddr = dst.address(0),
+                                        .rkey = dst.mr.rkey()}),
+                      StatusCode::kInvalidArgument, EINVAL));
+  EXPECT_TRUE(hasCode(post(pair->a.qp, {.opcode = WrOpcode::kAtomicFetchAndAdd,
+                                        .wrId = 5,
+                                        .sges = {sgeOf(src, 0, 8)},
+                                        .remoteAddr = dst.address(0),
+                                        .rkey = dst.mr.rkey(),
+                                        .compareAdd = 1}),
+                      StatusCode::kInvalidArgument, EINVAL));
+  // A WRITE with a bad rkey and a SEND that finds no receive: both complete here, neither changes
+  // the target, and the QPs stay RTS.
+  fillPattern(writableBytes(dst, 0, 2 * kSize), 43);
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
+                              .wrId = 6,
+                              .sges = {sgeOf(src, 0, 4096)},
+                              .remoteAddr = dst.address(0),
+                              .rkey = corruptKey(dst.mr.rkey())}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 7, .sges = {sgeOf(src, 0, 64)}}));
+  sent.clear();
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &sent));
+  EXPECT_TRUE(succeeded(sent[0], 6, WcOpcode::kRdmaWrite));
+  EXPECT_TRUE(succeeded(sent[1], 7, WcOpcode::kSend));
+  EXPECT_TRUE(noCompletionFor(pair->b.recvCq, milliseconds(50)));
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 0, 2 * kSize), 43)) << "nothing refused was placed";
+  EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kRts));
+  EXPECT_TRUE(reachesState(pair->b.qp, v::QpState::kRts));
+  // And the next message arrives.
+  ASSERT_OK(postReceive(pair->b.qp, 12, {sgeOf(dst, kSize, kSize)}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 8, .sges = {sgeOf(src, 0, 512)}}));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.wrId, 12u);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  EXPECT_EQ(wc.byteLen, 512u);
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, kSize, 512), 41, 0));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_TRUE(succeeded(wc, 8, WcOpcode::kSend));
+  // UC's transitions take no READ/atomic resources, RNR timer, timeout or retry counts.
+  v::QpAttr attr;
+  attr.state = v::QpState::kRts;
+  attr.timeout = 14;
+  EXPECT_TRUE(hasCode(pair->a.qp.modify(attr, v::qp_attr_mask::kState | v::qp_attr_mask::kTimeout),
+                      StatusCode::kInvalidArgument, EINVAL));
+}
+
 TEST_P(VerbsConformance, ReadIsByteExactForEverySize) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kLargest + 64, access::kAll, 13));

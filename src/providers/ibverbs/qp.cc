@@ -8,6 +8,7 @@ namespace ferry::ibverbs {
 
 static_assert(static_cast<int>(verbs::QpType::kRc) == IBV_QPT_RC);
 static_assert(static_cast<int>(verbs::QpType::kUd) == IBV_QPT_UD);
+static_assert(static_cast<int>(verbs::QpType::kUc) == IBV_QPT_UC);
 static_assert(static_cast<int>(verbs::QpState::kErr) == IBV_QPS_ERR);
 static_assert(static_cast<int>(verbs::WrOpcode::kRdmaWrite) == IBV_WR_RDMA_WRITE);
 static_assert(static_cast<int>(verbs::WrOpcode::kSendWithImm) == IBV_WR_SEND_WITH_IMM);

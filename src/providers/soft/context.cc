@@ -669,8 +669,8 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t
 
 Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl& init) {
   if (closed_ || ctx_->closed()) return closedError("create QP: the PD is closed");
-  if (init.type != verbs::QpType::kRc && init.type != verbs::QpType::kUd) {
-    return notSupported("create QP: the soft provider offers RC and UD QPs");
+  if (init.type != verbs::QpType::kRc && init.type != verbs::QpType::kUc && init.type != verbs::QpType::kUd) {
+    return notSupported("create QP: the soft provider offers RC, UC and UD QPs");
   }
   const auto& c = init.cap;
   if (c.maxSendWr > static_cast<uint32_t>(kMaxWr) || c.maxRecvWr > static_cast<uint32_t>(kMaxWr) ||

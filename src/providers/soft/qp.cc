@@ -125,6 +125,10 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         status = refusePost("unknown opcode");
         break;
       }
+      if (type_ == verbs::QpType::kUc && isReadOrAtomic(wr.opcode)) {
+        status = refusePost("a UC QP carries WRITE and SEND only (no READ or atomics)");
+        break;
+      }
       if (wr.sgList.size() > cap_.maxSendSge) {
         status = refusePost("more SGEs than the QP's max_send_sge");
         break;
@@ -321,7 +325,9 @@ void SoftQp::schedulePump() {
 Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
   namespace m = verbs::qp_attr_mask;
   if (closed_) return closedError("modify: the QP is closed");
-  if (type_ != verbs::QpType::kRc) return notSupported("modify: only RC QPs are offered by the soft provider");
+  if (type_ != verbs::QpType::kRc && type_ != verbs::QpType::kUc) {
+    return notSupported("modify: this QP type is not offered by the soft provider");
+  }
   QpState current = state_.load();
   auto next = verbs::checkQpTransition(type_, current, attr, mask);
   if (!next.isOk()) return next.status();
@@ -744,6 +750,17 @@ void SoftQp::startConnectFromLoop() {
 void SoftQp::peerGoneFromLoop(const char* why) {
   if (!peerGone_) FERRY_LOG(kInfo, "QP %u: the peer is gone: %s", qpn_, why);
   peerGone_ = true;
+  if (type_ == verbs::QpType::kUc) {
+    // UC has no retries and no acknowledgements: a NIC sends into the void and completes. So do we.
+    while (!sq_.empty()) {
+      SendWqe done = std::move(sq_.front());
+      sq_.pop_front();
+      pushSendCompletion(done, WcStatus::kSuccess);
+    }
+    nextToSend_ = 0;
+    rdInFlight_ = 0;
+    return;
+  }
   // Work waiting for it fails now, as a NIC's would once its retries ran out; later work fails
   // as soon as it is posted (its connection attempt is refused the same way).
   if (!sq_.empty()) enterErrorFromLoop(WcStatus::kRetryExcErr);
@@ -840,7 +857,12 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   reqReady_ = false;
   dropFastPath();
   if (state_.load() != QpState::kRts) return;
-  if (wasReady && nextToSend_ > 0) {
+  if (wasReady && nextToSend_ > 0 && type_ == verbs::QpType::kUc) {
+    // UC: what was sent is gone with the connection, as packets are lost on a NIC; those sends
+    // completed when they left. The rest goes on the next connection.
+    ackedThrough_ = nextSeq_ - 1;
+    completeFromLoop();
+  } else if (wasReady && nextToSend_ > 0) {
     FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight: %s", qpn_,
               why.toString().c_str());
     enterErrorFromLoop(WcStatus::kRetryExcErr);
@@ -1244,7 +1266,23 @@ void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
   respConn_->sendHeader(nak);
 }
 
+void SoftQp::dropMessageFromLoop() {
+  // UC: a message the responder cannot take is dropped without a word (no NAK, no error state);
+  // the requester's send completed when it left. Its sequence number is used up.
+  ++expectedSeq_;
+  ackNeeded_ = true;
+  respSkip_ = true;
+}
+
 void SoftQp::responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event) {
+  if (type_ == verbs::QpType::kUc) {
+    if (curRecv_) {
+      giveBackRecv(std::move(*curRecv_));
+      curRecv_.reset();
+    }
+    dropMessageFromLoop();
+    return;
+  }
   if (ackNeeded_ && respConn_) {
     // Acknowledge what succeeded before the refused request.
     wire::FrameHeader ack;
@@ -1293,6 +1331,10 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     case FrameType::kSendImm: {
       RecvWqe rwqe;
       if (!takeRecv(&rwqe)) {
+        if (type_ == verbs::QpType::kUc) {
+          dropMessageFromLoop();  // no receive posted: UC drops the message
+          return Status::ok();
+        }
         if (ackNeeded_) onInputDrained(*respConn_);
         sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
         respNakPending_ = true;
@@ -1340,11 +1382,15 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
       if (h.type == FrameType::kWriteImm) {
         RecvWqe rwqe;
         if (!takeRecv(&rwqe)) {
+          plan->segments.clear();
+          if (type_ == verbs::QpType::kUc) {
+            dropMessageFromLoop();
+            return Status::ok();
+          }
           if (ackNeeded_) onInputDrained(*respConn_);
           sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
           respNakPending_ = true;
           respSkip_ = true;
-          plan->segments.clear();
           return Status::ok();
         }
         curRecv_ = std::move(rwqe);

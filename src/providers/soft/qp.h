@@ -82,6 +82,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // (the QP then connects over TCP without offering rings).
   bool startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket);
   void scheduleReconnectFromLoop();
+  // UC: the responder drops the current message silently.
+  void dropMessageFromLoop();
   // The peer we had reached is gone (why, for the log): pending work fails with RETRY_EXC_ERR.
   void peerGoneFromLoop(const char* why);
   void armTimeoutFromLoop();
