@@ -138,7 +138,9 @@ fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds
 	    echo "fuzz: $$name FAILED (log $$log, inputs in $$artifacts/)" >&2
 	    exit 1
 	  fi
-	  grep -E '^(#[0-9]+ +DONE|Done [0-9]+ runs)' "$$log" | sed 's/^/  /' || true
+	  runs=$$(grep -oE 'Done [0-9]+ runs in [0-9]+ second\(s\)' "$$log" | tail -1)
+	  cov=$$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$$log" | tail -1)
+	  echo "  $${runs:-no run count}; coverage at the end: $${cov:-not reported} (edges, features)"
 	done
 
 # Sub-makes, one after the other (also under make -j); the ctest runs come last, so the last
