@@ -206,6 +206,26 @@ Status QueuePair::postSend(std::span<const SendWr> wrs, size_t* badIndex) {
     if (badIndex) *badIndex = 0;
     return emptyHandle("QueuePair");
   }
+  if (impl_->type() == QpType::kUc) {
+    // UC carries WRITE and SEND only; every provider refuses the rest here, at post (a NIC would
+    // take them and fail the QP at completion). The requests before the first refused one are
+    // posted, as with any refusal.
+    for (size_t i = 0; i < wrs.size(); ++i) {
+      const WrOpcode op = wrs[i].opcode;
+      if (op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd) {
+        size_t inner = 0;
+        if (i > 0) {
+          if (Status st = impl_->postSend(wrs.first(i), &inner); !st.isOk()) {
+            if (badIndex) *badIndex = inner;
+            return st;
+          }
+        }
+        if (badIndex) *badIndex = i;
+        return Status(StatusCode::kInvalidArgument,
+                      "post send: a UC QP carries WRITE and SEND only (no READ or atomics)", EINVAL);
+      }
+    }
+  }
   return impl_->postSend(wrs, badIndex);
 }
 Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {

@@ -20,6 +20,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -307,6 +308,9 @@ class IbvQp final : public verbs::QpImpl {
   // The state the last successful modify moved the QP to; the device may move it on to ERR.
   std::atomic<verbs::QpState> state_{verbs::QpState::kReset};
   mutable std::shared_mutex mu_;
+  // Multicast groups attached (GID bytes, LID): detached before the QP is destroyed, which
+  // libibverbs refuses (EBUSY) while any is attached.
+  std::vector<std::pair<std::array<uint8_t, 16>, uint16_t>> groups_;
   std::atomic<bool> closed_{false};
 };
 

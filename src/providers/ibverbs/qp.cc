@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -139,6 +140,12 @@ void IbvQp::close() {
     if (closed_) return;
     closed_ = true;
     const auto& ctx = pd_->ctx();
+    for (const auto& [raw, lid] : groups_) {
+      ibv_gid g{};
+      std::memcpy(g.raw, raw.data(), sizeof g.raw);
+      (void)ctx->destroyWhileOpen([&] { return ctx->api().detachMcast(qp_, &g, lid); });
+    }
+    groups_.clear();
     if (int rc = ctx->destroyWhileOpen([&] { return ctx->api().destroyQp(qp_); }); rc != 0) {
       FERRY_LOG(kWarn, "%s: ibv_destroy_qp(%u) failed: %s", ctx->info().name.c_str(), qpn_,
                 std::strerror(errnoOf(rc)));
@@ -322,18 +329,23 @@ Status IbvQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
 }
 
 Status IbvQp::attachMcast(const verbs::Gid& gid, uint16_t lid) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
   if (closed_) return closedError("attach_mcast: the QP is closed");
   ibv_gid g{};
   std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
   if (int rc = pd_->ctx()->api().attachMcast(qp_, &g, lid); rc != 0) return verbsError("ibv_attach_mcast", errnoOf(rc));
+  auto group = std::make_pair(gid.raw, lid);
+  if (std::find(groups_.begin(), groups_.end(), group) == groups_.end()) groups_.push_back(group);
   return Status::ok();
 }
 
 Status IbvQp::detachMcast(const verbs::Gid& gid, uint16_t lid) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
   if (closed_) return closedError("detach_mcast: the QP is closed");
   ibv_gid g{};
   std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
   if (int rc = pd_->ctx()->api().detachMcast(qp_, &g, lid); rc != 0) return verbsError("ibv_detach_mcast", errnoOf(rc));
+  std::erase(groups_, std::make_pair(gid.raw, lid));
   return Status::ok();
 }
 

@@ -125,10 +125,6 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         status = refusePost("unknown opcode");
         break;
       }
-      if (type_ == verbs::QpType::kUc && isReadOrAtomic(wr.opcode)) {
-        status = refusePost("a UC QP carries WRITE and SEND only (no READ or atomics)");
-        break;
-      }
       if (wr.sgList.size() > cap_.maxSendSge) {
         status = refusePost("more SGEs than the QP's max_send_sge");
         break;
