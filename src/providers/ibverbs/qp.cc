@@ -140,9 +140,10 @@ void IbvQp::close() {
     if (closed_) return;
     closed_ = true;
     const auto& ctx = pd_->ctx();
-    for (const auto& [raw, lid] : groups_) {
+    for (const auto& group : groups_) {
       ibv_gid g{};
-      std::memcpy(g.raw, raw.data(), sizeof g.raw);
+      std::memcpy(g.raw, group.first.data(), sizeof g.raw);
+      const uint16_t lid = group.second;
       (void)ctx->destroyWhileOpen([&] { return ctx->api().detachMcast(qp_, &g, lid); });
     }
     groups_.clear();
