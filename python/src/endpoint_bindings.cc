@@ -291,8 +291,11 @@ class RawRegions {
 
   // Whether key needs a registration of its own (call with every local key, then register()).
   void note(MrHandle key, uint64_t offset, uint64_t length) {
-    if (key < endpoint::kNamedHandleBase) return;
-    if (extent_.count(key) == 0 && pool_->find(key).isOk()) return;  // a registered region
+    if (key < endpoint::kNamedHandleBase || key == lastRegistered_) return;
+    if (extent_.count(key) == 0 && pool_->find(key).isOk()) {  // a registered region (a named one)
+      lastRegistered_ = key;  // batches name few regions many times: look each up once in a row
+      return;
+    }
     uint64_t end = offset + length;
     if (end < offset) raiseInvalid("memory at address " + std::to_string(key) + ": offset + length overflows");
     uint64_t& extent = extent_[key];
@@ -343,6 +346,7 @@ class RawRegions {
   }
   std::shared_ptr<endpoint::MemoryPool> pool_;
   bool writable_;
+  MrHandle lastRegistered_ = 0;  // the last key found registered (0: none; keys start at 2^31 here)
   std::map<MrHandle, uint64_t> extent_;
   std::map<MrHandle, MrHandle> mapped_;
   std::vector<MrHandle> handles_;

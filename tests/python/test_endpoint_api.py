@@ -295,24 +295,37 @@ def test_a_single_tuple_is_a_batch_of_one(pair):
         a.write((1, 2, 0, 0))  # four fields: neither an assignment nor a batch
 
 
-def test_memory_given_by_raw_address_is_registered_for_the_operation(pair):
+def test_memory_given_by_raw_address_is_registered_for_the_operation():
     """(tensor.data_ptr(), offset, length) of memory never registered, as DLSlime's users write it:
     registered for that operation, unpublished, and released when it completes."""
     torch = pytest.importorskip("torch")
-    a, b = pair()
+    pool = RDMAMemoryPool(RDMAContext())
+    a, b = RDMAEndpoint(pool), RDMAEndpoint()
+    connect(a, b)
     dst = np.zeros(1 << 20, dtype=np.uint8)
     b.register_memory_region("dst", dst)
     a.register_remote_memory_region("dst", b.endpoint_info()["mr_info"]["dst"])
     src = torch.arange(1 << 20, dtype=torch.int32).to(torch.uint8)
     regions_before = set(a.mr_info())
+    registered_before = len(pool)
+
+    def released():
+        # Unregistered by the completing thread right after it woke the waiter.
+        deadline = time.monotonic() + 5
+        while len(pool) != registered_before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return len(pool) == registered_before
+
     # write: the local side by address, at an offset into it.
     a.write((src.data_ptr(), "dst", 4096, 512, 65536)).wait(10)
     assert np.array_equal(dst[4096:4096 + 65536], src.numpy()[512:512 + 65536])
+    assert released(), "the registration for the WRITE was released"
     # read into memory given by address; several assignments on one address share one registration.
     back = torch.zeros(1 << 20, dtype=torch.uint8)
     a.read([(back.data_ptr(), "dst", 0, 4096, 4096), (back.data_ptr(), "dst", 8192, 8192, 4096)]).wait(10)
     assert np.array_equal(back.numpy()[:4096], dst[4096:8192])
     assert np.array_equal(back.numpy()[8192:12288], dst[8192:12288])
+    assert released()
     # send/recv with chunks by address.
     incoming = torch.zeros(4096, dtype=torch.uint8)
     h = b.register_memory_region("in", incoming.numpy())
@@ -320,8 +333,8 @@ def test_memory_given_by_raw_address_is_registered_for_the_operation(pair):
     a.send((src.data_ptr(), 100, 1000)).wait(10)
     r.wait(10)
     assert r.nbytes() == 1000 and np.array_equal(incoming.numpy()[:1000], src.numpy()[100:1100])
-    # Nothing was published, and nothing stays registered: the pool holds what it held before.
-    assert set(a.mr_info()) == regions_before
+    assert released()
+    assert set(a.mr_info()) == regions_before  # nothing was published meanwhile
     # Memory that cannot be read (PROT_NONE) is refused clearly and changes nothing.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -336,10 +349,12 @@ def test_memory_given_by_raw_address_is_registered_for_the_operation(pair):
         assert (dst == 7).all()
     finally:
         libc.munmap(guard, 1 << 16)
-    assert set(a.mr_info()) == regions_before
+    assert len(pool) == registered_before, "a refused registration leaves nothing behind"
     # A small integer is a key, as before: unknown keys are refused, never taken for addresses.
     with pytest.raises(ferry.Error):
         a.write((12345, "dst", 0, 0, 8))
+    a.shutdown()
+    b.shutdown()
 
 
 def test_named_assignments_and_array_batches(pair):

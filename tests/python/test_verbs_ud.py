@@ -48,6 +48,14 @@ class Receiver:
         self.ctx.close()
 
 
+def path_to(rx, ctx):
+    """A resolved path from ctx's port to the Receiver rx, as 7.2.1 makes one."""
+    path = IBPath(ctx.end_port, dpqn=rx.qp.qp_num, qkey=IBA.IB_DEFAULT_QP1_QKEY, DGID=rx.gid)
+    with ferry.get_gmp_mad(path.end_port, verbs=ctx) as umad:
+        ferry.path.resolve_path(umad, path, reversible=True)
+    return path
+
+
 def test_spec_ud_single_destination_and_reply_path():
     end_port = ferry.get_end_port()
     rx = Receiver(end_port)
@@ -212,9 +220,7 @@ def test_a_send_holds_its_slot_until_its_completion_is_polled():
     rx = Receiver(end_port)
     ctx = ferry.get_verbs(end_port)
     try:
-        path = IBPath(end_port, dpqn=rx.qp.qp_num, qkey=IBA.IB_DEFAULT_QP1_QKEY, DGID=rx.gid)
-        with ferry.get_gmp_mad(path.end_port, verbs=ctx) as umad:
-            ferry.path.resolve_path(umad, path, reversible=True)
+        path = path_to(rx, ctx)
         with ctx.pd() as pd:
             cq = pd.cq(64)
             qp = pd.qp(ibv.IBV_QPT_UD, 16, cq, 16, cq)

@@ -446,11 +446,16 @@ TEST_P(CrossProcess, PeerPausedWithinTheTimeoutResumesIntact) {
   PeerRegion remote;
   ASSERT_NO_FATAL_FAILURE(peerRegion(2 * kSize, access::kAll, 540, &remote));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 2 * kSize, access::kAll, 541));
+  PeerRegion inbox;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(kSize, access::kLocalWrite, 542, &inbox));
+  ASSERT_OK(peer("recv", peerQp_, 100, inbox.index, 0, kSize));
   WorkCompletion wc;
   ASSERT_NO_FATAL_FAILURE(writeOnce(side, src, remote));
 
   peer_.signal(SIGSTOP);
   ASSERT_TRUE(peer_.waitStopped(kWaitTimeout));
+  // A SEND needs the stopped peer on every path (the same-host path carries WRITE and READ
+  // without it), so each path waits out the pause.
   ASSERT_OK(postAll(side.qp, {{.opcode = WrOpcode::kRdmaWrite,
                                .wrId = 2,
                                .sges = {sgeOf(src, 0, kSize)},
@@ -460,18 +465,24 @@ TEST_P(CrossProcess, PeerPausedWithinTheTimeoutResumesIntact) {
                                .wrId = 3,
                                .sges = {sgeOf(src, kSize, kSize)},
                                .remoteAddr = remote.addr + kSize,
-                               .rkey = remote.rkey}}));
+                               .rkey = remote.rkey},
+                              {.opcode = WrOpcode::kSend, .wrId = 5, .sges = {sgeOf(src, 0, kSize)}}}));
   // Three seconds: longer than the 2 s that used to end an endpoint's connection.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   peer_.signal(SIGCONT);
   std::vector<WorkCompletion> completions;
-  ASSERT_TRUE(pollCompletions(side.sendCq, 2, &completions, kPeerLossBound));
+  ASSERT_TRUE(pollCompletions(side.sendCq, 3, &completions, kPeerLossBound));
   EXPECT_EQ(completions[0].wrId, 2u);
   EXPECT_EQ(completions[0].status, WcStatus::kSuccess) << describe(completions[0]);
   EXPECT_EQ(completions[1].wrId, 3u);
   EXPECT_EQ(completions[1].status, WcStatus::kSuccess) << describe(completions[1]);
+  EXPECT_EQ(completions[2].wrId, 5u);
+  EXPECT_EQ(completions[2].status, WcStatus::kSuccess) << describe(completions[2]);
   EXPECT_OK(peer("check", remote.index, 0, kSize, 541, 0));
   EXPECT_TRUE(matchesPattern(bytesOf(src, kSize, kSize), 540, kSize));
+  ASSERT_OK_AND_ASSIGN(std::string got, peer("poll", "recv", 1, 10000));
+  EXPECT_EQ(got, "100:SUCCESS:RECV:" + std::to_string(kSize) + ":0");
+  EXPECT_OK(peer("check", inbox.index, 0, kSize, 541, 0));
   // And the connection carries on.
   ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
                            .wrId = 4,
@@ -536,18 +547,24 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(side.pd, kReads * kChunk, access::kLocalWrite, 603));
     std::vector<SendOp> ops;
     size_t w = 0, r = 0, m = 0;
+    auto addRead = [&](uint64_t id) {
+      ops.push_back({.opcode = WrOpcode::kRdmaRead,
+                     .wrId = id,
+                     .sges = {sgeOf(dst, r * kChunk, kChunk)},
+                     .remoteAddr = remote.addr + (kWrites + r) * kChunk,
+                     .rkey = remote.rkey});
+      ++r;
+    };
+    auto addSend = [&](uint64_t id) {
+      ops.push_back({.opcode = WrOpcode::kSend, .wrId = id, .sges = {sgeOf(src, m * kChunk, kChunk)}});
+      ++m;
+    };
     for (size_t i = 0; i < kTotal; ++i) {
       const size_t kind = i % 9;  // interleaved: WRITEs, a READ every few, a SEND now and then
       if (kind == 4 && r < kReads) {
-        ops.push_back({.opcode = WrOpcode::kRdmaRead,
-                       .wrId = i,
-                       .sges = {sgeOf(dst, r * kChunk, kChunk)},
-                       .remoteAddr = remote.addr + (kWrites + r) * kChunk,
-                       .rkey = remote.rkey});
-        ++r;
+        addRead(i);
       } else if (kind == 8 && m < kSends) {
-        ops.push_back({.opcode = WrOpcode::kSend, .wrId = i, .sges = {sgeOf(src, m * kChunk, kChunk)}});
-        ++m;
+        addSend(i);
       } else if (w < kWrites) {
         ops.push_back({.opcode = WrOpcode::kRdmaWrite,
                        .wrId = i,
@@ -556,15 +573,9 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
                        .rkey = remote.rkey});
         ++w;
       } else if (r < kReads) {
-        ops.push_back({.opcode = WrOpcode::kRdmaRead,
-                       .wrId = i,
-                       .sges = {sgeOf(dst, r * kChunk, kChunk)},
-                       .remoteAddr = remote.addr + (kWrites + r) * kChunk,
-                       .rkey = remote.rkey});
-        ++r;
+        addRead(i);
       } else {
-        ops.push_back({.opcode = WrOpcode::kSend, .wrId = i, .sges = {sgeOf(src, m * kChunk, kChunk)}});
-        ++m;
+        addSend(i);
       }
     }
     // Post in a few bursts while the signal lands at a random moment among them.

@@ -297,6 +297,7 @@ class IbvQp final : public verbs::QpImpl {
   void close() override;
 
  private:
+  Status mcast(const verbs::Gid& gid, uint16_t lid, bool join);  // ibv_attach_mcast or ibv_detach_mcast
   std::shared_ptr<IbvPd> pd_;
   std::shared_ptr<IbvCq> sendCq_;
   std::shared_ptr<IbvCq> recvCq_;

@@ -329,24 +329,20 @@ Status IbvQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   return Status::ok();
 }
 
-Status IbvQp::attachMcast(const verbs::Gid& gid, uint16_t lid) {
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  if (closed_) return closedError("attach_mcast: the QP is closed");
-  ibv_gid g{};
-  std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
-  if (int rc = pd_->ctx()->api().attachMcast(qp_, &g, lid); rc != 0) return verbsError("ibv_attach_mcast", errnoOf(rc));
-  auto group = std::make_pair(gid.raw, lid);
-  if (std::find(groups_.begin(), groups_.end(), group) == groups_.end()) groups_.push_back(group);
-  return Status::ok();
-}
+Status IbvQp::attachMcast(const verbs::Gid& gid, uint16_t lid) { return mcast(gid, lid, true); }
+Status IbvQp::detachMcast(const verbs::Gid& gid, uint16_t lid) { return mcast(gid, lid, false); }
 
-Status IbvQp::detachMcast(const verbs::Gid& gid, uint16_t lid) {
+Status IbvQp::mcast(const verbs::Gid& gid, uint16_t lid, bool join) {
+  const char* func = join ? "ibv_attach_mcast" : "ibv_detach_mcast";
   std::unique_lock<std::shared_mutex> lock(mu_);
-  if (closed_) return closedError("detach_mcast: the QP is closed");
+  if (closed_) return closedError(std::string(func) + ": the QP is closed");
   ibv_gid g{};
   std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
-  if (int rc = pd_->ctx()->api().detachMcast(qp_, &g, lid); rc != 0) return verbsError("ibv_detach_mcast", errnoOf(rc));
-  std::erase(groups_, std::make_pair(gid.raw, lid));
+  const auto& api = pd_->ctx()->api();
+  if (int rc = (join ? api.attachMcast : api.detachMcast)(qp_, &g, lid); rc != 0) return verbsError(func, errnoOf(rc));
+  auto group = std::make_pair(gid.raw, lid);
+  std::erase(groups_, group);
+  if (join) groups_.push_back(group);
   return Status::ok();
 }
 

@@ -14,10 +14,11 @@
 namespace ferry::soft::mcast {
 namespace {
 
-// The user's registry directory, created 0700 on first use; refuses one that another user owns.
-Result<std::string> baseDir() {
+// The user's registry directory (created 0700 when `create`; a send only reads it); refuses one
+// that another user owns or others may write.
+Result<std::string> baseDir(bool create) {
   std::string dir = "/dev/shm/ferry-mcast-" + std::to_string(::geteuid());
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ioError("mkdir " + dir);
+  if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ioError("mkdir " + dir);
   struct stat st{};
   if (::lstat(dir.c_str(), &st) != 0) return ioError("stat " + dir);
   if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
@@ -55,7 +56,7 @@ bool parseMember(const char* name, Member* out) {
 }  // namespace
 
 Status attach(const verbs::Gid& group, in_addr_t ipv4, uint16_t port, uint32_t qpn) {
-  FERRY_ASSIGN_OR_RETURN(std::string base, baseDir());
+  FERRY_ASSIGN_OR_RETURN(std::string base, baseDir(true));
   std::string dir = base + "/" + groupName(group);
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ioError("mkdir " + dir);
   std::string path = dir + "/" + memberName(static_cast<uint32_t>(::getpid()), ipv4, port, qpn);
@@ -66,7 +67,7 @@ Status attach(const verbs::Gid& group, in_addr_t ipv4, uint16_t port, uint32_t q
 }
 
 Status detach(const verbs::Gid& group, in_addr_t ipv4, uint16_t port, uint32_t qpn) {
-  FERRY_ASSIGN_OR_RETURN(std::string base, baseDir());
+  FERRY_ASSIGN_OR_RETURN(std::string base, baseDir(false));
   std::string path =
       base + "/" + groupName(group) + "/" + memberName(static_cast<uint32_t>(::getpid()), ipv4, port, qpn);
   if (::unlink(path.c_str()) != 0) {
@@ -79,7 +80,7 @@ Status detach(const verbs::Gid& group, in_addr_t ipv4, uint16_t port, uint32_t q
 
 std::vector<Member> members(const verbs::Gid& group) {
   std::vector<Member> out;
-  auto base = baseDir();
+  auto base = baseDir(false);
   if (!base.isOk()) return out;
   std::string dir = *base + "/" + groupName(group);
   DIR* d = ::opendir(dir.c_str());

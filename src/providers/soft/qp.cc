@@ -455,13 +455,7 @@ void SoftQp::flushFromLoop() {
       posted_.pop_front();
     }
   }
-  while (!sq_.empty()) {
-    SendWqe wqe = std::move(sq_.front());
-    sq_.pop_front();
-    pushSendCompletion(wqe, WcStatus::kWrFlushErr);
-  }
-  nextToSend_ = 0;
-  rdInFlight_ = 0;
+  completeSendQueueFromLoop(WcStatus::kWrFlushErr);
   std::deque<RecvWqe> flushed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -743,18 +737,22 @@ void SoftQp::startConnectFromLoop() {
   }
 }
 
+void SoftQp::completeSendQueueFromLoop(WcStatus status) {
+  while (!sq_.empty()) {
+    SendWqe wqe = std::move(sq_.front());
+    sq_.pop_front();
+    pushSendCompletion(wqe, status);
+  }
+  nextToSend_ = 0;
+  rdInFlight_ = 0;
+}
+
 void SoftQp::peerGoneFromLoop(const char* why) {
   if (!peerGone_) FERRY_LOG(kInfo, "QP %u: the peer is gone: %s", qpn_, why);
   peerGone_ = true;
   if (type_ == verbs::QpType::kUc) {
     // UC has no retries and no acknowledgements: a NIC sends into the void and completes. So do we.
-    while (!sq_.empty()) {
-      SendWqe done = std::move(sq_.front());
-      sq_.pop_front();
-      pushSendCompletion(done, WcStatus::kSuccess);
-    }
-    nextToSend_ = 0;
-    rdInFlight_ = 0;
+    completeSendQueueFromLoop(WcStatus::kSuccess);
     return;
   }
   // Work waiting for it fails now, as a NIC's would once its retries ran out; later work fails

@@ -86,6 +86,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void dropMessageFromLoop();
   // The peer we had reached is gone (why, for the log): pending work fails with RETRY_EXC_ERR.
   void peerGoneFromLoop(const char* why);
+  // Completes every request of the send queue with status, in order.
+  void completeSendQueueFromLoop(verbs::WcStatus status);
   void armTimeoutFromLoop();
   void onTimeoutFromLoop();
   Clock::duration transportBudget() const;

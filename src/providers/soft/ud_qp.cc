@@ -35,6 +35,8 @@ SoftUdQp::SoftUdQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd,
       cap_(init.cap),
       sqSigAll_(init.sqSigAll) {
   attr_.cap = cap_;
+  in_addr_t ip;
+  parseSoftGid(ctx_->gid(), &ip, &ownPort_);
 }
 
 Status SoftUdQp::modify(const verbs::QpAttr& attr, uint32_t mask) {
@@ -245,15 +247,8 @@ void SoftUdQp::close() {
     std::lock_guard<std::mutex> lock(mu_);
     groups.swap(groups_);
   }
-  for (const auto& raw : groups) (void)mcast::detach(verbs::Gid{raw}, ctx_->ipv4(), ownPort(), qpn_);
+  for (const auto& raw : groups) (void)mcast::detach(verbs::Gid{raw}, ctx_->ipv4(), ownPort_, qpn_);
   ctx_->removeQp(qpn_);
-}
-
-uint16_t SoftUdQp::ownPort() const {
-  in_addr_t ip;
-  uint16_t port = 0;
-  parseSoftGid(ctx_->gid(), &ip, &port);
-  return port;
 }
 
 Status SoftUdQp::attachMcast(const verbs::Gid& gid, uint16_t lid) {
@@ -261,7 +256,7 @@ Status SoftUdQp::attachMcast(const verbs::Gid& gid, uint16_t lid) {
   if (closed_) return closedError("attach_mcast: the QP is closed");
   std::lock_guard<std::mutex> lock(mu_);
   if (groups_.count(gid.raw) != 0) return Status::ok();
-  FERRY_RETURN_IF_ERROR(mcast::attach(gid, ctx_->ipv4(), ownPort(), qpn_));
+  FERRY_RETURN_IF_ERROR(mcast::attach(gid, ctx_->ipv4(), ownPort_, qpn_));
   groups_.insert(gid.raw);
   return Status::ok();
 }
@@ -274,7 +269,7 @@ Status SoftUdQp::detachMcast(const verbs::Gid& gid, uint16_t lid) {
     return Status(StatusCode::kInvalidArgument, "detach_mcast: the QP is not attached to that group", EINVAL);
   }
   groups_.erase(gid.raw);
-  return mcast::detach(gid, ctx_->ipv4(), ownPort(), qpn_);
+  return mcast::detach(gid, ctx_->ipv4(), ownPort_, qpn_);
 }
 
 bool SoftUdQp::takeRecv(RecvWqe* out) {

@@ -48,7 +48,6 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   // A send's completion: a signaled one goes to the send CQ carrying its slot and those of the
   // unsignaled sends before it, which are freed when it is polled (mu_ held).
   void completeSendLocked(const verbs::WorkCompletion& wc, bool signaled);
-  uint16_t ownPort() const;  // the context's UDP port (in its GID)
 
   std::shared_ptr<SoftContext> ctx_;
   std::shared_ptr<SoftPd> pd_;
@@ -58,6 +57,7 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   const verbs::QpCap cap_;
   const bool sqSigAll_;
   uint32_t qpn_ = 0;
+  uint16_t ownPort_ = 0;  // the context's UDP port (in its GID): where this QP's datagrams arrive
   std::atomic<bool> closed_{false};
 
   mutable std::mutex mu_;
