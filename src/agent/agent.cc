@@ -1093,6 +1093,20 @@ std::string AgentImpl::regionInfoJson(const std::string& name) const {
   return out.object()->empty() ? std::string() : json::serialize(out);
 }
 
+Result<std::map<std::string, ep::RegionView>> AgentImpl::regionKeys(std::string_view name) const {
+  std::map<std::string, ep::RegionView> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!regions_.count(std::string(name))) return notFound("no local memory region named '" + std::string(name) + "'");
+  for (const auto& [device, pool] : pools_) {
+    auto h = pool->handleOf(name);
+    if (!h.isOk()) continue;
+    auto view = pool->find(*h);
+    if (view.isOk()) out[device] = *view;
+  }
+  if (out.empty()) return notFound("region '" + std::string(name) + "' is registered on no device");
+  return out;
+}
+
 void AgentImpl::onMrQuery(const WireupMessage& m) {
   auto peer = findUuid(m.from);
   if (!peer) return;
@@ -1151,6 +1165,21 @@ void AgentImpl::sweep() {
   });
 }
 
+void AgentImpl::disconnect(const std::shared_ptr<PeerImpl>& peer, const std::string& reason) {
+  std::weak_ptr<AgentImpl> weak = weak_from_this();
+  loop_.post([weak, peer, reason] {
+    auto a = weak.lock();
+    if (!a) return;
+    auto remote = peer->remote();
+    if (remote && peer->state() != PeerImpl::State::kResolving && !peer->retired()) {
+      WireupMessage bye = wireupHeader(WireupType::kBye, a->self_.uuid, remote->uuid);
+      bye.reason = reason;
+      a->sendLine(*remote, encodeWireup(bye, a->secret_));
+    }
+    a->peerGone(peer, "closed here (" + reason + ")");
+  });
+}
+
 void AgentImpl::peerGone(const std::shared_ptr<PeerImpl>& peer, const std::string& why) {
   if (peer->retired()) {
     forget(peer);
@@ -1159,7 +1188,7 @@ void AgentImpl::peerGone(const std::shared_ptr<PeerImpl>& peer, const std::strin
   auto remote = peer->remote();
   std::string who = "'" + peer->alias() + "'" + (remote ? " (" + shortId(remote->uuid) + ")" : std::string());
   // A goodbye is news, not trouble.
-  if (why.rfind("it shut down", 0) == 0) {
+  if (why.rfind("it shut down", 0) == 0 || why.rfind("closed here", 0) == 0) {
     FERRY_LOG(kInfo, "agent '%s': peer %s is gone: %s", self_.alias.c_str(), who.c_str(), why.c_str());
   } else {
     FERRY_LOG(kWarn, "agent '%s': peer %s is gone: %s", self_.alias.c_str(), who.c_str(), why.c_str());
@@ -1336,6 +1365,11 @@ Result<std::shared_ptr<PeerConnection>> Agent::connectAddress(std::string_view a
   return std::make_shared<PeerConnection>(std::move(p));
 }
 
+void Agent::disconnect(const std::shared_ptr<PeerConnection>& connection, std::string_view reason) {
+  if (!connection) return;
+  if (auto p = connection->currentImpl()) impl_->disconnect(p, std::string(reason));
+}
+
 Result<std::shared_ptr<PeerConnection>> Agent::peer(std::string_view alias) {
   if (auto p = impl_->findAlias(alias); p && !p->retired()) return std::make_shared<PeerConnection>(p);
   return connect(alias, 1);
@@ -1346,6 +1380,10 @@ Status Agent::registerMemoryRegion(std::string_view name, void* addr, uint64_t l
 }
 
 Status Agent::unregisterMemoryRegion(std::string_view name) { return impl_->unregisterRegion(name); }
+
+Result<std::map<std::string, ep::RegionView>> Agent::regionKeys(std::string_view name) const {
+  return impl_->regionKeys(name);
+}
 
 Result<std::string> Agent::getMrInfo(std::string_view peerAlias, std::string_view name) {
   return impl_->getMrInfo(peerAlias, name);

@@ -154,6 +154,8 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   std::vector<std::string> peerAliases() const;
 
   Status registerRegion(std::string_view name, void* addr, uint64_t length, endpoint::RegionOptions options);
+  Result<std::map<std::string, endpoint::RegionView>> regionKeys(std::string_view name) const;
+  void disconnect(const std::shared_ptr<PeerImpl>& peer, const std::string& reason);
   Status unregisterRegion(std::string_view name);
   // A local region's range check (for bad input refused before the wireup).
   Status checkLocalRange(const RegionRef& ref, uint64_t offset, uint64_t length, bool forWrite) const;

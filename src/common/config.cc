@@ -107,6 +107,12 @@ Result<std::string> parseLanes(std::string_view raw) {
   return std::string(raw);
 }
 
+Result<std::string> parseTokenTtl(std::string_view raw) {
+  auto seconds = wholeNumber(raw, 1, 604800);
+  if (!seconds) return refuse("FERRY_OBJECTS_TOKEN_TTL", raw, "expected a whole number of seconds, 1..604800");
+  return std::to_string(*seconds);
+}
+
 Result<std::string> parseStore(std::string_view raw) {
   for (const char* scheme : {"memory://", "ferry://", "redis://", "etcd://"}) {
     if (raw.substr(0, std::string_view(scheme).size()) == scheme) return std::string(raw);
@@ -171,6 +177,10 @@ const std::vector<Variable>& variables() {
        "none (no challenge)", "any text (it is never printed)", parseSecret},
       {"FERRY_AGENT_LANES", "Overrides the agent's lane choice per operation class.", "chosen per peer",
        "CLASS=KIND,... with CLASS messages, rma, atomics and KIND same_host, rdma, tcp", parseLanes},
+      {"FERRY_OBJECTS_TOKEN_TTL",
+       "How long an object client's descriptor (a token for one range and direction) may be used before the client "
+       "revokes it.",
+       "300", "1..604800 (seconds)", parseTokenTtl},
   };
   return table;
 }
@@ -258,6 +268,11 @@ std::string agentSecret() {
 }
 std::string agentLanes() { return parsed("FERRY_AGENT_LANES").value_or(""); }
 std::string store() { return parsed("FERRY_STORE").value_or(""); }
+
+int objectsTokenTtlSeconds() {
+  auto value = parsed("FERRY_OBJECTS_TOKEN_TTL");
+  return value ? std::stoi(*value) : 300;
+}
 
 Result<uint64_t> parseByteSize(std::string_view text) {
   auto bad = [&](const char* why) { return invalidArgument("bad size '" + std::string(text) + "': " + why); };

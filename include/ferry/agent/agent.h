@@ -67,6 +67,7 @@
 #include "ferry/common/status.h"
 #include "ferry/endpoint/endpoint.h"
 #include "ferry/endpoint/future.h"
+#include "ferry/endpoint/memory_pool.h"
 
 namespace ferry::agent {
 
@@ -208,6 +209,10 @@ class Agent {
   // the existing connection when there is a live one. Never blocks on the network.
   Result<std::shared_ptr<PeerConnection>> connect(std::string_view alias, size_t numQp = 1);
   Result<std::shared_ptr<PeerConnection>> connectAddress(std::string_view address, size_t numQp = 1);
+  // Closes a connection from this side: says goodbye to the peer (which drops its side) and fails
+  // what is pending on it with kPeerGone naming `reason`. The next operation on that peer wires up
+  // anew. For layers that bound how many connections they keep (ferry's object server).
+  void disconnect(const std::shared_ptr<PeerConnection>& connection, std::string_view reason);
   // The live connection to alias, else a new one (operations on a peer connect on first use).
   Result<std::shared_ptr<PeerConnection>> peer(std::string_view alias);
 
@@ -217,6 +222,10 @@ class Agent {
   Status registerMemoryRegion(std::string_view name, void* addr, uint64_t length,
                               endpoint::RegionOptions options = {});
   Status unregisterMemoryRegion(std::string_view name);
+  // A region of this agent as each of its devices registered it (published or not): device name
+  // to the region's address, length and keys. A layer that hands a region's keys to a peer itself
+  // (ferry's object descriptors) reads them here. kNotFound for a name not registered.
+  Result<std::map<std::string, endpoint::RegionView>> regionKeys(std::string_view name) const;
   // A peer's region as mr_info JSON ({"addr","length","rkey","handle"}) on the rma lane's device:
   // from the live connection when there is one, else from the store. kNotFound when the peer has no
   // such region; kUnavailable when neither can answer.

@@ -66,6 +66,8 @@ int logLevel();
 std::string agentSecret();
 std::string agentLanes();
 std::string store();
+// FERRY_OBJECTS_TOKEN_TTL: seconds an object client's descriptor stays valid (default 300).
+int objectsTokenTtlSeconds();
 
 // A byte count: digits with an optional K, M or G (binary) suffix and an optional "B"/"iB"
 // ("4096", "4K", "16M", "1GiB"). Zero and values past 2^64 are refused.
