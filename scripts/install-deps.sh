@@ -43,7 +43,7 @@ packages=(
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   iproute2 procps
   python3 python3-venv
-  libssl-dev libhiredis-dev libcurl4-openssl-dev libcli11-dev
+  libssl-dev libhiredis-dev libcurl4-openssl-dev libcli11-dev libcpp-httplib-dev
   redis-server etcd-server etcd-client
 )
 if ((want_lint)); then

@@ -20,6 +20,7 @@
 // Either side may send error {message} instead and stop. Each wait has the --timeout deadline, so a
 // silent or dead peer ends the run with an error rather than a hang.
 #include "bench.h"
+#include "progress.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -201,27 +202,6 @@ int runServer(const Options& o) {
 
 // ---- client ----
 
-class ProgressBar {
- public:
-  explicit ProgressBar(bool enabled) : enabled_(enabled) {}
-  void show(const std::string& label, double fraction) {
-    if (!enabled_) return;
-    fraction = std::clamp(fraction, 0.0, 1.0);
-    int filled = static_cast<int>(fraction * 30);
-    std::fprintf(stderr, "\r  %-18s [%.*s%.*s] %3d%%", label.c_str(), filled, "##############################",
-                 30 - filled, "..............................", static_cast<int>(fraction * 100));
-    std::fflush(stderr);
-    shown_ = true;
-  }
-  void clear() {
-    if (enabled_ && shown_) std::fprintf(stderr, "\r\033[K");
-    shown_ = false;
-  }
-
- private:
-  bool enabled_;
-  bool shown_ = false;
-};
 
 // One size: tells the server, measures, collects the server's CPU time.
 Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_t size, ProgressBar& bar,

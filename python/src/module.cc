@@ -30,7 +30,7 @@ PYBIND11_MODULE(_core, m) {
           d["default"] = s.variable->defaultText;
           d["valid"] = s.variable->validValues;
           d["set"] = s.set;
-          d["value"] = s.raw;
+          d["value"] = ferry::config::isSecret(s.variable->name) && s.set ? s.effective : s.raw;  // never a secret
           d["effective"] = s.effective;
           d["error"] = s.error;
           out.append(d);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -757,6 +758,15 @@ void AgentImpl::onLinkClosed(Link& link, const Status& why, bool connected) {
   auto peer = findUuid(link.owner);
   if (!peer) return;
   PeerImpl::State st = peer->state();
+  // A peer named by its address is one life of one agent: when every listener of that address
+  // refuses, that life is over (an address exists only once its agent listens), and waiting for
+  // the deadline would only delay the error. Peers named by alias keep retrying: the store may
+  // still hold a stale address while the alias restarts.
+  if (st == PeerImpl::State::kRequesting && outgoing && !connected && !peer->addressBytes.empty() &&
+      why.cause() == ECONNREFUSED) {
+    peerGone(peer, "no agent listens at its address any more (" + why.message() + ")");
+    return;
+  }
   if (st != PeerImpl::State::kReady && st != PeerImpl::State::kAwaitAck) return;  // wireup retries
   if (outgoing && !connected) {
     peerGone(peer, "its wireup listener refuses connections (" + why.message() + ")");

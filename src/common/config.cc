@@ -181,6 +181,12 @@ const std::vector<Variable>& variables() {
        "How long an object client's descriptor (a token for one range and direction) may be used before the client "
        "revokes it.",
        "300", "1..604800 (seconds)", parseTokenTtl},
+      {"FERRY_OBJECTS_ACCESS_KEY",
+       "The object store's access key: `ferry objects serve` then requires AWS Signature Version 4 on every "
+       "request, and ferry's object client signs with it.",
+       "none (no authentication)", "any text", parseAnyText},
+      {"FERRY_OBJECTS_SECRET_KEY", "The secret key that goes with FERRY_OBJECTS_ACCESS_KEY.", "none",
+       "any text (it is never printed)", parseSecret},
   };
   return table;
 }
@@ -268,6 +274,16 @@ std::string agentSecret() {
 }
 std::string agentLanes() { return parsed("FERRY_AGENT_LANES").value_or(""); }
 std::string store() { return parsed("FERRY_STORE").value_or(""); }
+
+bool isSecret(std::string_view name) {
+  return name == "FERRY_AGENT_SECRET" || name == "FERRY_OBJECTS_SECRET_KEY";
+}
+
+std::string objectsAccessKey() { return parsed("FERRY_OBJECTS_ACCESS_KEY").value_or(""); }
+std::string objectsSecretKey() {
+  const char* raw = rawValue("FERRY_OBJECTS_SECRET_KEY");
+  return raw != nullptr ? raw : "";
+}
 
 int objectsTokenTtlSeconds() {
   auto value = parsed("FERRY_OBJECTS_TOKEN_TTL");

@@ -450,6 +450,7 @@ class ServerCore {
       std::shared_ptr<ep::Endpoint> endpoint;
       ferry::Result<ag::LaneSet> lanes = Status(StatusCode::kUnavailable, "not connected");
       const auto deadline = std::chrono::steady_clock::now() + connectTimeout_;
+      int retries = 0;
       for (;;) {
         auto conn = clientFor(d->agentAddress, key);
         if (!conn.isOk()) {
@@ -469,7 +470,9 @@ class ServerCore {
         }
         release();
         forgetClient(d->agentAddress, peer);
-        if (std::chrono::steady_clock::now() >= deadline || ready.code() != StatusCode::kPeerGone) {
+        // A connection that ended is replaced (a few times: a dead client fails each new wireup at once).
+        if (std::chrono::steady_clock::now() >= deadline || ready.code() != StatusCode::kPeerGone ||
+            ++retries > 3) {
           if (status) *status = wcOf(ready);
           return refuse(-EIO, "client " + address->alias + ": " + ready.toString());
         }
@@ -960,7 +963,9 @@ int cuObjServer::poll(cuObjAsyncEvent_t* events, int max_events, uint16_t channe
 
 bool cuObjServer::isConnected() { return core_ && core_->connected(); }
 
-uint16_t cuObjServer::allocateChannelId() { return core_ ? core_->allocate() : INVALID_CHANNEL_ID; }
+uint16_t cuObjServer::allocateChannelId() {
+  return core_ ? core_->allocate() : static_cast<uint16_t>(INVALID_CHANNEL_ID);
+}
 
 void cuObjServer::freeChannelId(uint16_t channel_id) {
   if (core_) core_->free(channel_id);

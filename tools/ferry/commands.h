@@ -15,5 +15,7 @@ int runDemo(const std::vector<std::string>& args, const std::string& self);
 // foreground until SIGINT or SIGTERM; prints "ferry store: listening on HOST:PORT" when ready.
 // Returns 0 after a signal, 2 for bad options, 1 when the port cannot be bound.
 int runStore(const std::vector<std::string>& args);
+// `ferry objects serve|put|get|ls|mb|rb|rm ...`: the object store and its client (tools/ferry/objects.cc).
+int runObjects(const std::vector<std::string>& args);
 
 }  // namespace ferry::cli

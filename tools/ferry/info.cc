@@ -107,13 +107,13 @@ int printConfig(bool asJson) {
       row.set("default", s.variable->defaultText);
       row.set("valid", s.variable->validValues);
       row.set("set", s.set);
-      row.set("value", s.set ? json::Value(s.raw) : json::Value());
+      row.set("value", s.set ? json::Value(config::isSecret(s.variable->name) ? s.effective : s.raw) : json::Value());
       row.set("effective", s.effective);
       row.set("error", s.error.empty() ? json::Value() : json::Value(s.error));
       rows.push_back(std::move(row));
       continue;
     }
-    const std::string shown = std::string(s.variable->name) == "FERRY_AGENT_SECRET" && s.set ? s.effective : s.raw;
+    const std::string shown = config::isSecret(s.variable->name) && s.set ? s.effective : s.raw;
     std::printf("%-22s %s%s\n", s.variable->name, s.set ? shown.c_str() : "(unset)",
                 s.set ? "" : (std::string(": ") + s.effective).c_str());
     if (!s.error.empty()) std::printf("%-22s   INVALID: %s\n", "", s.error.c_str());

@@ -28,6 +28,8 @@ void usage(FILE* out) {
                "        [--size N | --sweep] [--json]  processes; `ferry bench --help` lists every option\n"
                "  store [--host ADDRESS] [--port N]    serve the discovery store ferry://ADDRESS:N (default\n"
                "                                       127.0.0.1:4479) until SIGINT or SIGTERM\n"
+               "  objects serve|put|get|ls|mb|rb|rm    the object store (S3-style HTTP, payloads by RDMA) and\n"
+               "                                       its client; `ferry objects help` lists the forms\n"
                "  help                                 this text\n"
                "  --version                            ferry's version\n"
                "\n"
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "info") return ferry::cli::runInfo(args);
   if (command == "store") return ferry::cli::runStore(args);
+  if (command == "objects") return ferry::cli::runObjects(args);
   if (command == "demo" || command == "bench") {
     // The target (demo) or --local server (bench) runs this same binary; name it by its absolute path.
     char self[4096];

@@ -68,6 +68,11 @@ std::string agentLanes();
 std::string store();
 // FERRY_OBJECTS_TOKEN_TTL: seconds an object client's descriptor stays valid (default 300).
 int objectsTokenTtlSeconds();
+// FERRY_OBJECTS_ACCESS_KEY / FERRY_OBJECTS_SECRET_KEY: the object store's credentials ("" : none).
+std::string objectsAccessKey();
+std::string objectsSecretKey();
+// Whether a variable holds a secret (its value is never printed).
+bool isSecret(std::string_view name);
 
 // A byte count: digits with an optional K, M or G (binary) suffix and an optional "B"/"iB"
 // ("4096", "4K", "16M", "1GiB"). Zero and values past 2^64 are refused.

@@ -1,0 +1,188 @@
+#include "objects/sigv4.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+
+#include "agent/crypto.h"
+
+namespace ferry::objects {
+namespace {
+
+std::string hmac(std::string_view key, std::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Trims and folds runs of spaces into one, as the canonical headers want.
+std::string foldSpaces(std::string_view v) {
+  std::string out;
+  bool space = false;
+  for (char c : v) {
+    if (c == ' ' || c == '\t') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out.push_back(' ');
+    space = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The canonical request and the signed header list ("host;x-amz-date") over the named headers.
+std::string canonical(const SignedRequest& r, const std::vector<std::string>& signedNames) {
+  std::vector<std::pair<std::string, std::string>> q;
+  for (const auto& [k, v] : r.query) q.emplace_back(uriEncode(k, false), uriEncode(v, false));
+  std::sort(q.begin(), q.end());
+  std::string query;
+  for (const auto& [k, v] : q) query += (query.empty() ? "" : "&") + k + "=" + v;
+  std::string headers, names;
+  for (const auto& name : signedNames) {
+    std::string values;
+    for (const auto& [k, v] : r.headers) {
+      if (lower(k) == name) values += (values.empty() ? "" : ",") + foldSpaces(v);
+    }
+    headers += name + ":" + values + "\n";
+    names += (names.empty() ? "" : ";") + name;
+  }
+  return r.method + "\n" + uriEncode(r.path.empty() ? "/" : r.path, true) + "\n" + query + "\n" + headers +
+         "\n" + names + "\n" + r.payloadHash;
+}
+
+std::string signature(const std::string& canonicalRequest, std::string_view secretKey,
+                      std::string_view amzDate, std::string_view scope, std::string_view date,
+                      std::string_view region) {
+  std::string toSign = "AWS4-HMAC-SHA256\n" + std::string(amzDate) + "\n" + std::string(scope) + "\n" +
+                       sha256Hex(canonicalRequest);
+  std::string k = hmac("AWS4" + std::string(secretKey), date);
+  k = hmac(k, region);
+  k = hmac(k, "s3");
+  k = hmac(k, "aws4_request");
+  return agent::hexOf(hmac(k, toSign));
+}
+
+}  // namespace
+
+std::string sha256Hex(std::string_view bytes) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), out, &len, EVP_sha256(), nullptr);
+  return agent::hexOf(std::string_view(reinterpret_cast<char*>(out), len));
+}
+
+std::string uriEncode(std::string_view text, bool keepSlash) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keepSlash && c == '/')) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string amzDateNow() {
+  time_t now = time(nullptr);
+  tm utc{};
+  gmtime_r(&now, &utc);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &utc);
+  return buf;
+}
+
+std::string signV4(const SignedRequest& r, std::string_view accessKey, std::string_view secretKey,
+                   std::string_view region, std::string_view amzDate) {
+  std::vector<std::string> names;
+  for (const auto& [k, v] : r.headers) names.push_back(lower(k));
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  std::string date(amzDate.substr(0, 8));
+  std::string scope = date + "/" + std::string(region) + "/s3/aws4_request";
+  std::string sig = signature(canonical(r, names), secretKey, amzDate, scope, date, region);
+  std::string signedHeaders;
+  for (const auto& n : names) signedHeaders += (signedHeaders.empty() ? "" : ";") + n;
+  return "AWS4-HMAC-SHA256 Credential=" + std::string(accessKey) + "/" + scope +
+         ", SignedHeaders=" + signedHeaders + ", Signature=" + sig;
+}
+
+Status verifyV4(const SignedRequest& r, std::string_view authorization, std::string_view accessKey,
+                std::string_view secretKey) {
+  auto denied = [](const std::string& why) { return Status(StatusCode::kPermissionDenied, why); };
+  constexpr std::string_view kAlgo = "AWS4-HMAC-SHA256 ";
+  if (authorization.empty()) return denied("the request is not signed (no Authorization header)");
+  if (authorization.substr(0, kAlgo.size()) != kAlgo)
+    return denied("only AWS4-HMAC-SHA256 signatures are accepted");
+  std::string credential, signedHeaders, sig;
+  std::string_view rest = authorization.substr(kAlgo.size());
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view part = rest.substr(0, comma);
+    while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
+    size_t eq = part.find('=');
+    if (eq != std::string_view::npos) {
+      std::string_view k = part.substr(0, eq), v = part.substr(eq + 1);
+      if (k == "Credential")
+        credential = v;
+      else if (k == "SignedHeaders")
+        signedHeaders = v;
+      else if (k == "Signature")
+        sig = v;
+    }
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  // Credential = AK/date/region/s3/aws4_request
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= credential.size(); ++i) {
+    if (i == credential.size() || credential[i] == '/') {
+      parts.push_back(credential.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  if (parts.size() != 5 || parts[3] != "s3" || parts[4] != "aws4_request" || signedHeaders.empty() ||
+      sig.empty()) {
+    return denied("a malformed Authorization header");
+  }
+  if (!agent::constantTimeEqual(parts[0], accessKey)) return denied("unknown access key '" + parts[0] + "'");
+  std::string amzDate;
+  for (const auto& [k, v] : r.headers) {
+    if (lower(k) == "x-amz-date") amzDate = v;
+  }
+  if (amzDate.size() < 8 || amzDate.substr(0, 8) != parts[1])
+    return denied("x-amz-date does not match the scope");
+  std::vector<std::string> names;
+  start = 0;
+  for (size_t i = 0; i <= signedHeaders.size(); ++i) {
+    if (i == signedHeaders.size() || signedHeaders[i] == ';') {
+      names.push_back(lower(signedHeaders.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  if (std::find(names.begin(), names.end(), "host") == names.end())
+    return denied("the host header is not signed");
+  std::string scope = parts[1] + "/" + parts[2] + "/s3/aws4_request";
+  std::string expected = signature(canonical(r, names), secretKey, amzDate, scope, parts[1], parts[2]);
+  if (!agent::constantTimeEqual(expected, sig))
+    return denied("the signature does not match (SignatureDoesNotMatch)");
+  return Status::ok();
+}
+
+}  // namespace ferry::objects

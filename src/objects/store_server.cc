@@ -1,0 +1,782 @@
+// The object store (include/ferry/objects/store.h): S3-style HTTP on cpp-httplib (Debian's
+// libcpp-httplib-dev: a maintained server, so ferry carries no HTTP parser of its own), objects in
+// memory registered with a cuObjServer, payloads moved by RDMA when a request carries a descriptor.
+#include <httplib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "agent/crypto.h"
+#include "ferry/common/config.h"
+#include "ferry/cuobj_server.h"
+#include "ferry/objects/store.h"
+#include "objects/sigv4.h"
+
+namespace fs = std::filesystem;
+
+namespace ferry::objects {
+namespace {
+
+constexpr const char* kXmlNs = "http://s3.amazonaws.com/doc/2006-03-01/";
+
+std::string xmlEscape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string isoTime(int64_t ns) {
+  time_t secs = static_cast<time_t>(ns / 1000000000);
+  tm utc{};
+  gmtime_r(&secs, &utc);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>((ns / 1000000) % 1000));
+  return buf;
+}
+
+std::string httpTime(int64_t ns) {
+  time_t secs = static_cast<time_t>(ns / 1000000000);
+  tm utc{};
+  gmtime_r(&secs, &utc);
+  char buf[64];
+  strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &utc);
+  return buf;
+}
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// S3's bucket naming rules, and keys that can be files under the data directory.
+bool validBucket(const std::string& b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b) {
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) ||
+          c == '-' || c == '.')) {
+      return false;
+    }
+  }
+  return b.front() != '-' && b.front() != '.' && b.back() != '-' && b.back() != '.';
+}
+
+bool validKey(const std::string& k) {
+  if (k.empty() || k.size() > 1024 || k.find('\0') != std::string::npos) return false;
+  // No segment may be "." or ".." (a key is a path under the data directory).
+  size_t start = 0;
+  for (size_t i = 0; i <= k.size(); ++i) {
+    if (i == k.size() || k[i] == '/') {
+      std::string_view seg(k.data() + start, i - start);
+      if (seg == "." || seg == ".." || (seg.empty() && i != k.size())) return false;
+      start = i + 1;
+    }
+  }
+  return true;
+}
+
+std::optional<uint64_t> number(const std::string& text) {
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    uint64_t next = v * 10 + static_cast<uint64_t>(c - '0');
+    if (next / 10 != v) return std::nullopt;
+    v = next;
+  }
+  return v;
+}
+
+}  // namespace
+
+// One object: page-aligned memory registered with the object server.
+struct StoredObject {
+  cuObjServer* server = nullptr;
+  void* mem = nullptr;
+  uint64_t size = 0;
+  rdma_buffer* buf = nullptr;
+  std::string etag;
+  int64_t modifiedNs = 0;
+  std::string contentType = "application/octet-stream";
+  uint64_t received = 0;  // an upload's bytes so far
+  ~StoredObject() {
+    if (buf) server->deRegisterBuffer(buf);
+    std::free(mem);
+  }
+};
+using ObjectPtr = std::shared_ptr<StoredObject>;
+
+struct ObjectStore::Impl {
+  StoreOptions opts;
+  std::unique_ptr<cuObjServer> rdma;
+  httplib::Server http;
+  std::thread thread;
+  uint16_t port = 0;
+  std::atomic<bool> stopped{false};
+  std::mutex waitMu;
+  std::condition_variable waitCv;
+
+  mutable std::mutex mu;
+  std::map<std::string, std::map<std::string, ObjectPtr>> buckets;  // bucket -> key -> object
+  std::map<std::string, int64_t> bucketCreated;
+  std::map<std::string, ObjectPtr> uploads;  // "bucket/key/upload-id" -> object being received
+  std::atomic<uint64_t> generation{0};
+  mutable std::mutex statsMu;  // never held with mu's callers waiting: error() runs under mu
+  StoreStats stats;
+
+  // ---- objects ----
+  Result<ObjectPtr> newObject(uint64_t size) {
+    if (size > opts.maxObjectBytes) {
+      return Status(StatusCode::kResourceExhausted, "the object is larger than the store's limit of " +
+                                                        std::to_string(opts.maxObjectBytes) + " bytes");
+    }
+    auto o = std::make_shared<StoredObject>();
+    o->server = rdma.get();
+    o->size = size;
+    o->modifiedNs = nowNs();
+    if (size > 0) {
+      o->mem = rdma->allocHostBuffer(size);
+      if (o->mem == nullptr) return Status(StatusCode::kResourceExhausted, "no memory for the object");
+      o->buf = rdma->registerBuffer(o->mem, size);
+      if (o->buf == nullptr)
+        return Status(StatusCode::kResourceExhausted, "the object's memory did not register");
+    }
+    return o;
+  }
+
+  std::string etagOf(const ObjectPtr& o) {
+    return "\"" + agent::randomHex(8) + "-" + std::to_string(generation.fetch_add(1)) + "\"";
+  }
+
+  fs::path fileOf(const std::string& bucket, const std::string& key) const {
+    return fs::path(opts.dataDir) / bucket / key;
+  }
+
+  Status persist(const std::string& bucket, const std::string& key, const ObjectPtr& o) {
+    if (opts.dataDir.empty()) return Status::ok();
+    fs::path file = fileOf(bucket, key);
+    std::error_code ec;
+    fs::create_directories(file.parent_path(), ec);
+    fs::path tmp = file;
+    tmp += ".ferry-tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (o->size) out.write(static_cast<const char*>(o->mem), static_cast<std::streamsize>(o->size));
+      if (!out) return Status(StatusCode::kIoError, "cannot write " + tmp.string());
+    }
+    fs::rename(tmp, file, ec);
+    if (ec) return Status(StatusCode::kIoError, "cannot rename " + tmp.string() + ": " + ec.message());
+    return Status::ok();
+  }
+
+  Status load() {
+    if (opts.dataDir.empty()) return Status::ok();
+    std::error_code ec;
+    fs::create_directories(opts.dataDir, ec);
+    if (!fs::is_directory(opts.dataDir))
+      return Status(StatusCode::kIoError, opts.dataDir + " is not a directory");
+    for (const auto& b : fs::directory_iterator(opts.dataDir, ec)) {
+      if (!b.is_directory()) continue;
+      std::string bucket = b.path().filename().string();
+      if (!validBucket(bucket)) continue;
+      buckets[bucket];
+      bucketCreated[bucket] = nowNs();
+      for (const auto& f : fs::recursive_directory_iterator(b.path(), ec)) {
+        if (!f.is_regular_file()) continue;
+        std::string key = fs::relative(f.path(), b.path()).generic_string();
+        if (key.size() > 10 && key.substr(key.size() - 10) == ".ferry-tmp") continue;
+        if (!validKey(key)) continue;
+        auto o = newObject(f.file_size());
+        if (!o.isOk()) return o.status();
+        std::ifstream in(f.path(), std::ios::binary);
+        if ((*o)->size) in.read(static_cast<char*>((*o)->mem), static_cast<std::streamsize>((*o)->size));
+        if (!in) return Status(StatusCode::kIoError, "cannot read " + f.path().string());
+        (*o)->etag = etagOf(*o);
+        buckets[bucket][key] = *o;
+      }
+    }
+    return Status::ok();
+  }
+
+  // ---- responses ----
+  void error(httplib::Response& res, int status, const std::string& code, const std::string& message,
+             const std::string& resource = "") {
+    {
+      std::lock_guard<std::mutex> lock(statsMu);
+      ++stats.refused;
+    }
+    res.status = status;
+    res.set_content(std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>") + code +
+                        "</Code><Message>" + xmlEscape(message) + "</Message><Resource>" +
+                        xmlEscape(resource) + "</Resource><RequestId>" + agent::randomHex(8) +
+                        "</RequestId></Error>",
+                    "application/xml");
+  }
+
+  // Splits the decoded path into bucket and key.
+  static void split(const std::string& path, std::string& bucket, std::string& key) {
+    std::string p = path.size() > 1 ? path.substr(1) : "";
+    size_t slash = p.find('/');
+    bucket = p.substr(0, slash);
+    key = slash == std::string::npos ? "" : p.substr(slash + 1);
+  }
+
+  // SigV4 when credentials are set; the body's hash when the client gave one.
+  bool authorized(const httplib::Request& req, httplib::Response& res, const std::string* body) {
+    if (opts.accessKey.empty()) return true;
+    SignedRequest r;
+    r.method = req.method;
+    r.path = req.path;
+    for (const auto& [k, v] : req.params) r.query.emplace_back(k, v);
+    for (const auto& [k, v] : req.headers) {
+      if (k == "REMOTE_ADDR" || k == "REMOTE_PORT" || k == "LOCAL_ADDR" || k == "LOCAL_PORT") continue;
+      r.headers.emplace_back(k, v);
+    }
+    r.payloadHash = req.get_header_value("x-amz-content-sha256");
+    if (r.payloadHash.empty()) {
+      error(res, 400, "InvalidRequest", "x-amz-content-sha256 is missing", req.path);
+      return false;
+    }
+    if (r.payloadHash != "UNSIGNED-PAYLOAD") {
+      if (r.payloadHash.size() != 64) {
+        error(res, 400, "InvalidRequest",
+              "x-amz-content-sha256 '" + r.payloadHash +
+                  "' is not supported (sign the payload, or send UNSIGNED-PAYLOAD)",
+              req.path);
+        return false;
+      }
+      if (body != nullptr && sha256Hex(*body) != r.payloadHash) {
+        error(res, 400, "XAmzContentSHA256Mismatch", "the payload does not match x-amz-content-sha256",
+              req.path);
+        return false;
+      }
+    }
+    Status st = verifyV4(r, req.get_header_value("Authorization"), opts.accessKey, opts.secretKey);
+    if (!st.isOk()) {
+      error(res, 403,
+            st.message().find("SignatureDoesNotMatch") != std::string::npos ? "SignatureDoesNotMatch"
+                                                                            : "AccessDenied",
+            st.message(), req.path);
+      return false;
+    }
+    return true;
+  }
+
+  // ---- handlers ----
+  void onGet(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res, &req.body)) return;
+    std::string bucket, key;
+    split(req.path, bucket, key);
+    if (bucket.empty()) return listBuckets(res);
+    if (key.empty()) return listObjects(req, res, bucket);
+    ObjectPtr o;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto b = buckets.find(bucket);
+      if (b == buckets.end()) return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+      auto it = b->second.find(key);
+      if (it == b->second.end()) return error(res, 404, "NoSuchKey", "no object '" + key + "'", req.path);
+      o = it->second;
+    }
+    res.set_header("ETag", o->etag);
+    res.set_header("Last-Modified", httpTime(o->modifiedNs));
+    res.set_header("x-ferry-object-size", std::to_string(o->size));
+    if (req.has_header("x-ferry-rdma-descriptor")) return rdmaGet(req, res, bucket + "/" + key, o);
+    if (req.method == "HEAD") {
+      res.set_header("Content-Length", std::to_string(o->size));
+      res.status = 200;
+      return;
+    }
+    uint64_t first = 0, last = o->size ? o->size - 1 : 0;
+    if (!req.ranges.empty() && o->size > 0) {
+      auto [a, b] = req.ranges.front();
+      if (a < 0 && b >= 0) {  // suffix: the last b bytes
+        first = o->size - std::min<uint64_t>(static_cast<uint64_t>(b), o->size);
+      } else {
+        first = static_cast<uint64_t>(std::max<ssize_t>(a, 0));
+        if (b >= 0) last = std::min<uint64_t>(static_cast<uint64_t>(b), o->size - 1);
+      }
+      if (first >= o->size || first > last) {
+        return error(res, 416, "InvalidRange",
+                     "the range is outside the object's " + std::to_string(o->size) + " bytes", req.path);
+      }
+      res.status = 206;
+      res.set_header("Content-Range", "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" +
+                                          std::to_string(o->size));
+    } else {
+      res.status = 200;
+    }
+    uint64_t n = o->size ? last - first + 1 : 0;
+    {
+      std::lock_guard<std::mutex> lock(statsMu);
+      ++stats.httpGets;
+      stats.httpBytes += n;
+    }
+    res.set_content_provider(n, o->contentType,
+                             [o, first](size_t offset, size_t length, httplib::DataSink& sink) {
+                               return sink.write(static_cast<const char*>(o->mem) + first + offset, length);
+                             });
+  }
+
+  void rdmaGet(const httplib::Request& req, httplib::Response& res, const std::string& name,
+               const ObjectPtr& o) {
+    auto addr = number(req.get_header_value("x-ferry-rdma-addr"));
+    auto length = number(req.get_header_value("x-ferry-rdma-length"));
+    auto offset =
+        number(req.has_header("x-ferry-object-offset") ? req.get_header_value("x-ferry-object-offset") : "0");
+    if (!addr || !length || !offset) {
+      return error(res, 400, "InvalidRequest",
+                   "x-ferry-rdma-addr, x-ferry-rdma-length and x-ferry-object-offset "
+                   "must be decimal numbers",
+                   req.path);
+    }
+    uint64_t n = *offset >= o->size ? 0 : std::min(*length, o->size - *offset);
+    if (n > 0) {
+      uint16_t ch = rdma->allocateChannelId();
+      if (ch == INVALID_CHANNEL_ID) return error(res, 503, "SlowDown", "every channel is busy", req.path);
+      ibv_wc_status st = IBV_WC_SUCCESS;
+      ssize_t rc = rdma->handleGetObject(name, o->buf, *addr, n,
+                                         req.get_header_value("x-ferry-rdma-descriptor"), ch, *offset, &st);
+      rdma->freeChannelId(ch);
+      if (rc < 0) {
+        return error(res, 400, "RdmaTransferFailed",
+                     "handleGetObject: " + std::string(std::strerror(static_cast<int>(-rc))) +
+                         " (completion status " + std::to_string(static_cast<int>(st)) + ")",
+                     req.path);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(statsMu);
+      ++stats.rdmaGets;
+      stats.rdmaBytes += n;
+    }
+    res.status = 200;
+    res.set_header("x-ferry-rdma-bytes", std::to_string(n));
+    res.set_content("", "application/octet-stream");
+  }
+
+  void listBuckets(httplib::Response& res) {
+    std::string xml =
+        std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListAllMyBucketsResult xmlns=\"") + kXmlNs +
+        "\"><Owner><ID>ferry</ID><DisplayName>ferry</DisplayName></Owner><Buckets>";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [name, objects] : buckets) {
+        xml += "<Bucket><Name>" + xmlEscape(name) + "</Name><CreationDate>" + isoTime(bucketCreated[name]) +
+               "</CreationDate></Bucket>";
+      }
+    }
+    xml += "</Buckets></ListAllMyBucketsResult>";
+    res.status = 200;
+    res.set_content(xml, "application/xml");
+  }
+
+  void listObjects(const httplib::Request& req, httplib::Response& res, const std::string& bucket) {
+    const bool v2 = req.get_param_value("list-type") == "2";
+    const std::string prefix = req.get_param_value("prefix");
+    const std::string delimiter = req.get_param_value("delimiter");
+    std::string after = v2 ? (req.has_param("continuation-token") ? req.get_param_value("continuation-token")
+                                                                  : req.get_param_value("start-after"))
+                           : req.get_param_value("marker");
+    uint64_t maxKeys = 1000;
+    if (req.has_param("max-keys")) {
+      auto m = number(req.get_param_value("max-keys"));
+      if (!m) return error(res, 400, "InvalidArgument", "max-keys must be a number", req.path);
+      maxKeys = std::min<uint64_t>(*m, 1000);
+    }
+    std::string contents, prefixes, last;
+    uint64_t count = 0;
+    bool truncated = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto b = buckets.find(bucket);
+      if (b == buckets.end()) return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+      if (req.method == "HEAD") {
+        res.status = 200;
+        return;
+      }
+      std::string lastPrefix;
+      for (auto it = after.empty() ? b->second.begin() : b->second.upper_bound(after); it != b->second.end();
+           ++it) {
+        const std::string& key = it->first;
+        if (key.compare(0, prefix.size(), prefix) != 0) continue;
+        if (!delimiter.empty()) {
+          size_t d = key.find(delimiter, prefix.size());
+          if (d != std::string::npos) {
+            std::string cp = key.substr(0, d + delimiter.size());
+            if (cp == lastPrefix) continue;
+            if (count == maxKeys) {
+              truncated = true;
+              break;
+            }
+            lastPrefix = cp;
+            prefixes += "<CommonPrefixes><Prefix>" + xmlEscape(cp) + "</Prefix></CommonPrefixes>";
+            ++count;
+            last = key;
+            continue;
+          }
+        }
+        if (count == maxKeys) {
+          truncated = true;
+          break;
+        }
+        const ObjectPtr& o = it->second;
+        contents += "<Contents><Key>" + xmlEscape(key) + "</Key><LastModified>" + isoTime(o->modifiedNs) +
+                    "</LastModified><ETag>" + xmlEscape(o->etag) + "</ETag><Size>" + std::to_string(o->size) +
+                    "</Size><StorageClass>STANDARD</StorageClass></Contents>";
+        ++count;
+        last = key;
+      }
+    }
+    std::string xml = std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult xmlns=\"") +
+                      kXmlNs + "\"><Name>" + xmlEscape(bucket) + "</Name><Prefix>" + xmlEscape(prefix) +
+                      "</Prefix>";
+    if (!delimiter.empty()) xml += "<Delimiter>" + xmlEscape(delimiter) + "</Delimiter>";
+    xml += "<MaxKeys>" + std::to_string(maxKeys) + "</MaxKeys><IsTruncated>" +
+           (truncated ? "true" : "false") + "</IsTruncated>";
+    if (v2) {
+      xml += "<KeyCount>" + std::to_string(count) + "</KeyCount>";
+      if (req.has_param("continuation-token")) {
+        xml += "<ContinuationToken>" + xmlEscape(req.get_param_value("continuation-token")) +
+               "</ContinuationToken>";
+      }
+      if (truncated) xml += "<NextContinuationToken>" + xmlEscape(last) + "</NextContinuationToken>";
+    } else {
+      xml += "<Marker>" + xmlEscape(after) + "</Marker>";
+      if (truncated) xml += "<NextMarker>" + xmlEscape(last) + "</NextMarker>";
+    }
+    xml += contents + prefixes + "</ListBucketResult>";
+    res.status = 200;
+    res.set_content(xml, "application/xml");
+  }
+
+  void onPut(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string bucket, key;
+    split(req.path, bucket, key);
+    if (bucket.empty())
+      return error(res, 400, "InvalidRequest", "PUT needs /bucket or /bucket/key", req.path);
+    if (key.empty()) {
+      std::string body;
+      reader([&](const char* data, size_t n) {
+        if (body.size() + n > (1 << 20)) return false;
+        body.append(data, n);
+        return true;
+      });
+      if (!authorized(req, res, &body)) return;
+      if (!validBucket(bucket)) {
+        return error(res, 400, "InvalidBucketName", "'" + bucket + "' is not a valid bucket name", req.path);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (buckets.count(bucket)) {
+        res.status = 409;
+        res.set_content(
+            std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                        "BucketAlreadyOwnedByYou</Code><Message>the bucket exists</Message></Error>"),
+            "application/xml");
+        return;
+      }
+      buckets[bucket];
+      bucketCreated[bucket] = nowNs();
+      if (!opts.dataDir.empty()) {
+        std::error_code ec;
+        fs::create_directories(fs::path(opts.dataDir) / bucket, ec);
+      }
+      res.status = 200;
+      res.set_header("Location", "/" + bucket);
+      return;
+    }
+    if (!validKey(key))
+      return error(res, 400, "InvalidArgument", "'" + key + "' is not a valid key", req.path);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!buckets.count(bucket))
+        return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+    }
+    if (req.has_header("x-ferry-rdma-descriptor")) {
+      if (!authorized(req, res, nullptr)) return;
+      return rdmaPut(req, res, bucket, key);
+    }
+    // The body: straight into the object's registered memory.
+    const std::string lengthText = req.get_header_value("Content-Length");
+    auto length = number(lengthText.empty() ? std::string("0") : lengthText);
+    if (!length) return error(res, 411, "MissingContentLength", "PUT needs a Content-Length", req.path);
+    if (req.get_header_value("Content-Encoding").find("aws-chunked") != std::string::npos) {
+      return error(res, 501, "NotImplemented", "aws-chunked bodies are not supported: send the payload whole",
+                   req.path);
+    }
+    auto o = newObject(*length);
+    if (!o.isOk()) return error(res, 400, "EntityTooLarge", o.status().message(), req.path);
+    uint64_t got = 0;
+    bool ok = reader([&](const char* data, size_t n) {
+      if (n > (*o)->size - got) return false;
+      std::memcpy(static_cast<char*>((*o)->mem) + got, data, n);
+      got += n;
+      return true;
+    });
+    if (!ok || got != (*o)->size) {
+      return error(res, 400, "IncompleteBody",
+                   "the body has " + std::to_string(got) + " of " + std::to_string((*o)->size) + " bytes",
+                   req.path);
+    }
+    if (!opts.accessKey.empty()) {
+      std::string body(static_cast<const char*>((*o)->mem), (*o)->size);
+      if (!authorized(req, res, &body)) return;
+    }
+    if (req.has_header("Content-Type")) (*o)->contentType = req.get_header_value("Content-Type");
+    {
+      std::lock_guard<std::mutex> lock(statsMu);
+      ++stats.httpPuts;
+      stats.httpBytes += (*o)->size;
+    }
+    commit(res, bucket, key, *o, req.path);
+  }
+
+  void rdmaPut(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+               const std::string& key) {
+    auto addr = number(req.get_header_value("x-ferry-rdma-addr"));
+    auto length = number(req.get_header_value("x-ferry-rdma-length"));
+    auto offset =
+        number(req.has_header("x-ferry-object-offset") ? req.get_header_value("x-ferry-object-offset") : "0");
+    auto total = number(req.has_header("x-ferry-object-size") ? req.get_header_value("x-ferry-object-size")
+                                                              : req.get_header_value("x-ferry-rdma-length"));
+    std::string upload = req.get_header_value("x-ferry-upload-id");
+    if (!addr || !length || !offset || !total || *length == 0 || *offset > *total ||
+        *length > *total - *offset || upload.size() > 128) {
+      return error(res, 400, "InvalidRequest",
+                   "x-ferry-rdma-* headers: numbers, a nonzero length inside "
+                   "x-ferry-object-size, an upload id of at most 128 bytes",
+                   req.path);
+    }
+    const std::string id = bucket + "/" + key + "/" + upload;
+    ObjectPtr o;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = uploads.find(id);
+      if (it != uploads.end()) o = it->second;
+    }
+    if (!o) {
+      auto made = newObject(*total);
+      if (!made.isOk()) return error(res, 400, "EntityTooLarge", made.status().message(), req.path);
+      o = *made;
+      std::lock_guard<std::mutex> lock(mu);
+      auto [it, fresh] = uploads.emplace(id, o);
+      if (!fresh) o = it->second;
+    }
+    if (o->size != *total) {
+      return error(res, 409, "InvalidRequest",
+                   "upload '" + upload + "' has x-ferry-object-size " + std::to_string(o->size), req.path);
+    }
+    uint16_t ch = rdma->allocateChannelId();
+    if (ch == INVALID_CHANNEL_ID) return error(res, 503, "SlowDown", "every channel is busy", req.path);
+    ibv_wc_status st = IBV_WC_SUCCESS;
+    ssize_t rc = rdma->handlePutObject(bucket + "/" + key, o->buf, *addr, *length,
+                                       req.get_header_value("x-ferry-rdma-descriptor"), ch, *offset, &st);
+    rdma->freeChannelId(ch);
+    if (rc < 0) {
+      return error(res, 400, "RdmaTransferFailed",
+                   "handlePutObject: " + std::string(std::strerror(static_cast<int>(-rc))) +
+                       " (completion status " + std::to_string(static_cast<int>(st)) + ")",
+                   req.path);
+    }
+    bool complete = false;
+    uint64_t received = 0;
+    {
+      std::lock_guard<std::mutex> lock(statsMu);
+      ++stats.rdmaPuts;
+      stats.rdmaBytes += *length;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      o->received += *length;
+      received = o->received;
+      complete = received >= o->size;
+      if (complete) uploads.erase(id);
+    }
+    if (!complete) {
+      res.status = 200;
+      res.set_header("x-ferry-upload-received", std::to_string(received));
+      return;
+    }
+    commit(res, bucket, key, o, req.path);
+  }
+
+  void commit(httplib::Response& res, const std::string& bucket, const std::string& key, const ObjectPtr& o,
+              const std::string& path) {
+    o->etag = etagOf(o);
+    o->modifiedNs = nowNs();
+    Status st = persist(bucket, key, o);
+    if (!st.isOk()) return error(res, 500, "InternalError", st.message(), path);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto b = buckets.find(bucket);
+      if (b == buckets.end()) return error(res, 404, "NoSuchBucket", "the bucket was deleted", path);
+      b->second[key] = o;
+    }
+    res.status = 200;
+    res.set_header("ETag", o->etag);
+  }
+
+  void onDelete(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res, &req.body)) return;
+    std::string bucket, key;
+    split(req.path, bucket, key);
+    std::lock_guard<std::mutex> lock(mu);
+    auto b = buckets.find(bucket);
+    if (b == buckets.end()) return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+    if (key.empty()) {
+      if (!b->second.empty()) return error(res, 409, "BucketNotEmpty", "the bucket has objects", req.path);
+      buckets.erase(b);
+      bucketCreated.erase(bucket);
+      if (!opts.dataDir.empty()) {
+        std::error_code ec;
+        fs::remove_all(fs::path(opts.dataDir) / bucket, ec);
+      }
+      res.status = 204;
+      return;
+    }
+    b->second.erase(key);  // S3 answers 204 whether or not the key existed
+    if (!opts.dataDir.empty() && validKey(key)) {
+      std::error_code ec;
+      fs::remove(fileOf(bucket, key), ec);
+    }
+    res.status = 204;
+  }
+};
+
+Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
+  if (options.accessKey.empty()) options.accessKey = config::objectsAccessKey();
+  if (options.secretKey.empty()) options.secretKey = config::objectsSecretKey();
+  if (!options.accessKey.empty() && options.secretKey.empty()) {
+    return invalidArgument("objects serve: an access key without a secret key (FERRY_OBJECTS_SECRET_KEY)");
+  }
+  if (options.threads < 1 || options.threads > 256)
+    return invalidArgument("objects serve: threads must be 1..256");
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  const std::string rdmaHost = options.rdmaHost.empty() ? options.host : options.rdmaHost;
+  impl->rdma = std::make_unique<cuObjServer>(rdmaHost.c_str(), options.rdmaPort, CUOBJ_PROTO_RDMA_DC_V1);
+  if (!impl->rdma->isConnected()) {
+    return Status(StatusCode::kUnavailable, "objects serve: the object server's session on [" + rdmaHost +
+                                                "]:" + std::to_string(options.rdmaPort) + " did not start");
+  }
+  FERRY_RETURN_IF_ERROR(impl->load());
+  Impl* self = impl.get();
+  const int threads = options.threads;
+  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  impl->http.set_read_timeout(60, 0);
+  impl->http.set_write_timeout(60, 0);
+  impl->http.set_tcp_nodelay(true);
+  impl->http.set_payload_max_length(static_cast<size_t>(options.maxObjectBytes));
+  impl->http.Get(".*",
+                 [self](const httplib::Request& req, httplib::Response& res) { self->onGet(req, res); });
+  impl->http.Put(".*", [self](const httplib::Request& req, httplib::Response& res,
+                              const httplib::ContentReader& r) { self->onPut(req, res, r); });
+  impl->http.Delete(
+      ".*", [self](const httplib::Request& req, httplib::Response& res) { self->onDelete(req, res); });
+  impl->http.set_exception_handler(
+      [self](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
+        self->error(res, 500, "InternalError", "the request failed", req.path);
+      });
+  int port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
+                               : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);
+  if (port <= 0) {
+    return Status(StatusCode::kUnavailable,
+                  "objects serve: cannot listen on [" + options.host + "]:" + std::to_string(options.port));
+  }
+  impl->port = static_cast<uint16_t>(port);
+  impl->thread = std::thread([self] { self->http.listen_after_bind(); });
+  return std::make_unique<ObjectStore>(std::move(impl));
+}
+
+ObjectStore::ObjectStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ObjectStore::~ObjectStore() { stop(); }
+
+uint16_t ObjectStore::port() const { return impl_->port; }
+
+std::string ObjectStore::url() const {
+  const std::string& h = impl_->opts.host;
+  bool v6 = h.find(':') != std::string::npos;
+  return "http://" + (v6 ? "[" + h + "]" : h) + ":" + std::to_string(impl_->port);
+}
+
+StoreStats ObjectStore::stats() const {
+  StoreStats s;
+  {
+    std::lock_guard<std::mutex> lock(impl_->statsMu);
+    s = impl_->stats;
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  s.buckets = impl_->buckets.size();
+  for (const auto& [b, objects] : impl_->buckets) {
+    s.objects += objects.size();
+    for (const auto& [k, o] : objects) s.bytes += o->size;
+  }
+  return s;
+}
+
+void ObjectStore::stop() {
+  if (impl_->stopped.exchange(true)) return;
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->uploads.clear();
+    impl_->buckets.clear();
+  }
+  impl_->rdma.reset();
+  std::lock_guard<std::mutex> lock(impl_->waitMu);
+  impl_->waitCv.notify_all();
+}
+
+void ObjectStore::wait() {
+  std::unique_lock<std::mutex> lock(impl_->waitMu);
+  impl_->waitCv.wait(lock, [&] { return impl_->stopped.load(); });
+}
+
+Result<ObjectUrl> parseObjectUrl(const std::string& url) {
+  auto bad = [&](const char* why) { return invalidArgument("'" + url + "' is not an object URL: " + why); };
+  constexpr std::string_view kScheme = "http://";
+  if (url.compare(0, kScheme.size(), kScheme) != 0) return bad("expected http://HOST:PORT[/BUCKET[/KEY]]");
+  size_t hostEnd = url.find('/', kScheme.size());
+  std::string authority =
+      url.substr(kScheme.size(), hostEnd == std::string::npos ? std::string::npos : hostEnd - kScheme.size());
+  if (authority.empty()) return bad("no host");
+  size_t colon = authority.rfind(':');
+  if (colon == std::string::npos || colon + 1 == authority.size() || authority.back() == ']')
+    return bad("no port");
+  if (!number(authority.substr(colon + 1)) || *number(authority.substr(colon + 1)) > 65535)
+    return bad("bad port");
+  ObjectUrl out;
+  out.base = "http://" + authority;
+  if (hostEnd != std::string::npos) {
+    std::string path = url.substr(hostEnd + 1);
+    size_t slash = path.find('/');
+    out.bucket = path.substr(0, slash);
+    if (slash != std::string::npos) out.key = path.substr(slash + 1);
+  }
+  return out;
+}
+
+}  // namespace ferry::objects
