@@ -10,6 +10,8 @@ Layers, each its own module:
 - the Endpoint API: ``ferry.RDMAEndpoint``, ``ferry.available_nic()`` and friends.
 - the agent: ``ferry.start_peer_agent()`` / ``ferry.PeerAgent`` name a peer and write to it
   (wireup, lanes, discovery through a store, reconnection; ``ferry.agent``).
+- ``ferry.objects``: the object store (``ObjectStore``, S3-style HTTP with payloads by RDMA) and its
+  client (``ObjectClient``), as ``ferry objects`` serves and uses them.
 - ``ferry.Error`` and one exception class per status code (``ferry.errors``).
 - every future is awaitable from asyncio (``await future``; ``ferry.aio``).
 - ``ferry.stats()``: operations, bytes, errors and latency histograms per device context
@@ -30,6 +32,7 @@ from .endpoint import *  # noqa: F401,F403
 from .endpoint import __all__ as _endpoint_all
 from .agent import PeerAgent, PeerConnection, start_peer_agent
 from . import aio  # noqa: F401  (makes every future awaitable)
+from . import objects
 
 
 
@@ -45,5 +48,5 @@ def config():
     return _core.config()
 
 
-__all__ = (["__version__", "config", "check_config", "forward_to_logging", "metrics", "stats"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
+__all__ = (["__version__", "config", "check_config", "forward_to_logging", "metrics", "objects", "stats"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
            ["PeerAgent", "PeerConnection", "start_peer_agent"])

@@ -14,6 +14,7 @@ void bindVerbs(py::module_& m);     // verbs_bindings.cc -> ferry._core.verbs
 void bindEndpoint(py::module_& m);  // endpoint_bindings.cc -> ferry._core.endpoint
 void bindAgent(py::module_& m);     // agent_bindings.cc -> ferry._core.agent
 void bindConnect(py::module_& m);   // connect_bindings.cc -> ferry._core.connect
+void bindObjects(py::module_& m);   // objects_bindings.cc -> ferry._core.objects
 }  // namespace ferry::python
 
 PYBIND11_MODULE(_core, m) {
@@ -30,7 +31,8 @@ PYBIND11_MODULE(_core, m) {
           d["default"] = s.variable->defaultText;
           d["valid"] = s.variable->validValues;
           d["set"] = s.set;
-          d["value"] = ferry::config::isSecret(s.variable->name) && s.set ? s.effective : s.raw;  // never a secret
+          d["value"] =
+              ferry::config::isSecret(s.variable->name) && s.set ? s.effective : s.raw;  // never a secret
           d["effective"] = s.effective;
           d["error"] = s.error;
           out.append(d);
@@ -44,12 +46,13 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "log",
       [](const std::string& level, const std::string& message) {
-        ferry::log::Level l = level == "error"  ? ferry::log::Level::kError
-                              : level == "warn" ? ferry::log::Level::kWarn
-                              : level == "info" ? ferry::log::Level::kInfo
-                              : level == "debug"
-                                  ? ferry::log::Level::kDebug
-                                  : throw py::value_error("log level: error, warn, info or debug, not '" + level + "'");
+        ferry::log::Level l =
+            level == "error"  ? ferry::log::Level::kError
+            : level == "warn" ? ferry::log::Level::kWarn
+            : level == "info" ? ferry::log::Level::kInfo
+            : level == "debug"
+                ? ferry::log::Level::kDebug
+                : throw py::value_error("log level: error, warn, info or debug, not '" + level + "'");
         if (ferry::log::enabled(l)) ferry::log::write(l, "%s", message.c_str());
       },
       py::arg("level"), py::arg("message"), "Writes one line through ferry's log (as the core does)");
@@ -65,4 +68,6 @@ PYBIND11_MODULE(_core, m) {
   ferry::python::bindAgent(agent);
   py::module_ connect = m.def_submodule("connect", "The connector: readable and writable operations");
   ferry::python::bindConnect(connect);
+  py::module_ objects = m.def_submodule("objects", "The object store and its client");
+  ferry::python::bindObjects(objects);
 }

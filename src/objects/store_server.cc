@@ -309,31 +309,16 @@ struct ObjectStore::Impl {
       res.status = 200;
       return;
     }
-    uint64_t first = 0, last = o->size ? o->size - 1 : 0;
-    if (!req.ranges.empty() && o->size > 0) {
-      auto [a, b] = req.ranges.front();
-      if (a < 0 && b >= 0) {  // suffix: the last b bytes
-        first = o->size - std::min<uint64_t>(static_cast<uint64_t>(b), o->size);
-      } else {
-        first = static_cast<uint64_t>(std::max<ssize_t>(a, 0));
-        if (b >= 0) last = std::min<uint64_t>(static_cast<uint64_t>(b), o->size - 1);
-      }
-      if (first >= o->size || first > last) {
-        return error(res, 416, "InvalidRange",
-                     "the range is outside the object's " + std::to_string(o->size) + " bytes", req.path);
-      }
-      res.status = 206;
-      res.set_header("Content-Range", "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" +
-                                          std::to_string(o->size));
-    } else {
-      res.status = 200;
-    }
-    uint64_t n = o->size ? last - first + 1 : 0;
+    // Range requests (206, Content-Range, 416) are cpp-httplib's: it asks the provider for the range.
+    res.status = 200;
+    const uint64_t first = 0;
+    const uint64_t n = o->size;
     {
       std::lock_guard<std::mutex> lock(statsMu);
       ++stats.httpGets;
       stats.httpBytes += n;
     }
+    if (n == 0) return res.set_content("", o->contentType);  // a provider of 0 bytes is never asked
     res.set_content_provider(n, o->contentType,
                              [o, first](size_t offset, size_t length, httplib::DataSink& sink) {
                                return sink.write(static_cast<const char*>(o->mem) + first + offset, length);
@@ -470,6 +455,30 @@ struct ObjectStore::Impl {
     xml += contents + prefixes + "</ListBucketResult>";
     res.status = 200;
     res.set_content(xml, "application/xml");
+  }
+
+  // A refused PUT still reads its body (up to 16 MiB; past that the connection is dropped), so the
+  // next request on a kept-alive connection starts where it should.
+  void onPutDrained(const httplib::Request& req, httplib::Response& res,
+                    const httplib::ContentReader& reader) {
+    bool read = false;
+    httplib::ContentReader tracked(
+        [&](httplib::ContentReceiver receiver) {
+          read = true;
+          return reader(std::move(receiver));
+        },
+        [&](httplib::MultipartContentHeader header, httplib::ContentReceiver receiver) {
+          read = true;
+          return reader(std::move(header), std::move(receiver));
+        });
+    onPut(req, res, tracked);
+    if (!read) {
+      uint64_t drained = 0;
+      reader([&](const char*, size_t n) {
+        drained += n;
+        return drained <= (uint64_t{16} << 20);
+      });
+    }
   }
 
   void onPut(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
@@ -692,7 +701,7 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
   impl->http.Get(".*",
                  [self](const httplib::Request& req, httplib::Response& res) { self->onGet(req, res); });
   impl->http.Put(".*", [self](const httplib::Request& req, httplib::Response& res,
-                              const httplib::ContentReader& r) { self->onPut(req, res, r); });
+                              const httplib::ContentReader& r) { self->onPutDrained(req, res, r); });
   impl->http.Delete(
       ".*", [self](const httplib::Request& req, httplib::Response& res) { self->onDelete(req, res); });
   impl->http.set_exception_handler(

@@ -7,7 +7,8 @@ from . import verbs
 from . import endpoint
 from . import agent
 from . import connect
-__all__: list[str] = ['agent', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'verbs']
+from . import objects
+__all__: list[str] = ['agent', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'objects', 'verbs']
 def check_config() -> None:
     """
     Raises ferry.InvalidArgument naming the first FERRY_* variable set to a value it does not take
