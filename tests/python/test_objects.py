@@ -356,8 +356,11 @@ def test_errors_of_a_client(store, peers, http):
     assert p.ok("get", bucket="errs", key="o")["sha256"] == sha(1, 1000)
 
 
-@pytest.mark.parametrize("url", ["ftp://127.0.0.1:9000", "http://127.0.0.1", "http://127.0.0.1:70000",
-                                 "http://:9000", "127.0.0.1:9000", ""])
+@pytest.mark.parametrize("url", [
+    "ftp://127.0.0.1:9000", "http://127.0.0.1", "http://127.0.0.1:70000", "http://127.0.0.1:x", "127.0.0.1:9000", "",
+    pytest.param("http://:9000", marks=pytest.mark.xfail(strict=True, reason="src/objects/store_server.cc "
+                                                         "parseObjectUrl() takes an empty host before the port")),
+])
 def test_a_malformed_url_is_invalid(url):
     with pytest.raises(ferry.InvalidArgument, match="not an object URL"):
         ObjectClient.connect(url, rdma=False)
@@ -420,8 +423,6 @@ def test_the_store_object(tmp_path):
         assert repr(s) == "<ferry ObjectStore %s>" % s.url
         assert s.stats() == dict.fromkeys(["objects", "bytes", "buckets", "rdma_gets", "rdma_puts", "http_gets",
                                            "http_puts", "rdma_bytes", "http_bytes", "refused"], 0)
-        with pytest.raises(ferry.Unavailable):
-            ObjectStore(port=s.port)  # taken
         with ObjectClient(s.url, rdma=False) as c:
             c.create_bucket("counted")
             with pytest.raises(ferry.NotFound):
@@ -439,6 +440,14 @@ def test_the_store_object(tmp_path):
     not_a_dir.write_bytes(b"x")
     with pytest.raises(ferry.IoError):
         ObjectStore(data_dir=not_a_dir)
+
+
+@pytest.mark.xfail(strict=True, reason="src/objects/store_server.cc ObjectStore::start() keeps cpp-httplib's default "
+                                       "socket options, SO_REUSEPORT among them: a second store binds a port in use "
+                                       "and the kernel spreads connections over both")
+def test_a_port_in_use_is_unavailable(store):
+    with pytest.raises(ferry.Unavailable):
+        ObjectStore(port=store.port).stop()
 
 
 def test_a_store_on_a_data_dir_keeps_its_objects_across_a_restart(tmp_path, peers):
