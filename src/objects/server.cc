@@ -605,11 +605,15 @@ class ServerCore {
     cuObjDelayMode_t mode = params_.getDelayMode();
     if (mode != CUOBJ_DELAY_NONE && mode != CUOBJ_DELAY_ENTRY && mode != CUOBJ_DELAY_ADAPTIVE)
       mode = CUOBJ_DELAY_BATCH;
-    auto pause = [](uint64_t ns) {
-      if (ns == 0)
+    // A pause is a wait on the request itself, bounded by the delay: the check interval is the
+    // delay's, and a completion ends the pause at once (a sleep of a few microseconds costs the
+    // kernel's timer slack, 50 us, every time).
+    auto pause = [&f](uint64_t ns) {
+      if (ns == 0) {
         std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+        return;
+      }
+      (void)f.wait(std::chrono::milliseconds(std::max<uint64_t>(1, ns / 1000000)));
     };
     const int64_t start = nowUs();
     uint64_t backoff = 1000;
