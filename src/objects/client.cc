@@ -2,7 +2,6 @@
 // descriptor is a registration of exactly its range, with only the remote access its direction
 // needs, made for it alone and revoked (deregistered) when its use ends or expires: the device
 // that serves the server's WRITE or READ (this process's soft provider, or the NIC) enforces it.
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "agent/crypto.h"
 #include "ferry/agent/agent.h"
 #include "ferry/common/config.h"
 #include "ferry/cuobj_client.h"
@@ -30,22 +30,6 @@ using ferry::Status;
 using ferry::objects::Telemetry;
 
 namespace {
-
-std::string randomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
 
 // What a callback's handle points to: the call's ctx.
 struct CallHandle {
@@ -72,7 +56,7 @@ class ClientCore {
   bool start() {
     telem_ = Telemetry::acquire();
     ag::AgentOptions o;
-    o.alias = "cuobj-client-" + std::to_string(getpid()) + "-" + randomHex(4);
+    o.alias = "cuobj-client-" + std::to_string(getpid()) + "-" + ferry::agent::randomHex(4);
     auto a = ag::Agent::start(std::move(o));
     if (!a.isOk()) {
       telem_->log(CUOBJ_LOG_PATH_ERROR, "", "client session failed: " + a.status().toString());
@@ -113,7 +97,7 @@ class ClientCore {
     if (!agent_ || ptr == nullptr || size == 0)
       return fail("cuMemObjGetDescriptor: no session, null pointer or size 0");
     uint64_t a = reinterpret_cast<uint64_t>(ptr);
-    std::string name = "cuobj.mem." + randomHex(8);
+    std::string name = "cuobj.mem." + ferry::agent::randomHex(8);
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [addr, r] : regs_) {
@@ -185,7 +169,7 @@ class ClientCore {
     if (size == 0 || size > CUOBJ_MAX_REQUEST_SIZE) return ferry::invalidArgument("size 0 or above 1 GiB");
     auto reg = containing(a, size);
     if (!reg) return ferry::invalidArgument("the range is not inside memory of cuMemObjGetDescriptor()");
-    std::string name = "cuobj.tok." + randomHex(8);
+    std::string name = "cuobj.tok." + ferry::agent::randomHex(8);
     ep::RegionOptions ro;
     ro.published = false;
     if (op == CUOBJ_GET) {
