@@ -84,6 +84,18 @@ std::string sha256Hex(std::string_view bytes) {
   return agent::hexOf(std::string_view(reinterpret_cast<char*>(out), len));
 }
 
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr);
+}
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+void Sha256::update(const void* data, size_t n) { EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n); }
+std::string Sha256::hex() {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out, &len);
+  return agent::hexOf(std::string_view(reinterpret_cast<char*>(out), len));
+}
+
 std::string uriEncode(std::string_view text, bool keepSlash) {
   std::string out;
   for (unsigned char c : text) {

@@ -15,6 +15,20 @@ namespace ferry::objects {
 
 // Lower-case hex SHA-256 of bytes.
 std::string sha256Hex(std::string_view bytes);
+
+// SHA-256 of a stream of pieces (a body as it arrives).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* data, size_t n);
+  std::string hex();  // once, at the end
+
+ private:
+  void* ctx_;
+};
 // RFC 3986 percent-encoding of everything but A-Z a-z 0-9 - _ . ~ (and '/' when keepSlash).
 std::string uriEncode(std::string_view text, bool keepSlash);
 

@@ -76,7 +76,7 @@ struct ObjectClient::Impl {
     Impl* self = nullptr;
     std::string bucket, key, upload;
     uint64_t total = 0;
-    std::string error;
+    Status error;  // the store's refusal of a piece (its code kept: kNotFound, kPermissionDenied, ...)
   };
 
   static ssize_t onGet(const void* handle, char* ptr, size_t size, loff_t offset,
@@ -89,7 +89,7 @@ struct ObjectClient::Impl {
                           {"x-ferry-object-offset", std::to_string(offset)}};
     auto res = call->self->request("GET", "/" + call->bucket + "/" + call->key, h, nullptr, 0);
     if (!res.isOk()) {
-      call->error = res.status().toString();
+      call->error = res.status();
       return -EIO;
     }
     auto n = res->get_header_value("x-ferry-rdma-bytes");
@@ -108,7 +108,7 @@ struct ObjectClient::Impl {
                           {"x-ferry-upload-id", call->upload}};
     auto res = call->self->request("PUT", "/" + call->bucket + "/" + call->key, h, nullptr, 0);
     if (!res.isOk()) {
-      call->error = res.status().toString();
+      call->error = res.status();
       return -EIO;
     }
     return static_cast<ssize_t>(size);
@@ -210,11 +210,11 @@ struct ObjectClient::Impl {
                       ? rdma->cuObjGet(&call, data, n, static_cast<loff_t>(off), static_cast<loff_t>(off))
                       : rdma->cuObjPut(&call, data, n, static_cast<loff_t>(off), static_cast<loff_t>(off));
       if (r < 0 || static_cast<uint64_t>(r) != n) {
-        st = Status(StatusCode::kIoError, std::string(op == CUOBJ_GET ? "GET" : "PUT") + " /" + bucket + "/" +
-                                              key + " at " + std::to_string(off) + ": " +
-                                              (call.error.empty() ? "moved " + std::to_string(r) + " of " +
-                                                                        std::to_string(n) + " bytes"
-                                                                  : call.error));
+        st = !call.error.isOk() ? call.error
+                                : Status(StatusCode::kIoError,
+                                         std::string(op == CUOBJ_GET ? "GET" : "PUT") + " /" + bucket + "/" +
+                                             key + " at " + std::to_string(off) + ": moved " +
+                                             std::to_string(r) + " of " + std::to_string(n) + " bytes");
         break;
       }
       off += n;
@@ -317,12 +317,9 @@ Status ObjectClient::put(const std::string& bucket, const std::string& key, cons
     if (impl_->opts.progress) impl_->opts.progress(offset + length, size);
     return ok;
   };
-  FERRY_ASSIGN_OR_RETURN(httplib::Result res,
-                         impl_->raw("PUT", impl_->objectPath(bucket, key), {}, nullptr, size,
-                                    size > 0 ? httplib::ContentProvider(provider) : nullptr));
-  if (size == 0) {
-    FERRY_ASSIGN_OR_RETURN(res, impl_->raw("PUT", impl_->objectPath(bucket, key), {}, "", 0));
-  }
+  if (size == 0) return impl_->request("PUT", impl_->objectPath(bucket, key), {}, "", 0).status();
+  FERRY_ASSIGN_OR_RETURN(httplib::Result res, impl_->raw("PUT", impl_->objectPath(bucket, key), {}, nullptr,
+                                                         size, httplib::ContentProvider(provider)));
   return impl_->check("PUT", impl_->objectPath(bucket, key), *res).status();
 }
 
@@ -409,7 +406,10 @@ Status ObjectClient::putFile(const std::string& bucket, const std::string& key, 
     }
     ssize_t r = impl_->rdma->cuObjPut(&call, staging.mem, n, static_cast<loff_t>(off), 0);
     if (r < 0 || static_cast<uint64_t>(r) != n) {
-      st = Status(StatusCode::kIoError, "put " + path + " at " + std::to_string(off) + ": " + call.error);
+      st = !call.error.isOk()
+               ? call.error
+               : Status(StatusCode::kIoError, "put " + path + " at " + std::to_string(off) + ": moved " +
+                                                  std::to_string(r) + " of " + std::to_string(n) + " bytes");
       break;
     }
     off += n;
@@ -444,7 +444,7 @@ Status ObjectClient::getFile(const std::string& bucket, const std::string& key, 
     if (r < 0 || static_cast<uint64_t>(r) != n) {
       st = Status(StatusCode::kIoError,
                   "get " + path + " at " + std::to_string(off) + ": " +
-                      (call.error.empty() ? "short read (the object changed?)" : call.error));
+                      (call.error.isOk() ? "short read (the object changed?)" : call.error.toString()));
       break;
     }
     out.write(static_cast<const char*>(staging.mem), static_cast<std::streamsize>(n));

@@ -3,6 +3,7 @@
 // memory registered with a cuObjServer, payloads moved by RDMA when a request carries a descriptor.
 #include <httplib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -253,9 +254,17 @@ struct ObjectStore::Impl {
     key = slash == std::string::npos ? "" : p.substr(slash + 1);
   }
 
-  // SigV4 when credentials are set; the body's hash when the client gave one.
-  bool authorized(const httplib::Request& req, httplib::Response& res, const std::string* body) {
+  // SigV4 when credentials are set: the headers' signature first (an unsigned or wrongly signed
+  // request costs nothing more: no body is read into memory for it), the payload's hash once the
+  // body is there (payloadMatches).
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
     if (opts.accessKey.empty()) return true;
+    const std::string authorization = req.get_header_value("Authorization");
+    if (authorization.empty()) {
+      error(res, 403, "AccessDenied",
+            "the request is not signed (this store requires AWS Signature Version 4)", req.path);
+      return false;
+    }
     SignedRequest r;
     r.method = req.method;
     r.path = req.path;
@@ -269,21 +278,14 @@ struct ObjectStore::Impl {
       error(res, 400, "InvalidRequest", "x-amz-content-sha256 is missing", req.path);
       return false;
     }
-    if (r.payloadHash != "UNSIGNED-PAYLOAD") {
-      if (r.payloadHash.size() != 64) {
-        error(res, 400, "InvalidRequest",
-              "x-amz-content-sha256 '" + r.payloadHash +
-                  "' is not supported (sign the payload, or send UNSIGNED-PAYLOAD)",
-              req.path);
-        return false;
-      }
-      if (body != nullptr && sha256Hex(*body) != r.payloadHash) {
-        error(res, 400, "XAmzContentSHA256Mismatch", "the payload does not match x-amz-content-sha256",
-              req.path);
-        return false;
-      }
+    if (r.payloadHash != "UNSIGNED-PAYLOAD" && r.payloadHash.size() != 64) {
+      error(res, 400, "InvalidRequest",
+            "x-amz-content-sha256 '" + r.payloadHash +
+                "' is not supported (sign the payload, or send UNSIGNED-PAYLOAD)",
+            req.path);
+      return false;
     }
-    Status st = verifyV4(r, req.get_header_value("Authorization"), opts.accessKey, opts.secretKey);
+    Status st = verifyV4(r, authorization, opts.accessKey, opts.secretKey);
     if (!st.isOk()) {
       error(res, 403,
             st.message().find("SignatureDoesNotMatch") != std::string::npos ? "SignatureDoesNotMatch"
@@ -294,9 +296,18 @@ struct ObjectStore::Impl {
     return true;
   }
 
+  // Whether the body's SHA-256 (hex) is the one the signed request named (UNSIGNED-PAYLOAD: any).
+  bool payloadMatches(const httplib::Request& req, httplib::Response& res, const std::string& bodyHex) {
+    if (opts.accessKey.empty()) return true;
+    const std::string named = req.get_header_value("x-amz-content-sha256");
+    if (named == "UNSIGNED-PAYLOAD" || named == bodyHex) return true;
+    error(res, 400, "XAmzContentSHA256Mismatch", "the payload does not match x-amz-content-sha256", req.path);
+    return false;
+  }
+
   // ---- handlers ----
   void onGet(const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res, &req.body)) return;
+    if (!authorized(req, res) || !payloadMatches(req, res, sha256Hex(req.body))) return;
     std::string bucket, key;
     split(req.path, bucket, key);
     if (bucket.empty()) return listBuckets(res);
@@ -492,6 +503,7 @@ struct ObjectStore::Impl {
   }
 
   void onPut(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    if (!authorized(req, res)) return;  // before anything is read or allocated for the request
     std::string bucket, key;
     split(req.path, bucket, key);
     if (bucket.empty())
@@ -503,7 +515,7 @@ struct ObjectStore::Impl {
         body.append(data, n);
         return true;
       });
-      if (!authorized(req, res, &body)) return;
+      if (!payloadMatches(req, res, sha256Hex(body))) return;
       if (!validBucket(bucket)) {
         return error(res, 400, "InvalidBucketName", "'" + bucket + "' is not a valid bucket name", req.path);
       }
@@ -534,7 +546,7 @@ struct ObjectStore::Impl {
         return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
     }
     if (req.has_header("x-ferry-rdma-descriptor")) {
-      if (!authorized(req, res, nullptr)) return;
+      if (!payloadMatches(req, res, sha256Hex(""))) return;  // the payload is not in the body
       return rdmaPut(req, res, bucket, key);
     }
     // The body: straight into the object's registered memory.
@@ -548,9 +560,12 @@ struct ObjectStore::Impl {
     auto o = newObject(*length);
     if (!o.isOk()) return error(res, 400, "EntityTooLarge", o.status().message(), req.path);
     uint64_t got = 0;
+    const bool hashed = !opts.accessKey.empty();
+    Sha256 hash;
     bool ok = reader([&](const char* data, size_t n) {
       if (n > (*o)->size - got) return false;
       std::memcpy(static_cast<char*>((*o)->mem) + got, data, n);
+      if (hashed) hash.update(data, n);
       got += n;
       return true;
     });
@@ -559,10 +574,7 @@ struct ObjectStore::Impl {
                    "the body has " + std::to_string(got) + " of " + std::to_string((*o)->size) + " bytes",
                    req.path);
     }
-    if (!opts.accessKey.empty()) {
-      std::string body(static_cast<const char*>((*o)->mem), (*o)->size);
-      if (!authorized(req, res, &body)) return;
-    }
+    if (hashed && !payloadMatches(req, res, hash.hex())) return;
     if (req.has_header("Content-Type")) (*o)->contentType = req.get_header_value("Content-Type");
     {
       std::lock_guard<std::mutex> lock(statsMu);
@@ -658,7 +670,7 @@ struct ObjectStore::Impl {
   }
 
   void onDelete(const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res, &req.body)) return;
+    if (!authorized(req, res) || !payloadMatches(req, res, sha256Hex(req.body))) return;
     std::string bucket, key;
     split(req.path, bucket, key);
     std::lock_guard<std::mutex> lock(mu);
@@ -707,6 +719,12 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
   impl->http.set_read_timeout(60, 0);
   impl->http.set_write_timeout(60, 0);
   impl->http.set_tcp_nodelay(true);
+  // cpp-httplib sets SO_REUSEPORT by default, which lets a second store bind the same port and
+  // take half of its clients: only SO_REUSEADDR here (a restarted store rebinds at once).
+  impl->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   impl->http.set_payload_max_length(static_cast<size_t>(options.maxObjectBytes));
   impl->http.Get(".*",
                  [self](const httplib::Request& req, httplib::Response& res) { self->onGet(req, res); });
@@ -726,6 +744,14 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
   }
   impl->port = static_cast<uint16_t>(port);
   impl->thread = std::thread([self] { self->http.listen_after_bind(); });
+  // Returns once the listener runs, so that a stop() right after start() is not lost.
+  for (int i = 0; i < 5000 && !impl->http.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!impl->http.is_running()) {
+    impl->http.stop();
+    impl->thread.join();
+    return Status(StatusCode::kUnavailable, "objects serve: the HTTP listener did not start");
+  }
   return std::make_unique<ObjectStore>(std::move(impl));
 }
 
@@ -781,7 +807,7 @@ Result<ObjectUrl> parseObjectUrl(const std::string& url) {
   size_t hostEnd = url.find('/', kScheme.size());
   std::string authority =
       url.substr(kScheme.size(), hostEnd == std::string::npos ? std::string::npos : hostEnd - kScheme.size());
-  if (authority.empty()) return bad("no host");
+  if (authority.empty() || authority.front() == ':') return bad("no host");
   size_t colon = authority.rfind(':');
   if (colon == std::string::npos || colon + 1 == authority.size() || authority.back() == ']')
     return bad("no port");
