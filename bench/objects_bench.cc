@@ -200,6 +200,11 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
   client.cuMemObjPutRDMAToken(get);
   client.cuMemObjPutRDMAToken(put);
   server.deRegisterBuffer(rb);
+  (void)client.cuMemObjPutDescriptor(cbuf);
+  (*a)->shutdown();
+  (*b)->shutdown();
+  std::free(sbuf);
+  std::free(cbuf);
   return 0;
 }
 

@@ -107,6 +107,12 @@ CUObjOps_t gOps{.get = controlGet, .put = controlPut};
 class Peer {
  public:
   explicit Peer(cuObjClient* client) : client_(client) {}
+  // The texts of tokens never put back (or revoked another way) are the peer's to free.
+  ~Peer() {
+    for (auto& [index, text] : tokens_) free(text);
+  }
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
 
   // Runs one command; false after "exit".
   bool run(const std::string& line) {

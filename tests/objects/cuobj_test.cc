@@ -87,6 +87,11 @@ class ObjectsTest : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(channel_, 0);
   }
   void TearDown() override {
+    // Tokens still out are put back (freeing their text); those a test revoked another way are freed.
+    for (char* t : tokens_) {
+      if (t != nullptr && (!client_ || client_->cuMemObjPutRDMAToken(t) != CU_OBJ_SUCCESS)) free(t);
+    }
+    tokens_.clear();
     if (server_ && channel_ != INVALID_CHANNEL_ID) server_->freeChannelId(channel_);
     client_.reset();
     server_.reset();
