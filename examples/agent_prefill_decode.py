@@ -47,6 +47,11 @@ def prefill(store):
         conn = agent.connect_to("decode-0")             # returns at once
         agent.write_with_imm("decode-0", [("kv", 0, 0, BLOCK)], imm_data=7).wait(60)
         print("prefill: wrote 1 MiB to decode-0 over lane %s" % conn.lanes()["rma"], flush=True)
+        # Stay until decode-0 has taken the block and left: leaving first would make its wait for
+        # the immediate end with PeerGone if it had not received it yet.
+        deadline = time.monotonic() + 60
+        while conn.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return 0
 
 
