@@ -35,7 +35,6 @@ using ferry::objects::Telemetry;
 
 namespace {
 
-constexpr uint64_t kBufferMagic = 0x66657272794f4246ull;  // "FBOyrref"
 constexpr size_t kMaxSgEntries = 10;
 constexpr int kPollCap = 16;
 
@@ -76,7 +75,6 @@ struct ObjectPiece {
 };
 
 struct rdma_buffer {
-  uint64_t magic = kBufferMagic;
   bool view = false;
   rdma_buffer* base = nullptr;  // a view's registered buffer
   std::vector<ObjectPiece> pieces;

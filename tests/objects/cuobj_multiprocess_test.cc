@@ -813,7 +813,7 @@ TEST_P(MultiProcessObjects, AClientKilledMidGetFailsTheRequestAndTheServerServes
   uint16_t channel = server.allocateChannelId();
   ASSERT_NE(channel, INVALID_CHANNEL_ID);
   bool killedMidTransfer = false;
-  for (size_t size : {size_t{512} * kMiB, size_t{1024} * kMiB}) {
+  for (size_t size : {size_t{512} * kMiB, size_t{1024} * kMiB, size_t{1024} * kMiB}) {
     SCOPED_TRACE("size " + std::to_string(size));
     auto* object = static_cast<uint8_t*>(server.allocHostBuffer(size));
     ASSERT_NE(object, nullptr);
@@ -867,7 +867,10 @@ TEST_P(MultiProcessObjects, AClientKilledMidGetFailsTheRequestAndTheServerServes
     server.deRegisterBuffer(rb);
     free(object);
     EXPECT_NE(verdict.load(), 3) << "the transfer was never seen to start";
-    if (verdict.load() != 1) {
+    // A WRITE whose bytes were all placed before the dying process's memory went away completes
+    // successfully, as on a NIC: the kill came after the transfer's end, whatever the sample said.
+    const bool completed = submit == 0 && rc == 1 && events[0].status == IBV_WC_SUCCESS;
+    if (verdict.load() != 1 || completed) {
       // The transfer was done (or nearly) before the kill: not the case under test. Again, larger.
       std::printf("[ size %zu ] the kill came after the transfer's end (submit %zd, poll %d): again\n", size,
                   submit, rc);
