@@ -80,6 +80,13 @@ Result<RunShape> decodeShape(const json::Value& hello) {
       return Status(StatusCode::kProtocolError, "control message 'hello': unknown api '" + api + "'");
     }
   }
+  if (hello.find("memory") != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(std::string memory, stringField(hello, "memory", 32));
+    if (memory != "heap" && memory != "shared") {
+      return Status(StatusCode::kProtocolError, "control message 'hello': unknown memory '" + memory + "'");
+    }
+    s.sharedMemory = memory == "shared";
+  }
   FERRY_ASSIGN_OR_RETURN(int64_t threads, intField(hello, "threads", 1, kMaxThreads));
   FERRY_ASSIGN_OR_RETURN(int64_t qps, intField(hello, "qps", 1, kMaxQpsPerThread));
   FERRY_ASSIGN_OR_RETURN(int64_t depth, intField(hello, "depth", 1, kMaxDepth));
@@ -313,6 +320,7 @@ Status runClientSession(ControlChannel& ch, const Options& o, const std::string&
   hello->set("op", opName(o.shape.op));
   hello->set("mode", modeName(o.shape.mode));
   hello->set("api", apiName(o.shape.api));
+  hello->set("memory", o.shape.sharedMemory ? "shared" : "heap");
   hello->set("threads", o.shape.threads);
   hello->set("qps", o.shape.qps);
   hello->set("depth", o.shape.depth);

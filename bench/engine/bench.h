@@ -59,6 +59,9 @@ struct RunShape {
   int depth = 64;        // outstanding work requests per QP (bandwidth mode)
   int batch = 1;         // work requests per postSend call (bandwidth mode)
   uint64_t maxSize = 0;  // largest message of the run
+  // --memory shared: the verbs buffers come from ProtectionDomain::allocMr (memory a same-host
+  // peer of the software provider maps), not from an anonymous mapping.
+  bool sharedMemory = false;
 };
 
 inline constexpr int kMaxThreads = 64;

@@ -445,10 +445,19 @@ Result<std::unique_ptr<BenchSide>> VerbsSide::create(const std::string& device, 
       t.qps.push_back(std::move(qp));
       t.recvPosted.push_back(0);
     }
+    if (shape.sharedMemory) {
+      // The region owns this memory (freed with it).
+      FERRY_ASSIGN_OR_RETURN(t.mr, side->pd_.allocMr(bytes, v::access::kAll));
+      t.buffer = static_cast<uint8_t*>(t.mr.addr());
+      t.bufferSize = bytes;
+      std::memset(t.buffer, 0, bytes);
+      continue;
+    }
     void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return ioError("cannot map a " + std::to_string(bytes) + "-byte buffer");
     t.buffer = static_cast<uint8_t*>(mem);
     t.bufferSize = bytes;
+    t.bufferMapped = true;
     // Touch every page now, so no run pays for first-touch faults.
     std::memset(t.buffer, 0, bytes);
     FERRY_ASSIGN_OR_RETURN(t.mr, side->pd_.registerMemory(t.buffer, bytes, v::access::kAll));
@@ -462,7 +471,7 @@ VerbsSide::~VerbsSide() {
     t.mr.close();
     for (auto& qp : t.qps) qp.close();
     t.cq.close();
-    if (t.buffer) munmap(t.buffer, t.bufferSize);
+    if (t.buffer && t.bufferMapped) munmap(t.buffer, t.bufferSize);
     t.buffer = nullptr;
   }
   pd_.close();

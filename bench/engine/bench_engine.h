@@ -40,6 +40,7 @@ struct ThreadResources {
   std::vector<verbs::Path> localPaths;
   uint8_t* buffer = nullptr;
   size_t bufferSize = 0;
+  bool bufferMapped = false;  // buffer is our anonymous mapping (else the region owns it)
   verbs::MemoryRegion mr;
   RemoteBuffer remote;
 };

@@ -79,6 +79,9 @@ namespace {
 
 // The Endpoint API's part of validateShape().
 Status validateEndpointShape(const RunShape& s) {
+  if (s.sharedMemory) {
+    return invalidArgument("--memory shared is for --api verbs (the Endpoint API's pool registers what it is given)");
+  }
   if (s.op == Op::kAtomic) {
     return invalidArgument("--api endpoint offers write, read, send and write_imm (the Endpoint API has no atomics)");
   }
@@ -188,6 +191,9 @@ void printUsage(FILE* out) {
                "                        same-host (rings, one-copy WRITE/READ), ring (rings only:\n"
                "                        data staged through shared memory) or tcp; sets\n"
                "                        FERRY_SOFT_SAME_HOST for this process (and --local's server)\n"
+               "  --memory KIND         heap (default: anonymous memory, registered) or shared\n"
+               "                        (ProtectionDomain::allocMr on both sides: a same-host peer\n"
+               "                        maps it, and WRITE/READ are loads and stores); --api verbs\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
                "atomic are the time from posting to completion; endpoint operations the time from the\n"
@@ -246,6 +252,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   Options o;
   bool server = false, local = false, sweep = false, help = false;
   std::vector<std::string> sizeTexts;
+  std::string memory;
   std::string target, softPath, op, api, mode, port, iters, batch, depth, qps, threads, duration, timeout, plot;
   // CLI11 recognises the options and their values; the checks below give each value's own message.
   CLI::App app("perftest-style bandwidth and latency between two processes", "ferry bench");
@@ -261,6 +268,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   app.add_option("--bind", o.bind);
   app.add_option("--plot", plot);
   app.add_option("--soft-path", softPath);
+  app.add_option("--memory", memory);
   app.add_option("--op", op);
   app.add_option("--api", api);
   app.add_option("--mode", mode);
@@ -302,6 +310,10 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   }
   if (given("--api") && !parseApi(api, &o.shape.api)) {
     return invalidArgument("unknown --api '" + api + "': use verbs or endpoint");
+  }
+  if (given("--memory")) {
+    if (memory != "heap" && memory != "shared") return invalidArgument("unknown --memory '" + memory + "': use heap or shared");
+    o.shape.sharedMemory = memory == "shared";
   }
   if (given("--mode") && !parseMode(mode, &o.shape.mode)) {
     return invalidArgument("unknown --mode '" + mode + "': use bw or lat");

@@ -79,6 +79,16 @@ def main():
             check_doc(doc, op, "lat", small)
             if doc.get("ferry_soft_same_host") != value:
                 fail("--soft-path %s ran with FERRY_SOFT_SAME_HOST=%r" % (path, doc.get("ferry_soft_same_host")))
+    # Memory both sides map (--memory shared: ProtectionDomain::allocMr on both sides), on every
+    # path; each side checks the bytes the other moved.
+    for path in ("tcp", "ring", "same-host"):
+        for op in ("write", "read"):
+            for mode in ("bw", "lat"):
+                doc = bench(ferry, "--memory", "shared", "--soft-path", path, "--op", op, "--mode", mode,
+                            "--size", "8,64K,1M", "--iters", "50")
+                check_doc(doc, op, mode, [8, 65536, 1 << 20])
+                if doc.get("memory") != "shared":
+                    fail("--memory shared ran with memory %r" % doc.get("memory"))
     print("bench smoke: all operations and modes, JSON and plots checked")
     return 0
 

@@ -35,6 +35,9 @@ from . import path as _path
 from ._core import verbs as _core
 from ._memory import registrable as _registrable
 
+SharedMemory = _core.SharedMemory
+alloc_shared = _core.alloc_shared
+
 # ---------------------------------------------------------------------------------------------
 # Constants (libibverbs' numbers).
 
@@ -752,6 +755,15 @@ class PD(_core.PD):
         buf = _registrable(buf, "PD.mr")
         return MR(self, buf, access)
 
+    def alloc_mr(self, length, access=0):
+        """Allocate *length* bytes of zero-filled memory and register them: a new :class:`MR`
+        whose :attr:`MR.buf` is a :class:`SharedMemory` (a writable buffer; ``np.frombuffer(mr.buf,
+        np.uint8)`` and ``torch.frombuffer(mr.buf, dtype=torch.uint8)`` view it without a copy).
+        A same-host peer of the software provider maps this memory once and carries out WRITE
+        and READ on it as loads and stores, with no system call. The memory lives while the MR or
+        any view of it does."""
+        return MR(self, alloc_shared(length), access)
+
     def qp(self, qp_type, max_send_wr, send_cq, max_recv_wr, recv_cq, srq=None, sq_sig_all=1, max_send_sge=1,
            max_recv_sge=1, max_inline_data=0):
         """Create a new :class:`QP` for this protection domain, with the creation attributes as
@@ -1035,5 +1047,5 @@ __all__ = sorted(name for name in globals() if name.startswith("IBV_")) + [
     "GRH_BYTES", "wc_status_str", "wc_opcode_str", "WeakSet", "sge", "send_wr", "recv_wr", "wc", "global_route",
     "ah_attr", "qp_cap", "qp_init_attr", "srq_init_attr", "qp_attr", "srq_attr", "port_attr", "device_attr",
     "async_event", "WRError", "WCError", "AsyncError", "WCPath", "Context", "PD", "MR", "CompChannel", "CQ",
-    "SRQ", "AH", "QP",
+    "SRQ", "AH", "QP", "SharedMemory", "alloc_shared",
 ]

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "ferry/common/shared_memory.h"
 #include "ferry/devices.h"
 #include "status.h"
 #include "verbs_objects.h"
@@ -300,6 +301,27 @@ void bindVerbs(py::module_& m) {
       .def("_srqs", [](PdObject& p) { return liveList<SrqObject>(p.srqs()); });
 
   // ---- MR ----
+  // Memory a same-host peer maps (ferry/common/shared_memory.h), as a writable buffer: NumPy
+  // (np.frombuffer) and torch (torch.frombuffer) view it without a copy, and every view keeps it
+  // alive.
+  py::class_<SharedMemory, std::shared_ptr<SharedMemory>>(m, "SharedMemory", py::buffer_protocol(),
+                                                          "Zero-filled memory a same-host peer maps.")
+      .def_buffer([](SharedMemory& memory) {
+        return py::buffer_info(memory.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(memory.length())}, {py::ssize_t{1}}, false);
+      })
+      .def("__len__", &SharedMemory::length)
+      .def_property_readonly("addr", [](SharedMemory& memory) { return reinterpret_cast<uintptr_t>(memory.data()); });
+  m.def(
+      "alloc_shared",
+      [](long long length) {
+        if (length <= 0) throw py::value_error("length " + std::to_string(length) + " must be positive");
+        return unwrap(SharedMemory::allocate(static_cast<size_t>(length)), "alloc_shared");
+      },
+      py::arg("length"),
+      "Allocates length bytes of zero-filled memory that a same-host peer of the software provider maps "
+      "(WRITE and READ on it are then loads and stores). Register it with PD.mr, or use PD.alloc_mr.");
+
   py::class_<MrObject, std::shared_ptr<MrObject>> mr(m, "MR", "A memory registration over a Python buffer.");
   mr.def(py::init([](py::object pd, py::object buf, uint32_t access) {
            return MrObject::create(std::move(pd), std::move(buf), access);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ferry/common/shared_memory.h"
 #include "ferry/verbs/path.h"
 #include "verbs/mapped.h"
 
@@ -96,6 +97,14 @@ Result<MemoryRegion> ProtectionDomain::registerMemory(void* addr, size_t length,
       addr, length, (access & (access::kLocalWrite | access::kRemoteWrite | access::kRemoteAtomic)) != 0));
   FERRY_ASSIGN_OR_RETURN(auto mr, impl_->registerMemory(addr, length, access));
   return MemoryRegion(std::move(mr));
+}
+Result<MemoryRegion> ProtectionDomain::allocMr(size_t length, uint32_t access) {
+  if (!impl_) return emptyHandle("ProtectionDomain");
+  if (length == 0) return invalidArgument("alloc MR: length 0");
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<SharedMemory> memory, SharedMemory::allocate(length));
+  FERRY_ASSIGN_OR_RETURN(MemoryRegion mr, registerMemory(memory->data(), length, access));
+  mr.impl()->holdBacking(std::move(memory));
+  return mr;
 }
 Result<QueuePair> ProtectionDomain::createQp(const QpInit& init) {
   if (!impl_) return emptyHandle("ProtectionDomain");

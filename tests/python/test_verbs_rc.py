@@ -108,6 +108,56 @@ def test_rdma_write_and_read_move_the_bytes(pair, kind):
     assert bytes(back) == bytes(dst)
 
 
+def test_alloc_mr_gives_zeroed_shared_memory_that_moves_the_bytes(pair):
+    """PD.alloc_mr: registered memory ferry allocates (a same-host peer maps it), zero-filled,
+    viewed without a copy, alive while a view is, and moving WRITE and READ byte-exact."""
+    a, b = pair
+    src = a.pd.alloc_mr(8192, ibv.IBV_ACCESS_LOCAL_WRITE)
+    dst = b.pd.alloc_mr(5000, ALL_ACCESS)
+    assert isinstance(dst.buf, ibv.SharedMemory)
+    assert (dst.length, len(dst.buf), dst.buf.addr) == (5000, 5000, dst.addr)
+    assert dst.addr % 4096 == 0
+    assert bytes(dst.buf) == bytes(5000)
+    pattern = bytes((i * 7 + 3) & 0xFF for i in range(8192))
+    memoryview(src.buf)[:] = pattern
+    a.qp.post_send(ibv.send_wr(wr_id=1, opcode=ibv.IBV_WR_RDMA_WRITE, send_flags=ibv.IBV_SEND_SIGNALED,
+                               sg_list=src.sge(length=4000, off=10), remote_addr=dst.addr + 1000, rkey=dst.rkey))
+    assert poll_one(a.cq).status == ibv.IBV_WC_SUCCESS
+    view = memoryview(dst.buf)
+    assert bytes(view[1000:5000]) == pattern[10:4010]
+    assert bytes(view[:1000]) == bytes(1000)
+    a.qp.post_send(ibv.send_wr(wr_id=2, opcode=ibv.IBV_WR_RDMA_READ, send_flags=ibv.IBV_SEND_SIGNALED,
+                               sg_list=src.sge(length=5000, off=0), remote_addr=dst.addr, rkey=dst.rkey))
+    assert poll_one(a.cq).status == ibv.IBV_WC_SUCCESS
+    assert bytes(memoryview(src.buf)[:5000]) == bytes(view)
+    # A view outlives the region: the memory stays until the last view goes.
+    dst.close()
+    assert bytes(view[1000:1010]) == pattern[10:20]
+    view.release()
+    with pytest.raises(ValueError, match="must be positive"):
+        a.pd.alloc_mr(0, ibv.IBV_ACCESS_LOCAL_WRITE)
+    with pytest.raises(ValueError, match="must be positive"):
+        ibv.alloc_shared(-1)
+
+
+def test_alloc_mr_memory_is_a_numpy_array_and_a_torch_tensor_without_a_copy(pair):
+    a, _ = pair
+    mr = a.pd.alloc_mr(4096, ibv.IBV_ACCESS_LOCAL_WRITE)
+    if np is not None:
+        arr = np.frombuffer(mr.buf, dtype=np.uint32)
+        assert arr.ctypes.data == mr.addr and arr.size == 1024
+        arr[3] = 0xDEADBEEF
+        assert bytes(mr.buf)[12:16] == (0xDEADBEEF).to_bytes(4, "little")
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.frombuffer(mr.buf, dtype=torch.uint8)
+    assert t.data_ptr() == mr.addr and t.numel() == 4096
+    t[0] = 7
+    assert bytes(mr.buf)[0] == 7
+
+
 @pytest.mark.parametrize("kind", ["bytes", "str"])
 def test_rdma_read_from_read_only_memory(pair, kind):
     a, b = pair

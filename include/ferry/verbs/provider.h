@@ -108,6 +108,12 @@ class MrImpl : public Closeable {
   virtual uint32_t access() const = 0;
   virtual Status reregister(uint32_t flags, const std::shared_ptr<PdImpl>& pd, void* addr,
                             size_t length, uint32_t access) = 0;
+  // Memory the region owns (ProtectionDomain::allocMr): freed when the last reference to the
+  // region goes, after the provider's own teardown.
+  void holdBacking(std::shared_ptr<void> backing) { backing_ = std::move(backing); }
+
+ private:
+  std::shared_ptr<void> backing_;
 };
 
 class CqImpl : public Closeable {

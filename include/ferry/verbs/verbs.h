@@ -117,6 +117,11 @@ class ProtectionDomain : public Handle<PdImpl> {
   // The memory must stay valid until the region is closed; after close() returns no device access
   // touches it again.
   Result<MemoryRegion> registerMemory(void* addr, size_t length, uint32_t access);
+  // Allocates length bytes (zero-filled, page-aligned; ferry/common/shared_memory.h) and registers
+  // them: the region owns the memory, freed when the region is closed and its last handle is gone.
+  // A same-host peer of the software provider maps this memory once and moves WRITE and READ
+  // with plain loads and stores instead of a system call per batch. EINVAL for length 0.
+  Result<MemoryRegion> allocMr(size_t length, uint32_t access);
   // A QP; EINVAL when its caps exceed the device's or its CQs are missing or of another context.
   Result<QueuePair> createQp(const QpInit& init);
   Result<SharedReceiveQueue> createSrq(const SrqInit& init);

@@ -3,7 +3,7 @@ The verbs layer
 """
 from __future__ import annotations
 import typing
-__all__: list[str] = ['AH', 'CQ', 'CompChannel', 'Context', 'MR', 'PD', 'QP', 'SRQ', 'list_devices', 'list_providers', 'path_from_json', 'path_normalize_json', 'recv_wr', 'send_wr', 'sge', 'wc']
+__all__: list[str] = ['AH', 'CQ', 'CompChannel', 'Context', 'MR', 'PD', 'QP', 'SRQ', 'SharedMemory', 'alloc_shared', 'list_devices', 'list_providers', 'path_from_json', 'path_normalize_json', 'recv_wr', 'send_wr', 'sge', 'wc']
 class sge:
     """
     ibv_sge: length bytes at addr, in the memory region with key lkey.
@@ -324,6 +324,15 @@ class PD:
     @property
     def ctx(self) -> typing.Any:
         ...
+class SharedMemory:
+    """
+    Zero-filled memory a same-host peer maps.
+    """
+    def __len__(self) -> int:
+        ...
+    @property
+    def addr(self) -> int:
+        ...
 class MR:
     """
     A memory registration over a Python buffer.
@@ -519,6 +528,10 @@ class QP:
         ...
     def __init__(self, pd: typing.Any, qp_type: typing.SupportsInt | typing.SupportsIndex, send_cq: typing.Any, recv_cq: typing.Any, srq: typing.Any, max_send_wr: typing.SupportsInt | typing.SupportsIndex, max_recv_wr: typing.SupportsInt | typing.SupportsIndex, max_send_sge: typing.SupportsInt | typing.SupportsIndex, max_recv_sge: typing.SupportsInt | typing.SupportsIndex, max_inline_data: typing.SupportsInt | typing.SupportsIndex, sq_sig_all: bool) -> None:
         ...
+    def _attach_mcast(self, gid: bytes, lid: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def _detach_mcast(self, gid: bytes, lid: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
     def _modify(self, attr: typing.Any, mask: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     def _query(self) -> dict:
@@ -579,6 +592,10 @@ class QP:
     @property
     def sq_sig_all(self) -> bool:
         ...
+def alloc_shared(length: typing.SupportsInt | typing.SupportsIndex) -> SharedMemory:
+    """
+    Allocates length bytes of zero-filled memory that a same-host peer of the software provider maps (WRITE and READ on it are then loads and stores). Register it with PD.mr, or use PD.alloc_mr.
+    """
 def list_devices() -> list:
     """
     Every visible device (FERRY_DEVICES filters), highest-priority provider first, as dicts.

@@ -1144,9 +1144,13 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
     copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
                             std::span<const iovec>(remote.data(), wrs.size()));
   }
+  const bool mapped = fp.slot->mapped();
   fp.slot->end();
   if (copied) {
-    for (size_t i = 0; i < wrs.size(); ++i) countSameHostOp();
+    for (size_t i = 0; i < wrs.size(); ++i) {
+      countSameHostOp();
+      if (mapped) countSameHostMappedOp();
+    }
   }
   return copied;
 }
@@ -1175,8 +1179,12 @@ bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t l
   } else {
     copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
   }
+  const bool mapped = fp.slot->mapped();
   fp.slot->end();
-  if (copied) countSameHostOp();
+  if (copied) {
+    countSameHostOp();
+    if (mapped) countSameHostMappedOp();
+  }
   return copied;
 }
 

@@ -19,13 +19,15 @@
 #include <sstream>
 #include <thread>
 
+#include "common/device_access.h"
 #include "common/log.h"
+#include "ferry/common/shared_memory.h"
 
 namespace ferry::soft {
 namespace share_layout {
 
 inline constexpr uint64_t kMagic = 0x4c42544879727266ull;  // "ferryHTBL"-ish, little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr uint32_t kMrSlots = 8192;
 inline constexpr uint32_t kQpSlots = 16384;
 inline constexpr uint32_t kAccessorSlots = 512;
@@ -52,7 +54,13 @@ struct alignas(64) MrRecord {
   std::atomic<uint64_t> pd;
   std::atomic<uint64_t> addr;
   std::atomic<uint64_t> length;
+  // Memory both sides map (ferry/common/shared_memory.h): the memfd's descriptor number in the
+  // owner plus one (0: the region is not in one), its inode, and where addr sits in it.
+  std::atomic<uint32_t> memFd;
+  std::atomic<uint64_t> memInode;
+  std::atomic<uint64_t> memOffset;
 };
+static_assert(sizeof(MrRecord) == 64);
 
 // An RC QP; same seqlock. qpn carries kQpValid while the record describes a QP.
 struct alignas(32) QpRecord {
@@ -244,11 +252,14 @@ std::atomic<uint64_t> sameHostOps{0};
 
 namespace {
 std::atomic<uint64_t> splitCopies{0};
+std::atomic<uint64_t> mappedOps{0};
 }  // namespace
 
 uint64_t sameHostSplitCopies() { return splitCopies.load(std::memory_order_relaxed); }
 
 uint64_t sameHostOpsDone() { return sameHostOps.load(std::memory_order_relaxed); }
+uint64_t sameHostMappedOpsDone() { return mappedOps.load(std::memory_order_relaxed); }
+void countSameHostMappedOp() { mappedOps.fetch_add(1, std::memory_order_relaxed); }
 void countSameHostOp() { sameHostOps.fetch_add(1, std::memory_order_relaxed); }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,6 +305,7 @@ ShareInfo ShareTable::info() const {
 bool ShareTable::keyFits(uint32_t key) const { return mrs(base_)[mrSlotOf(key)].key.load() == 0; }
 
 void ShareTable::publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd) {
+  const std::optional<SharedBacking> backing = findSharedBacking(addr, length);
   std::lock_guard<std::mutex> lock(writeMu_);
   MrRecord& r = mrs(base_)[mrSlotOf(key)];
   if (r.key.load() != 0) return;
@@ -303,6 +315,9 @@ void ShareTable::publishMr(uint32_t key, const void* addr, uint64_t length, uint
     w.pd.store(reinterpret_cast<uintptr_t>(pd), std::memory_order_relaxed);
     w.addr.store(reinterpret_cast<uintptr_t>(addr), std::memory_order_relaxed);
     w.length.store(length, std::memory_order_relaxed);
+    w.memFd.store(backing ? static_cast<uint32_t>(backing->fd) + 1 : 0, std::memory_order_relaxed);
+    w.memInode.store(backing ? backing->inode : 0, std::memory_order_relaxed);
+    w.memOffset.store(backing ? backing->offset : 0, std::memory_order_relaxed);
   });
 }
 
@@ -313,6 +328,7 @@ void ShareTable::withdrawMr(uint32_t key) {
   rewrite(r, [](MrRecord& w) {
     w.key.store(0, std::memory_order_relaxed);
     w.length.store(0, std::memory_order_relaxed);
+    w.memFd.store(0, std::memory_order_relaxed);
   });
 }
 
@@ -410,6 +426,43 @@ Result<std::shared_ptr<SharePeer>> SharePeer::open(const ShareInfo& info) {
   return peer;
 }
 
+SharePeer::Mapping::~Mapping() {
+  if (base != nullptr) ::munmap(base, length);
+}
+
+std::shared_ptr<SharePeer::Mapping> SharePeer::mapping(uint32_t fd, uint64_t inode) {
+  std::lock_guard<std::mutex> lock(mapMu_);
+  const auto key = std::make_pair(fd, inode);
+  if (auto it = mappings_.find(key); it != mappings_.end()) return it->second;
+  // Bounded: past kMaxMappings, the mappings no slot uses any more are dropped first (the owner
+  // freed them, or they are cold); a slot keeps its own until it moves on.
+  constexpr size_t kMaxMappings = 256;
+  if (mappings_.size() >= kMaxMappings) {
+    std::erase_if(mappings_, [](const auto& entry) { return entry.second.use_count() <= 1; });
+    if (mappings_.size() >= kMaxMappings) return nullptr;
+  }
+  std::shared_ptr<Mapping> made;
+  const std::string path = "/proc/" + std::to_string(info_.pid) + "/fd/" + std::to_string(fd);
+  if (int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC); f >= 0) {
+    struct stat st {};
+    // Only a size-sealed memfd is mapped: one that could shrink under the mapping would fault us.
+    const int seals = ::fcntl(f, F_GET_SEALS);
+    if (::fstat(f, &st) == 0 && static_cast<uint64_t>(st.st_ino) == inode && seals >= 0 &&
+        (seals & F_SEAL_SHRINK) != 0 && st.st_size > 0) {
+      void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+      if (p != MAP_FAILED) {
+        made = std::make_shared<Mapping>();
+        made->base = static_cast<uint8_t*>(p);
+        made->length = static_cast<uint64_t>(st.st_size);
+      }
+    }
+    ::close(f);
+  }
+  if (!made) FERRY_LOG(kDebug, "soft: same-host: cannot map %s: copies with it use process_vm_writev/readv", path.c_str());
+  mappings_[key] = made;
+  return made;
+}
+
 SharePeer::~SharePeer() {
   if (base_) ::munmap(base_, size_);
   if (pidfd_ >= 0) ::close(pidfd_);
@@ -480,19 +533,39 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
   ok = ok && qValid == (qpn | kQpValid) && (qState == rtr || qState == rts) && qDest == srcQpn &&
        (qAccess & need) == need;
   const MrRecord& m = mrs(peer_->base_)[mrSlotOf(rkey)];
-  uint32_t mKey = 0, mAccess = 0;
-  uint64_t mPd = 0, mAddr = 0, mLen = 0;
+  uint32_t mKey = 0, mAccess = 0, mFd = 0;
+  uint64_t mPd = 0, mAddr = 0, mLen = 0, mInode = 0, mOffset = 0;
   ok = ok && readStable(m, [&](const MrRecord& r) {
          mKey = r.key.load(std::memory_order_relaxed);
          mAccess = r.access.load(std::memory_order_relaxed);
          mPd = r.pd.load(std::memory_order_relaxed);
          mAddr = r.addr.load(std::memory_order_relaxed);
          mLen = r.length.load(std::memory_order_relaxed);
+         mFd = r.memFd.load(std::memory_order_relaxed);
+         mInode = r.memInode.load(std::memory_order_relaxed);
+         mOffset = r.memOffset.load(std::memory_order_relaxed);
        });
   ok = ok && mKey == rkey && mPd == qPd && (mAccess & need) == need && addr >= mAddr && addr + len >= addr &&
        addr + len <= mAddr + mLen;
-  if (!ok) slot.busyKey.store(0, std::memory_order_release);
-  return ok;
+  if (!ok) {
+    slot.busyKey.store(0, std::memory_order_release);
+    return false;
+  }
+  // Memory both sides map: the copy is loads and stores into our mapping of the owner's memfd,
+  // when the region lies inside it (the owner's record says where; a lie only fails the check).
+  viaMap_ = false;
+  if (mFd != 0) {
+    if (!mapped_ || mappedFd_ != mFd || mappedInode_ != mInode) {
+      mapped_ = peer_->mapping(mFd - 1, mInode);
+      mappedFd_ = mFd;
+      mappedInode_ = mInode;
+    }
+    if (mapped_ && mOffset <= mapped_->length && mLen <= mapped_->length - mOffset) {
+      bias_ = reinterpret_cast<uintptr_t>(mapped_->base) + mOffset - mAddr;
+      viaMap_ = true;
+    }
+  }
+  return true;
 }
 
 void SharePeer::Slot::end() { accessors(peer_->base_)[index_].busyKey.store(0, std::memory_order_release); }
@@ -549,7 +622,48 @@ void CopyHelper::run() {
   }
 }
 
+bool SharePeer::Slot::copyMapped(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const {
+  DeviceAccess device;
+  auto* at = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(remote + bias_));
+  size_t done = 0;
+  for (const iovec& v : local) {
+    const size_t n = std::min(v.iov_len, len - done);
+    if (toRemote) {
+      std::memcpy(at + done, v.iov_base, n);
+    } else {
+      std::memcpy(v.iov_base, at + done, n);
+    }
+    done += n;
+    if (done == len) break;
+  }
+  return done == len;
+}
+
 bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const {
+  if (viaMap_) {
+    // Each remote piece takes the next bytes of the local pieces, in order.
+    size_t li = 0, lo = 0;
+    for (const iovec& r : remote) {
+      iovec pieces[64];
+      size_t n = 0, need = r.iov_len;
+      while (need > 0) {
+        if (li == local.size() || n == std::size(pieces)) return false;
+        const size_t take = std::min(need, local[li].iov_len - lo);
+        pieces[n++] = iovec{static_cast<uint8_t*>(local[li].iov_base) + lo, take};
+        need -= take;
+        lo += take;
+        if (lo == local[li].iov_len) {
+          ++li;
+          lo = 0;
+        }
+      }
+      if (!copyMapped(toRemote, std::span<const iovec>(pieces, n), reinterpret_cast<uintptr_t>(r.iov_base),
+                      r.iov_len)) {
+        return false;
+      }
+    }
+    return true;
+  }
   const auto pid = static_cast<pid_t>(peer_->info_.pid);
   size_t want = 0;
   for (const iovec& v : remote) want += v.iov_len;
@@ -561,6 +675,7 @@ bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::sp
 }
 
 bool SharePeer::Slot::copy(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const {
+  if (viaMap_) return copyMapped(toRemote, local, remote, len);
   const auto pid = static_cast<pid_t>(peer_->info_.pid);
   size_t done = 0;
   // A call moves at most what one iovec set allows; a short count continues where it stopped.

@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -57,6 +58,9 @@ bool sameHostRingsAllowed();
 // How many work requests this process has carried out on the same-host path.
 uint64_t sameHostOpsDone();
 void countSameHostOp();
+// How many of them were loads and stores into memory both sides map (no system call).
+uint64_t sameHostMappedOpsDone();
+void countSameHostMappedOp();
 // How many copies a CopyHelper has shared (a part of a request copied on its thread).
 uint64_t sameHostSplitCopies();
 
@@ -140,6 +144,16 @@ class SharePeer {
   // kernel hands out every other free pid first), and the lost TCP connection ends the path too.
   bool aliveRecently() const;
 
+  // The owner's memfd (memory both sides map), mapped here; unmapped when the last user drops it.
+  struct Mapping {
+    ~Mapping();
+    uint8_t* base = nullptr;
+    uint64_t length = 0;
+  };
+  // Maps the owner's memfd with descriptor number fd and this inode, or returns the mapping made
+  // before; nullptr when it cannot be mapped (gone, another file, not size-sealed, refused).
+  std::shared_ptr<Mapping> mapping(uint32_t fd, uint64_t inode);
+
   // An accessor slot held by one QP; released when the Slot is destroyed.
   class Slot {
    public:
@@ -156,12 +170,21 @@ class SharePeer {
     // One system call for many pieces: local and remote list the same number of bytes (at most
     // IOV_MAX iovecs each); true when every byte moved.
     bool copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const;
+    // Whether the access begin() allowed is made through a mapping of the owner's memory.
+    bool mapped() const { return viaMap_; }
 
    private:
     friend class SharePeer;
     Slot(std::shared_ptr<SharePeer> peer, uint32_t index) : peer_(std::move(peer)), index_(index) {}
+    bool copyMapped(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const;
     std::shared_ptr<SharePeer> peer_;
     uint32_t index_;
+    // The mapping of the last region begin() allowed (kept for the next access to it).
+    std::shared_ptr<Mapping> mapped_;
+    uint32_t mappedFd_ = 0;
+    uint64_t mappedInode_ = 0;
+    bool viaMap_ = false;  // this access goes through mapped_: owner address + bias_ is ours
+    uint64_t bias_ = 0;
   };
   // Claims a free accessor slot (reclaiming slots of dead processes); kResourceExhausted if none.
   static Result<std::unique_ptr<Slot>> claim(const std::shared_ptr<SharePeer>& peer);
@@ -172,6 +195,9 @@ class SharePeer {
 
   ShareInfo info_;
   int pidfd_ = -1;
+  std::mutex mapMu_;
+  // By (descriptor number, inode); a nullptr entry remembers a memfd that could not be mapped.
+  std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<Mapping>> mappings_;
   mutable std::atomic<int64_t> aliveAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last live check
   uint8_t* base_ = nullptr;
   size_t size_ = 0;

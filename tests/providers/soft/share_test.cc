@@ -3,14 +3,18 @@
 // only by a process that proves it can read the owner's memory, and WRITE/READ through the verbs
 // API take the path and fall back to TCP for whatever the table refuses.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
 
+#include "ferry/common/shared_memory.h"
 #include "providers/soft/share.h"
 #include "support/verbs_fixture.h"
 
@@ -201,6 +205,65 @@ TEST(ShareTable, OnlyTheTableTheOwnerDescribedOpens) {
   EXPECT_TRUE(hasCode(SharePeer::open(soft::ShareInfo{}).status(), StatusCode::kUnavailable));
 }
 
+// Memory both sides map: a region inside ferry's shared memory is reached through a mapping of
+// its memfd (loads and stores), at the right offset, and only while the owner's records allow it.
+TEST(ShareTable, SharedMemoryIsCopiedThroughAMapping) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  ASSERT_OK_AND_ASSIGN(auto memory, SharedMemory::allocate(3 * 4096));
+  auto* owner = static_cast<uint8_t*>(memory->data());
+  const uint32_t key = 0x00abcf03;
+  // The region starts a page into the allocation: the mapping must honour the offset.
+  t.table->publishMr(key, owner + 4096, 8192, kRw | v::access::kLocalWrite, &t.pd);
+  const uint64_t at = reinterpret_cast<uintptr_t>(owner + 4096);
+  std::vector<uint8_t> local(8192);
+  fillPattern(local, 41);
+  ASSERT_TRUE(t.slot->begin(kOwnerQpn, kAccessorQpn, key, at + 100, 4000, v::access::kRemoteWrite));
+  EXPECT_TRUE(t.slot->mapped());
+  iovec piece{local.data(), 4000};
+  EXPECT_TRUE(t.slot->copy(true, std::span<const iovec>(&piece, 1), at + 100, 4000));
+  t.slot->end();
+  EXPECT_TRUE(std::equal(local.begin(), local.begin() + 4000, owner + 4096 + 100));
+  EXPECT_TRUE(std::all_of(owner, owner + 4096 + 100, [](uint8_t b) { return b == 0; })) << "nothing before it";
+
+  // Several pieces in one call, and a READ back.
+  std::vector<uint8_t> back(8192);
+  iovec locals[2] = {{back.data(), 3000}, {back.data() + 3000, 1000}};
+  iovec remotes[2] = {{reinterpret_cast<void*>(at + 100), 2000}, {reinterpret_cast<void*>(at + 2100), 2000}};
+  ASSERT_TRUE(t.slot->begin(kOwnerQpn, kAccessorQpn, key, at + 100, 4000, v::access::kRemoteRead));
+  EXPECT_TRUE(t.slot->copyv(false, locals, remotes));
+  t.slot->end();
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + 4000, local.begin()));
+
+  // Plain memory is not in shared memory: the system-call path, as before.
+  ASSERT_TRUE(t.slot->begin(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite));
+  EXPECT_FALSE(t.slot->mapped());
+  t.slot->end();
+
+  // Withdrawn, the region is refused through the mapping too.
+  t.table->withdrawMr(key);
+  EXPECT_FALSE(t.slot->begin(kOwnerQpn, kAccessorQpn, key, at, 8, v::access::kRemoteWrite));
+}
+
+// Only a size-sealed memfd with the inode the record names is mapped: a file that could shrink
+// under the mapping would fault the accessor, and a reused descriptor number is another file.
+TEST(ShareTable, OnlyASizeSealedMemfdOfTheRecordedInodeIsMapped) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  ASSERT_OK_AND_ASSIGN(auto memory, SharedMemory::allocate(4096));
+  struct stat st {};
+  ASSERT_EQ(::fstat(memory->fd(), &st), 0);
+  EXPECT_NE(t.peer->mapping(static_cast<uint32_t>(memory->fd()), st.st_ino), nullptr);
+  EXPECT_EQ(t.peer->mapping(static_cast<uint32_t>(memory->fd()), st.st_ino + 1), nullptr) << "another inode";
+  const int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, 4096), 0);
+  ASSERT_EQ(::fstat(unsealed, &st), 0);
+  EXPECT_EQ(t.peer->mapping(static_cast<uint32_t>(unsealed), st.st_ino), nullptr) << "may shrink";
+  ::close(unsealed);
+  EXPECT_EQ(t.peer->mapping(1u << 20, 1), nullptr) << "no such descriptor";
+}
+
 TEST(ShareTable, TheVariableForcesTcp) {
   ScopedEnv env;
   env.set("FERRY_SOFT_SAME_HOST", "0");
@@ -254,6 +317,65 @@ TEST_P(SameHostPath, WritesAndReadsTakeThePathAndFallBackForWhatItRefuses) {
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr);
   EXPECT_EQ(soft::sameHostOpsDone(), before + 2);
+}
+
+// Memory from ProtectionDomain::allocMr: the peer maps it once and WRITE, READ and batches of
+// them are loads and stores, byte-exact, refused like any other once the region is closed.
+TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 128, .maxRecvWr = 16, .maxSendSge = 4,
+                                                            .maxRecvSge = 4, .maxInlineData = 0}}}));
+  ASSERT_OK_AND_ASSIGN(v::MemoryRegion src, pair->a.pd.allocMr(1 << 20, v::access::kLocalWrite));
+  ASSERT_OK_AND_ASSIGN(v::MemoryRegion dst, pair->b.pd.allocMr(1 << 20, v::access::kAll));
+  std::span<uint8_t> srcBytes(static_cast<uint8_t*>(src.addr()), src.length());
+  std::span<uint8_t> dstBytes(static_cast<uint8_t*>(dst.addr()), dst.length());
+  const auto dstAddr = reinterpret_cast<uintptr_t>(dst.addr());
+  fillPattern(srcBytes, 51);
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {src.sge(0, 64)},
+                              .remoteAddr = dstAddr, .rkey = dst.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
+  ASSERT_EQ(wc.status, v::WcStatus::kSuccess);
+
+  const uint64_t before = soft::sameHostMappedOpsDone();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 2, .sges = {src.sge(0, 1 << 20)},
+                              .remoteAddr = dstAddr, .rkey = dst.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(std::equal(srcBytes.begin(), srcBytes.end(), dstBytes.begin()));
+  fillPattern(dstBytes, 52);
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 3, .sges = {src.sge(8, 4096)},
+                              .remoteAddr = dstAddr + 100, .rkey = dst.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(std::equal(srcBytes.begin() + 8, srcBytes.begin() + 8 + 4096, dstBytes.begin() + 100));
+  EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 2) << "the WRITE and the READ were loads and stores";
+
+  // 32 small WRITEs posted together, reversed: one batch through the mapping.
+  std::vector<SendOp> ops;
+  for (uint64_t i = 0; i < 32; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {src.sge(i * 64, 64)},
+                   .flags = i == 31 ? v::send_flags::kSignaled : 0u, .remoteAddr = dstAddr + (31 - i) * 64,
+                   .rkey = dst.rkey()});
+  }
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(wc.wrId, 41u);
+  for (uint64_t i = 0; i < 32; ++i) {
+    EXPECT_TRUE(std::equal(srcBytes.begin() + i * 64, srcBytes.begin() + (i + 1) * 64,
+                           dstBytes.begin() + (31 - i) * 64)) << "write " << i;
+  }
+  EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 34);
+
+  // Closed, the region's key is refused (over TCP, by the owner) and its memory is not touched:
+  // the peer's mapping outlives the region, the records do not.
+  const uint32_t oldKey = dst.rkey();
+  dst.close();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 4, .sges = {src.sge(0, 64)},
+                              .remoteAddr = dstAddr, .rkey = oldKey}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr);
+  EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 34);
 }
 
 TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
