@@ -29,6 +29,7 @@ import inspect as _inspect
 import json as _json
 
 from ._core import endpoint as _ep
+from ._core import verbs as _verbs
 from ._memory import registrable as _registrable
 from .errors import InvalidArgument as _InvalidArgument
 
@@ -134,6 +135,21 @@ class RDMAContext(_ep.Context):
         return "RDMAContext(%r, ib_port=%d, link_type=%r)" % (self.device_name, self.ib_port, self.link_type)
 
 
+def _alloc_memory_region(self, key, length):
+    """Allocates *length* zero-filled bytes, registers them under *key* (a str name or an int
+    below 2**31, as for ``register_memory_region``) and returns the memory: a
+    ``ferry.verbs.SharedMemory``, a writable buffer that ``np.frombuffer(buf, dtype)`` and
+    ``torch.frombuffer(buf, dtype=...)`` view without a copy. A same-host peer on the software
+    provider maps this memory once, so its READs and WRITEs of it are loads and stores with no
+    system call. The region keeps the memory alive until it is unregistered; every view does
+    too."""
+    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        raise _InvalidArgument("alloc_memory_region: length must be a positive int, not %r" % (length,))
+    memory = _verbs.alloc_shared(length)
+    self.register_memory_region(key, memory)
+    return memory
+
+
 class RDMAMemoryPool(_ep.MemoryPool):
     """Local memory regions of one context, shared by every endpoint made with ``RDMAEndpoint(pool)``."""
 
@@ -150,6 +166,8 @@ class RDMAMemoryPool(_ep.MemoryPool):
         DLPack objects are kept alive, and their exports held, until the region is unregistered."""
         key, target, offset, length = _register_args(args, kwargs, allow_pool_form=True)
         return self._register(key, target, offset, length)
+
+    alloc_memory_region = _alloc_memory_region
 
     def mr_info(self):
         """``{name: {"handle", "addr", "length", "rkey", "writable"}}`` of every region."""
@@ -222,6 +240,8 @@ class RDMAEndpoint(_ep.Endpoint):
         """
         key, target, offset, length = _register_args(args, kwargs, allow_pool_form=False)
         return self._register(key, target, offset, length)
+
+    alloc_memory_region = _alloc_memory_region
 
     def register_remote_memory_region(self, name, mr_info):
         """Records a peer's region from its mr_info entry (``endpoint_info()["mr_info"][name]``) and

@@ -48,6 +48,15 @@ Result<MrHandle> MemoryPool::registerMemoryRegion(std::string_view name, void* a
   return add(std::string(name), 0, /*named=*/true, addr, length, std::move(options));
 }
 
+Result<std::shared_ptr<SharedMemory>> MemoryPool::allocMemoryRegion(std::string_view name, uint64_t length,
+                                                                     RegionOptions options) {
+  if (length == 0) return invalidArgument("alloc_memory_region: zero length");
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<SharedMemory> memory, SharedMemory::allocate(length));
+  options.owner = memory;
+  FERRY_RETURN_IF_ERROR(registerMemoryRegion(name, memory->data(), length, std::move(options)).status());
+  return memory;
+}
+
 Result<MrHandle> MemoryPool::registerMemoryRegion(uint64_t key, void* addr, uint64_t length,
                                                   RegionOptions options) {
   if (key >= kNamedHandleBase) {

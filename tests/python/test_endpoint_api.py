@@ -268,6 +268,36 @@ def test_int_keys_names_and_handles_in_tuples(pair):
         a.write([(5, 17, 0)], None)
 
 
+def test_alloc_memory_region_gives_registered_memory_viewed_without_a_copy(pair):
+    """alloc_memory_region: memory ferry allocates (a same-host peer maps it), registered under
+    the key, returned as a buffer NumPy and torch view in place; the region keeps it alive."""
+    a, b = pair()
+    src = a.alloc_memory_region("kv-src", 8192)
+    dst = b.alloc_memory_region(23, 8192)
+    assert isinstance(src, ferry.verbs.SharedMemory) and len(src) == 8192
+    assert a.mr_info()["kv-src"]["addr"] == src.addr and b.mr_info()["23"]["length"] == 8192
+    s = np.frombuffer(src, dtype=np.uint8)
+    d = np.frombuffer(dst, dtype=np.uint8)
+    assert not d.any()
+    s[:] = pattern(31, 8192)
+    a.register_remote_memory_region(23, b.endpoint_info()["mr_info"]["23"])
+    a.write([("kv-src", 23, 100, 0, 4000), ("kv-src", 23, 5000, 4000, 3000)], None).wait(10)
+    assert np.array_equal(d[100:4100], s[:4000]) and np.array_equal(d[5000:8000], s[4000:7000])
+    d[:] = pattern(32, 8192)
+    a.read([("kv-src", 23, 0, 0, 8192)], None).wait(10)
+    assert np.array_equal(s, d)
+    if torch is not None:
+        t = torch.frombuffer(dst, dtype=torch.uint8)
+        assert t.data_ptr() == dst.addr
+    pool = RDMAMemoryPool()
+    held = pool.alloc_memory_region("pooled", 4096)
+    assert pool.mr_info()["pooled"]["addr"] == held.addr
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ferry.InvalidArgument):
+            a.alloc_memory_region("bad", bad)
+    assert "bad" not in a.mr_info()
+
+
 def test_a_single_tuple_is_a_batch_of_one(pair):
     """read/write/write_with_imm take one assignment tuple alone, send/recv one chunk alone."""
     a, b = pair()

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "ferry/common/shared_memory.h"
 #include "ferry/common/status.h"
 #include "ferry/endpoint/assignment.h"
 #include "ferry/endpoint/context.h"
@@ -71,6 +72,13 @@ class MemoryPool {
   // mr_info is its decimal text.
   Result<MrHandle> registerMemoryRegion(uint64_t key, void* addr, uint64_t length,
                                         RegionOptions options = {});
+
+  // Allocates length zero-filled bytes (ferry/common/shared_memory.h: memory a same-host peer of
+  // the software provider maps, so its READs and WRITEs of it are loads and stores), registers
+  // them under name and returns them; the region holds the memory until it is unregistered
+  // (options.owner is replaced). kInvalidArgument as registerMemoryRegion, and for length 0.
+  Result<std::shared_ptr<SharedMemory>> allocMemoryRegion(std::string_view name, uint64_t length,
+                                                          RegionOptions options = {});
 
   // Deregisters a region: when this returns the device no longer touches its memory and its owner
   // is released. kNotFound for an unknown handle or name.
