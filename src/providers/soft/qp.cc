@@ -1052,7 +1052,8 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
 
 std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
   if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
-  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm && opcode != WrOpcode::kRdmaRead) {
+  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm && opcode != WrOpcode::kRdmaRead &&
+      opcode != WrOpcode::kAtomicCmpAndSwp && opcode != WrOpcode::kAtomicFetchAndAdd) {
     return nullptr;
   }
   // Only with nothing else outstanding (this request is counted): it must not overtake one.
@@ -1155,7 +1156,36 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   return copied;
 }
 
+bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
+  if (!fp.peer->aliveRecently()) return false;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  const verbs::Sge& sge = wr.sgList.front();  // one 8-byte SGE (checked at post)
+  if (!ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, 8, verbs::access::kLocalWrite)) return false;
+  if (!fp.slot->begin(fp.destQpn, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
+    return false;
+  }
+  // Only memory both sides map: the owner's atomics are instructions on that memory, so ours are
+  // too. Any other memory goes to the owner's responder, which applies it there.
+  if (!fp.slot->mapped()) {
+    fp.slot->end();
+    return false;
+  }
+  const uint64_t original = fp.slot->atomic(wr.opcode == WrOpcode::kAtomicCmpAndSwp, wr.atomic.remoteAddr,
+                                            wr.atomic.compareAdd, wr.atomic.swap);
+  fp.slot->end();
+  {
+    DeviceAccess device;
+    std::memcpy(reinterpret_cast<void*>(sge.addr), &original, sizeof original);
+  }
+  countSameHostOp();
+  countSameHostMappedOp();
+  return true;
+}
+
 bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length) {
+  if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
+    return runFastAtomic(fp, wr);
+  }
   const bool write = wr.opcode != WrOpcode::kRdmaRead;
   if (!fp.peer->aliveRecently()) return false;
   std::array<iovec, 64> iov;

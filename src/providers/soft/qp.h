@@ -15,8 +15,10 @@
 // memory, a WRITE or READ posted while nothing else is outstanding on the QP is carried out by the
 // posting thread itself — checked against the peer's records, one process_vm_writev/readv, and its
 // completion — before ibv_post_send returns. A WRITE_WITH_IMM's data moves the same way and only
-// its immediate goes over TCP (a WRITE_IMM frame with kFlagPlaced). Anything else, or anything the
-// records refuse, goes over TCP in order behind it.
+// its immediate goes over TCP (a WRITE_IMM frame with kFlagPlaced). On memory both sides map
+// (ferry/common/shared_memory.h) the copy is a memcpy into the requester's mapping of it, and
+// atomics are carried out there too. Anything else, or anything the records refuse, goes over TCP
+// in order behind it.
 #pragma once
 
 #include <atomic>
@@ -110,6 +112,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   std::shared_ptr<FastPath> fastPathForLocked(verbs::WrOpcode opcode, uint64_t length) const;
   // Carries out wr on the same-host path (no lock held); false: it must go over TCP.
   bool runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length);
+  // An atomic on memory both sides map, as loads and stores; false: it must go to the peer.
+  bool runFastAtomic(const FastPath& fp, const verbs::SendWr& wr);
   // Several WRITEs (or READs) with one remote key in one system call; false: none was done.
   bool runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs);
   // Copies with this thread and the context's helper thread, half each.

@@ -639,6 +639,17 @@ bool SharePeer::Slot::copyMapped(bool toRemote, std::span<const iovec> local, ui
   return done == len;
 }
 
+uint64_t SharePeer::Slot::atomic(bool cmpSwap, uint64_t remote, uint64_t compareAdd, uint64_t swap) const {
+  DeviceAccess device;
+  auto* target = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(remote + bias_));
+  if (cmpSwap) {
+    uint64_t expected = compareAdd;
+    __atomic_compare_exchange_n(target, &expected, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return expected;
+  }
+  return __atomic_fetch_add(target, compareAdd, __ATOMIC_SEQ_CST);
+}
+
 bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const {
   if (viaMap_) {
     // Each remote piece takes the next bytes of the local pieces, in order.

@@ -172,6 +172,10 @@ class SharePeer {
     bool copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const;
     // Whether the access begin() allowed is made through a mapping of the owner's memory.
     bool mapped() const { return viaMap_; }
+    // Only when mapped(): a compare-and-swap (cmpSwap) or fetch-and-add on the 8 bytes at remote,
+    // with the hardware's atomic instructions (as the owner's responder applies the atomics it
+    // receives, on the same memory); the value before it.
+    uint64_t atomic(bool cmpSwap, uint64_t remote, uint64_t compareAdd, uint64_t swap) const;
 
    private:
     friend class SharePeer;

@@ -367,6 +367,28 @@ TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
   }
   EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 34);
 
+  // Atomics on it are instructions on the mapping: fetch-and-add, then a compare-and-swap that
+  // matches and one that does not; each returns the value before it.
+  auto* word = reinterpret_cast<uint64_t*>(dstBytes.data() + 4096);
+  *word = 40;
+  auto atomic = [&](v::WrOpcode op, uint64_t compareAdd, uint64_t swap) {
+    ASSERT_OK(post(pair->a.qp, {.opcode = op, .wrId = 50, .sges = {src.sge(8, 8)}, .remoteAddr = dstAddr + 4096,
+                                .rkey = dst.rkey(), .compareAdd = compareAdd, .swap = swap}));
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  };
+  auto returned = [&] { return *reinterpret_cast<const uint64_t*>(srcBytes.data() + 8); };
+  atomic(v::WrOpcode::kAtomicFetchAndAdd, 2, 0);
+  EXPECT_EQ(returned(), 40u);
+  EXPECT_EQ(*word, 42u);
+  atomic(v::WrOpcode::kAtomicCmpAndSwp, 42, 7);
+  EXPECT_EQ(returned(), 42u);
+  EXPECT_EQ(*word, 7u);
+  atomic(v::WrOpcode::kAtomicCmpAndSwp, 42, 9);
+  EXPECT_EQ(returned(), 7u);
+  EXPECT_EQ(*word, 7u) << "no match, no swap";
+  EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 37);
+
   // Closed, the region's key is refused (over TCP, by the owner) and its memory is not touched:
   // the peer's mapping outlives the region, the records do not.
   const uint32_t oldKey = dst.rkey();
@@ -375,7 +397,7 @@ TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
                               .remoteAddr = dstAddr, .rkey = oldKey}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr);
-  EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 34);
+  EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 37);
 }
 
 TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
