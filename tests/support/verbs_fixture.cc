@@ -29,9 +29,21 @@ const std::vector<ProviderPath>& providerPaths() {
       {.name = "soft_tcp", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "0"}}},
       {.name = "soft_same_host", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "1"}}},
       {.name = "soft_ring", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "ring"}}},
+      // The same-host path on memory both sides map: every test buffer (in this process and the
+      // peer processes, which inherit the variable) comes from ferry's shared-memory allocator.
+      {.name = "soft_mapped",
+       .device = "soft_lo",
+       .env = {{"FERRY_SOFT_SAME_HOST", "1"}, {"FERRY_TEST_SHARED_MEMORY", "1"}}},
       {.name = "ibverbs_rxe", .device = "rxe0", .env = {}},
   };
   return paths;
+}
+
+bool carriesOutInThePost(const ProviderPath& path) {
+  for (const auto& [name, value] : path.env) {
+    if (name == "FERRY_SOFT_SAME_HOST") return value == "1";
+  }
+  return false;
 }
 
 std::string providerPathTestName(const ::testing::TestParamInfo<ProviderPath>& info) {
@@ -96,6 +108,17 @@ void ScopedEnv::unset(const std::string& name) {
 // ---- memory ----
 
 TestBuffer::TestBuffer(size_t size) {
+  if (const char* shared = std::getenv("FERRY_TEST_SHARED_MEMORY"); shared != nullptr && std::string(shared) == "1") {
+    auto memory = SharedMemory::allocate(std::max<size_t>(size, 1));
+    if (!memory.isOk()) {
+      ADD_FAILURE() << "shared memory of " << size << " bytes: " << memory.status().toString();
+      return;
+    }
+    shared_ = std::move(*memory);
+    data_ = static_cast<uint8_t*>(shared_->data());
+    size_ = size;
+    return;
+  }
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t mapped = std::max(page, (size + page - 1) / page * page);
   void* memory = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -111,7 +134,8 @@ TestBuffer::TestBuffer(size_t size) {
 TestBuffer::TestBuffer(TestBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      mapped_(std::exchange(other.mapped_, 0)) {}
+      mapped_(std::exchange(other.mapped_, 0)),
+      shared_(std::move(other.shared_)) {}
 
 TestBuffer& TestBuffer::operator=(TestBuffer&& other) noexcept {
   if (this != &other) {
@@ -119,6 +143,7 @@ TestBuffer& TestBuffer::operator=(TestBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, 0);
+    shared_ = std::move(other.shared_);
   }
   return *this;
 }
@@ -126,7 +151,8 @@ TestBuffer& TestBuffer::operator=(TestBuffer&& other) noexcept {
 TestBuffer::~TestBuffer() { release(); }
 
 void TestBuffer::release() {
-  if (data_ != nullptr) ::munmap(data_, mapped_);
+  if (data_ != nullptr && !shared_) ::munmap(data_, mapped_);
+  shared_.reset();
   data_ = nullptr;
   size_ = 0;
   mapped_ = 0;

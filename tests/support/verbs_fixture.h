@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/common/shared_memory.h"
 #include "ferry/common/status.h"
 #include "ferry/devices.h"
 #include "ferry/verbs/path.h"
@@ -42,6 +43,10 @@ struct ProviderPath {
 
 // Every path the suite runs over. Adding a provider path is one entry here.
 const std::vector<ProviderPath>& providerPaths();
+
+// Whether the path carries WRITE and READ out within the post itself (the soft provider's
+// same-host path, soft_same_host and soft_mapped), reaching even a stopped process's memory.
+bool carriesOutInThePost(const ProviderPath& path);
 
 // For INSTANTIATE_TEST_SUITE_P: the path's name as the test-name suffix.
 std::string providerPathTestName(const ::testing::TestParamInfo<ProviderPath>& info);
@@ -98,7 +103,9 @@ template <typename T>
 
 // ---- memory ----
 
-// Page-aligned anonymous memory (mmap), released on destruction. Move-only.
+// Page-aligned anonymous memory (mmap), released on destruction. Move-only. With
+// FERRY_TEST_SHARED_MEMORY=1 (the soft_mapped path) it comes from SharedMemory::allocate instead:
+// memory a same-host peer maps.
 class TestBuffer {
  public:
   TestBuffer() = default;
@@ -119,6 +126,7 @@ class TestBuffer {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   size_t mapped_ = 0;
+  std::shared_ptr<SharedMemory> shared_;  // FERRY_TEST_SHARED_MEMORY=1: the memory comes from here
 };
 
 // A test buffer and its registration. The region closes before the memory goes away.
