@@ -49,9 +49,17 @@ Result<std::unique_ptr<BenchSide>> EndpointSide::create(const std::string& devic
   FERRY_ASSIGN_OR_RETURN(side->ep_, ep::Endpoint::create(ep::ContextOptions{.deviceName = device, .linkType = ""},
                                                          {.numQp = static_cast<size_t>(shape.qps)}));
   const size_t bytes = bufferBytes(shape);
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return ioError("cannot map a " + std::to_string(bytes) + "-byte buffer");
-  side->buffer_ = static_cast<uint8_t*>(mem);
+  if (shape.sharedMemory) {
+    // --memory shared: the pool allocates the buffer (memory a same-host peer maps) and holds it.
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<SharedMemory> memory,
+                           side->ep_->pool()->allocMemoryRegion(kRegionName, bytes));
+    side->buffer_ = static_cast<uint8_t*>(memory->data());
+  } else {
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return ioError("cannot map a " + std::to_string(bytes) + "-byte buffer");
+    side->buffer_ = static_cast<uint8_t*>(mem);
+    side->bufferMapped_ = true;
+  }
   side->bufferSize_ = bytes;
   // The source half holds the pattern; the landing half is touched now, so no run pays for
   // first-touch faults.
@@ -61,7 +69,11 @@ Result<std::unique_ptr<BenchSide>> EndpointSide::create(const std::string& devic
     std::memcpy(side->buffer_ + filled, side->buffer_, std::min(filled, shape.maxSize - filled));
   }
   std::memset(side->buffer_ + shape.maxSize, 0, bytes - shape.maxSize);
-  FERRY_ASSIGN_OR_RETURN(side->local_, side->ep_->registerMemoryRegion(kRegionName, side->buffer_, bytes));
+  if (shape.sharedMemory) {
+    FERRY_ASSIGN_OR_RETURN(side->local_, side->ep_->pool()->handleOf(kRegionName));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(side->local_, side->ep_->registerMemoryRegion(kRegionName, side->buffer_, bytes));
+  }
   return std::unique_ptr<BenchSide>(std::move(side));
 }
 
@@ -73,7 +85,7 @@ EndpointSide::~EndpointSide() {
     ep_->shutdown();
     (void)ep_->pool()->unregisterMemoryRegion(kRegionName);
   }
-  if (buffer_) munmap(buffer_, bufferSize_);
+  if (buffer_ && bufferMapped_) munmap(buffer_, bufferSize_);
 }
 
 Result<json::Value> EndpointSide::clientHello() {

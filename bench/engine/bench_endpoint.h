@@ -55,6 +55,7 @@ class EndpointSide final : public BenchSide {
   std::shared_ptr<endpoint::Endpoint> ep_;
   uint8_t* buffer_ = nullptr;
   size_t bufferSize_ = 0;
+  bool bufferMapped_ = false;  // buffer_ is our anonymous mapping (else the pool's region holds it)
   endpoint::MrHandle local_ = 0;
   endpoint::MrHandle remote_ = 0;
   std::vector<endpoint::Assignment> batch_;  // client: the run's batch (read, write, write_imm)

@@ -79,9 +79,6 @@ namespace {
 
 // The Endpoint API's part of validateShape().
 Status validateEndpointShape(const RunShape& s) {
-  if (s.sharedMemory) {
-    return invalidArgument("--memory shared is for --api verbs (the Endpoint API's pool registers what it is given)");
-  }
   if (s.op == Op::kAtomic) {
     return invalidArgument("--api endpoint offers write, read, send and write_imm (the Endpoint API has no atomics)");
   }
@@ -193,7 +190,8 @@ void printUsage(FILE* out) {
                "                        FERRY_SOFT_SAME_HOST for this process (and --local's server)\n"
                "  --memory KIND         heap (default: anonymous memory, registered) or shared\n"
                "                        (ProtectionDomain::allocMr on both sides: a same-host peer\n"
-               "                        maps it, and WRITE/READ are loads and stores); --api verbs\n"
+               "                        maps it, and WRITE/READ are loads and stores); with --api\n"
+               "                        endpoint the pool's allocMemoryRegion\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
                "atomic are the time from posting to completion; endpoint operations the time from the\n"

@@ -91,6 +91,15 @@ def smoke(ferry, python):
                 name = "endpoint_client.py --op %s --mode %s" % (op, mode)
                 check_doc(name, document(name, [sys.executable, CLIENT, "--ferry", ferry] + args), "python", op, mode,
                           4, sizes, 40)
+    # Buffers the pool allocates (--memory shared): memory both sides map.
+    for op in OPS:
+        args = ["--local", "--json", "--timeout", "20", "--op", op, "--mode", "bw", "--size", "8,4K", "--batch", "4",
+                "--iters", "40", "--memory", "shared"]
+        name = "ferry bench --api endpoint --op %s --memory shared" % op
+        doc = document(name, [ferry, "bench", "--api", "endpoint"] + args)
+        check_doc(name, doc, "c++", op, "bw", 4, sizes, 40)
+        if doc:
+            check(name, doc.get("memory") == "shared", "memory %r" % doc.get("memory"))
     # Several queue pairs, a run by time, a batch striped over them, and the batch forms of Python.
     args = ["--local", "--json", "--timeout", "20", "--qps", "3", "--depth", "8", "--batch", "5", "--size", "64K",
             "--duration", "0.2"]
