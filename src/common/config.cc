@@ -73,6 +73,12 @@ Result<std::string> parseSpinUs(std::string_view raw) {
   return std::to_string(*us);
 }
 
+Result<std::string> parseWaitSpinUs(std::string_view raw) {
+  auto us = wholeNumber(raw, 0, 10000);
+  if (!us) return refuse("FERRY_WAIT_SPIN_US", raw, "expected a whole number of microseconds, 0..10000");
+  return std::to_string(*us);
+}
+
 Result<std::string> parseTransportTimeout(std::string_view raw) {
   auto seconds = wholeNumber(raw, 1, 70000);
   if (!seconds) return refuse("FERRY_TRANSPORT_TIMEOUT", raw, "expected a whole number of seconds, 1..70000");
@@ -160,6 +166,10 @@ const std::vector<Variable>& variables() {
        "1M", "64K..64M", parseRingBytes},
       {"FERRY_SOFT_SPIN_US", "How long a progress thread polls a ring before it sleeps (0: never polls).",
        "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinUs},
+      {"FERRY_WAIT_SPIN_US",
+       "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "
+       "completions itself before it sleeps until the endpoint's worker wakes it (0: never polls).",
+       "50", "0..10000 (microseconds)", parseWaitSpinUs},
       {"FERRY_TRANSPORT_TIMEOUT",
        "How long the queue pairs of endpoints and agents wait for a peer that makes no progress (paused, "
        "unreachable, not connected yet) before their work fails: their timeout and retry_cnt are set to cover "
@@ -245,6 +255,11 @@ std::optional<int64_t> softSpinUs() {
   auto value = parsed("FERRY_SOFT_SPIN_US");
   if (!value) return std::nullopt;
   return std::stoll(*value);
+}
+
+int64_t waitSpinUs() {
+  auto value = parsed("FERRY_WAIT_SPIN_US");
+  return value ? std::stoll(*value) : 50;
 }
 
 std::optional<int> ibGidIndex() {

@@ -373,8 +373,7 @@ Status Endpoint::failure() const {
 // Submission
 
 Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::span<const Assignment> batch) {
-  auto op = std::make_shared<OpState>(kind);
-  op->track(metrics_, context_->metrics());
+  auto op = newOp(kind);
   op->transfers.reserve(batch.size());
   const char* verb = kind == OpKind::kRead ? "read" : kind == OpKind::kWrite ? "write" : "write_with_imm";
   std::optional<RegionView> local;
@@ -438,8 +437,7 @@ Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::sp
 }
 
 Result<std::shared_ptr<OpState>> Endpoint::resolvePieces(OpKind kind, std::span<const Chunk> chunks) {
-  auto op = std::make_shared<OpState>(kind);
-  op->track(metrics_, context_->metrics());
+  auto op = newOp(kind);
   const char* verb = kind == OpKind::kSend ? "send" : "recv";
   std::optional<RegionView> region;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -548,8 +546,7 @@ Result<RecvFuture> Endpoint::recv(std::span<const Chunk> chunks) {
 }
 
 Result<ImmRecvFuture> Endpoint::immRecv() {
-  auto op = std::make_shared<OpState>(OpKind::kImmRecv);
-  op->track(metrics_, context_->metrics());
+  auto op = newOp(OpKind::kImmRecv);
   std::shared_ptr<Worker> worker;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -740,12 +737,14 @@ void Endpoint::finishIfDoneLocked(const std::shared_ptr<OpState>& op) {
 // ---------------------------------------------------------------------------------------------
 // Completions
 
-void Endpoint::progressFromWorker() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (state_ == State::kShutdown) return;
-  // Consume the channel's events; the CQ is polled below either way.
-  while (channel_.getEvent(0).isOk()) {
-  }
+std::shared_ptr<OpState> Endpoint::newOp(OpKind kind) {
+  auto op = std::make_shared<OpState>(kind);
+  op->track(metrics_, context_->metrics());
+  op->setProgressor(std::weak_ptr<Progressor>(weak_from_this().lock()));
+  return op;
+}
+
+bool Endpoint::drainCompletionsLocked(bool arm) {
   v::WorkCompletion wcs[64];
   bool armed = false;
   for (;;) {
@@ -753,23 +752,43 @@ void Endpoint::progressFromWorker() {
     if (!n.isOk()) {
       failLocked(Status(n.status().code(), "polling the completion queue failed: " + n.status().message(),
                         n.status().cause()));
-      break;
+      return true;
     }
     if (*n == 0) {
-      if (armed) break;
+      if (!arm || armed) return true;
       // Arm, then poll once more: a completion that came in between is not missed.
       Status st = cq_.reqNotify();
       if (!st.isOk()) {
         failLocked(st);
-        break;
+        return true;
       }
       armed = true;
       continue;
     }
     armed = false;
     for (int i = 0; i < *n; ++i) handleCompletionLocked(wcs[i]);
-    if (state_ == State::kShutdown) return;
+    if (state_ == State::kShutdown) return false;
   }
+}
+
+void Endpoint::progressOnce() {
+  // The worker (or another waiter) holds the lock: it is taking the completions already.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || state_ == State::kShutdown) return;
+  // The CQ stays armed for the worker: a completion taken here may still wake it once, to find
+  // nothing.
+  if (!drainCompletionsLocked(/*arm=*/false)) return;
+  pumpLocked();
+  updateProbeLocked();  // completions only satisfy waits: a probe can become unneeded, never needed
+}
+
+void Endpoint::progressFromWorker() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == State::kShutdown) return;
+  // Consume the channel's events; the CQ is polled below either way.
+  while (channel_.getEvent(0).isOk()) {
+  }
+  if (!drainCompletionsLocked(/*arm=*/true)) return;
   pumpLocked();
   updateProbeLocked();
 }

@@ -54,6 +54,9 @@ SameHost softSameHost();
 std::optional<uint64_t> softRingBytes();
 // FERRY_SOFT_SPIN_US, or nullopt for the default (which depends on the number of cores).
 std::optional<int64_t> softSpinUs();
+// FERRY_WAIT_SPIN_US (default 50): how long a thread waiting for an Endpoint operation polls its
+// completions itself before it sleeps.
+int64_t waitSpinUs();
 // FERRY_TRANSPORT_TIMEOUT in seconds (default 30).
 int transportTimeoutSeconds();
 // FERRY_IB_GID_INDEX, or nullopt to choose by GID type.

@@ -116,7 +116,7 @@ struct EndpointStats {
 // at least `seconds`: what EndpointOptions::ackTimeout 0 becomes.
 uint8_t ackTimeoutCovering(int seconds, int tries = 8);
 
-class Endpoint : public std::enable_shared_from_this<Endpoint> {
+class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progressor {
  public:
   // The document's three constructor forms: on a device (an RdmaContext opened for it, shared
   // with other endpoints of the same device and port), on a context (with a pool of its own), or
@@ -227,6 +227,14 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   int pickLaneLocked();
   void flushLocked();
   void finishIfDoneLocked(const std::shared_ptr<OpState>& op);
+
+  // A new operation of this endpoint: tracked in its metrics, progressed by its waiters.
+  std::shared_ptr<OpState> newOp(OpKind kind);
+  // Progressor: a waiting thread takes the completions there are (unless another thread is at it).
+  void progressOnce() override;
+  // Polls the CQ until it is empty (arming it and polling once more when arm is set); false when
+  // the endpoint failed or was shut down meanwhile.
+  bool drainCompletionsLocked(bool arm);
 
   // Worker side (worker thread, or the caller of Worker::addEndpoint).
   Status moveToWorker(std::shared_ptr<Worker> worker);

@@ -38,6 +38,16 @@ struct MessagePiece {
   uint32_t lkey = 0;
 };
 
+// Who can progress operations from the thread that waits for one (the endpoint): a waiter polls
+// for a short while (FERRY_WAIT_SPIN_US) before it sleeps, so a completion that is already there,
+// or comes within that time, costs no thread wake-up.
+class Progressor {
+ public:
+  virtual ~Progressor() = default;
+  // Takes the completions there are, without blocking (nothing when another thread is at it).
+  virtual void progressOnce() = 0;
+};
+
 class OpState {
  public:
   using Clock = std::chrono::steady_clock;
@@ -64,8 +74,11 @@ class OpState {
   // this call to completion). Set once, by the endpoint that creates the operation.
   void track(std::shared_ptr<Metrics> endpoint, std::shared_ptr<Metrics> context);
 
-  // Waits until done or the deadline; the operation's status when done, else kTimedOut.
+  // Waits until done or the deadline; the operation's status when done, else kTimedOut. With a
+  // progressor, polls through it first (FERRY_WAIT_SPIN_US), then sleeps.
   Status waitUntil(Clock::time_point deadline) const;
+  // Set by the endpoint before the operation is handed out.
+  void setProgressor(std::weak_ptr<Progressor> progressor) { progressor_ = std::move(progressor); }
   // The status once done (kBusy while still running).
   Status status() const;
   uint32_t immData() const;
@@ -91,6 +104,7 @@ class OpState {
  private:
   const OpKind kind_;
   std::shared_ptr<Metrics> metrics_[2];
+  std::weak_ptr<Progressor> progressor_;
   Clock::time_point started_{};
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
