@@ -463,6 +463,23 @@ std::shared_ptr<SharePeer::Mapping> SharePeer::mapping(uint32_t fd, uint64_t ino
   return made;
 }
 
+void SharePeer::sweepMappings(bool now) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const int64_t at = ts.tv_sec * 1000000000ll + ts.tv_nsec;
+  if (!now && at - sweptAt_.load(std::memory_order_relaxed) < 1000000000) return;
+  std::unique_lock<std::mutex> lock(mapMu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  sweptAt_.store(at, std::memory_order_relaxed);
+  const std::string dir = "/proc/" + std::to_string(info_.pid) + "/fd/";
+  std::erase_if(mappings_, [&](const auto& entry) {
+    if (entry.second && entry.second.use_count() > 1) return false;  // a slot is using it
+    struct stat st {};
+    const std::string path = dir + std::to_string(entry.first.first);
+    return ::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_ino) != entry.first.second;
+  });
+}
+
 SharePeer::~SharePeer() {
   if (base_) ::munmap(base_, size_);
   if (pidfd_ >= 0) ::close(pidfd_);
@@ -554,6 +571,7 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
   // Memory both sides map: the copy is loads and stores into our mapping of the owner's memfd,
   // when the region lies inside it (the owner's record says where; a lie only fails the check).
   viaMap_ = false;
+  peer_->sweepMappings();
   if (mFd != 0) {
     if (!mapped_ || mappedFd_ != mFd || mappedInode_ != mInode) {
       mapped_ = peer_->mapping(mFd - 1, mInode);
@@ -564,6 +582,9 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
       bias_ = reinterpret_cast<uintptr_t>(mapped_->base) + mOffset - mAddr;
       viaMap_ = true;
     }
+  } else if (mapped_) {
+    mapped_.reset();  // let a sweep drop what this slot used last
+    mappedFd_ = 0;
   }
   return true;
 }

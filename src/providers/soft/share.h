@@ -153,6 +153,10 @@ class SharePeer {
   // Maps the owner's memfd with descriptor number fd and this inode, or returns the mapping made
   // before; nullptr when it cannot be mapped (gone, another file, not size-sealed, refused).
   std::shared_ptr<Mapping> mapping(uint32_t fd, uint64_t inode);
+  // Drops the mappings no slot uses whose memfd the owner no longer holds (it freed the memory,
+  // which our mapping would otherwise keep alive). At most once a second unless now is set; never
+  // waits for the lock. Slot::begin() calls it.
+  void sweepMappings(bool now = false);
 
   // An accessor slot held by one QP; released when the Slot is destroyed.
   class Slot {
@@ -200,6 +204,7 @@ class SharePeer {
   ShareInfo info_;
   int pidfd_ = -1;
   std::mutex mapMu_;
+  std::atomic<int64_t> sweptAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last sweep
   // By (descriptor number, inode); a nullptr entry remembers a memfd that could not be mapped.
   std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<Mapping>> mappings_;
   mutable std::atomic<int64_t> aliveAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last live check

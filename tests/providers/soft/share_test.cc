@@ -264,6 +264,27 @@ TEST(ShareTable, OnlyASizeSealedMemfdOfTheRecordedInodeIsMapped) {
   EXPECT_EQ(t.peer->mapping(1u << 20, 1), nullptr) << "no such descriptor";
 }
 
+// Memory the owner freed is not kept alive by our mapping: a sweep drops mappings of memfds the
+// owner no longer holds, and keeps those it holds and those a slot uses.
+TEST(ShareTable, MappingsOfFreedMemoryAreDropped) {
+  Table t;
+  ASSERT_NO_FATAL_FAILURE(openTable(t));
+  ASSERT_OK_AND_ASSIGN(auto kept, SharedMemory::allocate(4096));
+  ASSERT_OK_AND_ASSIGN(auto freed, SharedMemory::allocate(4096));
+  struct stat st {};
+  ASSERT_EQ(::fstat(kept->fd(), &st), 0);
+  std::weak_ptr<SharePeer::Mapping> keptMap = t.peer->mapping(static_cast<uint32_t>(kept->fd()), st.st_ino);
+  ASSERT_EQ(::fstat(freed->fd(), &st), 0);
+  const uint32_t freedFd = static_cast<uint32_t>(freed->fd());
+  std::weak_ptr<SharePeer::Mapping> freedMap = t.peer->mapping(freedFd, st.st_ino);
+  ASSERT_FALSE(keptMap.expired());
+  ASSERT_FALSE(freedMap.expired());
+  freed.reset();  // the owner frees it: its memfd closes
+  t.peer->sweepMappings(/*now=*/true);
+  EXPECT_TRUE(freedMap.expired()) << "the mapping of freed memory outlived the sweep";
+  EXPECT_FALSE(keptMap.expired()) << "the owner still holds this one";
+}
+
 TEST(ShareTable, TheVariableForcesTcp) {
   ScopedEnv env;
   env.set("FERRY_SOFT_SAME_HOST", "0");
