@@ -1039,6 +1039,21 @@ void Endpoint::shutdown(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kShutdown) return;
+    // What completed before the shutdown is delivered first: an immediate or a message that
+    // arrived, or a transfer the device finished, succeeds even when the shutdown follows at once
+    // (a peer that leaves as soon as its WRITE_WITH_IMM completed: its goodbye can reach the agent
+    // before the worker took the immediate from the queue). Errors are left to the shutdown's own
+    // status.
+    if (state_ == State::kConnected && cq_.valid()) {
+      v::WorkCompletion wcs[64];
+      for (int round = 0; round < 64 && state_ == State::kConnected; ++round) {
+        auto n = cq_.poll(wcs);
+        if (!n.isOk() || *n == 0) break;
+        for (int i = 0; i < *n && state_ == State::kConnected; ++i) {
+          if (wcs[i].status == v::WcStatus::kSuccess) handleCompletionLocked(wcs[i]);
+        }
+      }
+    }
     state_ = State::kShutdown;
     wantsProbe_.store(false);
     for (auto& op : queue_) pending.push_back(op);
