@@ -67,15 +67,13 @@ Result<std::string> parseRingBytes(std::string_view raw) {
   return std::to_string(*bytes);
 }
 
-Result<std::string> parseSpinUs(std::string_view raw) {
+// A spin time of the variable Name: 0..10000 microseconds.
+constexpr char kSoftSpinUs[] = "FERRY_SOFT_SPIN_US";
+constexpr char kWaitSpinUs[] = "FERRY_WAIT_SPIN_US";
+template <const char* Name>
+Result<std::string> parseSpinMicroseconds(std::string_view raw) {
   auto us = wholeNumber(raw, 0, 10000);
-  if (!us) return refuse("FERRY_SOFT_SPIN_US", raw, "expected a whole number of microseconds, 0..10000");
-  return std::to_string(*us);
-}
-
-Result<std::string> parseWaitSpinUs(std::string_view raw) {
-  auto us = wholeNumber(raw, 0, 10000);
-  if (!us) return refuse("FERRY_WAIT_SPIN_US", raw, "expected a whole number of microseconds, 0..10000");
+  if (!us) return refuse(Name, raw, "expected a whole number of microseconds, 0..10000");
   return std::to_string(*us);
 }
 
@@ -165,11 +163,11 @@ const std::vector<Variable>& variables() {
       {"FERRY_SOFT_RING_BYTES", "The size of each shared-memory ring of the same-host path (rounded down to a power of two).",
        "1M", "64K..64M", parseRingBytes},
       {"FERRY_SOFT_SPIN_US", "How long a progress thread polls a ring before it sleeps (0: never polls).",
-       "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinUs},
+       "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftSpinUs>},
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "
        "completions itself before it sleeps until the endpoint's worker wakes it (0: never polls).",
-       "50", "0..10000 (microseconds)", parseWaitSpinUs},
+       "50", "0..10000 (microseconds)", parseSpinMicroseconds<kWaitSpinUs>},
       {"FERRY_TRANSPORT_TIMEOUT",
        "How long the queue pairs of endpoints and agents wait for a peer that makes no progress (paused, "
        "unreachable, not connected yet) before their work fails: their timeout and retry_cnt are set to cover "

@@ -50,21 +50,22 @@ Result<std::shared_ptr<SharedMemory>> SharedMemory::allocate(size_t length) {
   m->data_ = p;
   m->length_ = length;
   m->mapped_ = mapped;
-  m->inode_ = static_cast<uint64_t>(st.st_ino);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   const auto start = reinterpret_cast<uintptr_t>(p);
-  r.byStart[start] = {start + mapped, SharedBacking{m->fd_, m->inode_, 0}};
+  r.byStart[start] = {start + mapped, SharedBacking{m->fd_, static_cast<uint64_t>(st.st_ino), 0}};
   return m;
 }
 
 SharedMemory::~SharedMemory() {
   if (data_ != nullptr) {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.byStart.erase(reinterpret_cast<uintptr_t>(data_));
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.byStart.erase(reinterpret_cast<uintptr_t>(data_));
+    }
+    ::munmap(data_, mapped_);
   }
-  if (data_ != nullptr) ::munmap(data_, mapped_);
   if (fd_ >= 0) ::close(fd_);
 }
 

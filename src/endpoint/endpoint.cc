@@ -95,6 +95,7 @@ Result<std::shared_ptr<Endpoint>> Endpoint::create(std::shared_ptr<MemoryPool> p
   if (!pool) return invalidArgument("Endpoint: no memory pool");
   if (options.ackTimeout == 0) options.ackTimeout = ackTimeoutCovering(config::transportTimeoutSeconds());
   std::shared_ptr<Endpoint> ep(new Endpoint(std::move(pool), std::move(options)));
+  ep->self_ = ep;  // once here, so that each new operation takes it without locking a weak pointer
   FERRY_RETURN_IF_ERROR(ep->init());
   return ep;
 }
@@ -740,22 +741,26 @@ void Endpoint::finishIfDoneLocked(const std::shared_ptr<OpState>& op) {
 std::shared_ptr<OpState> Endpoint::newOp(OpKind kind) {
   auto op = std::make_shared<OpState>(kind);
   op->track(metrics_, context_->metrics());
-  op->setProgressor(std::weak_ptr<Progressor>(weak_from_this().lock()));
+  op->setProgressor(self_);
   return op;
 }
 
-bool Endpoint::drainCompletionsLocked(bool arm) {
+bool Endpoint::drainCompletionsLocked(Drain mode) {
   v::WorkCompletion wcs[64];
   bool armed = false;
+  // A shutdown takes what is there in a bounded number of rounds: a peer that keeps sending
+  // cannot hold it.
+  int rounds = mode == Drain::kSuccessesBeforeShutdown ? 64 : -1;
   for (;;) {
     auto n = cq_.poll(wcs);
     if (!n.isOk()) {
+      if (mode == Drain::kSuccessesBeforeShutdown) return true;  // the shutdown's status is the one
       failLocked(Status(n.status().code(), "polling the completion queue failed: " + n.status().message(),
                         n.status().cause()));
       return true;
     }
     if (*n == 0) {
-      if (!arm || armed) return true;
+      if (mode != Drain::kTakeAndArm || armed) return true;
       // Arm, then poll once more: a completion that came in between is not missed.
       Status st = cq_.reqNotify();
       if (!st.isOk()) {
@@ -766,8 +771,13 @@ bool Endpoint::drainCompletionsLocked(bool arm) {
       continue;
     }
     armed = false;
-    for (int i = 0; i < *n; ++i) handleCompletionLocked(wcs[i]);
+    for (int i = 0; i < *n; ++i) {
+      if (mode == Drain::kSuccessesBeforeShutdown && wcs[i].status != v::WcStatus::kSuccess) continue;
+      handleCompletionLocked(wcs[i]);
+      if (state_ != State::kConnected && mode == Drain::kSuccessesBeforeShutdown) return false;
+    }
     if (state_ == State::kShutdown) return false;
+    if (rounds > 0 && --rounds == 0) return true;
   }
 }
 
@@ -777,7 +787,7 @@ void Endpoint::progressOnce() {
   if (!lock.owns_lock() || state_ == State::kShutdown) return;
   // The CQ stays armed for the worker: a completion taken here may still wake it once, to find
   // nothing.
-  if (!drainCompletionsLocked(/*arm=*/false)) return;
+  if (!drainCompletionsLocked(Drain::kTake)) return;
   pumpLocked();
   updateProbeLocked();  // completions only satisfy waits: a probe can become unneeded, never needed
 }
@@ -788,7 +798,7 @@ void Endpoint::progressFromWorker() {
   // Consume the channel's events; the CQ is polled below either way.
   while (channel_.getEvent(0).isOk()) {
   }
-  if (!drainCompletionsLocked(/*arm=*/true)) return;
+  if (!drainCompletionsLocked(Drain::kTakeAndArm)) return;
   pumpLocked();
   updateProbeLocked();
 }
@@ -1044,16 +1054,7 @@ void Endpoint::shutdown(const Status& why) {
     // (a peer that leaves as soon as its WRITE_WITH_IMM completed: its goodbye can reach the agent
     // before the worker took the immediate from the queue). Errors are left to the shutdown's own
     // status.
-    if (state_ == State::kConnected && cq_.valid()) {
-      v::WorkCompletion wcs[64];
-      for (int round = 0; round < 64 && state_ == State::kConnected; ++round) {
-        auto n = cq_.poll(wcs);
-        if (!n.isOk() || *n == 0) break;
-        for (int i = 0; i < *n && state_ == State::kConnected; ++i) {
-          if (wcs[i].status == v::WcStatus::kSuccess) handleCompletionLocked(wcs[i]);
-        }
-      }
-    }
+    if (state_ == State::kConnected && cq_.valid()) drainCompletionsLocked(Drain::kSuccessesBeforeShutdown);
     state_ = State::kShutdown;
     wantsProbe_.store(false);
     for (auto& op : queue_) pending.push_back(op);

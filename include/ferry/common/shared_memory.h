@@ -43,7 +43,6 @@ class SharedMemory {
   size_t length_ = 0;
   size_t mapped_ = 0;
   int fd_ = -1;
-  uint64_t inode_ = 0;
 };
 
 // Where a range of SharedMemory lives: the memfd's descriptor number in this process, its inode

@@ -232,9 +232,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   std::shared_ptr<OpState> newOp(OpKind kind);
   // Progressor: a waiting thread takes the completions there are (unless another thread is at it).
   void progressOnce() override;
-  // Polls the CQ until it is empty (arming it and polling once more when arm is set); false when
-  // the endpoint failed or was shut down meanwhile.
-  bool drainCompletionsLocked(bool arm);
+  // How drainCompletionsLocked() takes the CQ: until it is empty; until it is empty and armed
+  // (armed, then polled once more); or, as a shutdown begins, only the successful completions
+  // already there, in a bounded number of rounds, so that what completed is delivered first.
+  enum class Drain { kTake, kTakeAndArm, kSuccessesBeforeShutdown };
+  // Takes the CQ's completions as `mode` says; false when the endpoint failed or was shut down
+  // meanwhile.
+  bool drainCompletionsLocked(Drain mode);
 
   // Worker side (worker thread, or the caller of Worker::addEndpoint).
   Status moveToWorker(std::shared_ptr<Worker> worker);
@@ -259,6 +263,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   std::shared_ptr<Worker> worker_;
   const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>(opKindNames());
 
+  // Set once by create(): the endpoint itself, as the progressor of its operations.
+  std::weak_ptr<Progressor> self_;
   // Set once by init(): never change afterwards.
   verbs::CompletionChannel channel_;
   verbs::CompletionQueue cq_;

@@ -102,6 +102,19 @@ namespace {
 using namespace share_layout;
 using verbs::QpState;
 
+// CLOCK_MONOTONIC_COARSE in nanoseconds: the clock of the checks made at most every so often
+// (a read of the vDSO's page, no system call).
+int64_t coarseNowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+// /proc/<pid>/fd/<fd>: how this process reaches a descriptor another process holds.
+std::string procFdPath(uint32_t pid, uint32_t fd) {
+  return "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+}
+
 // The start time of a process (field 22 of /proc/<pid>/stat, in clock ticks); 0 if unknown.
 uint64_t processStartTime(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
@@ -393,7 +406,7 @@ Result<std::shared_ptr<SharePeer>> SharePeer::open(const ShareInfo& info) {
   const auto pid = static_cast<pid_t>(info.pid);
   peer->pidfd_ = pidfdOpen(pid);
   if (peer->pidfd_ < 0) return fail("pidfd_open of the peer", errno);
-  std::string path = "/proc/" + std::to_string(info.pid) + "/fd/" + std::to_string(info.fd);
+  const std::string path = procFdPath(info.pid, info.fd);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return fail("open " + path, errno);
   struct stat st {};
@@ -442,7 +455,7 @@ std::shared_ptr<SharePeer::Mapping> SharePeer::mapping(uint32_t fd, uint64_t ino
     if (mappings_.size() >= kMaxMappings) return nullptr;
   }
   std::shared_ptr<Mapping> made;
-  const std::string path = "/proc/" + std::to_string(info_.pid) + "/fd/" + std::to_string(fd);
+  const std::string path = procFdPath(info_.pid, fd);
   if (int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC); f >= 0) {
     struct stat st {};
     // Only a size-sealed memfd is mapped: one that could shrink under the mapping would fault us.
@@ -464,18 +477,15 @@ std::shared_ptr<SharePeer::Mapping> SharePeer::mapping(uint32_t fd, uint64_t ino
 }
 
 void SharePeer::sweepMappings(bool now) {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  const int64_t at = ts.tv_sec * 1000000000ll + ts.tv_nsec;
+  const int64_t at = coarseNowNs();
   if (!now && at - sweptAt_.load(std::memory_order_relaxed) < 1000000000) return;
   std::unique_lock<std::mutex> lock(mapMu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   sweptAt_.store(at, std::memory_order_relaxed);
-  const std::string dir = "/proc/" + std::to_string(info_.pid) + "/fd/";
   std::erase_if(mappings_, [&](const auto& entry) {
     if (entry.second && entry.second.use_count() > 1) return false;  // a slot is using it
     struct stat st {};
-    const std::string path = dir + std::to_string(entry.first.first);
+    const std::string path = procFdPath(info_.pid, entry.first.first);
     return ::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_ino) != entry.first.second;
   });
 }
@@ -492,13 +502,12 @@ bool SharePeer::alive() const {
   return ::poll(&p, 1, 0) == 0;
 }
 
-bool SharePeer::aliveRecently() const {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  const int64_t now = ts.tv_sec * 1000000000ll + ts.tv_nsec;
+bool SharePeer::aliveRecently() {
+  const int64_t now = coarseNowNs();
   if (now - aliveAt_.load(std::memory_order_relaxed) < 1000000) return true;
   if (!alive()) return false;
   aliveAt_.store(now, std::memory_order_relaxed);
+  sweepMappings();  // the mappings are looked at as seldom as the owner is
   return true;
 }
 
@@ -571,7 +580,6 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
   // Memory both sides map: the copy is loads and stores into our mapping of the owner's memfd,
   // when the region lies inside it (the owner's record says where; a lie only fails the check).
   viaMap_ = false;
-  peer_->sweepMappings();
   if (mFd != 0) {
     if (!mapped_ || mappedFd_ != mFd || mappedInode_ != mInode) {
       mapped_ = peer_->mapping(mFd - 1, mInode);

@@ -142,7 +142,8 @@ class SharePeer {
   bool alive() const;
   // alive(), asked of the kernel at most every few milliseconds: a pid is not reused that fast (the
   // kernel hands out every other free pid first), and the lost TCP connection ends the path too.
-  bool aliveRecently() const;
+  // When it asks the kernel, it also sweeps the mappings (sweepMappings()).
+  bool aliveRecently();
 
   // The owner's memfd (memory both sides map), mapped here; unmapped when the last user drops it.
   struct Mapping {
@@ -155,7 +156,7 @@ class SharePeer {
   std::shared_ptr<Mapping> mapping(uint32_t fd, uint64_t inode);
   // Drops the mappings no slot uses whose memfd the owner no longer holds (it freed the memory,
   // which our mapping would otherwise keep alive). At most once a second unless now is set; never
-  // waits for the lock. Slot::begin() calls it.
+  // waits for the lock. aliveRecently() calls it.
   void sweepMappings(bool now = false);
 
   // An accessor slot held by one QP; released when the Slot is destroyed.
@@ -207,7 +208,7 @@ class SharePeer {
   std::atomic<int64_t> sweptAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last sweep
   // By (descriptor number, inode); a nullptr entry remembers a memfd that could not be mapped.
   std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<Mapping>> mappings_;
-  mutable std::atomic<int64_t> aliveAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last live check
+  std::atomic<int64_t> aliveAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last live check
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
 };
