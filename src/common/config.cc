@@ -56,6 +56,12 @@ Result<std::string> parseSameHost(std::string_view raw) {
   return refuse("FERRY_SOFT_SAME_HOST", raw, "expected 0 (TCP only), ring (rings, no cross-memory attach) or auto");
 }
 
+Result<std::string> parseCallerProgress(std::string_view raw) {
+  if (raw == "0" || raw == "off") return std::string("0");
+  if (raw == "1" || raw == "on") return std::string("1");
+  return refuse("FERRY_SOFT_CALLER_PROGRESS", raw, "expected 1 (on) or 0 (off)");
+}
+
 constexpr uint64_t kMinRingBytes = 64 * 1024;
 constexpr uint64_t kMaxRingBytes = 64 * 1024 * 1024;
 
@@ -164,6 +170,11 @@ const std::vector<Variable>& variables() {
        "1M", "64K..64M", parseRingBytes},
       {"FERRY_SOFT_SPIN_US", "How long a progress thread polls a ring before it sleeps (0: never polls).",
        "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftSpinUs>},
+      {"FERRY_SOFT_CALLER_PROGRESS",
+       "Whether the application's threads progress a soft device themselves when its progress thread is not "
+       "running: a post sends its requests, and a poll of a completion queue that finds nothing runs the device's "
+       "loop once (its sockets, rings, timers and posted work), instead of waiting for that thread to wake up.",
+       "1", "1 (or on), 0 (or off)", parseCallerProgress},
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "
        "completions itself before it sleeps until the endpoint's worker wakes it (0: never polls).",
@@ -253,6 +264,11 @@ std::optional<int64_t> softSpinUs() {
   auto value = parsed("FERRY_SOFT_SPIN_US");
   if (!value) return std::nullopt;
   return std::stoll(*value);
+}
+
+bool softCallerProgress() {
+  auto value = parsed("FERRY_SOFT_CALLER_PROGRESS");
+  return !value || *value == "1";
 }
 
 int64_t waitSpinUs() {

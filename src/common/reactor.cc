@@ -11,6 +11,20 @@
 
 namespace ferry {
 
+thread_local const Reactor* Reactor::running_ = nullptr;
+
+namespace {
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
 Reactor::~Reactor() { stop(); }
 
 Status Reactor::start(const std::string& name) {
@@ -44,6 +58,8 @@ void Reactor::stop() {
     stopped_ = true;
     posted_.clear();
   }
+  std::lock_guard<std::mutex> loopLock(loopMu_);  // a caller's progressOnce() ends first
+  closed_ = true;
   fds_.clear();
   timers_.clear();
   timerCbs_.clear();
@@ -134,60 +150,111 @@ void Reactor::cancelTimer(TimerId id) {
   timerCbs_.erase(it);
 }
 
+int Reactor::timeoutMsLocked() {
+  int timeoutMs = -1;
+  if (!timers_.empty()) {
+    auto delta = timers_.begin()->first - Clock::now();
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(delta).count();
+    timeoutMs = us <= 0 ? 0 : static_cast<int>((us + 999) / 1000);
+  }
+  {
+    std::lock_guard<std::mutex> lock(postMu_);
+    if (!posted_.empty()) timeoutMs = 0;
+  }
+  if (stopping_) timeoutMs = 0;
+  return timeoutMs;
+}
+
+void Reactor::dispatchLocked(const epoll_event* events, int n, std::vector<std::function<void()>>& work) {
+  for (int i = 0; i < n; ++i) {
+    int fd = events[i].data.fd;
+    if (fd == wakeFd_) {
+      uint64_t value;
+      ssize_t r = read(wakeFd_, &value, sizeof value);
+      (void)r;
+      wakePending_ = false;
+      continue;
+    }
+    auto it = fds_.find(fd);
+    if (it == fds_.end()) continue;
+    std::shared_ptr<FdCb> cb = it->second;  // keeps the callback alive if it removes itself
+    (*cb)(events[i].events);
+  }
+  // Timers due now.
+  auto now = Clock::now();
+  while (!timers_.empty() && timers_.begin()->first <= now) {
+    TimerId id = timers_.begin()->second;
+    timers_.erase(timers_.begin());
+    auto it = timerCbs_.find(id);
+    if (it == timerCbs_.end()) continue;
+    auto cb = std::move(it->second.second);
+    timerCbs_.erase(it);
+    cb();
+  }
+  {
+    std::lock_guard<std::mutex> lock(postMu_);
+    work.swap(posted_);
+  }
+  for (auto& fn : work) fn();
+  work.clear();
+}
+
+bool Reactor::progressOnce() {
+  return runHere([this] {
+    constexpr int kMaxEvents = 64;
+    epoll_event events[kMaxEvents];
+    int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+    std::vector<std::function<void()>> work;
+    dispatchLocked(events, n < 0 ? 0 : n, work);
+  });
+}
+
+bool Reactor::runHere(const std::function<void()>& fn) {
+  if (inLoop()) return false;
+  std::unique_lock<std::mutex> lock(loopMu_, std::try_to_lock);
+  if (!lock.owns_lock() || closed_ || epollFd_ < 0 || stopping_) return false;
+  ++progressed_;
+  running_ = this;
+  fn();
+  running_ = nullptr;
+  // A timer fn added that falls due before the thread's own wake-up: the thread must sleep less.
+  if (!timers_.empty() && timers_.begin()->first < threadSleepsUntil_) wake();
+  return true;
+}
+
 void Reactor::loop() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   std::vector<std::function<void()>> work;
+  std::unique_lock<std::mutex> lock(loopMu_);
   for (;;) {
-    int timeoutMs = -1;
-    if (!timers_.empty()) {
-      auto delta = timers_.begin()->first - Clock::now();
-      auto us = std::chrono::duration_cast<std::chrono::microseconds>(delta).count();
-      timeoutMs = us <= 0 ? 0 : static_cast<int>((us + 999) / 1000);
-    }
-    {
-      std::lock_guard<std::mutex> lock(postMu_);
-      if (!posted_.empty()) timeoutMs = 0;
-    }
-    if (stopping_) timeoutMs = 0;
+    const int timeoutMs = timeoutMsLocked();
+    threadSleepsUntil_ = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first;
+    const uint64_t progressed = progressed_;
+    lock.unlock();
     int n = epoll_wait(epollFd_, events, kMaxEvents, timeoutMs);
-    if (n < 0 && errno != EINTR) {
-      FERRY_LOG(kError, "epoll_wait failed: errno %d", errno);
+    int err = errno;
+    // A caller running the loop holds it for a few microseconds: wait for it without sleeping on
+    // the lock at first, so that its unlock wakes no one (a futex system call on its thread).
+    for (int spin = 0; !lock.try_lock(); ++spin) {
+      if (spin >= 2000) {
+        lock.lock();
+        break;
+      }
+      cpuRelax();
+    }
+    if (n >= 0 && progressed_ != progressed) {
+      // A caller ran the loop meanwhile: what epoll_wait returned may be stale. Ask again.
+      n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+      err = errno;
+    }
+    if (n < 0 && err != EINTR) {
+      FERRY_LOG(kError, "epoll_wait failed: errno %d", err);
       break;
     }
-    for (int i = 0; i < n; ++i) {
-      int fd = events[i].data.fd;
-      if (fd == wakeFd_) {
-        uint64_t value;
-        ssize_t r = read(wakeFd_, &value, sizeof value);
-        (void)r;
-        wakePending_ = false;
-        continue;
-      }
-      auto it = fds_.find(fd);
-      if (it == fds_.end()) continue;
-      std::shared_ptr<FdCb> cb = it->second;  // keeps the callback alive if it removes itself
-      (*cb)(events[i].events);
-    }
-    // Timers due now.
-    auto now = Clock::now();
-    while (!timers_.empty() && timers_.begin()->first <= now) {
-      TimerId id = timers_.begin()->second;
-      timers_.erase(timers_.begin());
-      auto it = timerCbs_.find(id);
-      if (it == timerCbs_.end()) continue;
-      auto cb = std::move(it->second.second);
-      timerCbs_.erase(it);
-      cb();
-    }
-    {
-      std::lock_guard<std::mutex> lock(postMu_);
-      work.swap(posted_);
-    }
-    for (auto& fn : work) fn();
-    work.clear();
+    dispatchLocked(events, n, work);
     if (stopping_) {
-      std::lock_guard<std::mutex> lock(postMu_);
+      std::lock_guard<std::mutex> postLock(postMu_);
       if (posted_.empty()) {
         stopped_ = true;
         break;

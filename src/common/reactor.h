@@ -2,6 +2,11 @@
 //
 // Idle costs nothing: the thread sleeps in epoll_wait until an fd is ready, a timer is due, or
 // work is posted (an eventfd wake-up, coalesced so a burst of posts costs one write).
+//
+// Progress where the caller is: another thread may run the loop once itself (progressOnce()), as
+// an application that polls for completions does, instead of waiting for the thread to wake up.
+// Whoever runs the loop holds its lock, so the callbacks still run one at a time, and inLoop() is
+// true for the thread running them.
 #pragma once
 
 #include <atomic>
@@ -17,6 +22,8 @@
 #include <vector>
 
 #include "ferry/common/status.h"
+
+struct epoll_event;
 
 namespace ferry {
 
@@ -41,7 +48,15 @@ class Reactor {
   // Runs fn on the reactor thread and waits for it; runs it inline when called on that thread.
   // Returns kClosed (without running fn) once the reactor is stopped.
   Status runSync(const std::function<void()>& fn);
-  bool inLoop() const { return std::this_thread::get_id() == threadId_.load(); }
+  bool inLoop() const { return std::this_thread::get_id() == threadId_.load() || running_ == this; }
+  // Runs the loop once on the calling thread, without waiting: the fds that are ready, the timers
+  // that are due, the work posted. Does nothing (false) when another thread is running the loop,
+  // when called from inside the loop, or once the reactor is stopped. Thread-safe.
+  bool progressOnce();
+  // Runs fn on the calling thread as the loop would (holding the loop, inLoop() true), when no
+  // thread is running the loop; false (fn not run) when one is, when called from inside the loop,
+  // or once the reactor is stopped. Thread-safe.
+  bool runHere(const std::function<void()>& fn);
 
   // The following run on the reactor thread only.
   Status addFd(int fd, uint32_t events, FdCb cb);
@@ -53,6 +68,9 @@ class Reactor {
  private:
   void loop();
   void wake();
+  // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted.
+  void dispatchLocked(const ::epoll_event* events, int n, std::vector<std::function<void()>>& work);
+  int timeoutMsLocked();
 
   int epollFd_ = -1;
   int wakeFd_ = -1;
@@ -60,6 +78,15 @@ class Reactor {
   std::atomic<std::thread::id> threadId_{};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> wakePending_{false};
+  // Held by whoever runs the loop (the thread, or a caller of progressOnce()); guards fds_ and the
+  // timers. progressed_ counts the callers' runs: events the thread's epoll_wait returned before one
+  // may be stale (their fd read, or closed and its number reused), so the thread polls again.
+  std::mutex loopMu_;
+  uint64_t progressed_ = 0;  // guarded by loopMu_
+  bool closed_ = false;      // guarded by loopMu_: the epoll set is gone
+  // Guarded by loopMu_: the first timer the thread's epoll_wait wakes up for (max: none).
+  Clock::time_point threadSleepsUntil_ = Clock::time_point::max();
+  static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 
   std::mutex postMu_;
   std::vector<std::function<void()>> posted_;

@@ -759,18 +759,6 @@ bool Endpoint::drainCompletionsLocked(Drain mode) {
                         n.status().cause()));
       return true;
     }
-    if (*n == 0) {
-      if (mode != Drain::kTakeAndArm || armed) return true;
-      // Arm, then poll once more: a completion that came in between is not missed.
-      Status st = cq_.reqNotify();
-      if (!st.isOk()) {
-        failLocked(st);
-        return true;
-      }
-      armed = true;
-      continue;
-    }
-    armed = false;
     for (int i = 0; i < *n; ++i) {
       if (mode == Drain::kSuccessesBeforeShutdown && wcs[i].status != v::WcStatus::kSuccess) continue;
       handleCompletionLocked(wcs[i]);
@@ -778,6 +766,17 @@ bool Endpoint::drainCompletionsLocked(Drain mode) {
     }
     if (state_ == State::kShutdown) return false;
     if (rounds > 0 && --rounds == 0) return true;
+    // A full batch: there may be more. A short one emptied the queue (no further, empty poll: on a
+    // software device that one would run the device's progress loop for nothing).
+    if (*n == static_cast<int>(std::size(wcs))) continue;
+    if (mode != Drain::kTakeAndArm || armed) return true;
+    // Arm, then poll once more: a completion that came in between is not missed.
+    Status st = cq_.reqNotify();
+    if (!st.isOk()) {
+      failLocked(st);
+      return true;
+    }
+    armed = true;
   }
 }
 

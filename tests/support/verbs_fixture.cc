@@ -46,6 +46,8 @@ bool carriesOutInThePost(const ProviderPath& path) {
   return false;
 }
 
+bool mayFinishBeforeAPeerLeaves(const ProviderPath& path) { return path.device.rfind("soft", 0) == 0; }
+
 std::string providerPathTestName(const ::testing::TestParamInfo<ProviderPath>& info) {
   return info.param.name;
 }

@@ -47,6 +47,10 @@ const std::vector<ProviderPath>& providerPaths();
 // Whether the path carries WRITE and READ out within the post itself (the soft provider's
 // same-host path, soft_same_host and soft_mapped), reaching even a stopped process's memory.
 bool carriesOutInThePost(const ProviderPath& path);
+// Whether many large WRITEs may all complete before a peer that is killed or closed at once after
+// the post loses them: on every soft path, where the posting thread sends its requests itself
+// (FERRY_SOFT_CALLER_PROGRESS) or carries them out within the post.
+bool mayFinishBeforeAPeerLeaves(const ProviderPath& path);
 
 // For INSTANTIATE_TEST_SUITE_P: the path's name as the test-name suffix.
 std::string providerPathTestName(const ::testing::TestParamInfo<ProviderPath>& info);

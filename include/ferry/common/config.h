@@ -54,6 +54,9 @@ SameHost softSameHost();
 std::optional<uint64_t> softRingBytes();
 // FERRY_SOFT_SPIN_US, or nullopt for the default (which depends on the number of cores).
 std::optional<int64_t> softSpinUs();
+// FERRY_SOFT_CALLER_PROGRESS (default on): whether posts and empty polls of a soft device's CQs
+// run the device's progress loop on the calling thread when its progress thread is not.
+bool softCallerProgress();
 // FERRY_WAIT_SPIN_US (default 50): how long a thread waiting for an Endpoint operation polls its
 // completions itself before it sleeps.
 int64_t waitSpinUs();

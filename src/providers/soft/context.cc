@@ -16,6 +16,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "ferry/common/config.h"
 #include "common/log.h"
 #include "providers/soft/conn.h"
 #include "providers/soft/mcast.h"
@@ -826,16 +827,26 @@ Result<verbs::CqEvent> SoftCompChannel::getEvent(int timeoutMs) {
 
 Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
   if (closed_) return closedError("poll CQ: the CQ is closed");
-  std::lock_guard<std::mutex> lock(mu_);
-  if (overflowed_) return Status(StatusCode::kIoError, "poll CQ: the CQ overflowed", EOVERFLOW);
-  int n = 0;
-  while (n < static_cast<int>(out.size()) && !entries_.empty()) {
-    Entry& e = entries_.front();
-    out[n++] = e.wc;
-    if (e.held) e.held->fetch_sub(std::min(e.slots, e.held->load()));
-    entries_.pop_front();
+  static const bool progressHere = config::softCallerProgress();
+  for (int round = 0;; ++round) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (overflowed_) return Status(StatusCode::kIoError, "poll CQ: the CQ overflowed", EOVERFLOW);
+      int n = 0;
+      while (n < static_cast<int>(out.size()) && !entries_.empty()) {
+        Entry& e = entries_.front();
+        out[n++] = e.wc;
+        if (e.held) e.held->fetch_sub(std::min(e.slots, e.held->load()));
+        entries_.pop_front();
+      }
+      if (n > 0 || round > 0 || out.empty() || !progressHere) return n;
+    }
+    // Nothing yet: progress where the application is. When the progress thread is not running the
+    // device's loop (it sleeps, or has not woken up yet), this thread runs it once itself: the
+    // frames that arrived, the posts handed over, the timers due. Outside the CQ's lock, which
+    // the loop's completions take.
+    if (!ctx_->reactor().progressOnce()) return 0;
   }
-  return n;
 }
 
 Status SoftCq::reqNotify(bool solicitedOnly) {

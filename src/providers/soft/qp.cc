@@ -12,6 +12,7 @@
 #include <cstring>
 #include <shared_mutex>
 
+#include "ferry/common/config.h"
 #include "common/device_access.h"
 #include "common/log.h"
 #include "verbs/qp_state.h"
@@ -309,6 +310,10 @@ void SoftQp::close() {
 
 void SoftQp::schedulePump() {
   if (pumpScheduled_.exchange(true)) return;
+  // Progress where the application is: when the progress thread is not running the device's loop
+  // (it sleeps), the posting thread sends the requests itself instead of waking it.
+  static const bool callerProgress = config::softCallerProgress();
+  if (callerProgress && ctx_->reactor().runHere([this] { pumpFromLoop(); })) return;
   std::weak_ptr<SoftQp> weak = weak_from_this();
   ctx_->reactor().post([weak] {
     if (auto self = weak.lock()) self->pumpFromLoop();

@@ -1,0 +1,132 @@
+// The Reactor run by its callers (progressOnce(), runHere()): callbacks run on the calling thread
+// as the loop's, never beside the thread's own run of it, and never once the reactor stopped.
+#include "common/reactor.h"
+
+#include <gtest/gtest.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+// runHere() until the reactor's thread is asleep and lets us run fn; false if it never does.
+bool runHereSoon(Reactor& r, const std::function<void()>& fn) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {
+    if (r.runHere(fn)) return true;
+    std::this_thread::sleep_for(100us);
+  }
+  return false;
+}
+
+TEST(Reactor, RunHereRunsOnTheCallerAsTheLoop) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  EXPECT_FALSE(r.inLoop());
+  bool ran = false, inLoop = false, nestedInline = false, nestedRefused = false;
+  std::thread::id on;
+  ASSERT_TRUE(runHereSoon(r, [&] {
+    ran = true;
+    on = std::this_thread::get_id();
+    inLoop = r.inLoop();
+    // From inside the loop: runSync runs inline (it would wait for itself otherwise), and the
+    // loop is not entered twice.
+    EXPECT_TRUE(r.runSync([&] { nestedInline = true; }).isOk());
+    nestedRefused = !r.runHere([] {}) && !r.progressOnce();
+  }));
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(on, std::this_thread::get_id());
+  EXPECT_TRUE(inLoop);
+  EXPECT_TRUE(nestedInline);
+  EXPECT_TRUE(nestedRefused);
+  EXPECT_FALSE(r.inLoop()) << "after the run, the caller is not in the loop any more";
+  r.stop();
+}
+
+// A timer a caller adds falls due on time though the thread sleeps with no timer of its own.
+TEST(Reactor, ATimerACallerAddsWakesTheSleepingThread) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  std::promise<std::thread::id> fired;
+  ASSERT_TRUE(runHereSoon(r, [&] {
+    r.addTimer(Reactor::Clock::now() + 20ms, [&fired] { fired.set_value(std::this_thread::get_id()); });
+  }));
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the timer never fired";
+  EXPECT_NE(f.get(), std::this_thread::get_id()) << "nobody but the thread ran the loop since";
+  r.stop();
+}
+
+TEST(Reactor, CallersAreRefusedWhileTheThreadRunsTheLoopAndAfterStop) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  r.post([&entered, released] {
+    entered.set_value();
+    released.wait();
+  });
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready);
+  bool ran = false;
+  EXPECT_FALSE(r.runHere([&] { ran = true; }));
+  EXPECT_FALSE(r.progressOnce());
+  EXPECT_FALSE(ran);
+  release.set_value();
+  r.stop();
+  EXPECT_FALSE(r.runHere([&] { ran = true; }));
+  EXPECT_FALSE(r.progressOnce());
+  EXPECT_FALSE(ran);
+}
+
+// Events of an fd are taken by whichever thread runs the loop, one run at a time: the callback
+// never runs twice at once, and every count written to the eventfd is read exactly once.
+TEST(Reactor, CallersAndTheThreadShareTheLoopOneAtATime) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  std::atomic<int> inside{0}, overlaps{0}, byCaller{0};
+  std::atomic<uint64_t> total{0};
+  const auto caller = std::this_thread::get_id();
+  ASSERT_TRUE(r.runSync([&] {
+                 ASSERT_TRUE(r.addFd(fd, EPOLLIN, [&](uint32_t) {
+                                 if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+                                 if (std::this_thread::get_id() == caller) byCaller.fetch_add(1);
+                                 uint64_t v = 0;
+                                 if (::read(fd, &v, sizeof v) == sizeof v) total.fetch_add(v);
+                                 std::this_thread::sleep_for(5us);
+                                 inside.fetch_sub(1);
+                               }).isOk());
+               }).isOk());
+  // Each write finds the thread asleep (the pause), so the caller's progressOnce() right after it
+  // races the thread's wake-up: both take events, one at a time.
+  constexpr uint64_t kWrites = 500;
+  for (uint64_t i = 0; i < kWrites; ++i) {
+    std::this_thread::sleep_for(200us);
+    uint64_t one = 1;
+    ASSERT_EQ(::write(fd, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+    r.progressOnce();
+  }
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (total.load() < kWrites && std::chrono::steady_clock::now() < until) {
+    r.progressOnce();
+    std::this_thread::sleep_for(100us);
+  }
+  EXPECT_EQ(total.load(), kWrites);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GT(byCaller.load(), 0) << "the caller never ran the loop";
+  ASSERT_TRUE(r.runSync([&] { r.removeFd(fd); }).isOk());
+  r.stop();
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace ferry
