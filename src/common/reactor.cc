@@ -7,23 +7,12 @@
 
 #include <condition_variable>
 
+#include "common/cpu_relax.h"
 #include "common/log.h"
 
 namespace ferry {
 
 thread_local const Reactor* Reactor::running_ = nullptr;
-
-namespace {
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 Reactor::~Reactor() { stop(); }
 

@@ -1,5 +1,6 @@
 #include "providers/soft/ring.h"
 
+#include "common/cpu_relax.h"
 #include "common/device_access.h"
 #include "ferry/common/config.h"
 
@@ -77,14 +78,6 @@ int64_t maxSpinNs() {
     return cores >= 4 ? int64_t{20000} : int64_t{0};
   }();
   return value;
-}
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 bool isEventFd(int fd) {
