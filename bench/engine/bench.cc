@@ -87,6 +87,14 @@ Result<RunShape> decodeShape(const json::Value& hello) {
     }
     s.sharedMemory = memory == "shared";
   }
+  // Clients before --wait send no "wait": theirs poll.
+  if (hello.find("wait") != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(std::string wait, stringField(hello, "wait", 32));
+    if (wait != "poll" && wait != "event") {
+      return Status(StatusCode::kProtocolError, "control message 'hello': unknown wait '" + wait + "'");
+    }
+    s.events = wait == "event";
+  }
   FERRY_ASSIGN_OR_RETURN(int64_t threads, intField(hello, "threads", 1, kMaxThreads));
   FERRY_ASSIGN_OR_RETURN(int64_t qps, intField(hello, "qps", 1, kMaxQpsPerThread));
   FERRY_ASSIGN_OR_RETURN(int64_t depth, intField(hello, "depth", 1, kMaxDepth));
@@ -321,6 +329,7 @@ Status runClientSession(ControlChannel& ch, const Options& o, const std::string&
   hello->set("mode", modeName(o.shape.mode));
   hello->set("api", apiName(o.shape.api));
   hello->set("memory", o.shape.sharedMemory ? "shared" : "heap");
+  hello->set("wait", o.shape.events ? "event" : "poll");
   hello->set("threads", o.shape.threads);
   hello->set("qps", o.shape.qps);
   hello->set("depth", o.shape.depth);

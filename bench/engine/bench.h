@@ -62,6 +62,11 @@ struct RunShape {
   // --memory shared: the verbs buffers come from ProtectionDomain::allocMr (memory a same-host
   // peer of the software provider maps), not from an anonymous mapping.
   bool sharedMemory = false;
+  // --wait event: latency loops (and the server's responder) sleep on the CQ's completion channel
+  // (arm, poll once more, wait) instead of polling: the event-driven (blocking) variant. Verbs
+  // runs of send, write_imm, read and atomic latency; a WRITE ping-pong has no completion to wait
+  // for at the side the WRITE lands on.
+  bool events = false;
 };
 
 inline constexpr int kMaxThreads = 64;

@@ -138,6 +138,22 @@ class SendTracker {
   Result<int> reap() {
     return reap([](const v::WorkCompletion&) { return Status::ok(); });
   }
+  // --wait event: reaps, and when nothing completed, arms the CQ, reaps once more (a completion
+  // may have slipped in) and sleeps on the completion channel until an event (or 100 ms).
+  template <typename OnReceive>
+  Result<int> reapOrSleep(OnReceive&& onReceive) {
+    auto got = reap(onReceive);
+    if (!got.isOk() || *got > 0) return got;
+    FERRY_RETURN_IF_ERROR(t_.cq.reqNotify());
+    got = reap(onReceive);
+    if (!got.isOk() || *got > 0) return got;
+    auto event = t_.channel.getEvent(100);
+    if (!event.isOk() && event.status().code() != StatusCode::kTimedOut) return event.status();
+    return 0;
+  }
+  Result<int> reapOrSleep() {
+    return reapOrSleep([](const v::WorkCompletion&) { return Status::ok(); });
+  }
 
   uint32_t& outstanding(size_t q) { return outstanding_[q]; }
   uint64_t completed() const { return completed_; }
@@ -338,14 +354,14 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
     ++tracker.outstanding(q);
     uint32_t spins = 0;
     while (!replied) {
-      auto got = tracker.reap(onReceive);
+      auto got = shape.events ? tracker.reapOrSleep(onReceive) : tracker.reap(onReceive);
       if (!got.isOk()) return got.status();
       if (replied) break;
-      if (++spins % 256 == 0) {
+      if (shape.events || ++spins % 256 == 0) {
         if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
-      std::this_thread::yield();
+      if (!shape.events) std::this_thread::yield();
     }
     auto t1 = Clock::now();
     if (a.samples) a.samples->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
@@ -373,14 +389,14 @@ Status postToCompletion(const LoopArgs& a, uint64_t* iterations) {
     ++tracker.outstanding(q);
     uint32_t spins = 0;
     while (!tracker.idle()) {
-      auto got = tracker.reap();
+      auto got = shape.events ? tracker.reapOrSleep() : tracker.reap();
       if (!got.isOk()) return got.status();
       if (*got > 0) break;
-      if (++spins % 256 == 0) {
+      if (shape.events || ++spins % 256 == 0) {
         if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
-      std::this_thread::yield();
+      if (!shape.events) std::this_thread::yield();
     }
     auto t1 = Clock::now();
     if (a.samples) a.samples->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
@@ -772,9 +788,9 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
           return Status::ok();
         };
         while (!stopResponders_.load(std::memory_order_relaxed)) {
-          auto got = tracker.reap(onReceive);
+          auto got = shape_.events ? tracker.reapOrSleep(onReceive) : tracker.reap(onReceive);
           if (!got.isOk()) return got.status();
-          if (*got == 0) std::this_thread::yield();
+          if (*got == 0 && !shape_.events) std::this_thread::yield();
         }
         return Status::ok();
       };

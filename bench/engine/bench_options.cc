@@ -122,6 +122,11 @@ Status validateShape(const RunShape& s) {
   if (s.op == Op::kAtomic && s.maxSize != 8) {
     return invalidArgument("atomics move 8 bytes: use --size 8 (or no --size) with --op atomic");
   }
+  if (s.events && (s.api != Api::kVerbs || s.mode != Mode::kLatency || (s.op == Op::kWrite))) {
+    return invalidArgument(
+        "--wait event is for verbs latency runs of send, write_imm, read and atomic (a WRITE ping-pong lands in "
+        "memory with no completion to wait for; the Endpoint API's waits sleep with FERRY_WAIT_SPIN_US=0)");
+  }
   if (bufferBytes(s) * static_cast<uint64_t>(s.threads) > kMaxRegisteredBytes) {
     return invalidArgument("threads x buffer bytes exceed " + std::to_string(kMaxRegisteredBytes >> 30) +
                            " GiB of registered memory per side");
@@ -192,6 +197,9 @@ void printUsage(FILE* out) {
                "                        (ProtectionDomain::allocMr on both sides: a same-host peer\n"
                "                        maps it, and WRITE/READ are loads and stores); with --api\n"
                "                        endpoint the pool's allocMemoryRegion\n"
+               "  --wait poll|event     lat: poll the CQ (default) or sleep on its completion\n"
+               "                        channel, both sides (the event-driven variant; verbs\n"
+               "                        send, write_imm, read and atomic)\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
                "atomic are the time from posting to completion; endpoint operations the time from the\n"
@@ -250,7 +258,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   Options o;
   bool server = false, local = false, sweep = false, help = false;
   std::vector<std::string> sizeTexts;
-  std::string memory;
+  std::string memory, wait;
   std::string target, softPath, op, api, mode, port, iters, batch, depth, qps, threads, duration, timeout, plot;
   // CLI11 recognises the options and their values; the checks below give each value's own message.
   CLI::App app("perftest-style bandwidth and latency between two processes", "ferry bench");
@@ -267,6 +275,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   app.add_option("--plot", plot);
   app.add_option("--soft-path", softPath);
   app.add_option("--memory", memory);
+  app.add_option("--wait", wait);
   app.add_option("--op", op);
   app.add_option("--api", api);
   app.add_option("--mode", mode);
@@ -312,6 +321,10 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   if (given("--memory")) {
     if (memory != "heap" && memory != "shared") return invalidArgument("unknown --memory '" + memory + "': use heap or shared");
     o.shape.sharedMemory = memory == "shared";
+  }
+  if (given("--wait")) {
+    if (wait != "poll" && wait != "event") return invalidArgument("unknown --wait '" + wait + "': use poll or event");
+    o.shape.events = wait == "event";
   }
   if (given("--mode") && !parseMode(mode, &o.shape.mode)) {
     return invalidArgument("unknown --mode '" + mode + "': use bw or lat");

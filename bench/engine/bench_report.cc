@@ -138,6 +138,7 @@ json::Value reportJson(const BenchReport& rep) {
   doc.set("server_device", rep.serverDevice);
   doc.set("server", rep.server);
   doc.set("memory", s.sharedMemory ? "shared" : "heap");
+  doc.set("wait", s.events ? "event" : "poll");
   doc.set("threads", s.threads);
   doc.set("qps", s.qps);
   doc.set("depth", s.depth);

@@ -123,6 +123,9 @@ def main():
     bad_option(ferry, ["--local", "--soft-path"], r"--soft-path: 1 required TEXT missing")
     bad_option(ferry, ["--local", "--memory", "huge"], r"unknown --memory 'huge': use heap or shared")
     bad_option(ferry, ["--local", "--mode", "fast"], r"unknown --mode 'fast'")
+    bad_option(ferry, ["--local", "--wait", "nap"], r"unknown --wait 'nap': use poll or event")
+    bad_option(ferry, ["--local", "--mode", "lat", "--wait", "event"], r"--wait event is for verbs latency runs")
+    bad_option(ferry, ["--local", "--op", "send", "--wait", "event"], r"--wait event is for verbs latency runs")
     bad_option(ferry, ["--local", "--size", "0"], r"bad size '0'")
     bad_option(ferry, ["--local", "--size", "12Q"], r"bad size '12Q'")
     bad_option(ferry, ["--local", "--size", "4K,,8"], r"bad size ''")
@@ -177,6 +180,8 @@ def main():
                           b'"paths": [], "buffers": []}\n', r"exceed 8 GiB of registered memory")
     garbage_client(ferry, None, r"no control message from the peer within 2 s")
     for fields, pattern in (('"memory": "gpu"', r"unknown memory 'gpu'"),
+                            ('"wait": "nap"', r"unknown wait 'nap'"),
+                            ('"wait": "event"', r"--wait event is for verbs latency runs"),
                             ('"api": "bogus"', r"unknown api 'bogus'"),
                             ('"api": "endpoint"', r"field 'endpoint' is missing"),
                             ('"api": "endpoint", "endpoint": {"ferry_endpoint": 99}', r"the peer's endpoint metadata"),

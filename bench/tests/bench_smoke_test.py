@@ -79,6 +79,15 @@ def main():
             check_doc(doc, op, "lat", small)
             if doc.get("ferry_soft_same_host") != value:
                 fail("--soft-path %s ran with FERRY_SOFT_SAME_HOST=%r" % (path, doc.get("ferry_soft_same_host")))
+    # The event-driven variant (--wait event): both sides sleep on the completion channel.
+    for path in ("tcp", "ring", "same-host"):
+        for op in ("send", "write_imm", "read", "atomic"):
+            sizes = [8] if op == "atomic" else small
+            doc = bench(ferry, "--soft-path", path, "--op", op, "--mode", "lat", "--wait", "event",
+                        "--size", ",".join(str(s) for s in sizes), "--iters", "50")
+            check_doc(doc, op, "lat", sizes)
+            if doc.get("wait") != "event":
+                fail("--wait event ran with wait %r" % doc.get("wait"))
     # Memory both sides map (--memory shared: ProtectionDomain::allocMr on both sides), on every
     # path; each side checks the bytes the other moved.
     for path in ("tcp", "ring", "same-host"):
