@@ -1,0 +1,560 @@
+// SoftQp, requester half: sending the send queue, connecting to the peer, responses and
+// acknowledgements, the transport timer (reactor thread).
+#include "providers/soft/qp.h"
+
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <shared_mutex>
+
+#include "ferry/common/config.h"
+#include "common/device_access.h"
+#include "common/log.h"
+#include "verbs/qp_state.h"
+#include "providers/soft/qp_internal.h"
+
+namespace ferry::soft {
+
+using namespace qp_detail;
+
+// ---------------------------------------------------------------------------------------------
+// Requester (reactor thread).
+
+WcStatus SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
+  wqe.local.clear();
+  if (wqe.placed || !wqe.inlineData.empty() || wqe.sges.empty()) return WcStatus::kSuccess;
+  const bool intoLocal = isReadOrAtomic(wqe.opcode);
+  uint32_t need = intoLocal ? verbs::access::kLocalWrite : 0;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  for (const auto& sge : wqe.sges) {
+    if (sge.length == 0) continue;
+    auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
+    if (!entry) {
+      // As the kernel's rxe: a source key naming no region is a local QP operation error; a
+      // range or permission the region refuses (and any bad destination) a protection error.
+      bool keyKnown = ctx_->findMrLocked(sge.lkey, pd_.get(), 0, 0, 0, /*anyRange=*/true) != nullptr;
+      return (!intoLocal && !keyKnown) ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr;
+    }
+    wqe.local.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
+  }
+  return WcStatus::kSuccess;
+}
+
+OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
+  wire::FrameHeader h;
+  h.seq = wqe.seq;
+  h.qpn = attr_.destQpNum;
+  h.remoteAddr = wqe.remoteAddr;
+  h.rkey = wqe.rkey;
+  switch (wqe.opcode) {
+    case WrOpcode::kSend: h.type = wire::FrameType::kSend; break;
+    case WrOpcode::kSendWithImm: h.type = wire::FrameType::kSendImm; h.aux = wqe.immData; break;
+    case WrOpcode::kRdmaWrite: h.type = wire::FrameType::kWrite; break;
+    case WrOpcode::kRdmaWriteWithImm: h.type = wire::FrameType::kWriteImm; h.aux = wqe.immData; break;
+    case WrOpcode::kRdmaRead:
+      h.type = wire::FrameType::kReadReq;
+      h.length = static_cast<uint32_t>(wqe.length);
+      break;
+    case WrOpcode::kAtomicCmpAndSwp:
+      h.type = wire::FrameType::kCmpSwap;
+      h.compareAdd = wqe.compareAdd;
+      h.swap = wqe.swap;
+      break;
+    case WrOpcode::kAtomicFetchAndAdd:
+      h.type = wire::FrameType::kFetchAdd;
+      h.compareAdd = wqe.compareAdd;
+      break;
+  }
+  if (wqe.flags & verbs::send_flags::kSolicited) h.flags |= wire::kFlagSolicited;
+  OutFrame frame;
+  frame.seq = wqe.seq;
+  if (wqe.placed) {
+    h.flags |= wire::kFlagPlaced;
+    h.length = static_cast<uint32_t>(wqe.length);
+  } else if (wire::carriesPayload(h.type)) {
+    h.payloadLen = static_cast<uint32_t>(wqe.length);
+    if (!wqe.inlineData.empty()) {
+      frame.ownedPayload = wqe.inlineData;
+    } else {
+      frame.payload = wqe.local;
+    }
+  }
+  frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(h, frame.header));
+  return frame;
+}
+
+void SoftQp::pumpFromLoop() {
+  pumpScheduled_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fastBusy_) return;  // the post copying on the same-host path schedules us when it ends
+    if (sq_.empty() && !posted_.empty()) lastProgress_ = Clock::now();
+    while (!posted_.empty()) {
+      sq_.push_back(std::move(posted_.front()));
+      posted_.pop_front();
+    }
+  }
+  QpState state = state_.load();
+  if (state == QpState::kErr) {
+    flushFromLoop();
+    return;
+  }
+  if (state != QpState::kRts || sq_.empty()) return;
+  if (!reqConn_ || !reqReady_) {
+    if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
+    armTimeoutFromLoop();
+    return;
+  }
+  if (rnrWaiting_ || localErrorPending_) return;
+  uint32_t maxRd = std::max<uint32_t>(1, attr_.maxRdAtomic);
+  // The requests of one pump leave in one write (see Conn::cork).
+  struct Corked {
+    std::shared_ptr<Conn> conn;
+    explicit Corked(std::shared_ptr<Conn> c) : conn(std::move(c)) { conn->cork(); }
+    ~Corked() {
+      if (!conn->closed()) conn->uncork();
+    }
+  } corked(reqConn_);
+  while (nextToSend_ < sq_.size()) {
+    SendWqe& wqe = sq_[nextToSend_];
+    bool rdAtomic = isReadOrAtomic(wqe.opcode);
+    if (rdAtomic && rdInFlight_ >= maxRd) break;
+    if ((wqe.flags & verbs::send_flags::kFence) && rdInFlight_ > 0) break;
+    wqe.seq = nextSeq_++;
+    ++nextToSend_;
+    if (wqe.rnrLeft < 0) wqe.rnrLeft = attr_.rnrRetry;
+    if (WcStatus local = resolveLocalFromLoop(wqe); local != WcStatus::kSuccess) {
+      wqe.error = local;
+      localErrorPending_ = true;
+      completeFromLoop();
+      return;
+    }
+    if (rdAtomic) ++rdInFlight_;
+    reqConn_->send(buildRequestFrame(wqe));
+    if (state_.load() != QpState::kRts || !reqConn_) return;  // the send failed and closed things
+  }
+  armTimeoutFromLoop();
+}
+
+void SoftQp::completeFromLoop() {
+  while (!sq_.empty() && nextToSend_ > 0) {
+    SendWqe& wqe = sq_.front();
+    if (wqe.error != WcStatus::kSuccess) {
+      enterErrorFromLoop(wqe.error);
+      return;
+    }
+    if (!seqLe(wqe.seq, ackedThrough_)) break;
+    if (isReadOrAtomic(wqe.opcode)) {
+      if (!wqe.responded) {
+        FERRY_LOG(kWarn, "QP %u: acknowledgement skipped a READ/atomic response", qpn_);
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      if (rdInFlight_ > 0) --rdInFlight_;
+    }
+    SendWqe done = std::move(wqe);
+    sq_.pop_front();
+    --nextToSend_;
+    pushSendCompletion(done, WcStatus::kSuccess);
+    lastProgress_ = Clock::now();
+  }
+  if (sq_.empty() && timeoutTimer_) {
+    ctx_->reactor().cancelTimer(timeoutTimer_);
+    timeoutTimer_ = 0;
+  }
+  if (state_.load() == QpState::kRts && nextToSend_ < sq_.size()) pumpFromLoop();
+}
+
+SoftQp::Clock::duration SoftQp::transportBudget() const {
+  // 4.096 us * 2^timeout per try, at least 1 ms; retry_cnt retries after the first try.
+  double perTryUs = 4.096 * static_cast<double>(1ull << attr_.timeout);
+  perTryUs = std::max(perTryUs, 1000.0);
+  return std::chrono::microseconds(static_cast<int64_t>(perTryUs * (attr_.retryCnt + 1)));
+}
+
+void SoftQp::armTimeoutFromLoop() {
+  if (timeoutTimer_ || attr_.timeout == 0 || sq_.empty()) return;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  timeoutTimer_ = ctx_->reactor().addTimer(lastProgress_ + transportBudget(), [weak] {
+    if (auto self = weak.lock()) self->onTimeoutFromLoop();
+  });
+}
+
+void SoftQp::onTimeoutFromLoop() {
+  timeoutTimer_ = 0;
+  if (sq_.empty() || state_.load() != QpState::kRts) return;
+  auto now = Clock::now();
+  if (rnrWaiting_) lastProgress_ = now;
+  if (now - lastProgress_ >= transportBudget()) {
+    FERRY_LOG(kInfo, "QP %u: no progress within the transport timeout; retries exhausted", qpn_);
+    enterErrorFromLoop(WcStatus::kRetryExcErr);
+    return;
+  }
+  armTimeoutFromLoop();
+}
+
+void SoftQp::startConnectFromLoop() {
+  if (reqConn_ || state_.load() != QpState::kRts) return;
+  in_addr_t ip;
+  uint16_t port;
+  if (!parseSoftGid(attr_.ahAttr.dgid, &ip, &port)) return;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    FERRY_LOG(kWarn, "QP %u: socket failed: %s", qpn_, std::strerror(errno));
+    scheduleReconnectFromLoop();
+    return;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = ctx_->ipv4();
+  (void)::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_addr.s_addr = ip;
+  peer.sin_port = htons(port);
+  int r = ::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer);
+  if (r != 0 && errno != EINPROGRESS) {
+    ::close(fd);
+    scheduleReconnectFromLoop();
+    return;
+  }
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, this, true);
+  reqReady_ = false;
+  if (!reqConn_->attach().isOk()) {
+    reqConn_.reset();
+    scheduleReconnectFromLoop();
+  }
+}
+
+void SoftQp::completeSendQueueFromLoop(WcStatus status) {
+  while (!sq_.empty()) {
+    SendWqe wqe = std::move(sq_.front());
+    sq_.pop_front();
+    pushSendCompletion(wqe, status);
+  }
+  nextToSend_ = 0;
+  rdInFlight_ = 0;
+}
+
+void SoftQp::peerGoneFromLoop(const char* why) {
+  if (!peerGone_) FERRY_LOG(kInfo, "QP %u: the peer is gone: %s", qpn_, why);
+  peerGone_ = true;
+  if (type_ == verbs::QpType::kUc) {
+    // UC has no retries and no acknowledgements: a NIC sends into the void and completes. So do we.
+    completeSendQueueFromLoop(WcStatus::kSuccess);
+    return;
+  }
+  // Work waiting for it fails now, as a NIC's would once its retries ran out; later work fails
+  // as soon as it is posted (its connection attempt is refused the same way).
+  if (!sq_.empty()) enterErrorFromLoop(WcStatus::kRetryExcErr);
+}
+
+void SoftQp::scheduleReconnectFromLoop() {
+  if (reconnectTimer_ || state_.load() != QpState::kRts) return;
+  if (peerGone_ && sq_.empty()) return;
+  // Keep trying while work waits, or for a while after RTS (the peer may not be at RTR yet).
+  auto window = std::max<Clock::duration>(transportBudget(), std::chrono::seconds(2));
+  if (sq_.empty() && Clock::now() - connectStarted_ > window) return;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  reconnectTimer_ = ctx_->reactor().addTimer(Clock::now() + std::chrono::milliseconds(reconnectDelayMs_), [weak] {
+    if (auto self = weak.lock()) {
+      self->reconnectTimer_ = 0;
+      self->startConnectFromLoop();
+    }
+  });
+  reconnectDelayMs_ = std::min(reconnectDelayMs_ * 2, 100);
+}
+
+void SoftQp::onConnected(Conn& conn) {
+  if (&conn != reqConn_.get()) return;
+  listenerReached_ = true;
+  wire::FrameHeader hello;
+  hello.type = wire::FrameType::kHello;
+  hello.qpn = attr_.destQpNum;
+  hello.srcQpn = qpn_;
+  hello.psn = nextSeq_ & 0xffffff;
+  hello.maxRdAtomic = attr_.maxRdAtomic;
+  hello.srcGid = ctx_->gid().raw;
+  if (!conn.overRing() && !ringRefused_ && sameHostRingsAllowed()) hello.flags |= wire::kFlagRingOffer;
+  conn.sendHeader(hello);
+}
+
+bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket) {
+  auto fail = [&](const std::string& why) {
+    FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
+    return false;
+  };
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
+  sockaddr_un un;
+  socklen_t unLen = ringListenerAddress(pid, nonce, &un);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&un), unLen) != 0) {
+    int err = errno;
+    ::close(fd);
+    return fail(std::string("connect to the peer's ring listener: ") + std::strerror(err));
+  }
+  // The listener's name came from the peer's hello reply; its owner must be the process named there.
+  ucred cred{};
+  socklen_t credLen = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credLen) != 0 || static_cast<uint32_t>(cred.pid) != pid) {
+    ::close(fd);
+    return fail("the ring listener belongs to another process");
+  }
+  auto link = RingLink::create(RingLink::defaultRingBytes());
+  if (!link.isOk()) {
+    ::close(fd);
+    return fail(link.status().toString());
+  }
+  if (Status sent = sendRingSetup(fd, **link, ticket); !sent.isOk()) {
+    ::close(fd);
+    return fail(sent.toString());
+  }
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, std::move(*link), this);
+  reqReady_ = false;
+  if (!reqConn_->attach().isOk()) {
+    reqConn_.reset();
+    return fail("could not watch the ring");
+  }
+  onConnected(*reqConn_);
+  return true;
+}
+
+void SoftQp::onProgress(Conn& conn) {
+  if (&conn == reqConn_.get() && reqReady_) lastProgress_ = Clock::now();
+}
+
+void SoftQp::onClosed(Conn& conn, const Status& why) {
+  if (&conn == respConn_.get()) {
+    // The peer's requester went away; a partly received message gives its receive back.
+    if (curRecv_) {
+      giveBackRecv(std::move(*curRecv_));
+      curRecv_.reset();
+    }
+    respConn_.reset();
+    respSkip_ = false;
+    return;
+  }
+  if (&conn != reqConn_.get()) return;
+  bool wasReady = reqReady_;
+  reqConn_.reset();
+  reqReady_ = false;
+  dropFastPath();
+  if (state_.load() != QpState::kRts) return;
+  if (wasReady && nextToSend_ > 0 && type_ == verbs::QpType::kUc) {
+    // UC: what was sent is gone with the connection, as packets are lost on a NIC; those sends
+    // completed when they left. The rest goes on the next connection.
+    ackedThrough_ = nextSeq_ - 1;
+    completeFromLoop();
+  } else if (wasReady && nextToSend_ > 0) {
+    FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight: %s", qpn_,
+              why.toString().c_str());
+    enterErrorFromLoop(WcStatus::kRetryExcErr);
+    return;
+  }
+  // A paused peer keeps its sockets; one whose listener we had reached and that now refuses a
+  // connection has no listener any more: its process (or its context) is gone.
+  if (listenerReached_ && !wasReady && why.cause() == ECONNREFUSED) {
+    peerGoneFromLoop("its connections are refused");
+    return;
+  }
+  scheduleReconnectFromLoop();
+}
+
+Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
+  if (&conn == reqConn_.get()) return onResponseHeader(h, plan);
+  if (&conn == respConn_.get()) return onRequestHeader(h, plan);
+  return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
+}
+
+void SoftQp::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  if (&conn == reqConn_.get()) {
+    onResponseFrame(h, plan, trailer);
+  } else if (&conn == respConn_.get()) {
+    onRequestFrame(h, plan);
+  }
+}
+
+Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
+  using wire::FrameType;
+  if (!reqReady_) {
+    if (h.type != FrameType::kHelloReply) return Status(StatusCode::kProtocolError, "expected a hello reply");
+    return Status::ok();
+  }
+  switch (h.type) {
+    case FrameType::kAck:
+    case FrameType::kNak:
+    case FrameType::kAtomicResp:
+      return Status::ok();
+    case FrameType::kReadResp: {
+      // The response belongs to the oldest READ not answered yet.
+      for (size_t i = 0; i < nextToSend_; ++i) {
+        SendWqe& wqe = sq_[i];
+        if (wqe.opcode != WrOpcode::kRdmaRead || wqe.responded) continue;
+        if (wqe.seq != h.seq || h.payloadLen != wqe.length) {
+          return Status(StatusCode::kProtocolError, "READ response does not match the oldest READ");
+        }
+        plan->segments = wqe.local;
+        return Status::ok();
+      }
+      return Status(StatusCode::kProtocolError, "READ response with no READ outstanding");
+    }
+    default:
+      return Status(StatusCode::kProtocolError, "request frame on a requester connection");
+  }
+}
+
+void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  using wire::FrameType;
+  if (h.type == FrameType::kHelloReply) {
+    if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kUseRing) {
+      // The peer is on this host: the same conversation again, over shared-memory rings.
+      reqConn_->close(Status::ok(), true);
+      reqConn_.reset();
+      if (h.sharePid == 0 || h.ringTicket == 0 || !startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket)) {
+        ringRefused_ = true;
+        scheduleReconnectFromLoop();
+        armTimeoutFromLoop();
+      }
+      return;
+    }
+    if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
+      reqReady_ = true;
+      peerReached_ = true;
+      setupFastPathFromLoop(h);
+      reconnectDelayMs_ = 1;
+      lastProgress_ = Clock::now();
+      pumpFromLoop();
+    } else {
+      // The peer QP is not ready yet (or refuses us): try again until the transport timeout. A QP
+      // that was reached before and now is not there was destroyed: the peer is gone.
+      reqConn_->close(Status::ok(), true);
+      reqConn_.reset();
+      if (peerReached_ && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {
+        peerGoneFromLoop("its queue pair no longer exists");
+        return;
+      }
+      scheduleReconnectFromLoop();
+      armTimeoutFromLoop();
+    }
+    return;
+  }
+  auto findSent = [&](uint32_t seq) -> SendWqe* {
+    for (size_t i = 0; i < nextToSend_; ++i) {
+      if (sq_[i].seq == seq) return &sq_[i];
+    }
+    return nullptr;
+  };
+  switch (h.type) {
+    case FrameType::kAck:
+      if (seqLe(ackedThrough_, h.seq)) ackedThrough_ = h.seq;
+      completeFromLoop();
+      break;
+    case FrameType::kReadResp: {
+      SendWqe* wqe = findSent(h.seq);
+      if (!wqe) return;
+      wqe->responded = true;
+      if (trailer != 0) {
+        wqe->error = statusForSyndrome(static_cast<wire::Syndrome>(trailer));
+        ackedThrough_ = h.seq - 1;
+      } else if (plan.revoked) {
+        wqe->error = WcStatus::kLocProtErr;
+        ackedThrough_ = h.seq - 1;
+      } else {
+        ackedThrough_ = h.seq;
+      }
+      completeFromLoop();
+      break;
+    }
+    case FrameType::kAtomicResp: {
+      SendWqe* wqe = findSent(h.seq);
+      if (!wqe || !isReadOrAtomic(wqe->opcode) || wqe->opcode == WrOpcode::kRdmaRead) {
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      wqe->responded = true;
+      {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        if (wqe->local.empty() || wqe->local[0].entry->revoked) {
+          wqe->error = WcStatus::kLocProtErr;
+        } else {
+          DeviceAccess device;
+          std::memcpy(wqe->local[0].ptr, &h.atomicResult, 8);
+        }
+      }
+      ackedThrough_ = wqe->error == WcStatus::kSuccess ? h.seq : h.seq - 1;
+      completeFromLoop();
+      break;
+    }
+    case FrameType::kNak: {
+      SendWqe* wqe = findSent(h.seq);
+      if (!wqe) {
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      ackedThrough_ = h.seq - 1;
+      auto syndrome = static_cast<wire::Syndrome>(h.aux);
+      if (syndrome != wire::Syndrome::kRnr) {
+        wqe->error = statusForSyndrome(syndrome);
+        completeFromLoop();
+        return;
+      }
+      // Receiver not ready: complete what came before, then resend from the refused request.
+      rnrWaiting_ = true;
+      completeFromLoop();
+      if (state_.load() != QpState::kRts || sq_.empty()) {
+        rnrWaiting_ = false;
+        return;
+      }
+      SendWqe& front = sq_.front();
+      if (attr_.rnrRetry != 7) {
+        if (front.rnrLeft <= 0) {
+          enterErrorFromLoop(WcStatus::kRnrRetryExcErr);
+          return;
+        }
+        --front.rnrLeft;
+      }
+      if (reqConn_) reqConn_->dropUnsentFrames();
+      nextSeq_ = front.seq;
+      nextToSend_ = 0;
+      rdInFlight_ = 0;
+      for (auto& w : sq_) w.responded = false;
+      rnrWaiting_ = true;
+      std::weak_ptr<SoftQp> weak = weak_from_this();
+      auto wait = std::chrono::microseconds(verbs::rnrTimerMicros(static_cast<uint8_t>(h.flags & 31)));
+      rnrTimer_ = ctx_->reactor().addTimer(Clock::now() + wait, [weak] {
+        if (auto self = weak.lock()) {
+          self->rnrTimer_ = 0;
+          self->rnrWaiting_ = false;
+          self->lastProgress_ = Clock::now();
+          self->pumpFromLoop();
+        }
+      });
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+
+void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {
+  if (&conn != reqConn_.get()) return;  // the responder reports it in the READ_RESP trailer
+  // The application deregistered a source region while its message was being sent.
+  for (size_t i = 0; i < nextToSend_; ++i) {
+    if (sq_[i].seq == frame.seq) {
+      sq_[i].error = WcStatus::kLocProtErr;
+      localErrorPending_ = true;
+    }
+  }
+}
+
+}  // namespace ferry::soft

@@ -1,0 +1,337 @@
+// SoftQp, responder half: hellos, requests from the peer checked at access time and carried
+// out, acknowledgements and NAKs (reactor thread).
+#include "providers/soft/qp.h"
+
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <shared_mutex>
+
+#include "ferry/common/config.h"
+#include "common/device_access.h"
+#include "common/log.h"
+#include "verbs/qp_state.h"
+#include "providers/soft/qp_internal.h"
+
+namespace ferry::soft {
+
+using namespace qp_detail;
+
+// ---------------------------------------------------------------------------------------------
+// Responder (reactor thread).
+
+wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
+                                         in_addr_t peerIp, bool adopt) {
+  QpState state = state_.load();
+  if (closed_ || (state != QpState::kRtr && state != QpState::kRts)) return wire::HelloResult::kNoSuchQp;
+  in_addr_t ip;
+  uint16_t port;
+  verbs::Gid src;
+  src.raw = hello.srcGid;
+  if (!parseSoftGid(src, &ip, &port) || ip != peerIp) return wire::HelloResult::kMismatch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (attr_.destQpNum != hello.srcQpn || !(attr_.ahAttr.dgid == src)) return wire::HelloResult::kMismatch;
+  }
+  if ((expectedSeq_ & 0xffffff) != hello.psn) return wire::HelloResult::kMismatch;
+  if (respConn_ && !respConn_->closed()) return wire::HelloResult::kBusy;
+  if (!adopt) return wire::HelloResult::kAccepted;
+  respConn_ = conn;
+  conn->setDelegate(this);
+  respNakPending_ = false;
+  respSkip_ = false;
+  return wire::HelloResult::kAccepted;
+}
+
+void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
+  if (!respConn_) return;
+  wire::FrameHeader nak;
+  nak.type = wire::FrameType::kNak;
+  nak.seq = seq;
+  nak.qpn = attr_.destQpNum;
+  nak.aux = static_cast<uint32_t>(syndrome);
+  if (syndrome == wire::Syndrome::kRnr) nak.flags = attr_.minRnrTimer & 31;
+  respConn_->sendHeader(nak);
+}
+
+void SoftQp::dropMessageFromLoop() {
+  // UC: a message the responder cannot take is dropped without a word (no NAK, no error state);
+  // the requester's send completed when it left. Its sequence number is used up.
+  ++expectedSeq_;
+  ackNeeded_ = true;
+  respSkip_ = true;
+}
+
+void SoftQp::responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event) {
+  if (type_ == verbs::QpType::kUc) {
+    if (curRecv_) {
+      giveBackRecv(std::move(*curRecv_));
+      curRecv_.reset();
+    }
+    dropMessageFromLoop();
+    return;
+  }
+  if (ackNeeded_ && respConn_) {
+    // Acknowledge what succeeded before the refused request.
+    wire::FrameHeader ack;
+    ack.type = wire::FrameType::kAck;
+    ack.seq = seq - 1;
+    ack.qpn = attr_.destQpNum;
+    respConn_->sendHeader(ack);
+    ackNeeded_ = false;
+  }
+  sendNakFromLoop(seq, syndrome);
+  ctx_->raiseAsync({.type = event, .qpNum = qpn_});
+  respSkip_ = true;
+  enterErrorFromLoop(std::nullopt);
+}
+
+Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
+  using wire::FrameType;
+  respSkip_ = false;
+  QpState state = state_.load();
+  if (state != QpState::kRtr && state != QpState::kRts) {
+    respSkip_ = true;
+    return Status::ok();
+  }
+  if (respNakPending_) {
+    if (h.seq != expectedSeq_) {
+      respSkip_ = true;  // sent before the requester saw our RNR NAK; it comes again
+      return Status::ok();
+    }
+    respNakPending_ = false;
+  }
+  if (h.seq != expectedSeq_) return Status(StatusCode::kProtocolError, "request out of sequence");
+  const uint32_t qpAccess = attr_.qpAccessFlags;
+  auto checkRemote = [&](uint64_t addr, uint64_t len, uint32_t need) -> std::shared_ptr<MrEntry> {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    return ctx_->findMrLocked(h.rkey, pd_.get(), addr, len, need);
+  };
+  // A QP whose access flags do not allow the operation refuses it as an invalid request (as the
+  // kernel's rxe); a region that does not allow it, as a remote access error.
+  auto qpAllows = [&](uint32_t need) {
+    if (qpAccess & need) return true;
+    responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+    return false;
+  };
+  switch (h.type) {
+    case FrameType::kSend:
+    case FrameType::kSendImm: {
+      RecvWqe rwqe;
+      if (!takeRecv(&rwqe)) {
+        if (type_ == verbs::QpType::kUc) {
+          dropMessageFromLoop();  // no receive posted: UC drops the message
+          return Status::ok();
+        }
+        if (ackNeeded_) onInputDrained(*respConn_);
+        sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
+        respNakPending_ = true;
+        respSkip_ = true;
+        return Status::ok();
+      }
+      uint64_t room = 0;
+      std::vector<Segment> segs;
+      bool bad = false;
+      {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        for (const auto& sge : rwqe.sges) {
+          room += sge.length;
+          if (sge.length == 0) continue;
+          auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
+          if (!entry) {
+            bad = true;
+            break;
+          }
+          segs.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
+        }
+      }
+      if (bad || room < h.payloadLen) {
+        // The receive cannot hold the message (a bad key or range, or too short): as the kernel's
+        // rxe, a malformed receive — LOC_QP_OP_ERR here, REM_OP_ERR at the requester.
+        pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
+        return Status::ok();
+      }
+      plan->segments = std::move(segs);
+      curRecv_ = std::move(rwqe);
+      return Status::ok();
+    }
+    case FrameType::kWrite:
+    case FrameType::kWriteImm: {
+      if (h.payloadLen > 0) {
+        if (!qpAllows(verbs::access::kRemoteWrite)) return Status::ok();
+        auto entry = checkRemote(h.remoteAddr, h.payloadLen, verbs::access::kRemoteWrite);
+        if (!entry) {
+          responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+          return Status::ok();
+        }
+        plan->segments.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
+      }
+      if (h.type == FrameType::kWriteImm) {
+        RecvWqe rwqe;
+        if (!takeRecv(&rwqe)) {
+          plan->segments.clear();
+          if (type_ == verbs::QpType::kUc) {
+            dropMessageFromLoop();
+            return Status::ok();
+          }
+          if (ackNeeded_) onInputDrained(*respConn_);
+          sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
+          respNakPending_ = true;
+          respSkip_ = true;
+          return Status::ok();
+        }
+        curRecv_ = std::move(rwqe);
+      }
+      return Status::ok();
+    }
+    case FrameType::kReadReq:
+      if (h.length > 0 && !qpAllows(verbs::access::kRemoteRead)) return Status::ok();
+      if (h.length > 0 && !checkRemote(h.remoteAddr, h.length, verbs::access::kRemoteRead)) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+      }
+      return Status::ok();
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd:
+      if (h.remoteAddr % 8 != 0) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+      } else if (!qpAllows(verbs::access::kRemoteAtomic)) {
+        return Status::ok();
+      } else if (!checkRemote(h.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+      }
+      return Status::ok();
+    default:
+      return Status(StatusCode::kProtocolError, "response frame on a responder connection");
+  }
+}
+
+void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  using wire::FrameType;
+  if (respSkip_) {
+    respSkip_ = false;
+    return;
+  }
+  switch (h.type) {
+    case FrameType::kSend:
+    case FrameType::kSendImm: {
+      RecvWqe rwqe = std::move(*curRecv_);
+      curRecv_.reset();
+      if (plan.revoked) {
+        pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
+        return;
+      }
+      std::optional<uint32_t> imm;
+      if (h.type == FrameType::kSendImm) imm = h.aux;
+      ++expectedSeq_;
+      ackNeeded_ = true;
+      pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecv, h.payloadLen, imm,
+                         (h.flags & wire::kFlagSolicited) != 0);
+      return;
+    }
+    case FrameType::kWrite:
+    case FrameType::kWriteImm: {
+      if (plan.revoked) {
+        if (curRecv_) {
+          giveBackRecv(std::move(*curRecv_));
+          curRecv_.reset();
+        }
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+        return;
+      }
+      ++expectedSeq_;
+      ackNeeded_ = true;
+      if (h.type == FrameType::kWriteImm) {
+        RecvWqe rwqe = std::move(*curRecv_);
+        curRecv_.reset();
+        const uint32_t byteLen = (h.flags & wire::kFlagPlaced) ? h.length : h.payloadLen;
+        pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, byteLen, h.aux,
+                           (h.flags & wire::kFlagSolicited) != 0);
+      }
+      return;
+    }
+    case FrameType::kReadReq: {
+      OutFrame frame;
+      wire::FrameHeader resp;
+      resp.type = FrameType::kReadResp;
+      resp.seq = h.seq;
+      resp.qpn = attr_.destQpNum;
+      resp.payloadLen = h.length;
+      if (h.length > 0) {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, h.length, verbs::access::kRemoteRead);
+        if (entry) {
+          frame.payload.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.length, std::move(entry)});
+        } else {
+          // Deregistered between the check and now: zeros, and the trailer says so.
+          auto gone = std::make_shared<MrEntry>();
+          gone->revoked = true;
+          frame.payload.push_back(Segment{nullptr, h.length, std::move(gone)});
+        }
+      }
+      frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(resp, frame.header));
+      frame.hasTrailer = true;
+      frame.seq = h.seq;
+      ++expectedSeq_;
+      ackNeeded_ = false;  // the response acknowledges everything before it
+      respConn_->send(std::move(frame));
+      return;
+    }
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd: {
+      uint64_t original = 0;
+      bool ok = false;
+      {
+        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+        auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, 8, verbs::access::kRemoteAtomic);
+        if (entry) {
+          auto* target = reinterpret_cast<uint64_t*>(h.remoteAddr);
+          DeviceAccess device;
+          if (h.type == FrameType::kCmpSwap) {
+            uint64_t expected = h.compareAdd;
+            __atomic_compare_exchange_n(target, &expected, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            original = expected;
+          } else {
+            original = __atomic_fetch_add(target, h.compareAdd, __ATOMIC_SEQ_CST);
+          }
+          ok = true;
+        }
+      }
+      if (!ok) {
+        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+        return;
+      }
+      wire::FrameHeader resp;
+      resp.type = FrameType::kAtomicResp;
+      resp.seq = h.seq;
+      resp.qpn = attr_.destQpNum;
+      resp.atomicResult = original;
+      ++expectedSeq_;
+      ackNeeded_ = false;
+      respConn_->sendHeader(resp);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void SoftQp::onInputDrained(Conn& conn) {
+  if (&conn != respConn_.get() || !ackNeeded_) return;
+  wire::FrameHeader ack;
+  ack.type = wire::FrameType::kAck;
+  ack.seq = expectedSeq_ - 1;
+  ack.qpn = attr_.destQpNum;
+  ackNeeded_ = false;
+  conn.sendHeader(ack);
+}
+
+}  // namespace ferry::soft

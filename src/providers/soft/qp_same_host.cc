@@ -1,0 +1,230 @@
+// SoftQp, same-host path: WRITE, READ and atomics carried out within the post on the peer's
+// memory (one copy by cross-memory attach, or loads and stores on memory both sides map).
+#include "providers/soft/qp.h"
+
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <shared_mutex>
+
+#include "ferry/common/config.h"
+#include "common/device_access.h"
+#include "common/log.h"
+#include "verbs/qp_state.h"
+#include "providers/soft/qp_internal.h"
+
+namespace ferry::soft {
+
+using namespace qp_detail;
+
+// ---------------------------------------------------------------------------------------------
+// Same-host path.
+
+std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
+  if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
+  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm && opcode != WrOpcode::kRdmaRead &&
+      opcode != WrOpcode::kAtomicCmpAndSwp && opcode != WrOpcode::kAtomicFetchAndAdd) {
+    return nullptr;
+  }
+  // Only with nothing else outstanding (this request is counted): it must not overtake one.
+  if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
+  return fast_;
+}
+
+bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local, uint64_t remote,
+                       uint64_t length) {
+  // The second half (from a page boundary) goes to the context's helper thread, the first is
+  // copied here; both before the request completes, under the same accessor mark and memory lock.
+  const uint64_t half = (length / 2) & ~uint64_t{4095};
+  std::vector<iovec> first, second;
+  uint64_t at = 0;
+  for (const iovec& v : local) {
+    uint64_t end = at + v.iov_len;
+    if (end <= half) {
+      first.push_back(v);
+    } else if (at >= half) {
+      second.push_back(v);
+    } else {
+      first.push_back(iovec{v.iov_base, static_cast<size_t>(half - at)});
+      second.push_back(iovec{static_cast<uint8_t*>(v.iov_base) + (half - at), static_cast<size_t>(end - half)});
+    }
+    at = end;
+  }
+  const SharePeer::Slot* slot = fp.slot.get();
+  CopyHelper& helper = ctx_->copyHelper();
+  if (!helper.tryStart([slot, write, &second, remote, half, length] {
+        return slot->copy(write, second, remote + half, length - half);
+      })) {
+    return fp.slot->copy(write, local, remote, length);  // the helper is busy with another request
+  }
+  bool a = fp.slot->copy(write, first, remote, half);
+  bool b = helper.wait();
+  return a && b;
+}
+
+bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs) {
+  const bool write = wrs.front().opcode != WrOpcode::kRdmaRead;
+  if (!fp.peer->aliveRecently()) return false;
+  std::array<iovec, kMaxFastPieces> local;
+  std::array<iovec, kMaxFastBatch> remote;
+  size_t nl = 0;
+  uint64_t lo = ~uint64_t{0}, hi = 0;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
+  std::array<size_t, kMaxFastBatch + 1> localAt;  // where each request's local pieces start
+  uint64_t total = 0;
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    const verbs::SendWr& wr = wrs[i];
+    const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+    localAt[i] = nl;
+    uint64_t len = 0;
+    for (const auto& sge : wr.sgList) {
+      if (sge.length == 0) continue;
+      if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+      local[nl++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
+      len += sge.length;
+    }
+    if (wr.rdma.remoteAddr + len < wr.rdma.remoteAddr) return false;
+    remote[i] = iovec{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), len};
+    total += len;
+    lo = std::min(lo, wr.rdma.remoteAddr);
+    hi = std::max(hi, wr.rdma.remoteAddr + len);
+  }
+  // The owner's records are checked once for the span all of them touch: inside one region, each
+  // one is.
+  const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
+  if (!fp.slot->begin(fp.destQpn, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
+  bool copied;
+  const size_t split = wrs.size() / 2;
+  if (total >= kStripeBytes) {
+    // Large: the helper thread copies the second half of the requests while this one copies the
+    // first (under the same accessor mark and memory lock; both end before anything completes).
+    const SharePeer::Slot* slot = fp.slot.get();
+    std::span<const iovec> localTail(local.data() + localAt[split], nl - localAt[split]);
+    std::span<const iovec> remoteTail(remote.data() + split, wrs.size() - split);
+    if (ctx_->copyHelper().tryStart([slot, write, localTail, remoteTail] { return slot->copyv(write, localTail, remoteTail); })) {
+      bool a = fp.slot->copyv(write, std::span<const iovec>(local.data(), localAt[split]),
+                              std::span<const iovec>(remote.data(), split));
+      bool b = ctx_->copyHelper().wait();
+      copied = a && b;
+    } else {
+      copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
+                              std::span<const iovec>(remote.data(), wrs.size()));
+    }
+  } else {
+    copied = fp.slot->copyv(write, std::span<const iovec>(local.data(), nl),
+                            std::span<const iovec>(remote.data(), wrs.size()));
+  }
+  const bool mapped = fp.slot->mapped();
+  fp.slot->end();
+  if (copied) {
+    for (size_t i = 0; i < wrs.size(); ++i) {
+      countSameHostOp();
+      if (mapped) countSameHostMappedOp();
+    }
+  }
+  return copied;
+}
+
+bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
+  if (!fp.peer->aliveRecently()) return false;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  const verbs::Sge& sge = wr.sgList.front();  // one 8-byte SGE (checked at post)
+  if (!ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, 8, verbs::access::kLocalWrite)) return false;
+  if (!fp.slot->begin(fp.destQpn, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
+    return false;
+  }
+  // Only memory both sides map: the owner's atomics are instructions on that memory, so ours are
+  // too. Any other memory goes to the owner's responder, which applies it there.
+  if (!fp.slot->mapped()) {
+    fp.slot->end();
+    return false;
+  }
+  const uint64_t original = fp.slot->atomic(wr.opcode == WrOpcode::kAtomicCmpAndSwp, wr.atomic.remoteAddr,
+                                            wr.atomic.compareAdd, wr.atomic.swap);
+  fp.slot->end();
+  {
+    DeviceAccess device;
+    std::memcpy(reinterpret_cast<void*>(sge.addr), &original, sizeof original);
+  }
+  countSameHostOp();
+  countSameHostMappedOp();
+  return true;
+}
+
+bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length) {
+  if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
+    return runFastAtomic(fp, wr);
+  }
+  const bool write = wr.opcode != WrOpcode::kRdmaRead;
+  if (!fp.peer->aliveRecently()) return false;
+  std::array<iovec, 64> iov;
+  size_t n = 0;
+  // Our own memory stays registered while the lock is held (deregistration takes it exclusively).
+  // Inline data needs no key: it is read from the caller's buffer before the post returns.
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+  const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
+  for (const auto& sge : wr.sgList) {
+    if (sge.length == 0) continue;
+    if (n == iov.size()) return false;
+    if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+    iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
+  }
+  const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
+  if (!fp.slot->begin(fp.destQpn, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
+  bool copied;
+  if (length >= kStripeBytes) {
+    copied = copyInTwo(fp, write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
+  } else {
+    copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
+  }
+  const bool mapped = fp.slot->mapped();
+  fp.slot->end();
+  if (copied) {
+    countSameHostOp();
+    if (mapped) countSameHostMappedOp();
+  }
+  return copied;
+}
+
+void SoftQp::setupFastPathFromLoop(const wire::FrameHeader& reply) {
+  if (!ctx_->share() || reply.sharePid == 0) return;
+  auto peer = ctx_->sharePeer(ShareInfo{reply.sharePid, reply.shareFd, reply.shareCookie});
+  if (!peer.isOk()) {
+    FERRY_LOG(kDebug, "QP %u: no same-host path to its peer: %s", qpn_, peer.status().toString().c_str());
+    return;
+  }
+  auto slot = SharePeer::claim(*peer);
+  if (!slot.isOk()) {
+    FERRY_LOG(kInfo, "QP %u: no same-host path to its peer: %s", qpn_, slot.status().toString().c_str());
+    return;
+  }
+  auto fp = std::make_shared<FastPath>();
+  fp->peer = std::move(*peer);
+  fp->slot = std::move(*slot);
+  fp->destQpn = attr_.destQpNum;
+  FERRY_LOG(kDebug, "QP %u: same-host path to process %u", qpn_, reply.sharePid);
+  std::lock_guard<std::mutex> lock(mu_);
+  fast_ = std::move(fp);
+}
+
+void SoftQp::dropFastPath() {
+  std::lock_guard<std::mutex> lock(mu_);
+  fast_.reset();
+}
+
+void SoftQp::publishShareFromLoop() {
+  if (auto* table = ctx_->share()) {
+    table->publishQp(qpn_, state_.load(), attr_.qpAccessFlags, pd_.get(), attr_.destQpNum);
+  }
+}
+
+}  // namespace ferry::soft
