@@ -86,6 +86,9 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void scheduleReconnectFromLoop();
   // UC: the responder drops the current message silently.
   void dropMessageFromLoop();
+  // A SEND or WRITE_WITH_IMM (sequence number seq) found no receive posted: UC drops the
+  // message; RC refuses it with an RNR NAK and drops what follows until the requester resends it.
+  void noReceiveFromLoop(uint32_t seq);
   // The peer we had reached is gone (why, for the log): pending work fails with RETRY_EXC_ERR.
   void peerGoneFromLoop(const char* why);
   // Completes every request of the send queue with status, in order.

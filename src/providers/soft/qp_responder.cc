@@ -61,6 +61,17 @@ void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
   respConn_->sendHeader(nak);
 }
 
+void SoftQp::noReceiveFromLoop(uint32_t seq) {
+  if (type_ == verbs::QpType::kUc) {
+    dropMessageFromLoop();  // UC drops the message
+    return;
+  }
+  if (ackNeeded_) onInputDrained(*respConn_);
+  sendNakFromLoop(seq, wire::Syndrome::kRnr);
+  respNakPending_ = true;
+  respSkip_ = true;
+}
+
 void SoftQp::dropMessageFromLoop() {
   // UC: a message the responder cannot take is dropped without a word (no NAK, no error state);
   // the requester's send completed when it left. Its sequence number is used up.
@@ -126,14 +137,7 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     case FrameType::kSendImm: {
       RecvWqe rwqe;
       if (!takeRecv(&rwqe)) {
-        if (type_ == verbs::QpType::kUc) {
-          dropMessageFromLoop();  // no receive posted: UC drops the message
-          return Status::ok();
-        }
-        if (ackNeeded_) onInputDrained(*respConn_);
-        sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
-        respNakPending_ = true;
-        respSkip_ = true;
+        noReceiveFromLoop(h.seq);
         return Status::ok();
       }
       uint64_t room = 0;
@@ -178,14 +182,7 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
         RecvWqe rwqe;
         if (!takeRecv(&rwqe)) {
           plan->segments.clear();
-          if (type_ == verbs::QpType::kUc) {
-            dropMessageFromLoop();
-            return Status::ok();
-          }
-          if (ackNeeded_) onInputDrained(*respConn_);
-          sendNakFromLoop(h.seq, wire::Syndrome::kRnr);
-          respNakPending_ = true;
-          respSkip_ = true;
+          noReceiveFromLoop(h.seq);
           return Status::ok();
         }
         curRecv_ = std::move(rwqe);
