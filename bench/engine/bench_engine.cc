@@ -138,21 +138,22 @@ class SendTracker {
   Result<int> reap() {
     return reap([](const v::WorkCompletion&) { return Status::ok(); });
   }
-  // --wait event: reaps, and when nothing completed, arms the CQ, reaps once more (a completion
-  // may have slipped in) and sleeps on the completion channel until an event (or 100 ms).
+  // Reaps, and when nothing completed, arms the CQ, reaps once more (a completion may have
+  // slipped in) and sleeps on the completion channel until an event or timeoutMs, as an
+  // event-driven application does.
   template <typename OnReceive>
-  Result<int> reapOrSleep(OnReceive&& onReceive) {
+  Result<int> reapOrSleep(OnReceive&& onReceive, int timeoutMs = 100) {
     auto got = reap(onReceive);
     if (!got.isOk() || *got > 0) return got;
     FERRY_RETURN_IF_ERROR(t_.cq.reqNotify());
     got = reap(onReceive);
     if (!got.isOk() || *got > 0) return got;
-    auto event = t_.channel.getEvent(100);
+    auto event = t_.channel.getEvent(timeoutMs);
     if (!event.isOk() && event.status().code() != StatusCode::kTimedOut) return event.status();
     return 0;
   }
-  Result<int> reapOrSleep() {
-    return reapOrSleep([](const v::WorkCompletion&) { return Status::ok(); });
+  Result<int> reapOrSleep(int timeoutMs = 100) {
+    return reapOrSleep([](const v::WorkCompletion&) { return Status::ok(); }, timeoutMs);
   }
 
   uint32_t& outstanding(size_t q) { return outstanding_[q]; }
@@ -255,14 +256,12 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
       if (secondsSince(last) > a.stall) return stalled(a.stall);
       if (secondsSince(last) > kPollBeforeSleep && !canPost()) {
         // Nothing completed for a while and every QP is at its depth: sleep until a completion
-        // (arm, poll once more for the one that may have slipped in, then wait), as an
-        // event-driven application does, instead of taking the core the device's threads need.
-        FERRY_RETURN_IF_ERROR(t.cq.reqNotify());
-        got = tracker.reap();
+        // instead of taking the core the device's threads need. What it reaps counts as progress.
+        got = tracker.reapOrSleep(1);
         if (!got.isOk()) return got.status();
-        if (*got == 0) {
-          auto event = t.channel.getEvent(1);
-          if (!event.isOk() && event.status().code() != StatusCode::kTimedOut) return event.status();
+        if (tracker.completed() != before) {
+          if (a.progress) a.progress->fetch_add(tracker.completed() - before, std::memory_order_relaxed);
+          last = Clock::now();
         }
         continue;
       }

@@ -154,8 +154,8 @@ int Reactor::timeoutMsLocked() {
   return timeoutMs;
 }
 
-void Reactor::dispatchLocked(const epoll_event* events, int n, std::vector<std::function<void()>>& work) {
-  for (int i = 0; i < n; ++i) {
+void Reactor::dispatchLocked(const epoll_event* events, int n) {
+  for (int i = 0; i < n; ++i) {  // n < 0 (a failed or interrupted wait): no events
     int fd = events[i].data.fd;
     if (fd == wakeFd_) {
       uint64_t value;
@@ -182,10 +182,10 @@ void Reactor::dispatchLocked(const epoll_event* events, int n, std::vector<std::
   }
   {
     std::lock_guard<std::mutex> lock(postMu_);
-    work.swap(posted_);
+    work_.swap(posted_);
   }
-  for (auto& fn : work) fn();
-  work.clear();
+  for (auto& fn : work_) fn();
+  work_.clear();
 }
 
 bool Reactor::progressOnce() {
@@ -193,8 +193,7 @@ bool Reactor::progressOnce() {
     constexpr int kMaxEvents = 64;
     epoll_event events[kMaxEvents];
     int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
-    std::vector<std::function<void()>> work;
-    dispatchLocked(events, n < 0 ? 0 : n, work);
+    dispatchLocked(events, n);
   });
 }
 
@@ -214,7 +213,6 @@ bool Reactor::runHere(const std::function<void()>& fn) {
 void Reactor::loop() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
-  std::vector<std::function<void()>> work;
   std::unique_lock<std::mutex> lock(loopMu_);
   for (;;) {
     const int timeoutMs = timeoutMsLocked();
@@ -241,7 +239,7 @@ void Reactor::loop() {
       FERRY_LOG(kError, "epoll_wait failed: errno %d", err);
       break;
     }
-    dispatchLocked(events, n, work);
+    dispatchLocked(events, n);
     if (stopping_) {
       std::lock_guard<std::mutex> postLock(postMu_);
       if (posted_.empty()) {

@@ -69,7 +69,7 @@ class Reactor {
   void loop();
   void wake();
   // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted.
-  void dispatchLocked(const ::epoll_event* events, int n, std::vector<std::function<void()>>& work);
+  void dispatchLocked(const ::epoll_event* events, int n);
   int timeoutMsLocked();
 
   int epollFd_ = -1;
@@ -83,6 +83,7 @@ class Reactor {
   // may be stale (their fd read, or closed and its number reused), so the thread polls again.
   std::mutex loopMu_;
   uint64_t progressed_ = 0;  // guarded by loopMu_
+  std::vector<std::function<void()>> work_;  // guarded by loopMu_: the posted work being run
   bool closed_ = false;      // guarded by loopMu_: the epoll set is gone
   // Guarded by loopMu_: the first timer the thread's epoll_wait wakes up for (max: none).
   Clock::time_point threadSleepsUntil_ = Clock::time_point::max();

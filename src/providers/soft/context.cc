@@ -827,7 +827,6 @@ Result<verbs::CqEvent> SoftCompChannel::getEvent(int timeoutMs) {
 
 Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
   if (closed_) return closedError("poll CQ: the CQ is closed");
-  static const bool progressHere = config::softCallerProgress();
   for (int round = 0;; ++round) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -839,7 +838,7 @@ Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
         if (e.held) e.held->fetch_sub(std::min(e.slots, e.held->load()));
         entries_.pop_front();
       }
-      if (n > 0 || round > 0 || out.empty() || !progressHere) return n;
+      if (n > 0 || round > 0 || out.empty() || !ctx_->callerProgress()) return n;
     }
     // Nothing yet: progress where the application is. When the progress thread is not running the
     // device's loop (it sleeps, or has not woken up yet), this thread runs it once itself: the

@@ -271,8 +271,7 @@ void SoftQp::schedulePump() {
   if (pumpScheduled_.exchange(true)) return;
   // Progress where the application is: when the progress thread is not running the device's loop
   // (it sleeps), the posting thread sends the requests itself instead of waking it.
-  static const bool callerProgress = config::softCallerProgress();
-  if (callerProgress && ctx_->reactor().runHere([this] { pumpFromLoop(); })) return;
+  if (ctx_->callerProgress() && ctx_->reactor().runHere([this] { pumpFromLoop(); })) return;
   std::weak_ptr<SoftQp> weak = weak_from_this();
   ctx_->reactor().post([weak] {
     if (auto self = weak.lock()) self->pumpFromLoop();

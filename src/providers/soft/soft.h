@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/event_queue.h"
+#include "ferry/common/config.h"
 #include "common/reactor.h"
 #include "ferry/verbs/provider.h"
 #include "providers/soft/share.h"
@@ -123,6 +124,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   bool closed() const { return closed_.load(); }
   Reactor& reactor() { return reactor_; }
+  // FERRY_SOFT_CALLER_PROGRESS: whether posts and empty CQ polls run the loop on the caller's
+  // thread when the progress thread is not running it.
+  bool callerProgress() const { return callerProgress_; }
   std::shared_mutex& memMu() { return memMu_; }
   const verbs::Gid& gid() const { return gid_; }
   in_addr_t ipv4() const { return device_.ipv4; }
@@ -178,6 +182,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   SoftDeviceInfo device_;
   Reactor reactor_;
+  const bool callerProgress_ = config::softCallerProgress();
   int listenFd_ = -1;
   int udpFd_ = -1;
   int ringListenFd_ = -1;  // AF_UNIX SOCK_SEQPACKET, abstract name ringListenerName(pid, ringNonce_)
