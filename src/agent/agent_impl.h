@@ -75,6 +75,10 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void handOver(const std::shared_ptr<PeerImpl>& successor, const std::string& why);
   // Takes over an operation queued on another connection to the same peer (its future stays).
   void adopt(PendingOp op);
+  // When ready and one of the endpoints failed or was shut down (the peer died, or refused an
+  // access, which ends an RC connection): retires this connection (the next use wires up anew) and returns kPeerGone with
+  // the endpoint's failure. OK otherwise.
+  Status retireIfEndpointFailed();
   // The data path: straight to the endpoint once ready (no copy of the batch), else queued.
   Result<std::shared_ptr<endpoint::OpState>> submit(const OpRequest& request);
 
@@ -114,6 +118,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void becomeReady();
 
  private:
+  // Retires this connection after its endpoint failed with `failed`; returns kPeerGone saying so.
+  Status retireAfter(const Status& failed);
   // Points each operation class at the endpoint of its lane's device (mu_ held).
   void bindClassesLocked();
   // Posts what can be posted from the front of the queue (mu_ held).

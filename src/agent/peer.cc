@@ -261,6 +261,28 @@ void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::
   drainLocked();
 }
 
+// An endpoint failed (the peer died, or refused an access): this connection is over; the caller's
+// next operation wires up anew.
+Status PeerImpl::retireAfter(const Status& failed) {
+  Status why(StatusCode::kPeerGone, "the connection to '" + alias_ + "' failed: " + failed.message());
+  if (auto agent = agent_.lock()) agent->retire(shared_from_this());
+  return why;
+}
+
+Status PeerImpl::retireIfEndpointFailed() {
+  Status failed = Status::ok();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::kReady) return Status::ok();
+    for (const auto& e : byClass_) {
+      if (!e || !failed.isOk()) continue;
+      failed = e->failure();
+      if (failed.isOk() && e->isShutdown()) failed = Status(StatusCode::kPeerGone, "its endpoint was shut down");
+    }
+  }
+  return failed.isOk() ? failed : retireAfter(failed);
+}
+
 Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(const OpRequest& request) {
   std::unique_lock<std::mutex> lock(mu_);
   if (state_ == State::kFailed) return failure_;
@@ -268,12 +290,8 @@ Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(const OpRequest& request) 
     const auto& e = byClass_[static_cast<int>(classOf(request.kind))];
     Status failed = e ? e->failure() : Status::ok();
     if (!failed.isOk()) {
-      // The endpoint failed (the peer died, or refused an access): this connection is over; the
-      // caller's next operation wires up anew.
       lock.unlock();
-      Status why(StatusCode::kPeerGone, "the connection to '" + alias_ + "' failed: " + failed.message());
-      if (auto agent = agent_.lock()) agent->retire(shared_from_this());
-      return why;
+      return retireAfter(failed);
     }
     std::string missing;
     auto inner = postLocked(request, &missing);
@@ -356,6 +374,8 @@ bool PeerConnection::isConnected() const { return currentImpl()->state() == Peer
 Status PeerConnection::waitReady(std::chrono::milliseconds timeout) const {
   return currentImpl()->readyOp()->waitUntil(ep::OpState::Clock::now() + timeout);
 }
+
+Status PeerConnection::retireIfFailed() { return currentImpl()->retireIfEndpointFailed(); }
 
 ep::Future PeerConnection::ready() const { return ep::Future(currentImpl()->readyOp()); }
 

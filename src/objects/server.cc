@@ -460,17 +460,22 @@ class ServerCore {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
                                                                           std::chrono::steady_clock::now());
         Status ready = peer->waitReady(std::max(left, std::chrono::milliseconds(1)));
+        bool ended = false;  // wired up once, and its endpoint failed or shut down since
         if (ready.isOk()) {
           endpoint = peer->endpoint(ag::OpClass::kRma);
           lanes = peer->lanes();
           if (endpoint && !endpoint->isShutdown() && endpoint->failure().isOk() && lanes.isOk()) break;
-          ready = Status(StatusCode::kPeerGone, "the connection ended");
+          // Retired here and now, so that the next lookup wires up anew instead of finding it again.
+          Status failed = peer->retireIfFailed();
+          ready = failed.isOk() ? Status(StatusCode::kPeerGone, "the connection ended") : failed;
+          ended = true;
         }
         release();
         forgetClient(d->agentAddress, peer);
-        // A connection that ended is replaced (a few times: a dead client fails each new wireup at once).
+        // A connection that ended is replaced, until the deadline. A wireup that failed is tried again
+        // a few times only: a dead client fails each new one at once.
         if (std::chrono::steady_clock::now() >= deadline || ready.code() != StatusCode::kPeerGone ||
-            ++retries > 3) {
+            (!ended && ++retries > 3)) {
           if (status) *status = wcOf(ready);
           return refuse(-EIO, "client " + address->alias + ": " + ready.toString());
         }
@@ -547,6 +552,7 @@ class ServerCore {
         release();
         // The connection ended between the check and the post: once more on a new one.
         if ((endpoint->isShutdown() || !endpoint->failure().isOk()) && attempt < 3) {
+          (void)peer->retireIfFailed();
           forgetClient(d->agentAddress, peer);
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;

@@ -388,6 +388,55 @@ TEST(Agent, ConnectsByAddressWithoutAStore) {
   EXPECT_FALSE(a->listAgents().isOk());  // no store
 }
 
+// A caller that uses a connection's endpoint directly (the object server does) and has it fail
+// (here a WRITE with a forged key, which ends an RC connection) retires the connection at once:
+// the next connect to the same address wires up anew instead of handing back the failed one.
+TEST(Agent, AConnectionWhoseEndpointFailedIsRetiredOnRequest) {
+  auto a = startAgent(options("a", ""));
+  auto b = startAgent(options("b", ""));
+  ASSERT_TRUE(a && b);
+  auto src = pattern(64 << 10, 3);
+  std::vector<uint8_t> dst(64 << 10);
+  ASSERT_TRUE(a->registerMemoryRegion("src", src.data(), src.size()).isOk());
+  ASSERT_TRUE(b->registerMemoryRegion("dst", dst.data(), dst.size()).isOk());
+  auto keys = b->regionKeys("dst");
+  ASSERT_TRUE(keys.isOk() && !keys->empty());
+  const ep::RegionView view = keys->begin()->second;
+  auto conn = a->connectAddress(b->address());
+  ASSERT_TRUE(conn.isOk()) << conn.status().toString();
+  ASSERT_TRUE((*conn)->waitReady(kWait).isOk());
+  EXPECT_TRUE((*conn)->retireIfFailed().isOk());  // sound: nothing happens
+  auto endpoint = (*conn)->endpoint();
+  ASSERT_TRUE(endpoint);
+  auto directWrite = [&](const std::shared_ptr<ep::Endpoint>& e, uint32_t rkey) -> Status {
+    std::string info = "{\"addr\":" + std::to_string(view.addr) + ",\"length\":" + std::to_string(view.length) +
+                       ",\"rkey\":" + std::to_string(rkey) + ",\"writable\":true}";
+    auto remote = e->registerRemoteMemoryRegion("direct", info);
+    if (!remote.isOk()) return remote.status();
+    auto local = e->localHandle("src");
+    if (!local.isOk()) return local.status();
+    ep::Assignment w{.local = *local, .remote = *remote, .length = src.size()};
+    auto f = e->write(std::span(&w, 1));
+    Status st = f.isOk() ? f->wait(kWait) : f.status();
+    (void)e->unregisterRemoteMemoryRegion(*remote);
+    return st;
+  };
+  Status forged = directWrite(endpoint, view.rkey ^ 0x5a5a00);
+  EXPECT_FALSE(forged.isOk());
+  EXPECT_FALSE(endpoint->failure().isOk()) << "a refused access ends the connection";
+  Status retired = (*conn)->retireIfFailed();
+  EXPECT_EQ(retired.code(), StatusCode::kPeerGone) << retired.toString();
+  // At once: the next connect is a new wireup with a sound endpoint, and the data moves on it.
+  auto again = a->connectAddress(b->address());
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  ASSERT_TRUE((*again)->waitReady(kWait).isOk());
+  auto fresh = (*again)->endpoint();
+  ASSERT_TRUE(fresh);
+  EXPECT_NE(fresh, endpoint);
+  ASSERT_TRUE(directWrite(fresh, view.rkey).isOk());
+  EXPECT_EQ(src, dst);
+}
+
 TEST(Agent, MessagesAndImmediatesFlowBothWays) {
   std::string store = uniqueStore();
   auto a = startAgent(options("a", store));
