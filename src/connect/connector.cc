@@ -331,6 +331,10 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
                                                       std::to_string(op->buffers[i].length)));
       }
     }
+    if (Status failed = from->retireIfFailed(); !failed.isOk()) {
+      lock.unlock();
+      return refuse(from, m.id, failed);  // the peer's next operation wires up anew
+    }
     auto endpoint = from->endpoint(agent::OpClass::kRma);
     if (!endpoint) {
       lock.unlock();
@@ -433,6 +437,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     if (!st.isOk()) {
       lock.unlock();
       finish(op, OperationStatus::kErrored, Status(st.code(), "the transfer failed: " + st.message()));
+      if (op->peer) (void)op->peer->retireIfFailed();  // the next operations wire up anew
       return;
     }
     op->bytes += bytes;
@@ -630,6 +635,9 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     o.remote = kind == OperationKind::kRead ? ep::RegionOptions::Remote::kWriteOnly : ep::RegionOptions::Remote::kDefault;
     FERRY_RETURN_IF_ERROR(registerBuffers(op, o));
     auto conn = agent->connectAddress(op->metadata.address);
+    // A connection whose endpoint failed (a refused access ends an RC connection both ways) is
+    // retired, and this operation wires up anew.
+    if (conn.isOk() && !(*conn)->retireIfFailed().isOk()) conn = agent->connectAddress(op->metadata.address);
     if (!conn.isOk()) {
       for (const auto& n : op->regions) (void)agent->unregisterMemoryRegion(n);
       return invalidArgument(std::string(what) + ": " + conn.status().message());

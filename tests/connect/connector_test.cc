@@ -285,6 +285,51 @@ TEST_P(ConnectorTest, AReaderThatCancelsInFlightStopsTheOwnerAndItsMemoryIsNotTo
   EXPECT_EQ(d, s);
 }
 
+// A connection whose endpoint failed (here the owner's agent WRITEs with a forged key on it, which
+// ends the RC connection both ways) is replaced: the operation that finds it failed errors, and
+// the connectors' operations after it run on a new wireup and move every byte.
+TEST_P(ConnectorTest, AConnectionWhoseEndpointFailedIsReplacedForTheNextOperations) {
+  auto readOnce = [&](uint8_t seed) -> Status {
+    std::vector<uint8_t> s = pattern(256 << 10, seed), d(256 << 10, 0);
+    auto readable = a_->createReadable({buf(s)});
+    if (!readable.isOk()) return readable.status();
+    auto read = b_->beginRead((*readable)->metadata().value(), {buf(d)});
+    if (!read.isOk()) return read.status();
+    Status st = waitDone(*read);
+    (void)waitDone(*readable);
+    if (st.isOk() && d != s) return Status(StatusCode::kInternal, "the bytes differ");
+    return st;
+  };
+  ASSERT_TRUE(readOnce(1).isOk());
+  // Break the wired connection from the owner's side.
+  auto conn = a_->agent()->connectAddress(b_->agent()->address());
+  ASSERT_TRUE(conn.isOk()) << conn.status().toString();
+  ASSERT_TRUE((*conn)->waitReady(10s).isOk());
+  auto endpoint = (*conn)->endpoint();
+  ASSERT_TRUE(endpoint);
+  std::vector<uint8_t> scratch(4096, 1);
+  ASSERT_TRUE(a_->agent()->registerMemoryRegion("scratch", scratch.data(), scratch.size()).isOk());
+  std::string info = "{\"addr\":" + std::to_string(reinterpret_cast<uint64_t>(scratch.data())) +
+                     ",\"length\":4096,\"rkey\":4242,\"writable\":true}";
+  auto remote = endpoint->registerRemoteMemoryRegion("forged", info);
+  auto local = endpoint->localHandle("scratch");
+  ASSERT_TRUE(remote.isOk() && local.isOk());
+  endpoint::Assignment w{.local = *local, .remote = *remote, .length = 4096};
+  auto f = endpoint->write(std::span(&w, 1));
+  EXPECT_FALSE(f.isOk() && f->wait(10s).isOk());
+  ASSERT_FALSE(endpoint->failure().isOk());
+  // The next operations: at most the first errors (it found the failed connection); then they work.
+  int failed = 0;
+  for (uint8_t seed = 2; seed < 6; ++seed) {
+    Status st = readOnce(seed);
+    if (!st.isOk()) {
+      ++failed;
+      EXPECT_EQ(seed, 2) << "operation " << int(seed) << " failed too: " << st.toString();
+    }
+  }
+  EXPECT_LE(failed, 1);
+}
+
 TEST_P(ConnectorTest, DroppingAnOperationCancelsIt) {
   std::vector<uint8_t> src = pattern(4096, 8), dst(4096, 0);
   std::string text;
