@@ -73,9 +73,10 @@ Result<std::string> parseRingBytes(std::string_view raw) {
   return std::to_string(*bytes);
 }
 
-// A spin time of the variable Name: 0..10000 microseconds.
+// A time in microseconds of the variable Name (a spin, a lease): 0..10000.
 constexpr char kSoftSpinUs[] = "FERRY_SOFT_SPIN_US";
 constexpr char kWaitSpinUs[] = "FERRY_WAIT_SPIN_US";
+constexpr char kSoftAttendUs[] = "FERRY_SOFT_ATTEND_US";
 template <const char* Name>
 Result<std::string> parseSpinMicroseconds(std::string_view raw) {
   auto us = wholeNumber(raw, 0, 10000);
@@ -175,6 +176,12 @@ const std::vector<Variable>& variables() {
        "running: a post sends its requests, and a poll of a completion queue that finds nothing runs the device's "
        "loop once (its sockets, rings, timers and posted work), instead of waiting for that thread to wake up.",
        "1", "1 (or on), 0 (or off)", parseCallerProgress},
+      {"FERRY_SOFT_ATTEND_US",
+       "How long a poll of a soft device's completion queue vouches that the application polls: until then the "
+       "peers on this host write into its rings without waking its progress thread, and its polls take the frames. "
+       "Arming a completion queue ends it at once; otherwise a frame waits at most this long when the application "
+       "stops polling (0: peers always wake the thread). Needs FERRY_SOFT_CALLER_PROGRESS.",
+       "1000", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftAttendUs>},
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "
        "completions itself before it sleeps until the endpoint's worker wakes it (0: never polls).",
@@ -269,6 +276,11 @@ std::optional<int64_t> softSpinUs() {
 bool softCallerProgress() {
   auto value = parsed("FERRY_SOFT_CALLER_PROGRESS");
   return !value || *value == "1";
+}
+
+int64_t softAttendUs() {
+  auto value = parsed("FERRY_SOFT_ATTEND_US");
+  return value ? std::stoll(*value) : 1000;
 }
 
 int64_t waitSpinUs() {

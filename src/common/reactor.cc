@@ -52,6 +52,7 @@ void Reactor::stop() {
   fds_.clear();
   timers_.clear();
   timerCbs_.clear();
+  pollers_.clear();
   close(epollFd_);
   close(wakeFd_);
   epollFd_ = wakeFd_ = -1;
@@ -139,6 +140,16 @@ void Reactor::cancelTimer(TimerId id) {
   timerCbs_.erase(it);
 }
 
+Reactor::PollerId Reactor::addPoller(std::function<void()> fn) {
+  PollerId id = nextPollerId_++;
+  pollers_.emplace_back(id, std::make_shared<std::function<void()>>(std::move(fn)));
+  return id;
+}
+
+void Reactor::removePoller(PollerId id) {
+  std::erase_if(pollers_, [id](const auto& p) { return p.first == id; });
+}
+
 int Reactor::timeoutMsLocked() {
   int timeoutMs = -1;
   if (!timers_.empty()) {
@@ -194,6 +205,10 @@ bool Reactor::progressOnce() {
     epoll_event events[kMaxEvents];
     int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
     dispatchLocked(events, n);
+    for (size_t i = 0; i < pollers_.size(); ++i) {
+      std::shared_ptr<std::function<void()>> fn = pollers_[i].second;  // alive if it removes itself
+      (*fn)();
+    }
   });
 }
 

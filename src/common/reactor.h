@@ -5,6 +5,7 @@
 //
 // Progress where the caller is: another thread may run the loop once itself (progressOnce()), as
 // an application that polls for completions does, instead of waiting for the thread to wake up.
+// Its run also calls the pollers: checks of work that raises no event while callers poll.
 // Whoever runs the loop holds its lock, so the callbacks still run one at a time, and inLoop() is
 // true for the thread running them.
 #pragma once
@@ -58,12 +59,19 @@ class Reactor {
   // or once the reactor is stopped. Thread-safe.
   bool runHere(const std::function<void()>& fn);
 
-  // The following run on the reactor thread only.
+  // The following run on the reactor thread only (or in a caller's runHere()/progressOnce()).
   Status addFd(int fd, uint32_t events, FdCb cb);
   Status modFd(int fd, uint32_t events);
   void removeFd(int fd);
   TimerId addTimer(Clock::time_point when, std::function<void()> cb);
   void cancelTimer(TimerId id);
+  // A poller runs in every caller's progressOnce(), after the ready fds: it looks for work that
+  // raises no event (a ring whose producer was told not to wake this process, because its
+  // application polls). The thread does not run pollers; whoever uses one keeps a timer for the
+  // moment the callers may stop coming.
+  using PollerId = uint64_t;
+  PollerId addPoller(std::function<void()> fn);
+  void removePoller(PollerId id);
 
  private:
   void loop();
@@ -97,6 +105,8 @@ class Reactor {
   std::multimap<Clock::time_point, TimerId> timers_;
   std::unordered_map<TimerId, std::pair<Clock::time_point, std::function<void()>>> timerCbs_;
   TimerId nextTimerId_ = 1;
+  std::vector<std::pair<PollerId, std::shared_ptr<std::function<void()>>>> pollers_;
+  PollerId nextPollerId_ = 1;
 };
 
 }  // namespace ferry

@@ -1,5 +1,6 @@
 // The Reactor run by its callers (progressOnce(), runHere()): callbacks run on the calling thread
-// as the loop's, never beside the thread's own run of it, and never once the reactor stopped.
+// as the loop's, never beside the thread's own run of it, and never once the reactor stopped; its
+// pollers run in the callers' runs only.
 #include "common/reactor.h"
 
 #include <gtest/gtest.h>
@@ -62,6 +63,45 @@ TEST(Reactor, ATimerACallerAddsWakesTheSleepingThread) {
   auto f = fired.get_future();
   ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the timer never fired";
   EXPECT_NE(f.get(), std::this_thread::get_id()) << "nobody but the thread ran the loop since";
+  r.stop();
+}
+
+// A poller runs in the callers' runs of the loop (progressOnce), on their thread, and never in the
+// thread's own; once removed, it runs no more, and one may remove itself.
+TEST(Reactor, PollersRunInTheCallersProgressOnly) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  std::atomic<int> polls{0}, selfRemoving{0};
+  std::atomic<bool> offThread{false};
+  const auto caller = std::this_thread::get_id();
+  Reactor::PollerId id = 0, once = 0;
+  ASSERT_TRUE(r.runSync([&] {
+                 id = r.addPoller([&] {
+                   ++polls;
+                   if (std::this_thread::get_id() != caller) offThread = true;
+                 });
+                 once = r.addPoller([&] {
+                   ++selfRemoving;
+                   r.removePoller(once);
+                 });
+               }).isOk());
+  // The thread runs the loop (posted work, a timer): no poller with it.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(r.runSync([] {}).isOk());
+  EXPECT_EQ(polls.load(), 0);
+  int runs = 0;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (runs < 5 && std::chrono::steady_clock::now() < until) {
+    if (r.progressOnce()) ++runs;
+    else std::this_thread::sleep_for(100us);
+  }
+  ASSERT_EQ(runs, 5);
+  EXPECT_EQ(polls.load(), 5);
+  EXPECT_EQ(selfRemoving.load(), 1) << "a poller that removed itself ran again";
+  EXPECT_FALSE(offThread.load());
+  ASSERT_TRUE(runHereSoon(r, [&] { r.removePoller(id); }));
+  ASSERT_TRUE(runHereSoon(r, [] {}));
+  while (!r.progressOnce()) std::this_thread::sleep_for(100us);
+  EXPECT_EQ(polls.load(), 5) << "a removed poller ran";
   r.stop();
 }
 

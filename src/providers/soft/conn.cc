@@ -56,6 +56,7 @@ Status Conn::attach() {
       return st;
     }
     socketWatched_ = true;
+    ctx_->addAttendedRingFromLoop(shared_from_this());
     // Bytes may have arrived before we watched the eventfd.
     ctx_->reactor().post([weak] {
       if (auto self = weak.lock()) self->onRingWake();
@@ -99,6 +100,17 @@ void Conn::onRingWake() {
   if (!closed()) flush();
 }
 
+void Conn::attendRing(int64_t untilNs) {
+  if (ring_ && fd_ >= 0) ring_->attend(untilNs);
+}
+
+void Conn::pollRing() {
+  if (fd_ < 0 || !ring_ || !ring_->readable()) return;
+  auto self = shared_from_this();
+  onReadable();
+  if (!closed()) flush();
+}
+
 void Conn::onRingSocket(uint32_t events) {
   if (fd_ < 0) return;
   auto self = shared_from_this();
@@ -124,6 +136,7 @@ void Conn::onRingSocket(uint32_t events) {
 
 void Conn::detachFds() {
   if (ring_) {
+    ctx_->removeAttendedRingFromLoop(this);
     ctx_->reactor().removeFd(ring_->ownWakeFd());
     if (socketWatched_) ctx_->reactor().removeFd(fd_);
     socketWatched_ = false;

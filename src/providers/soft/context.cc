@@ -21,6 +21,7 @@
 #include "providers/soft/conn.h"
 #include "providers/soft/mcast.h"
 #include "providers/soft/qp.h"
+#include "providers/soft/ring.h"
 #include "providers/soft/soft.h"
 #include "providers/soft/ud_qp.h"
 
@@ -241,6 +242,7 @@ Status SoftContext::start() {
     if (added.isOk()) added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); });
     if (added.isOk() && ringListenFd_ >= 0) {
       added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); });
+      if (attendNs_ > 0) reactor_.addPoller([this] { attendFromLoop(); });
     }
   }));
   FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
@@ -277,6 +279,98 @@ void SoftContext::close() {
     pendingRingSockets_.clear();
   });
   reactor_.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rings the application polls. A lease says until when the application vouches that it polls;
+// producers on this host do not wake the progress thread before then (RingLink::attend). Each
+// caller's poll (a reactor poller) renews it when half of it is gone and takes what the rings hold;
+// the lease timer takes what producers left in a ring unannounced when the polls stop coming, and
+// arming a CQ ends the lease at once.
+
+namespace {
+// Whether this thread's progressOnce() comes from a poll of a CQ that is not armed: only such a
+// poll vouches that the application goes on polling (one after arming is the last before a sleep).
+thread_local bool pollVouches = false;
+}  // namespace
+
+bool SoftContext::progressFromPoll(bool vouches) {
+  pollVouches = vouches;
+  const bool ran = reactor_.progressOnce();
+  pollVouches = false;
+  return ran;
+}
+
+void SoftContext::addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn) {
+  attendedRings_.push_back(conn);
+  if (attendedUntilNs_ != 0) conn->attendRing(attendedUntilNs_);
+}
+
+void SoftContext::removeAttendedRingFromLoop(const Conn* conn) {
+  std::erase_if(attendedRings_, [conn](const std::weak_ptr<Conn>& w) {
+    auto c = w.lock();
+    return !c || c.get() == conn;
+  });
+}
+
+void SoftContext::attendFromLoop() {
+  const int64_t now = pollVouches ? ringClockNs() : 0;
+  if (pollVouches && attendedUntilNs_ - now < attendNs_ / 2) {
+    attendedUntilNs_ = now + attendNs_;
+    leaseActive_.store(true);
+    for (const auto& w : attendedRings_) {
+      if (auto c = w.lock()) c->attendRing(attendedUntilNs_);
+    }
+    if (leaseTimer_ == 0) armLeaseTimerFromLoop();
+  }
+  pollAttendedRingsFromLoop();
+}
+
+void SoftContext::pollAttendedRingsFromLoop() {
+  // A snapshot: taking a ring's frames may close connections (and so change the list).
+  ringsPolled_.clear();
+  for (const auto& w : attendedRings_) {
+    if (auto c = w.lock()) ringsPolled_.push_back(std::move(c));
+  }
+  for (const auto& c : ringsPolled_) c->pollRing();
+  ringsPolled_.clear();
+}
+
+void SoftContext::armLeaseTimerFromLoop() {
+  // A little after the lease's end, so that whatever a producer wrote while it held has landed.
+  const auto left = std::chrono::nanoseconds(std::max<int64_t>(0, attendedUntilNs_ - ringClockNs()));
+  leaseTimer_ = reactor_.addTimer(Reactor::Clock::now() + left + std::chrono::microseconds(100),
+                                  [this] { onLeaseEndFromLoop(); });
+}
+
+void SoftContext::onLeaseEndFromLoop() {
+  leaseTimer_ = 0;
+  pollAttendedRingsFromLoop();
+  if (attendedUntilNs_ > ringClockNs()) {
+    armLeaseTimerFromLoop();  // renewed meanwhile
+  } else {
+    attendedUntilNs_ = 0;
+    leaseActive_.store(false);
+  }
+}
+
+void SoftContext::endLeaseFromLoop() {
+  attendedUntilNs_ = 0;
+  leaseActive_.store(false);
+  if (leaseTimer_ != 0) reactor_.cancelTimer(leaseTimer_);
+  leaseTimer_ = 0;
+  // First the producers are told (a sequentially consistent store in each ring), then the rings are
+  // read: a producer that still saw the lease wrote before this read, and one that did not wakes us.
+  for (const auto& w : attendedRings_) {
+    if (auto c = w.lock()) c->attendRing(0);
+  }
+  pollAttendedRingsFromLoop();
+}
+
+void SoftContext::stopAttending() {
+  if (!leaseActive_.load()) return;
+  auto end = [this] { endLeaseFromLoop(); };
+  if (!reactor_.runHere(end)) reactor_.post(end);
 }
 
 void SoftContext::onAcceptFromLoop() {
@@ -827,6 +921,7 @@ Result<verbs::CqEvent> SoftCompChannel::getEvent(int timeoutMs) {
 
 Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
   if (closed_) return closedError("poll CQ: the CQ is closed");
+  bool vouches = false;
   for (int round = 0;; ++round) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -839,20 +934,24 @@ Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
         entries_.pop_front();
       }
       if (n > 0 || round > 0 || out.empty() || !ctx_->callerProgress()) return n;
+      vouches = armed_ == 0;
     }
     // Nothing yet: progress where the application is. When the progress thread is not running the
     // device's loop (it sleeps, or has not woken up yet), this thread runs it once itself: the
     // frames that arrived, the posts handed over, the timers due. Outside the CQ's lock, which
     // the loop's completions take.
-    if (!ctx_->reactor().progressOnce()) return 0;
+    if (!ctx_->progressFromPoll(vouches)) return 0;
   }
 }
 
 Status SoftCq::reqNotify(bool solicitedOnly) {
   if (closed_) return closedError("request notification: the CQ is closed");
   if (!channel_) return invalidArgument("request notification: the CQ has no completion channel");
-  std::lock_guard<std::mutex> lock(mu_);
-  armed_ = solicitedOnly ? (armed_ == 1 ? 1 : 2) : 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = solicitedOnly ? (armed_ == 1 ? 1 : 2) : 1;
+  }
+  ctx_->stopAttending();  // the application means to sleep: its peers must wake the thread again
   return Status::ok();
 }
 

@@ -31,7 +31,10 @@ struct alignas(64) Control {
   uint8_t pad1[56];
   std::atomic<uint32_t> consumerSleeping{1};  // set by the consumer before it waits on its eventfd
   std::atomic<uint32_t> producerWaiting{0};   // set by the producer when it waits for room
-  uint8_t pad2[56];
+  // CLOCK_MONOTONIC ns until which the consumer's application polls (and progresses this ring
+  // itself): a producer does not wake a sleeping consumer before then. Written by the consumer.
+  std::atomic<int64_t> attendedUntilNs{0};
+  uint8_t pad2[48];
 };
 
 struct Segment {
@@ -58,15 +61,11 @@ using ring_layout::Segment;
 std::atomic<uint64_t> linksMade{0};
 std::atomic<uint64_t> bytesWritten{0};
 std::atomic<uint64_t> setupsRefused{0};
+std::atomic<uint64_t> wakesSpared{0};
 
 constexpr size_t kMinRing = 64 * 1024;
 constexpr size_t kMaxRing = 64 * 1024 * 1024;
 
-int64_t nowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
 
 // The longest a consumer polls its ring before it sleeps: FERRY_SOFT_SPIN_US (0 turns polling
 // off), default 0 on machines with fewer than four cores (the polling thread would take the core
@@ -119,8 +118,15 @@ void copyRing(uint8_t* ring, size_t size, uint64_t pos, const iovec* iov, int co
 
 }  // namespace
 
+int64_t ringClockNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
 uint64_t ringLinksMade() { return linksMade.load(std::memory_order_relaxed); }
 uint64_t ringBytesWritten() { return bytesWritten.load(std::memory_order_relaxed); }
+uint64_t ringWakesSpared() { return wakesSpared.load(std::memory_order_relaxed); }
 uint64_t ringSetupsRefused() { return setupsRefused.load(std::memory_order_relaxed); }
 void countRingSetupRefused() { setupsRefused.fetch_add(1, std::memory_order_relaxed); }
 
@@ -371,14 +377,24 @@ ssize_t RingLink::writev(const iovec* iov, int count) {
   outHead_ += n;
   ctl.head.store(outHead_, std::memory_order_seq_cst);
   bytesWritten.fetch_add(n, std::memory_order_relaxed);
-  if (ctl.consumerSleeping.load(std::memory_order_seq_cst) != 0 &&
-      ctl.consumerSleeping.exchange(0, std::memory_order_seq_cst) != 0) {
-    wakePeer();
+  // A sleeping consumer is woken, unless its application polls the ring meanwhile (it said until
+  // when); then its own timer at that moment takes what it left.
+  if (ctl.consumerSleeping.load(std::memory_order_seq_cst) != 0) {
+    const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_seq_cst);
+    if (attended != 0 && attended > ringClockNs()) {
+      wakesSpared.fetch_add(1, std::memory_order_relaxed);
+    } else if (ctl.consumerSleeping.exchange(0, std::memory_order_seq_cst) != 0) {
+      wakePeer();
+    }
   }
   return static_cast<ssize_t>(n);
 }
 
-bool RingLink::readable() const { return inCtl().head.load(std::memory_order_acquire) != inTail_; }
+void RingLink::attend(int64_t untilNs) { inCtl().attendedUntilNs.store(untilNs, std::memory_order_seq_cst); }
+
+// Sequentially consistent: after attend(0), this read and the producer's check of the lease
+// cannot both miss (the producer's store of head comes before its read of the lease).
+bool RingLink::readable() const { return inCtl().head.load(std::memory_order_seq_cst) != inTail_; }
 
 ssize_t RingLink::readv(const iovec* iov, int count) {
   Control& ctl = inCtl();
@@ -417,14 +433,14 @@ bool RingLink::prepareToSleep() {
       idleSleeps_ = 0;
     }
     if (budget > 0) {
-      int64_t start = nowNs();
+      int64_t start = ringClockNs();
       for (int i = 0;; ++i) {
         if (readable()) {
           spinNs_ = std::min(maxSpin, std::max<int64_t>(budget * 2, 2000));
           return true;
         }
         cpuRelax();
-        if ((i & 15) == 15 && nowNs() - start >= budget) break;
+        if ((i & 15) == 15 && ringClockNs() - start >= budget) break;
       }
       spinNs_ = budget / 2 < 500 ? 0 : budget / 2;
     }

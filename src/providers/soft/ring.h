@@ -9,7 +9,8 @@
 // (after emptying its ring) and a consumer only when the producer said it waits for room, so a
 // busy stream makes no system call per frame. Before it says it sleeps, a consumer polls its ring
 // for a short while (an adaptive spin: longer while spinning keeps finding data, none once it
-// stops paying).
+// stops paying). A consumer whose application polls (and takes the ring's frames itself) says
+// until when it does: before then a producer wakes no one.
 //
 // The requester creates the segment and both eventfds and hands them to the responder over an
 // AF_UNIX SOCK_SEQPACKET connection (SCM_RIGHTS) to the responder's ring listener, whose abstract
@@ -51,7 +52,7 @@ struct Control;
 // one-time secret of the responder's hello reply, wire::FrameHeader::ringTicket).
 struct RingSetupMessage {
   static constexpr uint64_t kMagic = 0x676e6972'79727266ull;  // "ferryring"
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   uint64_t magic = kMagic;
   uint32_t version = kVersion;
   uint32_t ringBytes = 0;
@@ -98,6 +99,10 @@ class RingLink {
   bool prepareToSleep();
   // Consumer: bytes are waiting in the incoming ring.
   bool readable() const;
+  // Consumer: our application polls this ring itself until untilNs (ringClockNs()): the producer
+  // does not wake us before then. 0 or a time past: wake us as usual. Whoever says so must take
+  // what the ring holds at untilNs, as the producer may have left it there unannounced.
+  void attend(int64_t untilNs);
   // Clears our eventfd after a wake-up.
   void clearWake();
   // Makes our eventfd readable: the progress thread comes back to this link soon.
@@ -124,10 +129,16 @@ class RingLink {
   int idleSleeps_ = 0;    // sleeps since the budget fell to 0
 };
 
+// CLOCK_MONOTONIC in nanoseconds, the clock of RingLink::attend (the same in every process).
+int64_t ringClockNs();
+
 // How many ring links this process has set up (either side) and how many bytes it has written
 // into rings: what tests and `ferry bench` read to tell which path carried the traffic.
 uint64_t ringLinksMade();
 uint64_t ringBytesWritten();
+// How many times a producer of this process did not wake a sleeping consumer because its
+// application was polling the ring (RingLink::attend).
+uint64_t ringWakesSpared();
 // How many ring connections this process's listeners refused (a stranger's user, too many pending,
 // no valid ticket, a setup that cannot be trusted), and the count the listener adds to.
 uint64_t ringSetupsRefused();

@@ -127,6 +127,18 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // FERRY_SOFT_CALLER_PROGRESS: whether posts and empty CQ polls run the loop on the caller's
   // thread when the progress thread is not running it.
   bool callerProgress() const { return callerProgress_; }
+  // Rings the application polls (FERRY_SOFT_ATTEND_US). While it polls this device's CQs, the
+  // context tells the producers of its rings not to wake its progress thread, and its polls take
+  // their frames (a reactor poller); a timer at the end of each such lease takes what is left.
+  // A ring connection joins when it attaches and leaves when it detaches (loop only).
+  void addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn);
+  // An empty poll's run of the loop on the caller's thread (false when the thread runs it). With
+  // vouches (the CQ is not armed), it renews the lease.
+  bool progressFromPoll(bool vouches);
+  void removeAttendedRingFromLoop(const Conn* conn);
+  // The application is about to sleep (it arms a CQ): the lease ends now, the producers wake the
+  // progress thread again, and what they left meanwhile is taken. Any thread.
+  void stopAttending();
   std::shared_mutex& memMu() { return memMu_; }
   const verbs::Gid& gid() const { return gid_; }
   in_addr_t ipv4() const { return device_.ipv4; }
@@ -178,11 +190,23 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // A new connection waits for its hello (dropped if none comes in time).
   void awaitHelloFromLoop(const std::shared_ptr<Conn>& conn);
   void onDatagramsFromLoop();
+  // The attended rings (loop only): a caller's poll renews the lease and takes what the rings hold.
+  void attendFromLoop();
+  void pollAttendedRingsFromLoop();
+  void armLeaseTimerFromLoop();
+  void onLeaseEndFromLoop();
+  void endLeaseFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
   SoftDeviceInfo device_;
   Reactor reactor_;
   const bool callerProgress_ = config::softCallerProgress();
+  const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
+  std::vector<std::weak_ptr<Conn>> attendedRings_;  // loop only
+  std::vector<std::shared_ptr<Conn>> ringsPolled_;  // loop only: the rings one poll goes through
+  int64_t attendedUntilNs_ = 0;                     // loop only: ringClockNs(), 0 when not attended
+  Reactor::TimerId leaseTimer_ = 0;                 // loop only
+  std::atomic<bool> leaseActive_{false};
   int listenFd_ = -1;
   int udpFd_ = -1;
   int ringListenFd_ = -1;  // AF_UNIX SOCK_SEQPACKET, abstract name ringListenerName(pid, ringNonce_)

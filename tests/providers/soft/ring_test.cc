@@ -2,7 +2,8 @@
 // and wakes its producer once room appears, a sleeping consumer is woken once (not per write), a
 // segment or descriptor that cannot be trusted is refused, an impossible index ends the link; and
 // through the verbs API, same-host connections move to rings (also where cross-memory attach is not
-// used), TCP-only contexts never do, and a context's ring listener shrugs off hostile setups.
+// used), TCP-only contexts never do, a frame left unannounced in an attended ring is taken when the
+// polls stop, and a context's ring listener shrugs off hostile setups.
 #include "providers/soft/ring.h"
 
 #include <fcntl.h>
@@ -28,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/common/config.h"
 #include "providers/soft/share.h"
 #include "support/verbs_fixture.h"
 
@@ -130,6 +132,34 @@ TEST(RingLink, ASleepingConsumerIsWokenOnceNotPerWrite) {
   EXPECT_FALSE(fdReadable(p.responder->ownWakeFd())) << "an awake consumer costs its producer no system call";
   EXPECT_TRUE(p.responder->readable());
   EXPECT_TRUE(p.responder->prepareToSleep()) << "bytes are waiting: it must not sleep";
+}
+
+TEST(RingLink, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  EXPECT_FALSE(p.responder->prepareToSleep());
+  uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  iovec v{msg, 8};
+  // Its application polls for the next ten seconds: the producer leaves the bytes unannounced.
+  p.responder->attend(soft::ringClockNs() + 10'000'000'000);
+  const uint64_t spared = soft::ringWakesSpared();
+  ASSERT_EQ(p.requester->writev(&v, 1), 8);
+  EXPECT_FALSE(fdReadable(p.responder->ownWakeFd())) << "an attended consumer is not woken";
+  EXPECT_EQ(soft::ringWakesSpared(), spared + 1);
+  EXPECT_TRUE(p.responder->readable()) << "the bytes are there for its poll";
+  // A lease in the past is none: the sleeping consumer is woken again.
+  p.responder->attend(soft::ringClockNs() - 1);
+  ASSERT_EQ(p.requester->writev(&v, 1), 8);
+  EXPECT_TRUE(fdReadable(p.responder->ownWakeFd())) << "a consumer whose lease ended is woken";
+  p.responder->clearWake();
+  EXPECT_TRUE(p.responder->prepareToSleep()) << "16 bytes wait";
+  uint8_t in[16];
+  EXPECT_EQ(p.responder->read(in, sizeof in), 16);
+  // Lease 0 (ended at once, as when the application arms a CQ): woken.
+  EXPECT_FALSE(p.responder->prepareToSleep());
+  p.responder->attend(0);
+  ASSERT_EQ(p.requester->writev(&v, 1), 8);
+  EXPECT_TRUE(fdReadable(p.responder->ownWakeFd()));
 }
 
 TEST(RingLink, AdoptRefusesWhatItCannotTrust) {
@@ -342,6 +372,70 @@ bool hungUpWithin(int sock, std::chrono::milliseconds limit) {
 
 // The listener answers only after a hello reply named it, but its name can be found on the host:
 // whatever a stranger sends it is refused, and the context serves its own peers as before.
+// A poll of b's CQ vouches that b's application polls: a's SEND lands in b's ring without waking
+// b's progress thread. b then stops polling without arming its CQ; the lease's timer on b's
+// thread must take the frame and acknowledge it, or a's SEND never completes (a's own polls do not
+// progress b). Arming a CQ ends the lease at once: the next SEND wakes b's thread again. Leases of
+// 10 ms here, so that the test's own pauses decide which side holds one; nothing polls while the
+// counter of spared wake-ups is read.
+TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
+  if (!ringsExpected()) GTEST_SKIP() << "no rings on this path";
+  if (!ferry::config::softCallerProgress()) GTEST_SKIP() << "no leases without FERRY_SOFT_CALLER_PROGRESS";
+  const char* was = std::getenv("FERRY_SOFT_ATTEND_US");
+  const std::string previous = was ? was : "";
+  ::setenv("FERRY_SOFT_ATTEND_US", "10000", 1);
+  auto made = makePair();
+  if (was) ::setenv("FERRY_SOFT_ATTEND_US", previous.c_str(), 1);
+  else ::unsetenv("FERRY_SOFT_ATTEND_US");
+  ASSERT_OK_AND_ASSIGN(auto pair, std::move(made));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, v::access::kLocalWrite, 21));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, v::access::kAll, 22));
+  ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 64)}));
+  ASSERT_OK(postReceive(pair->b.qp, 2, {sgeOf(dst, 64, 64)}));
+  ASSERT_OK(postReceive(pair->b.qp, 3, {sgeOf(dst, 128, 64)}));
+  v::WorkCompletion wc;
+  // A first SEND, both sides polling, sets the connections up (a consumer that just took its
+  // hello is awake, and a producer does not wake an awake one); then every lease runs out.
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 6, .sges = {sgeOf(src, 128, 64)}}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.wrId, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  auto sparedAfter = [](uint64_t before) {
+    for (int i = 0; i < 2000 && soft::ringWakesSpared() == before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return soft::ringWakesSpared() - before;
+  };
+  ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
+  uint64_t spared = soft::ringWakesSpared();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 7, .sges = {sgeOf(src, 0, 64)}}));
+  EXPECT_GT(sparedAfter(spared), 0u) << "the SEND woke b's thread: b held no lease";
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)))
+      << "b's thread never took the frame its peer left unannounced";
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.wrId, 2u);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst, 64, 64), bytesOf(src, 0, 64)));
+
+  // a's lease (its polls above) runs out; b renews its own, then arms a CQ of its context to sleep
+  // on its channel: b's lease ends at once, and the next SEND wakes b's thread.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));
+  ASSERT_OK_AND_ASSIGN(auto channel, pair->b.context->createCompChannel());
+  ASSERT_OK_AND_ASSIGN(auto armed, pair->b.context->createCq({.cqe = 4, .channel = &channel}));
+  ASSERT_OK(armed.reqNotify(false));
+  spared = soft::ringWakesSpared();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 8, .sges = {sgeOf(src, 64, 64)}}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(soft::ringWakesSpared(), spared) << "the producer still saw the lease of a context that armed a CQ";
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  EXPECT_EQ(wc.wrId, 3u);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst, 128, 64), bytesOf(src, 64, 64)));
+}
+
 TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
