@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 
 #include "common/cpu_relax.h"
@@ -25,6 +26,9 @@ Status Reactor::start(const std::string& name) {
   ev.events = EPOLLIN;
   ev.data.fd = wakeFd_;
   if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev) != 0) return ioError("epoll_ctl(wake fd)");
+  quietFd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (quietFd_ < 0) return ioError("epoll_create1");
+  if (epoll_ctl(quietFd_, EPOLL_CTL_ADD, wakeFd_, &ev) != 0) return ioError("epoll_ctl(wake fd)");
   thread_ = std::thread([this, name] {
     threadId_ = std::this_thread::get_id();
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
@@ -37,6 +41,7 @@ void Reactor::stop() {
   if (!thread_.joinable()) {
     if (epollFd_ >= 0) close(epollFd_), epollFd_ = -1;
     if (wakeFd_ >= 0) close(wakeFd_), wakeFd_ = -1;
+    if (quietFd_ >= 0) close(quietFd_), quietFd_ = -1;
     return;
   }
   stopping_ = true;
@@ -55,7 +60,8 @@ void Reactor::stop() {
   pollers_.clear();
   close(epollFd_);
   close(wakeFd_);
-  epollFd_ = wakeFd_ = -1;
+  close(quietFd_);
+  epollFd_ = wakeFd_ = quietFd_ = -1;
 }
 
 void Reactor::wake() {
@@ -150,6 +156,14 @@ void Reactor::removePoller(PollerId id) {
   std::erase_if(pollers_, [id](const auto& p) { return p.first == id; });
 }
 
+void Reactor::attendUntil(Clock::time_point until) {
+  const bool sooner = until < attendedUntil_;
+  attendedUntil_ = until;
+  // Sooner: the thread may sleep on the quiet set until the old end. Begun: it sleeps on the fds,
+  // and goes over to the quiet set once woken.
+  if (sooner || (!threadQuiet_ && until > Clock::now() && std::this_thread::get_id() != threadId_.load())) wake();
+}
+
 int Reactor::timeoutMsLocked() {
   int timeoutMs = -1;
   if (!timers_.empty()) {
@@ -230,11 +244,20 @@ void Reactor::loop() {
   epoll_event events[kMaxEvents];
   std::unique_lock<std::mutex> lock(loopMu_);
   for (;;) {
-    const int timeoutMs = timeoutMsLocked();
+    int timeoutMs = timeoutMsLocked();
     threadSleepsUntil_ = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first;
+    // Attended: the callers take the fds' events; sleep on posted work and timers until the end.
+    const auto now = Clock::now();
+    const bool quiet = attendedUntil_ > now;
+    threadQuiet_ = quiet;
+    if (quiet) {
+      auto us = std::chrono::duration_cast<std::chrono::microseconds>(attendedUntil_ - now).count();
+      int untilEnd = static_cast<int>((us + 999) / 1000);
+      timeoutMs = timeoutMs < 0 ? untilEnd : std::min(timeoutMs, untilEnd);
+    }
     const uint64_t progressed = progressed_;
     lock.unlock();
-    int n = epoll_wait(epollFd_, events, kMaxEvents, timeoutMs);
+    int n = epoll_wait(quiet ? quietFd_ : epollFd_, events, kMaxEvents, timeoutMs);
     int err = errno;
     // A caller running the loop holds it for a few microseconds: wait for it without sleeping on
     // the lock at first, so that its unlock wakes no one (a futex system call on its thread).
@@ -245,8 +268,9 @@ void Reactor::loop() {
       }
       cpuRelax();
     }
-    if (n >= 0 && progressed_ != progressed) {
-      // A caller ran the loop meanwhile: what epoll_wait returned may be stale. Ask again.
+    if (n >= 0 && (quiet || progressed_ != progressed)) {
+      // A caller ran the loop meanwhile: what epoll_wait returned may be stale. Ask again. After a
+      // quiet sleep, the fds are looked at too: what the callers left.
       n = epoll_wait(epollFd_, events, kMaxEvents, 0);
       err = errno;
     }

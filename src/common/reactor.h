@@ -72,6 +72,11 @@ class Reactor {
   using PollerId = uint64_t;
   PollerId addPoller(std::function<void()> fn);
   void removePoller(PollerId id);
+  // A caller vouches that callers run the loop often (progressOnce) until `until`: till then the
+  // thread sleeps on posted work and timers only, not on the fds, whose events the callers take,
+  // so that a socket's readiness wakes no thread; it looks at the fds again at `until`, or at once
+  // when a later call moves `until` earlier (Clock::time_point() ends it).
+  void attendUntil(Clock::time_point until);
 
  private:
   void loop();
@@ -82,6 +87,7 @@ class Reactor {
 
   int epollFd_ = -1;
   int wakeFd_ = -1;
+  int quietFd_ = -1;  // an epoll set of wakeFd_ alone: what the thread sleeps on while attended
   std::thread thread_;
   std::atomic<std::thread::id> threadId_{};
   std::atomic<bool> stopping_{false};
@@ -95,6 +101,8 @@ class Reactor {
   bool closed_ = false;      // guarded by loopMu_: the epoll set is gone
   // Guarded by loopMu_: the first timer the thread's epoll_wait wakes up for (max: none).
   Clock::time_point threadSleepsUntil_ = Clock::time_point::max();
+  Clock::time_point attendedUntil_{};  // guarded by loopMu_
+  bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 
   std::mutex postMu_;

@@ -105,6 +105,57 @@ TEST(Reactor, PollersRunInTheCallersProgressOnly) {
   r.stop();
 }
 
+// While attended, a ready fd does not wake the thread: a caller's progressOnce takes it. The thread
+// takes it again once the lease runs out, or at once when the lease is ended early.
+TEST(Reactor, AnAttendedReactorLeavesReadyFdsToItsCallers) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(efd, 0);
+  std::atomic<int> byThread{0}, byCaller{0};
+  const auto caller = std::this_thread::get_id();
+  ASSERT_TRUE(r.runSync([&] {
+                 ASSERT_TRUE(r.addFd(efd, EPOLLIN, [&, efd](uint32_t) {
+                                 uint64_t v;
+                                 if (read(efd, &v, sizeof v) != sizeof v) return;
+                                 if (std::this_thread::get_id() == caller) ++byCaller;
+                                 else ++byThread;
+                               }).isOk());
+               }).isOk());
+  auto signal = [efd] {
+    uint64_t one = 1;
+    ASSERT_EQ(write(efd, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  };
+  // Attended for 10 s: the event waits for a caller. (The thread goes over to the quiet set when
+  // it next wakes, which it is made to at once; a loaded machine may take a while, so a few tries.)
+  ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 10s); }));
+  int taken = 0;
+  bool left = false;
+  for (int attempt = 1; attempt <= 5 && !left; ++attempt) {
+    std::this_thread::sleep_for(attempt * 20ms);
+    signal();
+    std::this_thread::sleep_for(50ms);
+    left = byThread.load() == taken;
+    taken = byThread.load();
+  }
+  EXPECT_TRUE(left) << "the thread woke for an fd while attended, five times";
+  while (!r.progressOnce()) std::this_thread::sleep_for(100us);
+  EXPECT_EQ(byCaller.load(), 1);
+  // Ended early: the thread takes the next event itself.
+  ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::time_point()); }));
+  signal();
+  for (int i = 0; i < 10000 && byThread.load() == taken; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(byThread.load(), taken + 1) << "the thread did not come back to the fds when the lease ended";
+  // A short lease that runs out by itself: the thread takes what waited.
+  ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 30ms); }));
+  signal();
+  for (int i = 0; i < 10000 && byThread.load() == taken + 1; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(byThread.load(), taken + 2) << "an event that came during the lease was never taken";
+  EXPECT_EQ(byCaller.load(), 1);
+  r.stop();
+  close(efd);
+}
+
 TEST(Reactor, CallersAreRefusedWhileTheThreadRunsTheLoopAndAfterStop) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());

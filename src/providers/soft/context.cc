@@ -242,8 +242,8 @@ Status SoftContext::start() {
     if (added.isOk()) added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); });
     if (added.isOk() && ringListenFd_ >= 0) {
       added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); });
-      if (attendNs_ > 0) reactor_.addPoller([this] { attendFromLoop(); });
     }
+    if (attendNs_ > 0) reactor_.addPoller([this] { attendFromLoop(); });
   }));
   FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
             static_cast<unsigned>(ntohs(addr.sin_port)));
@@ -283,7 +283,8 @@ void SoftContext::close() {
 
 // ---------------------------------------------------------------------------------------------
 // Rings the application polls. A lease says until when the application vouches that it polls;
-// producers on this host do not wake the progress thread before then (RingLink::attend). Each
+// producers on this host do not wake the progress thread before then (RingLink::attend), and the
+// progress thread does not wake for the sockets either (Reactor::attendUntil): the polls take both. Each
 // caller's poll (a reactor poller) renews it when half of it is gone and takes what the rings hold;
 // the lease timer takes what producers left in a ring unannounced when the polls stop coming, and
 // arming a CQ ends the lease at once.
@@ -318,6 +319,7 @@ void SoftContext::attendFromLoop() {
   if (pollVouches && attendedUntilNs_ - now < attendNs_ / 2) {
     attendedUntilNs_ = now + attendNs_;
     leaseActive_.store(true);
+    reactor_.attendUntil(Reactor::Clock::now() + std::chrono::nanoseconds(attendNs_));
     for (const auto& w : attendedRings_) {
       if (auto c = w.lock()) c->attendRing(attendedUntilNs_);
     }
@@ -357,6 +359,7 @@ void SoftContext::onLeaseEndFromLoop() {
 void SoftContext::endLeaseFromLoop() {
   attendedUntilNs_ = 0;
   leaseActive_.store(false);
+  reactor_.attendUntil(Reactor::Clock::time_point());
   if (leaseTimer_ != 0) reactor_.cancelTimer(leaseTimer_);
   leaseTimer_ = 0;
   // First the producers are told (a sequentially consistent store in each ring), then the rings are
