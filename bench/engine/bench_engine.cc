@@ -212,6 +212,13 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
   std::vector<v::SendWr> wrs(static_cast<size_t>(shape.batch));
   const uint32_t depth = static_cast<uint32_t>(shape.depth);
   const uint64_t size = shape.op == Op::kAtomic ? 8 : a.size;
+  // The requests are built once, unsignaled, and reposted (as ucx_perftest reposts its
+  // descriptors): a batch only marks its last one signaled, with the QP and count in its wrId.
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    sges[i] = {.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
+               .lkey = t.mr.lkey()};
+    wrs[i] = makeWr(t, shape, &sges[i], 0, 0, 0);
+  }
   uint64_t posted = 0;
   size_t cursor = 0;
   auto last = Clock::now();
@@ -231,14 +238,14 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
       cursor = cursor + 1 == nq ? 0 : cursor + 1;
       uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(static_cast<uint64_t>(shape.batch), a.count - posted));
       if (depth - tracker.outstanding(q) < n) continue;
-      for (uint32_t i = 0; i < n; ++i) {
-        sges[i] = {.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
-                   .lkey = t.mr.lkey()};
-        bool last_ = i + 1 == n;
-        wrs[i] = makeWr(t, shape, &sges[i], last_ ? SendTracker::wrId(q, n) : 0,
-                        last_ ? v::send_flags::kSignaled : 0, 0);
-      }
+      v::SendWr& lastWr = wrs[n - 1];
+      lastWr.wrId = SendTracker::wrId(q, n);
+      lastWr.immData = static_cast<uint32_t>(lastWr.wrId);
+      lastWr.sendFlags = v::send_flags::kSignaled;
       Status st = t.qps[q].postSend(std::span<const v::SendWr>(wrs.data(), n));
+      lastWr.wrId = 0;
+      lastWr.immData = 0;
+      lastWr.sendFlags = 0;
       if (!st.isOk()) return st;
       tracker.outstanding(q) += n;
       posted += n;

@@ -1590,6 +1590,42 @@ TEST_P(VerbsConformance, BadLocalKeyFailsLocally) {
   }
 }
 
+// One post of several WRITEs naming the same lkey: a later one whose range runs past the region
+// fails with a local protection error, though an earlier one of the same key passed (a check made
+// once for the key must still be made for each range); the ones before it land, it and what
+// follows move nothing.
+TEST_P(VerbsConformance, ABatchChecksEachRangeOfARepeatedLocalKey) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.link = kShortTimeout}));
+  ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 67));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 68));
+  // One WRITE first, so the connection is up and a provider's batch path (if any) is ready.
+  WorkCompletion first;
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite, .wrId = 9, .sges = {sgeOf(local, 0, 64)},
+                              .remoteAddr = dst.address(0), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &first));
+  ASSERT_EQ(first.status, WcStatus::kSuccess);
+  std::vector<SendOp> ops;
+  for (uint64_t i = 0; i < 4; ++i) {
+    const size_t offset = i == 2 ? 4096 - 16 : i * 64;  // the third runs 48 bytes past the region
+    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
+                   .wrId = 10 + i,
+                   .sges = {sgeOf(local, offset, 64)},
+                   .remoteAddr = dst.address(1024 + i * 64),
+                   .rkey = dst.mr.rkey()});
+  }
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  std::vector<WorkCompletion> wcs;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 4, &wcs));
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(wcs[1].status, WcStatus::kSuccess);
+  EXPECT_TRUE(failedWith(wcs[2], 12, WcStatus::kLocProtErr));
+  EXPECT_TRUE(failedWith(wcs[3], 13, WcStatus::kWrFlushErr));
+  EXPECT_TRUE(bytesEqual(bytesOf(dst, 1024, 128), bytesOf(local, 0, 128)));
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 64, 1024 - 64), 68, 64));
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 1024 + 128, 4096 - 1024 - 128), 68, 1024 + 128))
+      << "the failed WRITE or the one after it moved bytes";
+}
+
 TEST_P(VerbsConformance, BadKeyInTheResponderReceiveIsARemoteOperationError) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair({.link = kShortTimeout}));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 65));

@@ -80,6 +80,10 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
   std::array<size_t, kMaxFastBatch + 1> localAt;  // where each request's local pieces start
   uint64_t total = 0;
+  // The region of the last lkey looked up: the SGEs of a batch mostly name the same one, and the
+  // memory lock keeps it registered until the batch ends.
+  uint32_t knownKey = 0;
+  uint64_t knownBegin = 1, knownEnd = 0;  // empty
   for (size_t i = 0; i < wrs.size(); ++i) {
     const verbs::SendWr& wr = wrs[i];
     const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
@@ -87,7 +91,15 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
     uint64_t len = 0;
     for (const auto& sge : wr.sgList) {
       if (sge.length == 0) continue;
-      if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+      const bool known = sge.lkey == knownKey && sge.addr >= knownBegin && sge.addr + sge.length >= sge.addr &&
+                         sge.addr + sge.length <= knownEnd;
+      if (!inlined && !known) {
+        auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
+        if (!entry) return false;
+        knownKey = sge.lkey;
+        knownBegin = reinterpret_cast<uintptr_t>(entry->addr);
+        knownEnd = knownBegin + entry->length;
+      }
       local[nl++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
       len += sge.length;
     }
@@ -125,10 +137,8 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   const bool mapped = fp.slot->mapped();
   fp.slot->end();
   if (copied) {
-    for (size_t i = 0; i < wrs.size(); ++i) {
-      countSameHostOp();
-      if (mapped) countSameHostMappedOp();
-    }
+    countSameHostOp(wrs.size());
+    if (mapped) countSameHostMappedOp(wrs.size());
   }
   return copied;
 }

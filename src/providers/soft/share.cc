@@ -272,8 +272,8 @@ uint64_t sameHostSplitCopies() { return splitCopies.load(std::memory_order_relax
 
 uint64_t sameHostOpsDone() { return sameHostOps.load(std::memory_order_relaxed); }
 uint64_t sameHostMappedOpsDone() { return mappedOps.load(std::memory_order_relaxed); }
-void countSameHostMappedOp() { mappedOps.fetch_add(1, std::memory_order_relaxed); }
-void countSameHostOp() { sameHostOps.fetch_add(1, std::memory_order_relaxed); }
+void countSameHostMappedOp(uint64_t n) { mappedOps.fetch_add(n, std::memory_order_relaxed); }
+void countSameHostOp(uint64_t n) { sameHostOps.fetch_add(n, std::memory_order_relaxed); }
 
 // ---------------------------------------------------------------------------------------------
 // Owner.
