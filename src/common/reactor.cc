@@ -219,11 +219,15 @@ bool Reactor::progressOnce() {
     epoll_event events[kMaxEvents];
     int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
     dispatchLocked(events, n);
-    for (size_t i = 0; i < pollers_.size(); ++i) {
-      std::shared_ptr<std::function<void()>> fn = pollers_[i].second;  // alive if it removes itself
-      (*fn)();
-    }
+    runPollersLocked();
   });
+}
+
+void Reactor::runPollersLocked() {
+  for (size_t i = 0; i < pollers_.size(); ++i) {
+    std::shared_ptr<std::function<void()>> fn = pollers_[i].second;  // alive if it removes itself
+    (*fn)();
+  }
 }
 
 bool Reactor::runHere(const std::function<void()>& fn) {
@@ -279,6 +283,7 @@ void Reactor::loop() {
       break;
     }
     dispatchLocked(events, n);
+    if (quiet) runPollersLocked();  // the work the callers were to find, when they stopped coming
     if (stopping_) {
       std::lock_guard<std::mutex> postLock(postMu_);
       if (posted_.empty()) {

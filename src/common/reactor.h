@@ -67,15 +67,15 @@ class Reactor {
   void cancelTimer(TimerId id);
   // A poller runs in every caller's progressOnce(), after the ready fds: it looks for work that
   // raises no event (a ring whose producer was told not to wake this process, because its
-  // application polls). The thread does not run pollers; whoever uses one keeps a timer for the
-  // moment the callers may stop coming.
+  // application polls). The thread runs the pollers only when it wakes from a sleep while attended
+  // (attendUntil), which it does at the latest when the lease ends: what the callers left is taken.
   using PollerId = uint64_t;
   PollerId addPoller(std::function<void()> fn);
   void removePoller(PollerId id);
   // A caller vouches that callers run the loop often (progressOnce) until `until`: till then the
   // thread sleeps on posted work and timers only, not on the fds, whose events the callers take,
-  // so that a socket's readiness wakes no thread; it looks at the fds again at `until`, or at once
-  // when a later call moves `until` earlier (Clock::time_point() ends it).
+  // so that a socket's readiness wakes no thread; it looks at the fds again, and runs the pollers,
+  // at `until`, or at once when a later call moves `until` earlier (Clock::time_point() ends it).
   void attendUntil(Clock::time_point until);
 
  private:
@@ -83,6 +83,7 @@ class Reactor {
   void wake();
   // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted.
   void dispatchLocked(const ::epoll_event* events, int n);
+  void runPollersLocked();
   int timeoutMsLocked();
 
   int epollFd_ = -1;

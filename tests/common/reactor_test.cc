@@ -66,8 +66,8 @@ TEST(Reactor, ATimerACallerAddsWakesTheSleepingThread) {
   r.stop();
 }
 
-// A poller runs in the callers' runs of the loop (progressOnce), on their thread, and never in the
-// thread's own; once removed, it runs no more, and one may remove itself.
+// A poller runs in the callers' runs of the loop (progressOnce), on their thread, and not in the
+// thread's own while nothing is attended; once removed, it runs no more, and one may remove itself.
 TEST(Reactor, PollersRunInTheCallersProgressOnly) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());
@@ -106,7 +106,8 @@ TEST(Reactor, PollersRunInTheCallersProgressOnly) {
 }
 
 // While attended, a ready fd does not wake the thread: a caller's progressOnce takes it. The thread
-// takes it again once the lease runs out, or at once when the lease is ended early.
+// takes it again once the lease runs out (and runs the pollers then), or at once when the lease is
+// ended early.
 TEST(Reactor, AnAttendedReactorLeavesReadyFdsToItsCallers) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());
@@ -146,12 +147,21 @@ TEST(Reactor, AnAttendedReactorLeavesReadyFdsToItsCallers) {
   signal();
   for (int i = 0; i < 10000 && byThread.load() == taken; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(byThread.load(), taken + 1) << "the thread did not come back to the fds when the lease ended";
-  // A short lease that runs out by itself: the thread takes what waited.
-  ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 30ms); }));
+  // A short lease that runs out by itself: the thread takes what waited, and runs the pollers
+  // (the work no fd announces) once.
+  std::atomic<int> threadPolls{0};
+  ASSERT_TRUE(runHereSoon(r, [&] {
+    r.addPoller([&] {
+      if (std::this_thread::get_id() != caller) ++threadPolls;
+    });
+    r.attendUntil(Reactor::Clock::now() + 30ms);
+  }));
   signal();
   for (int i = 0; i < 10000 && byThread.load() == taken + 1; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(byThread.load(), taken + 2) << "an event that came during the lease was never taken";
   EXPECT_EQ(byCaller.load(), 1);
+  for (int i = 0; i < 10000 && threadPolls.load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_GT(threadPolls.load(), 0) << "the thread did not run the pollers when the lease ran out";
   r.stop();
   close(efd);
 }

@@ -94,8 +94,12 @@ void Conn::onEvents(uint32_t events) {
 
 void Conn::onRingWake() {
   if (fd_ < 0) return;
-  auto self = shared_from_this();
   ring_->clearWake();
+  takeRing();
+}
+
+void Conn::takeRing() {
+  auto self = shared_from_this();
   onReadable();
   if (!closed()) flush();
 }
@@ -105,10 +109,7 @@ void Conn::attendRing(int64_t untilNs) {
 }
 
 void Conn::pollRing() {
-  if (fd_ < 0 || !ring_ || !ring_->readable()) return;
-  auto self = shared_from_this();
-  onReadable();
-  if (!closed()) flush();
+  if (fd_ >= 0 && ring_ && ring_->readable()) takeRing();
 }
 
 void Conn::onRingSocket(uint32_t events) {

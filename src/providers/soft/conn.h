@@ -124,6 +124,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
     return ioReadv(&v, 1);
   }
   void onRingWake();
+  // What the incoming ring holds: read and acted on, and what that causes sent.
+  void takeRing();
   void onRingSocket(uint32_t events);
   void detachFds();
 

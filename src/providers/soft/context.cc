@@ -284,10 +284,10 @@ void SoftContext::close() {
 // ---------------------------------------------------------------------------------------------
 // Rings the application polls. A lease says until when the application vouches that it polls;
 // producers on this host do not wake the progress thread before then (RingLink::attend), and the
-// progress thread does not wake for the sockets either (Reactor::attendUntil): the polls take both. Each
-// caller's poll (a reactor poller) renews it when half of it is gone and takes what the rings hold;
-// the lease timer takes what producers left in a ring unannounced when the polls stop coming, and
-// arming a CQ ends the lease at once.
+// progress thread does not wake for the sockets either (Reactor::attendUntil): the polls take both.
+// Each caller's poll (a reactor poller) renews it when half of it is gone and takes what the rings
+// hold; when the polls stop coming, the thread runs the poller at the lease's end and takes what
+// producers left unannounced; arming a CQ ends the lease at once.
 
 namespace {
 // Whether this thread's progressOnce() comes from a poll of a CQ that is not armed: only such a
@@ -304,7 +304,7 @@ bool SoftContext::progressFromPoll(bool vouches) {
 
 void SoftContext::addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn) {
   attendedRings_.push_back(conn);
-  if (attendedUntilNs_ != 0) conn->attendRing(attendedUntilNs_);
+  if (const int64_t until = attendedUntilNs_.load(); until != 0) conn->attendRing(until);
 }
 
 void SoftContext::removeAttendedRingFromLoop(const Conn* conn) {
@@ -315,15 +315,18 @@ void SoftContext::removeAttendedRingFromLoop(const Conn* conn) {
 }
 
 void SoftContext::attendFromLoop() {
-  const int64_t now = pollVouches ? ringClockNs() : 0;
-  if (pollVouches && attendedUntilNs_ - now < attendNs_ / 2) {
-    attendedUntilNs_ = now + attendNs_;
-    leaseActive_.store(true);
-    reactor_.attendUntil(Reactor::Clock::now() + std::chrono::nanoseconds(attendNs_));
-    for (const auto& w : attendedRings_) {
-      if (auto c = w.lock()) c->attendRing(attendedUntilNs_);
+  if (pollVouches) {
+    const int64_t now = ringClockNs();
+    if (attendedUntilNs_.load() - now < attendNs_ / 2) {
+      const int64_t until = now + attendNs_;
+      attendedUntilNs_.store(until);
+      // The thread's end comes after the rings' (a later clock reading), so that whatever a
+      // producer wrote while the lease held has landed when the thread runs this poller.
+      reactor_.attendUntil(Reactor::Clock::now() + std::chrono::nanoseconds(attendNs_));
+      for (const auto& w : attendedRings_) {
+        if (auto c = w.lock()) c->attendRing(until);
+      }
     }
-    if (leaseTimer_ == 0) armLeaseTimerFromLoop();
   }
   pollAttendedRingsFromLoop();
 }
@@ -338,30 +341,9 @@ void SoftContext::pollAttendedRingsFromLoop() {
   ringsPolled_.clear();
 }
 
-void SoftContext::armLeaseTimerFromLoop() {
-  // A little after the lease's end, so that whatever a producer wrote while it held has landed.
-  const auto left = std::chrono::nanoseconds(std::max<int64_t>(0, attendedUntilNs_ - ringClockNs()));
-  leaseTimer_ = reactor_.addTimer(Reactor::Clock::now() + left + std::chrono::microseconds(100),
-                                  [this] { onLeaseEndFromLoop(); });
-}
-
-void SoftContext::onLeaseEndFromLoop() {
-  leaseTimer_ = 0;
-  pollAttendedRingsFromLoop();
-  if (attendedUntilNs_ > ringClockNs()) {
-    armLeaseTimerFromLoop();  // renewed meanwhile
-  } else {
-    attendedUntilNs_ = 0;
-    leaseActive_.store(false);
-  }
-}
-
 void SoftContext::endLeaseFromLoop() {
-  attendedUntilNs_ = 0;
-  leaseActive_.store(false);
+  attendedUntilNs_.store(0);
   reactor_.attendUntil(Reactor::Clock::time_point());
-  if (leaseTimer_ != 0) reactor_.cancelTimer(leaseTimer_);
-  leaseTimer_ = 0;
   // First the producers are told (a sequentially consistent store in each ring), then the rings are
   // read: a producer that still saw the lease wrote before this read, and one that did not wakes us.
   for (const auto& w : attendedRings_) {
@@ -371,7 +353,8 @@ void SoftContext::endLeaseFromLoop() {
 }
 
 void SoftContext::stopAttending() {
-  if (!leaseActive_.load()) return;
+  // A lease that ran out needs no end: the thread took what it left when it did.
+  if (attendedUntilNs_.load() <= ringClockNs()) return;
   auto end = [this] { endLeaseFromLoop(); };
   if (!reactor_.runHere(end)) reactor_.post(end);
 }

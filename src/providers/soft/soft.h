@@ -129,7 +129,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   bool callerProgress() const { return callerProgress_; }
   // Rings the application polls (FERRY_SOFT_ATTEND_US). While it polls this device's CQs, the
   // context tells the producers of its rings not to wake its progress thread, and its polls take
-  // their frames (a reactor poller); a timer at the end of each such lease takes what is left.
+  // their frames (a reactor poller); the thread runs that poller when the lease runs out
+  // (Reactor::attendUntil), and so takes what is left.
   // A ring connection joins when it attaches and leaves when it detaches (loop only).
   void addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn);
   // An empty poll's run of the loop on the caller's thread (false when the thread runs it). With
@@ -193,8 +194,6 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // The attended rings (loop only): a caller's poll renews the lease and takes what the rings hold.
   void attendFromLoop();
   void pollAttendedRingsFromLoop();
-  void armLeaseTimerFromLoop();
-  void onLeaseEndFromLoop();
   void endLeaseFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
@@ -204,9 +203,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedRings_;  // loop only
   std::vector<std::shared_ptr<Conn>> ringsPolled_;  // loop only: the rings one poll goes through
-  int64_t attendedUntilNs_ = 0;                     // loop only: ringClockNs(), 0 when not attended
-  Reactor::TimerId leaseTimer_ = 0;                 // loop only
-  std::atomic<bool> leaseActive_{false};
+  // ringClockNs() until which the lease holds, 0 when ended; written in the loop only.
+  std::atomic<int64_t> attendedUntilNs_{0};
   int listenFd_ = -1;
   int udpFd_ = -1;
   int ringListenFd_ = -1;  // AF_UNIX SOCK_SEQPACKET, abstract name ringListenerName(pid, ringNonce_)
