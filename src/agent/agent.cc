@@ -400,6 +400,9 @@ Result<std::shared_ptr<PeerImpl>> AgentImpl::peerByAlias(std::string_view alias,
   if (alias.empty() || alias.size() > kMaxAliasBytes) return invalidArgument("connect: the alias is empty or too long");
   if (alias == self_.alias) return invalidArgument("connect: '" + std::string(alias) + "' is this agent itself");
   if (numQp < 1 || numQp > 64) return invalidArgument("connect: qp_num must be 1 .. 64");
+  // A connection whose endpoint failed (the peer died, or refused an access, which ends an RC
+  // connection) is retired here, so that the lookup wires up anew instead of handing it back.
+  if (auto old = findAlias(alias)) (void)old->retireIfEndpointFailed();
   std::shared_ptr<PeerImpl> peer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -430,6 +433,7 @@ Result<std::shared_ptr<PeerImpl>> AgentImpl::peerByAddress(std::string_view byte
   if (!decoded.isOk()) return invalidArgument("connect: " + decoded.status().message());
   if (decoded->uuid == self_.uuid) return invalidArgument("connect: that is this agent's own address");
   FERRY_ASSIGN_OR_RETURN(LaneSet lanes, selectLanes(self_, *decoded, lanes_));
+  if (auto old = findUuid(decoded->uuid)) (void)old->retireIfEndpointFailed();  // as peerByAlias
   std::shared_ptr<PeerImpl> peer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1381,7 +1385,9 @@ void Agent::disconnect(const std::shared_ptr<PeerConnection>& connection, std::s
 }
 
 Result<std::shared_ptr<PeerConnection>> Agent::peer(std::string_view alias) {
-  if (auto p = impl_->findAlias(alias); p && !p->retired()) return std::make_shared<PeerConnection>(p);
+  if (auto p = impl_->findAlias(alias); p && !p->retired() && p->retireIfEndpointFailed().isOk()) {
+    return std::make_shared<PeerConnection>(p);
+  }
   return connect(alias, 1);
 }
 

@@ -437,7 +437,6 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     if (!st.isOk()) {
       lock.unlock();
       finish(op, OperationStatus::kErrored, Status(st.code(), "the transfer failed: " + st.message()));
-      if (op->peer) (void)op->peer->retireIfFailed();  // the next operations wire up anew
       return;
     }
     op->bytes += bytes;
@@ -634,10 +633,9 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     o.writable = kind == OperationKind::kRead;
     o.remote = kind == OperationKind::kRead ? ep::RegionOptions::Remote::kWriteOnly : ep::RegionOptions::Remote::kDefault;
     FERRY_RETURN_IF_ERROR(registerBuffers(op, o));
-    auto conn = agent->connectAddress(op->metadata.address);
     // A connection whose endpoint failed (a refused access ends an RC connection both ways) is
-    // retired, and this operation wires up anew.
-    if (conn.isOk() && !(*conn)->retireIfFailed().isOk()) conn = agent->connectAddress(op->metadata.address);
+    // retired by the agent's lookup, and this operation wires up anew.
+    auto conn = agent->connectAddress(op->metadata.address);
     if (!conn.isOk()) {
       for (const auto& n : op->regions) (void)agent->unregisterMemoryRegion(n);
       return invalidArgument(std::string(what) + ": " + conn.status().message());

@@ -465,9 +465,10 @@ class ServerCore {
           endpoint = peer->endpoint(ag::OpClass::kRma);
           lanes = peer->lanes();
           if (endpoint && !endpoint->isShutdown() && endpoint->failure().isOk() && lanes.isOk()) break;
-          // Retired here and now, so that the next lookup wires up anew instead of finding it again.
-          Status failed = peer->retireIfFailed();
-          ready = failed.isOk() ? Status(StatusCode::kPeerGone, "the connection ended") : failed;
+          // The agent's next lookup retires it and wires up anew.
+          Status failed = endpoint ? endpoint->failure() : Status::ok();
+          ready = Status(StatusCode::kPeerGone,
+                         "the connection ended" + (failed.isOk() ? std::string() : ": " + failed.message()));
           ended = true;
         }
         release();
@@ -552,7 +553,6 @@ class ServerCore {
         release();
         // The connection ended between the check and the post: once more on a new one.
         if ((endpoint->isShutdown() || !endpoint->failure().isOk()) && attempt < 3) {
-          (void)peer->retireIfFailed();
           forgetClient(d->agentAddress, peer);
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;

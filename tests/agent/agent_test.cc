@@ -389,9 +389,10 @@ TEST(Agent, ConnectsByAddressWithoutAStore) {
 }
 
 // A caller that uses a connection's endpoint directly (the object server does) and has it fail
-// (here a WRITE with a forged key, which ends an RC connection) retires the connection at once:
-// the next connect to the same address wires up anew instead of handing back the failed one.
-TEST(Agent, AConnectionWhoseEndpointFailedIsRetiredOnRequest) {
+// (here a WRITE with a forged key, which ends an RC connection) gets a new connection from the next
+// lookup: the agent retires the failed one itself, instead of handing it back. retireIfFailed()
+// does the same at once, on request.
+TEST(Agent, AConnectionWhoseEndpointFailedIsRetiredByTheNextLookup) {
   auto a = startAgent(options("a", ""));
   auto b = startAgent(options("b", ""));
   ASSERT_TRUE(a && b);
@@ -424,16 +425,27 @@ TEST(Agent, AConnectionWhoseEndpointFailedIsRetiredOnRequest) {
   Status forged = directWrite(endpoint, view.rkey ^ 0x5a5a00);
   EXPECT_FALSE(forged.isOk());
   EXPECT_FALSE(endpoint->failure().isOk()) << "a refused access ends the connection";
-  Status retired = (*conn)->retireIfFailed();
-  EXPECT_EQ(retired.code(), StatusCode::kPeerGone) << retired.toString();
-  // At once: the next connect is a new wireup with a sound endpoint, and the data moves on it.
+  // At once, with nothing asked: the next connect is a new wireup with a sound endpoint, and the
+  // data moves on it.
   auto again = a->connectAddress(b->address());
   ASSERT_TRUE(again.isOk()) << again.status().toString();
   ASSERT_TRUE((*again)->waitReady(kWait).isOk());
   auto fresh = (*again)->endpoint();
   ASSERT_TRUE(fresh);
-  EXPECT_NE(fresh, endpoint);
+  EXPECT_NE(fresh, endpoint) << "the lookup handed back the connection whose endpoint failed";
   ASSERT_TRUE(directWrite(fresh, view.rkey).isOk());
+  EXPECT_EQ(src, dst);
+  // The same on request: retireIfFailed() says why, and the next connect wires up anew too.
+  EXPECT_FALSE(directWrite(fresh, view.rkey ^ 0x5a5a00).isOk());
+  Status retired = (*again)->retireIfFailed();
+  EXPECT_EQ(retired.code(), StatusCode::kPeerGone) << retired.toString();
+  auto third = a->connectAddress(b->address());
+  ASSERT_TRUE(third.isOk()) << third.status().toString();
+  ASSERT_TRUE((*third)->waitReady(kWait).isOk());
+  ASSERT_TRUE((*third)->endpoint());
+  EXPECT_NE((*third)->endpoint(), fresh);
+  std::fill(dst.begin(), dst.end(), 0);
+  ASSERT_TRUE(directWrite((*third)->endpoint(), view.rkey).isOk());
   EXPECT_EQ(src, dst);
 }
 

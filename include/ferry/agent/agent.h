@@ -134,11 +134,11 @@ class PeerConnection {
   // (kTimedOut at its deadline, kUnavailable/kPermissionDenied when refused, kPeerGone); kTimedOut
   // when the wait ran out first (the wireup goes on).
   Status waitReady(std::chrono::milliseconds timeout) const;
-  // For callers that use endpoint() directly: when this connection is ready but one of its
-  // endpoints failed or was shut down (the peer died, or refused an access, which ends an RC connection), retires it
-  // at once, so that the next operation, or the next connect to the same peer, wires up anew, and
-  // returns kPeerGone with the endpoint's failure. OK when the connection is sound or not ready.
-  // (The operations below do this themselves.)
+  // When this connection is ready but one of its endpoints failed or was shut down (the peer died,
+  // or refused an access, which ends an RC connection): retires it at once and returns kPeerGone
+  // with the endpoint's failure. OK when the connection is sound or not ready. Callers that use
+  // endpoint() directly need not call it: the next connect to the same peer, and the operations
+  // below, retire such a connection themselves and wire up anew.
   Status retireIfFailed();
   // The wireup as a future of the Endpoint API (done when connected or failed).
   endpoint::Future ready() const;
