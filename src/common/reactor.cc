@@ -26,9 +26,14 @@ Status Reactor::start(const std::string& name) {
   ev.events = EPOLLIN;
   ev.data.fd = wakeFd_;
   if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev) != 0) return ioError("epoll_ctl(wake fd)");
+  threadWakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (threadWakeFd_ < 0) return ioError("eventfd");
   quietFd_ = epoll_create1(EPOLL_CLOEXEC);
   if (quietFd_ < 0) return ioError("epoll_create1");
   if (epoll_ctl(quietFd_, EPOLL_CTL_ADD, wakeFd_, &ev) != 0) return ioError("epoll_ctl(wake fd)");
+  ev.data.fd = threadWakeFd_;
+  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, threadWakeFd_, &ev) != 0) return ioError("epoll_ctl(wake fd)");
+  if (epoll_ctl(quietFd_, EPOLL_CTL_ADD, threadWakeFd_, &ev) != 0) return ioError("epoll_ctl(wake fd)");
   thread_ = std::thread([this, name] {
     threadId_ = std::this_thread::get_id();
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
@@ -41,11 +46,12 @@ void Reactor::stop() {
   if (!thread_.joinable()) {
     if (epollFd_ >= 0) close(epollFd_), epollFd_ = -1;
     if (wakeFd_ >= 0) close(wakeFd_), wakeFd_ = -1;
+    if (threadWakeFd_ >= 0) close(threadWakeFd_), threadWakeFd_ = -1;
     if (quietFd_ >= 0) close(quietFd_), quietFd_ = -1;
     return;
   }
   stopping_ = true;
-  wake();
+  wakeThread();
   thread_.join();
   {
     std::lock_guard<std::mutex> lock(postMu_);
@@ -60,14 +66,22 @@ void Reactor::stop() {
   pollers_.clear();
   close(epollFd_);
   close(wakeFd_);
+  close(threadWakeFd_);
   close(quietFd_);
-  epollFd_ = wakeFd_ = quietFd_ = -1;
+  epollFd_ = wakeFd_ = threadWakeFd_ = quietFd_ = -1;
 }
 
 void Reactor::wake() {
   if (wakePending_.exchange(true)) return;
   uint64_t one = 1;
   ssize_t n = write(wakeFd_, &one, sizeof one);
+  (void)n;
+}
+
+void Reactor::wakeThread() {
+  if (threadWakePending_.exchange(true)) return;
+  uint64_t one = 1;
+  ssize_t n = write(threadWakeFd_, &one, sizeof one);
   (void)n;
 }
 
@@ -146,9 +160,9 @@ void Reactor::cancelTimer(TimerId id) {
   timerCbs_.erase(it);
 }
 
-Reactor::PollerId Reactor::addPoller(std::function<void()> fn) {
+Reactor::PollerId Reactor::addPoller(Poller fn) {
   PollerId id = nextPollerId_++;
-  pollers_.emplace_back(id, std::make_shared<std::function<void()>>(std::move(fn)));
+  pollers_.emplace_back(id, std::make_shared<Poller>(std::move(fn)));
   return id;
 }
 
@@ -160,8 +174,11 @@ void Reactor::attendUntil(Clock::time_point until) {
   const bool sooner = until < attendedUntil_;
   attendedUntil_ = until;
   // Sooner: the thread may sleep on the quiet set until the old end. Begun: it sleeps on the fds,
-  // and goes over to the quiet set once woken.
-  if (sooner || (!threadQuiet_ && until > Clock::now() && std::this_thread::get_id() != threadId_.load())) wake();
+  // and goes over to the quiet set once woken. (A wake-up a caller's run could take would leave
+  // the thread asleep on the fds past the lease's end, and what producers left unannounced with it.)
+  if (sooner || (!threadQuiet_ && until > Clock::now() && std::this_thread::get_id() != threadId_.load())) {
+    wakeThread();
+  }
 }
 
 int Reactor::timeoutMsLocked() {
@@ -189,6 +206,15 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
       wakePending_ = false;
       continue;
     }
+    if (fd == threadWakeFd_) {
+      if (std::this_thread::get_id() == threadId_.load()) {
+        threadWakePending_ = false;  // before the read: a later wakeThread() writes again
+        uint64_t value;
+        ssize_t r = read(threadWakeFd_, &value, sizeof value);
+        (void)r;
+      }
+      continue;
+    }
     auto it = fds_.find(fd);
     if (it == fds_.end()) continue;
     std::shared_ptr<FdCb> cb = it->second;  // keeps the callback alive if it removes itself
@@ -213,21 +239,27 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
   work_.clear();
 }
 
-bool Reactor::progressOnce() {
-  return runHere([this] {
+bool Reactor::progressOnce(bool vouches) {
+  return runHere([this, vouches] {
     constexpr int kMaxEvents = 64;
     epoll_event events[kMaxEvents];
-    int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+    int n = 0;
+    // Work the pollers found is what the caller polls for: the fds can wait for the next run.
+    if (!runPollersLocked(vouches) || ++runsWithoutFds_ >= kFdsAfterRuns) {
+      runsWithoutFds_ = 0;
+      n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+    }
     dispatchLocked(events, n);
-    runPollersLocked();
   });
 }
 
-void Reactor::runPollersLocked() {
+bool Reactor::runPollersLocked(bool vouches) {
+  bool found = false;
   for (size_t i = 0; i < pollers_.size(); ++i) {
-    std::shared_ptr<std::function<void()>> fn = pollers_[i].second;  // alive if it removes itself
-    (*fn)();
+    std::shared_ptr<Poller> fn = pollers_[i].second;  // alive if it removes itself
+    found = (*fn)(vouches) || found;
   }
+  return found;
 }
 
 bool Reactor::runHere(const std::function<void()>& fn) {
@@ -239,7 +271,7 @@ bool Reactor::runHere(const std::function<void()>& fn) {
   fn();
   running_ = nullptr;
   // A timer fn added that falls due before the thread's own wake-up: the thread must sleep less.
-  if (!timers_.empty() && timers_.begin()->first < threadSleepsUntil_) wake();
+  if (!timers_.empty() && timers_.begin()->first < threadSleepsUntil_) wakeThread();
   return true;
 }
 
@@ -258,6 +290,9 @@ void Reactor::loop() {
       auto us = std::chrono::duration_cast<std::chrono::microseconds>(attendedUntil_ - now).count();
       int untilEnd = static_cast<int>((us + 999) / 1000);
       timeoutMs = timeoutMs < 0 ? untilEnd : std::min(timeoutMs, untilEnd);
+      // A timer a caller adds that falls due after the lease's end wakes nobody: the thread looks
+      // at the timers again then.
+      threadSleepsUntil_ = std::min(threadSleepsUntil_, attendedUntil_);
     }
     const uint64_t progressed = progressed_;
     lock.unlock();
@@ -283,7 +318,7 @@ void Reactor::loop() {
       break;
     }
     dispatchLocked(events, n);
-    if (quiet) runPollersLocked();  // the work the callers were to find, when they stopped coming
+    if (quiet) (void)runPollersLocked(false);  // the work the callers were to find, when they stopped coming
     if (stopping_) {
       std::lock_guard<std::mutex> postLock(postMu_);
       if (posted_.empty()) {

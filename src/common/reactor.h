@@ -50,10 +50,12 @@ class Reactor {
   // Returns kClosed (without running fn) once the reactor is stopped.
   Status runSync(const std::function<void()>& fn);
   bool inLoop() const { return std::this_thread::get_id() == threadId_.load() || running_ == this; }
-  // Runs the loop once on the calling thread, without waiting: the fds that are ready, the timers
-  // that are due, the work posted. Does nothing (false) when another thread is running the loop,
-  // when called from inside the loop, or once the reactor is stopped. Thread-safe.
-  bool progressOnce();
+  // Runs the loop once on the calling thread, without waiting: the pollers, the fds that are
+  // ready, the timers that are due, the work posted. `vouches`: the caller says it goes on calling
+  // (an application polling a queue it has not armed); the pollers are told. Does nothing (false)
+  // when another thread is running the loop, when called from inside the loop, or once the reactor
+  // is stopped. Thread-safe.
+  bool progressOnce(bool vouches = false);
   // Runs fn on the calling thread as the loop would (holding the loop, inLoop() true), when no
   // thread is running the loop; false (fn not run) when one is, when called from inside the loop,
   // or once the reactor is stopped. Thread-safe.
@@ -65,12 +67,17 @@ class Reactor {
   void removeFd(int fd);
   TimerId addTimer(Clock::time_point when, std::function<void()> cb);
   void cancelTimer(TimerId id);
-  // A poller runs in every caller's progressOnce(), after the ready fds: it looks for work that
-  // raises no event (a ring whose producer was told not to wake this process, because its
-  // application polls). The thread runs the pollers only when it wakes from a sleep while attended
+  // A poller runs in every caller's progressOnce(), first: it looks for work that raises no event
+  // (a ring whose producer was told not to wake this process, because its application polls),
+  // returns whether it found some, and is told whether the caller vouches (progressOnce). A run
+  // whose pollers found work leaves the fds to a later run, so that a poll whose frame waits in a
+  // ring makes no system call; every kFdsAfterRuns-th run in a row looks at them all the same. The
+  // thread runs the pollers (vouching for no one) when it wakes from a sleep while attended
   // (attendUntil), which it does at the latest when the lease ends: what the callers left is taken.
   using PollerId = uint64_t;
-  PollerId addPoller(std::function<void()> fn);
+  using Poller = std::function<bool(bool vouches)>;
+  static constexpr int kFdsAfterRuns = 8;
+  PollerId addPoller(Poller fn);
   void removePoller(PollerId id);
   // A caller vouches that callers run the loop often (progressOnce) until `until`: till then the
   // thread sleeps on posted work and timers only, not on the fds, whose events the callers take,
@@ -80,19 +87,25 @@ class Reactor {
 
  private:
   void loop();
+  // Wakes whoever runs the loop next (posted work: a caller's run may take it).
   void wake();
+  // Wakes the thread itself (a caller's run does not take this one): it must stop, or sleep less,
+  // or go over to the other epoll set.
+  void wakeThread();
   // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted.
   void dispatchLocked(const ::epoll_event* events, int n);
-  void runPollersLocked();
+  bool runPollersLocked(bool vouches);  // whether a poller found work
   int timeoutMsLocked();
 
   int epollFd_ = -1;
   int wakeFd_ = -1;
-  int quietFd_ = -1;  // an epoll set of wakeFd_ alone: what the thread sleeps on while attended
+  int threadWakeFd_ = -1;  // read by the thread only
+  int quietFd_ = -1;       // an epoll set of the two wake-up fds alone: the thread's while attended
   std::thread thread_;
   std::atomic<std::thread::id> threadId_{};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> wakePending_{false};
+  std::atomic<bool> threadWakePending_{false};
   // Held by whoever runs the loop (the thread, or a caller of progressOnce()); guards fds_ and the
   // timers. progressed_ counts the callers' runs: events the thread's epoll_wait returned before one
   // may be stale (their fd read, or closed and its number reused), so the thread polls again.
@@ -100,7 +113,8 @@ class Reactor {
   uint64_t progressed_ = 0;  // guarded by loopMu_
   std::vector<std::function<void()>> work_;  // guarded by loopMu_: the posted work being run
   bool closed_ = false;      // guarded by loopMu_: the epoll set is gone
-  // Guarded by loopMu_: the first timer the thread's epoll_wait wakes up for (max: none).
+  // Guarded by loopMu_: when the thread's epoll_wait times out (the first timer, or the lease's
+  // end while attended; max: never).
   Clock::time_point threadSleepsUntil_ = Clock::time_point::max();
   Clock::time_point attendedUntil_{};  // guarded by loopMu_
   bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
@@ -114,7 +128,8 @@ class Reactor {
   std::multimap<Clock::time_point, TimerId> timers_;
   std::unordered_map<TimerId, std::pair<Clock::time_point, std::function<void()>>> timerCbs_;
   TimerId nextTimerId_ = 1;
-  std::vector<std::pair<PollerId, std::shared_ptr<std::function<void()>>>> pollers_;
+  std::vector<std::pair<PollerId, std::shared_ptr<Poller>>> pollers_;
+  int runsWithoutFds_ = 0;  // guarded by loopMu_: callers' runs in a row that left the fds
   PollerId nextPollerId_ = 1;
 };
 

@@ -28,6 +28,32 @@ bool runHereSoon(Reactor& r, const std::function<void()>& fn) {
   return false;
 }
 
+// An eventfd in the reactor's set whose events are counted by who took them: the thread, or the
+// caller (the test's thread). signal() makes it ready.
+struct CountedFd {
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  std::atomic<int> byThread{0}, byCaller{0};
+  const std::thread::id caller = std::this_thread::get_id();
+
+  ~CountedFd() { close(fd); }
+  bool addTo(Reactor& r) {
+    bool added = false;
+    bool ran = r.runSync([&] {
+                  added = r.addFd(fd, EPOLLIN, [this](uint32_t) {
+                                uint64_t v;
+                                if (read(fd, &v, sizeof v) != sizeof v) return;
+                                if (std::this_thread::get_id() == caller) ++byCaller;
+                                else ++byThread;
+                              }).isOk();
+                }).isOk();
+    return fd >= 0 && ran && added;
+  }
+  void signal() const {
+    uint64_t one = 1;
+    ASSERT_EQ(write(fd, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  }
+};
+
 TEST(Reactor, RunHereRunsOnTheCallerAsTheLoop) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());
@@ -76,13 +102,15 @@ TEST(Reactor, PollersRunInTheCallersProgressOnly) {
   const auto caller = std::this_thread::get_id();
   Reactor::PollerId id = 0, once = 0;
   ASSERT_TRUE(r.runSync([&] {
-                 id = r.addPoller([&] {
+                 id = r.addPoller([&](bool) {
                    ++polls;
                    if (std::this_thread::get_id() != caller) offThread = true;
+                   return false;
                  });
-                 once = r.addPoller([&] {
+                 once = r.addPoller([&](bool) {
                    ++selfRemoving;
                    r.removePoller(once);
+                   return false;
                  });
                }).isOk());
   // The thread runs the loop (posted work, a timer): no poller with it.
@@ -111,22 +139,8 @@ TEST(Reactor, PollersRunInTheCallersProgressOnly) {
 TEST(Reactor, AnAttendedReactorLeavesReadyFdsToItsCallers) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());
-  int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  ASSERT_GE(efd, 0);
-  std::atomic<int> byThread{0}, byCaller{0};
-  const auto caller = std::this_thread::get_id();
-  ASSERT_TRUE(r.runSync([&] {
-                 ASSERT_TRUE(r.addFd(efd, EPOLLIN, [&, efd](uint32_t) {
-                                 uint64_t v;
-                                 if (read(efd, &v, sizeof v) != sizeof v) return;
-                                 if (std::this_thread::get_id() == caller) ++byCaller;
-                                 else ++byThread;
-                               }).isOk());
-               }).isOk());
-  auto signal = [efd] {
-    uint64_t one = 1;
-    ASSERT_EQ(write(efd, &one, sizeof one), static_cast<ssize_t>(sizeof one));
-  };
+  CountedFd efd;
+  ASSERT_TRUE(efd.addTo(r));
   // Attended for 10 s: the event waits for a caller. (The thread goes over to the quiet set when
   // it next wakes, which it is made to at once; a loaded machine may take a while, so a few tries.)
   ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 10s); }));
@@ -134,36 +148,118 @@ TEST(Reactor, AnAttendedReactorLeavesReadyFdsToItsCallers) {
   bool left = false;
   for (int attempt = 1; attempt <= 5 && !left; ++attempt) {
     std::this_thread::sleep_for(attempt * 20ms);
-    signal();
+    efd.signal();
     std::this_thread::sleep_for(50ms);
-    left = byThread.load() == taken;
-    taken = byThread.load();
+    left = efd.byThread.load() == taken;
+    taken = efd.byThread.load();
   }
   EXPECT_TRUE(left) << "the thread woke for an fd while attended, five times";
   while (!r.progressOnce()) std::this_thread::sleep_for(100us);
-  EXPECT_EQ(byCaller.load(), 1);
+  EXPECT_EQ(efd.byCaller.load(), 1);
   // Ended early: the thread takes the next event itself.
   ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::time_point()); }));
-  signal();
-  for (int i = 0; i < 10000 && byThread.load() == taken; ++i) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(byThread.load(), taken + 1) << "the thread did not come back to the fds when the lease ended";
+  efd.signal();
+  for (int i = 0; i < 10000 && efd.byThread.load() == taken; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(efd.byThread.load(), taken + 1) << "the thread did not come back to the fds when the lease ended";
   // A short lease that runs out by itself: the thread takes what waited, and runs the pollers
   // (the work no fd announces) once.
   std::atomic<int> threadPolls{0};
   ASSERT_TRUE(runHereSoon(r, [&] {
-    r.addPoller([&] {
-      if (std::this_thread::get_id() != caller) ++threadPolls;
+    r.addPoller([&](bool) {
+      if (std::this_thread::get_id() != efd.caller) ++threadPolls;
+      return false;
     });
     r.attendUntil(Reactor::Clock::now() + 30ms);
   }));
-  signal();
-  for (int i = 0; i < 10000 && byThread.load() == taken + 1; ++i) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(byThread.load(), taken + 2) << "an event that came during the lease was never taken";
-  EXPECT_EQ(byCaller.load(), 1);
+  efd.signal();
+  for (int i = 0; i < 10000 && efd.byThread.load() == taken + 1; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(efd.byThread.load(), taken + 2) << "an event that came during the lease was never taken";
+  EXPECT_EQ(efd.byCaller.load(), 1);
   for (int i = 0; i < 10000 && threadPolls.load() == 0; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_GT(threadPolls.load(), 0) << "the thread did not run the pollers when the lease ran out";
   r.stop();
-  close(efd);
+}
+
+// A caller's run whose pollers found work leaves the ready fds to a later run, so that a poll
+// whose frame waits in a ring makes no system call; but every kFdsAfterRuns-th run in a row looks
+// at them, and a run whose pollers find nothing looks at once. The pollers learn whether the
+// caller vouches.
+TEST(Reactor, APollThatFindsWorkLeavesTheFdsToALaterRunForAFewRunsAtMost) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  CountedFd efd;
+  ASSERT_TRUE(efd.addTo(r));
+  std::atomic<bool> finds{true};
+  std::atomic<int> vouched{-1};
+  ASSERT_TRUE(r.runSync([&] {
+                 r.addPoller([&](bool vouches) {
+                   if (std::this_thread::get_id() == efd.caller) vouched = vouches ? 1 : 0;
+                   return finds.load();
+                 });
+               }).isOk());
+  // One successful caller's run (the thread may hold the loop for a moment).
+  auto run = [&](bool vouches) {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!r.progressOnce(vouches) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
+  };
+  // Attended, so that the thread leaves the fd to the callers (as in the test above, a loaded
+  // machine may take a while to put the thread on its quiet set: a few tries).
+  ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 60s); }));
+  bool checked = false;
+  for (int attempt = 1; attempt <= 5 && !checked; ++attempt) {
+    std::this_thread::sleep_for(attempt * 20ms);
+    finds = false;
+    run(false);  // a run that looks at the fds: the count of runs that left them starts again
+    finds = true;
+    const int before = efd.byCaller.load(), thread = efd.byThread.load();
+    efd.signal();
+    for (int i = 1; i < Reactor::kFdsAfterRuns; ++i) run(true);
+    if (efd.byThread.load() != thread) continue;  // the thread was not quiet yet: again
+    EXPECT_EQ(efd.byCaller.load(), before) << "a run whose pollers found work looked at the fds";
+    EXPECT_EQ(vouched.load(), 1);
+    run(false);
+    EXPECT_EQ(vouched.load(), 0);
+    EXPECT_EQ(efd.byCaller.load(), before + 1) << "the fds waited more than kFdsAfterRuns runs";
+    checked = efd.byThread.load() == thread;
+  }
+  EXPECT_TRUE(checked) << "the thread woke for an fd while attended, five times";
+  // Pollers that find nothing: the fds are looked at in the same run.
+  finds = false;
+  const int before = efd.byCaller.load();
+  efd.signal();
+  run(true);
+  EXPECT_EQ(efd.byCaller.load(), before + 1) << "a run whose pollers found nothing left the fds";
+  r.stop();
+}
+
+// A lease begun in a caller's run (by a poller, as a soft device's poll does) must reach the
+// thread, which sleeps on the fds with no timeout: the caller's own look at the fds, right after,
+// does not take that wake-up. So when the caller stops, the thread runs the pollers at the lease's
+// end (a ring's unannounced frame is taken). Several leases, each from a fresh sleep.
+TEST(Reactor, ALeaseBegunInACallersRunWakesTheThreadItself) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  const auto caller = std::this_thread::get_id();
+  std::atomic<int> threadPolls{0};
+  std::atomic<bool> begin{false};
+  ASSERT_TRUE(r.runSync([&] {
+                 r.addPoller([&](bool) {
+                   if (std::this_thread::get_id() != caller) ++threadPolls;
+                   else if (begin.exchange(false)) r.attendUntil(Reactor::Clock::now() + 5ms);
+                   return false;
+                 });
+               }).isOk());
+  for (int lease = 0; lease < 20; ++lease) {
+    std::this_thread::sleep_for(10ms);  // the last lease over: the thread asleep on the fds, no timeout
+    const int before = threadPolls.load();
+    begin = true;
+    while (begin.load()) {
+      if (!r.progressOnce(true)) std::this_thread::sleep_for(100us);
+    }
+    for (int i = 0; i < 10000 && threadPolls.load() == before; ++i) std::this_thread::sleep_for(1ms);
+    ASSERT_GT(threadPolls.load(), before) << "lease " << lease << ": the thread slept past the lease's end";
+  }
+  r.stop();
 }
 
 TEST(Reactor, CallersAreRefusedWhileTheThreadRunsTheLoopAndAfterStop) {

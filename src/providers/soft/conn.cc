@@ -108,8 +108,10 @@ void Conn::attendRing(int64_t untilNs) {
   if (ring_ && fd_ >= 0) ring_->attend(untilNs);
 }
 
-void Conn::pollRing() {
-  if (fd_ >= 0 && ring_ && ring_->readable()) takeRing();
+bool Conn::pollRing() {
+  if (fd_ < 0 || !ring_ || !ring_->readable()) return false;
+  takeRing();
+  return true;
 }
 
 void Conn::onRingSocket(uint32_t events) {

@@ -94,9 +94,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Whether the bytes go over shared-memory rings rather than TCP.
   bool overRing() const { return ring_ != nullptr; }
   // Over rings: our application polls until untilNs (RingLink::attend), and a poll of its own
-  // takes what the incoming ring holds, as the eventfd's wake-up would (loop only).
+  // takes what the incoming ring holds, as the eventfd's wake-up would (loop only; whether it
+  // held any).
   void attendRing(int64_t untilNs);
-  void pollRing();
+  bool pollRing();
   bool connected() const { return !connecting_ && fd_ >= 0; }
   // Drops queued frames that have not started to go out.
   void dropUnsentFrames();

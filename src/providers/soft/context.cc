@@ -243,7 +243,7 @@ Status SoftContext::start() {
     if (added.isOk() && ringListenFd_ >= 0) {
       added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); });
     }
-    if (attendNs_ > 0) reactor_.addPoller([this] { attendFromLoop(); });
+    if (attendNs_ > 0) reactor_.addPoller([this](bool vouches) { return attendFromLoop(vouches); });
   }));
   FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
             static_cast<unsigned>(ntohs(addr.sin_port)));
@@ -289,18 +289,9 @@ void SoftContext::close() {
 // hold; when the polls stop coming, the thread runs the poller at the lease's end and takes what
 // producers left unannounced; arming a CQ ends the lease at once.
 
-namespace {
-// Whether this thread's progressOnce() comes from a poll of a CQ that is not armed: only such a
-// poll vouches that the application goes on polling (one after arming is the last before a sleep).
-thread_local bool pollVouches = false;
-}  // namespace
-
-bool SoftContext::progressFromPoll(bool vouches) {
-  pollVouches = vouches;
-  const bool ran = reactor_.progressOnce();
-  pollVouches = false;
-  return ran;
-}
+// Only a poll of a CQ that is not armed vouches that the application goes on polling (one after
+// arming is the last before a sleep).
+bool SoftContext::progressFromPoll(bool vouches) { return reactor_.progressOnce(vouches); }
 
 void SoftContext::addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn) {
   attendedRings_.push_back(conn);
@@ -314,31 +305,35 @@ void SoftContext::removeAttendedRingFromLoop(const Conn* conn) {
   });
 }
 
-void SoftContext::attendFromLoop() {
-  if (pollVouches) {
-    const int64_t now = ringClockNs();
-    if (attendedUntilNs_.load() - now < attendNs_ / 2) {
-      const int64_t until = now + attendNs_;
+bool SoftContext::attendFromLoop(bool vouches) {
+  if (vouches) {
+    const auto now = Reactor::Clock::now();
+    const int64_t nowNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+    if (attendedUntilNs_.load() - nowNs < attendNs_ / 2) {
+      // One reading for the rings and the thread (ringClockNs() is the reactor's clock): a
+      // producer that saw the lease hold wrote its frame before the lease's end, and the thread
+      // wakes no sooner than that end to run this poller, so it finds the frame.
+      const int64_t until = nowNs + attendNs_;
       attendedUntilNs_.store(until);
-      // The thread's end comes after the rings' (a later clock reading), so that whatever a
-      // producer wrote while the lease held has landed when the thread runs this poller.
-      reactor_.attendUntil(Reactor::Clock::now() + std::chrono::nanoseconds(attendNs_));
+      reactor_.attendUntil(now + std::chrono::nanoseconds(attendNs_));
       for (const auto& w : attendedRings_) {
         if (auto c = w.lock()) c->attendRing(until);
       }
     }
   }
-  pollAttendedRingsFromLoop();
+  return pollAttendedRingsFromLoop();
 }
 
-void SoftContext::pollAttendedRingsFromLoop() {
+bool SoftContext::pollAttendedRingsFromLoop() {
   // A snapshot: taking a ring's frames may close connections (and so change the list).
   ringsPolled_.clear();
   for (const auto& w : attendedRings_) {
     if (auto c = w.lock()) ringsPolled_.push_back(std::move(c));
   }
-  for (const auto& c : ringsPolled_) c->pollRing();
+  bool found = false;
+  for (const auto& c : ringsPolled_) found = c->pollRing() || found;
   ringsPolled_.clear();
+  return found;
 }
 
 void SoftContext::endLeaseFromLoop() {
@@ -349,7 +344,7 @@ void SoftContext::endLeaseFromLoop() {
   for (const auto& w : attendedRings_) {
     if (auto c = w.lock()) c->attendRing(0);
   }
-  pollAttendedRingsFromLoop();
+  (void)pollAttendedRingsFromLoop();
 }
 
 void SoftContext::stopAttending() {

@@ -165,10 +165,10 @@ void SoftQp::completeFromLoop() {
     pushSendCompletion(done, WcStatus::kSuccess);
     lastProgress_ = Clock::now();
   }
-  if (sq_.empty() && timeoutTimer_) {
-    ctx_->reactor().cancelTimer(timeoutTimer_);
-    timeoutTimer_ = 0;
-  }
+  // The transport timer stays when the queue empties: it lapses when it fires with nothing sent,
+  // and one that fires after the queue filled again re-arms from the progress made since. So a
+  // message costs no timer of its own, which a caller's post would have to wake the progress thread
+  // for (it may be due before the thread's own wake-up).
   if (state_.load() == QpState::kRts && nextToSend_ < sq_.size()) pumpFromLoop();
 }
 

@@ -119,9 +119,8 @@ void copyRing(uint8_t* ring, size_t size, uint64_t pos, const iovec* iov, int co
 }  // namespace
 
 int64_t ringClockNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 uint64_t ringLinksMade() { return linksMade.load(std::memory_order_relaxed); }

@@ -129,7 +129,9 @@ class RingLink {
   int idleSleeps_ = 0;    // sleeps since the budget fell to 0
 };
 
-// CLOCK_MONOTONIC in nanoseconds, the clock of RingLink::attend (the same in every process).
+// CLOCK_MONOTONIC in nanoseconds, the clock of RingLink::attend (the same in every process):
+// std::chrono::steady_clock's (libstdc++ and libc++ read CLOCK_MONOTONIC on Linux), so that a
+// reactor's time points and a ring's lease are one reading.
 int64_t ringClockNs();
 
 // How many ring links this process has set up (either side) and how many bytes it has written

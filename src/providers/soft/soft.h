@@ -192,8 +192,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   void awaitHelloFromLoop(const std::shared_ptr<Conn>& conn);
   void onDatagramsFromLoop();
   // The attended rings (loop only): a caller's poll renews the lease and takes what the rings hold.
-  void attendFromLoop();
-  void pollAttendedRingsFromLoop();
+  bool attendFromLoop(bool vouches);
+  bool pollAttendedRingsFromLoop();  // whether a ring held frames
   void endLeaseFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
