@@ -95,6 +95,12 @@ Result<RunShape> decodeShape(const json::Value& hello) {
     }
     s.events = wait == "event";
   }
+  // Clients before --poll-yield send no "poll_yield": theirs yield after every empty poll.
+  s.pollYield = 1;
+  if (hello.find("poll_yield") != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(int64_t pollYield, intField(hello, "poll_yield", 0, kMaxPollYield));
+    s.pollYield = static_cast<int>(pollYield);
+  }
   FERRY_ASSIGN_OR_RETURN(int64_t threads, intField(hello, "threads", 1, kMaxThreads));
   FERRY_ASSIGN_OR_RETURN(int64_t qps, intField(hello, "qps", 1, kMaxQpsPerThread));
   FERRY_ASSIGN_OR_RETURN(int64_t depth, intField(hello, "depth", 1, kMaxDepth));
@@ -330,6 +336,7 @@ Status runClientSession(ControlChannel& ch, const Options& o, const std::string&
   hello->set("api", apiName(o.shape.api));
   hello->set("memory", o.shape.sharedMemory ? "shared" : "heap");
   hello->set("wait", o.shape.events ? "event" : "poll");
+  hello->set("poll_yield", o.shape.pollYield);
   hello->set("threads", o.shape.threads);
   hello->set("qps", o.shape.qps);
   hello->set("depth", o.shape.depth);

@@ -32,6 +32,10 @@ inline constexpr uint64_t kMaxMessageSize = uint64_t{1} << 30;
 // The standard sizes of --sweep.
 inline constexpr uint64_t kSweepSizes[] = {8, 4096, 65536, 1u << 20, 16u << 20, 64u << 20};
 
+// --poll-yield's default and limit.
+inline constexpr int kDefaultPollYield = 16;
+inline constexpr int kMaxPollYield = 1 << 20;
+
 enum class Op : uint8_t { kWrite, kRead, kSend, kWriteImm, kAtomic };
 enum class Mode : uint8_t { kBandwidth, kLatency };
 // What a run drives: verbs work requests, or the Endpoint API's operations and futures.
@@ -67,6 +71,11 @@ struct RunShape {
   // runs of send, write_imm, read and atomic latency; a WRITE ping-pong has no completion to wait
   // for at the side the WRITE lands on.
   bool events = false;
+  // --poll-yield N: a latency loop gives the core away (sched_yield) after every Nth poll that
+  // found nothing, both sides; 0 never. Between those, no system call, as ib_send_lat and
+  // ucx_perftest poll; the yields let a device whose progress runs on threads of its own have the
+  // core on a machine with few cores.
+  int pollYield = kDefaultPollYield;
 };
 
 inline constexpr int kMaxThreads = 64;

@@ -9,8 +9,8 @@
 // its own landing half for the sequence value the peer wrote; the round trip is halved. READ and
 // atomics are timed from posting one request to polling its completion.
 //
-// Every loop polls without blocking and yields the processor when there is nothing to do, so a
-// machine with few cores still runs both sides' progress threads.
+// Every loop polls without blocking and, after every --poll-yield-th poll that found nothing,
+// yields the processor, so a machine with few cores still runs both sides' progress threads.
 #include "bench_engine.h"
 
 #include <sys/mman.h>
@@ -27,6 +27,12 @@
 
 namespace ferry::cli::bench {
 namespace {
+
+// After a poll that found nothing: gives the core away at every shape.pollYield-th such poll in a
+// row (0: never); `empty` counts them, and the caller sets it to 0 when a poll finds something.
+void afterEmptyPoll(const RunShape& shape, uint32_t& empty) {
+  if (shape.pollYield > 0 && ++empty % static_cast<uint32_t>(shape.pollYield) == 0) std::this_thread::yield();
+}
 
 namespace v = ferry::verbs;
 
@@ -171,18 +177,20 @@ class SendTracker {
 };
 
 // Waits until every outstanding send request of the thread completed.
-Status drain(SendTracker& tracker, double stall, std::atomic<bool>& abort) {
+Status drain(SendTracker& tracker, const RunShape& shape, double stall, std::atomic<bool>& abort) {
   auto last = Clock::now();
+  uint32_t empty = 0;
   while (!tracker.idle()) {
     auto got = tracker.reap();
     if (!got.isOk()) return got.status();
     if (*got > 0) {
       last = Clock::now();
+      empty = 0;
       continue;
     }
     if (abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
     if (secondsSince(last) > stall) return stalled(stall);
-    std::this_thread::yield();
+    afterEmptyPoll(shape, empty);
   }
   return Status::ok();
 }
@@ -300,7 +308,7 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
                                          landingOffset(shape)));
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
-    uint32_t spins = 0;
+    uint32_t spins = 0, empty = 0;
     while (loadByte(landing) != value) {
       // Poll the landing byte itself for a while first (as ib_write_lat does), then the CQ and
       // yield. The while adapts: longer while the byte keeps landing within it (a path of a few
@@ -316,7 +324,7 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
         if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
-      std::this_thread::yield();
+      afterEmptyPoll(shape, empty);
     }
     auto t1 = Clock::now();
     if (a.samples) a.samples->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
@@ -325,11 +333,11 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
     while (tracker.outstanding(q) > 4) {
       auto got = tracker.reap();
       if (!got.isOk()) return got.status();
-      if (*got == 0) std::this_thread::yield();
+      if (*got == 0) afterEmptyPoll(shape, empty);
     }
   }
   *iterations = i;
-  return drain(tracker, a.stall, a.control->abort);
+  return drain(tracker, shape, a.stall, a.control->abort);
 }
 
 // Client side of a SEND or WRITE_WITH_IMM ping-pong: the reply is a receive completion.
@@ -358,7 +366,7 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
                                          landingOffset(shape)));
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
-    uint32_t spins = 0;
+    uint32_t spins = 0, empty = 0;
     while (!replied) {
       auto got = shape.events ? tracker.reapOrSleep(onReceive) : tracker.reap(onReceive);
       if (!got.isOk()) return got.status();
@@ -367,14 +375,14 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
         if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
-      if (!shape.events) std::this_thread::yield();
+      if (!shape.events) afterEmptyPoll(shape, empty);
     }
     auto t1 = Clock::now();
     if (a.samples) a.samples->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
     if (a.progress) a.progress->fetch_add(1, std::memory_order_relaxed);
   }
   *iterations = i;
-  return drain(tracker, a.stall, a.control->abort);
+  return drain(tracker, shape, a.stall, a.control->abort);
 }
 
 // READ or atomic latency: post one request, poll until it completes.
@@ -393,7 +401,7 @@ Status postToCompletion(const LoopArgs& a, uint64_t* iterations) {
     Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled, 0));
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
-    uint32_t spins = 0;
+    uint32_t spins = 0, empty = 0;
     while (!tracker.idle()) {
       auto got = shape.events ? tracker.reapOrSleep() : tracker.reap();
       if (!got.isOk()) return got.status();
@@ -402,7 +410,7 @@ Status postToCompletion(const LoopArgs& a, uint64_t* iterations) {
         if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
-      if (!shape.events) std::this_thread::yield();
+      if (!shape.events) afterEmptyPoll(shape, empty);
     }
     auto t1 = Clock::now();
     if (a.samples) a.samples->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
@@ -750,6 +758,7 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
       ThreadResources& t = threads_[ti];
       SendTracker tracker(t, nullptr);
       const size_t nq = t.qps.size();
+      uint32_t empty = 0;
       auto body = [&]() -> Status {
         if (pingPong && shape_.op == Op::kWrite) {
           // Answer ping k with pong k: wait for the marker in the landing half, write it back.
@@ -759,18 +768,19 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
                      .lkey = t.mr.lkey()};
           for (uint64_t k = 0;; ++k) {
             uint8_t value = marker(k);
+            empty = 0;
             while (loadByte(landing) != value) {
               if (stopResponders_.load(std::memory_order_relaxed)) return Status::ok();
               auto got = tracker.reap();
               if (!got.isOk()) return got.status();
-              std::this_thread::yield();
+              afterEmptyPoll(shape_, empty);
             }
             size_t q = k % nq;
             while (tracker.outstanding(q) >= 8) {
               auto got = tracker.reap();
               if (!got.isOk()) return got.status();
               if (stopResponders_.load(std::memory_order_relaxed)) return Status::ok();
-              if (*got == 0) std::this_thread::yield();
+              if (*got == 0) afterEmptyPoll(shape_, empty);
             }
             storeByte(mark, value);
             FERRY_RETURN_IF_ERROR(t.qps[q].postSend(makeWr(t, shape_, &sge, SendTracker::wrId(q, 1),
@@ -796,7 +806,11 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
         while (!stopResponders_.load(std::memory_order_relaxed)) {
           auto got = shape_.events ? tracker.reapOrSleep(onReceive) : tracker.reap(onReceive);
           if (!got.isOk()) return got.status();
-          if (*got == 0 && !shape_.events) std::this_thread::yield();
+          if (*got > 0) {
+            empty = 0;
+          } else if (!shape_.events) {
+            afterEmptyPoll(shape_, empty);
+          }
         }
         return Status::ok();
       };

@@ -109,6 +109,7 @@ Status validateShape(const RunShape& s) {
   Status st = range("threads", s.threads, 1, kMaxThreads);
   if (st.isOk()) st = range("qps", s.qps, 1, kMaxQpsPerThread);
   if (st.isOk()) st = range("depth", s.depth, 1, kMaxDepth);
+  if (st.isOk()) st = range("poll-yield", s.pollYield, 0, kMaxPollYield);
   // A verbs batch is posted at once, so it fits in the depth; an endpoint batch is one call.
   if (st.isOk()) st = range("batch", s.batch, 1, s.api == Api::kVerbs ? s.depth : kMaxEndpointBatch);
   if (!st.isOk()) return st;
@@ -200,6 +201,8 @@ void printUsage(FILE* out) {
                "  --wait poll|event     lat: poll the CQ (default) or sleep on its completion\n"
                "                        channel, both sides (the event-driven variant; verbs\n"
                "                        send, write_imm, read and atomic)\n"
+               "  --poll-yield N        lat: polling loops yield the core after every Nth empty poll\n"
+               "                        (default 16; 1 after each; 0 never), both sides\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
                "atomic are the time from posting to completion; endpoint operations the time from the\n"
@@ -260,6 +263,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   std::vector<std::string> sizeTexts;
   std::string memory, wait;
   std::string target, softPath, op, api, mode, port, iters, batch, depth, qps, threads, duration, timeout, plot;
+  std::string pollYield;
   // CLI11 recognises the options and their values; the checks below give each value's own message.
   CLI::App app("perftest-style bandwidth and latency between two processes", "ferry bench");
   app.set_help_flag();  // printUsage() is the help
@@ -282,7 +286,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   app.add_option("--size", sizeTexts)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   for (auto [name, text] : {std::pair{"--port", &port}, {"--iters", &iters}, {"--batch", &batch}, {"--depth", &depth},
                             {"--qps", &qps}, {"--threads", &threads}, {"--duration", &duration},
-                            {"--timeout", &timeout}}) {
+                            {"--timeout", &timeout}, {"--poll-yield", &pollYield}}) {
     app.add_option(name, *text);
   }
   app.add_option("target", target, "HOST[:PORT]");
@@ -358,6 +362,10 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   if (given("--depth")) {
     FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--depth", depth, 1, kMaxDepth));
     o.shape.depth = static_cast<int>(n);
+  }
+  if (given("--poll-yield")) {
+    FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--poll-yield", pollYield, 0, kMaxPollYield));
+    o.shape.pollYield = static_cast<int>(n);
   }
   if (given("--qps")) {
     FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--qps", qps, 1, kMaxQpsPerThread));

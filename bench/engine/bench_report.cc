@@ -139,6 +139,7 @@ json::Value reportJson(const BenchReport& rep) {
   doc.set("server", rep.server);
   doc.set("memory", s.sharedMemory ? "shared" : "heap");
   doc.set("wait", s.events ? "event" : "poll");
+  doc.set("poll_yield", s.pollYield);
   doc.set("threads", s.threads);
   doc.set("qps", s.qps);
   doc.set("depth", s.depth);

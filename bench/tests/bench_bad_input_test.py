@@ -126,6 +126,9 @@ def main():
     bad_option(ferry, ["--local", "--wait", "nap"], r"unknown --wait 'nap': use poll or event")
     bad_option(ferry, ["--local", "--mode", "lat", "--wait", "event"], r"--wait event is for verbs latency runs")
     bad_option(ferry, ["--local", "--op", "send", "--wait", "event"], r"--wait event is for verbs latency runs")
+    bad_option(ferry, ["--local", "--poll-yield", "-1"], r"--poll-yield takes a whole number")
+    bad_option(ferry, ["--local", "--poll-yield", "many"], r"--poll-yield takes a whole number")
+    bad_option(ferry, ["--local", "--poll-yield", "2000000"], r"--poll-yield")
     bad_option(ferry, ["--local", "--size", "0"], r"bad size '0'")
     bad_option(ferry, ["--local", "--size", "12Q"], r"bad size '12Q'")
     bad_option(ferry, ["--local", "--size", "4K,,8"], r"bad size ''")
@@ -182,6 +185,8 @@ def main():
     for fields, pattern in (('"memory": "gpu"', r"unknown memory 'gpu'"),
                             ('"wait": "nap"', r"unknown wait 'nap'"),
                             ('"wait": "event"', r"--wait event is for verbs latency runs"),
+                            ('"poll_yield": -1', r"field 'poll_yield'"),
+                            ('"poll_yield": "often"', r"field 'poll_yield'"),
                             ('"api": "bogus"', r"unknown api 'bogus'"),
                             ('"api": "endpoint"', r"field 'endpoint' is missing"),
                             ('"api": "endpoint", "endpoint": {"ferry_endpoint": 99}', r"the peer's endpoint metadata"),

@@ -79,6 +79,13 @@ def main():
             check_doc(doc, op, "lat", small)
             if doc.get("ferry_soft_same_host") != value:
                 fail("--soft-path %s ran with FERRY_SOFT_SAME_HOST=%r" % (path, doc.get("ferry_soft_same_host")))
+    # Polling loops that never yield, and ones that yield after every empty poll (--poll-yield).
+    for n in (0, 1):
+        doc = bench(ferry, "--soft-path", "same-host", "--op", "send", "--mode", "lat", "--size", "8",
+                    "--iters", "50", "--poll-yield", str(n))
+        check_doc(doc, "send", "lat", [8])
+        if doc.get("poll_yield") != n:
+            fail("--poll-yield %d ran with poll_yield %r" % (n, doc.get("poll_yield")))
     # The event-driven variant (--wait event): both sides sleep on the completion channel.
     for path in ("tcp", "ring", "same-host"):
         for op in ("send", "write_imm", "read", "atomic"):
