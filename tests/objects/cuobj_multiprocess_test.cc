@@ -2,7 +2,8 @@
 // (cuobj_client_peer, fork/exec'd): the client mints descriptors (cuObjGet/cuObjPut's callbacks, or
 // its token API) and hands them, with its buffer's address and size, over its stdin/stdout, the test's
 // control path. Covers the document's usage patterns 1.9.1-1.9.7 (the server's code as the document
-// has it, on loopback addresses and port 0), a client SIGKILLed mid-GET, descriptors of a client that
+// has it, on loopback addresses and port 0), a client SIGKILLed mid-GET, a client paused (SIGSTOP)
+// with a GET in flight, descriptors of a client that
 // exited, another client's memory, more clients than connections (num_dcis 2) and an expired
 // descriptor, over each lane (same_host, tcp; the device of FERRY_DEVICES in the rxe VM). Bytes are
 // checked byte for byte on the side that received them, failures by their exact return value.
@@ -922,6 +923,115 @@ TEST_P(MultiProcessObjects, AClientKilledMidGetFailsTheRequestAndTheServerServes
   server.deRegisterBuffer(rb);
   free(buffer);
   server.freeChannelId(channel);
+}
+
+// Whether process pid is stopped (SIGSTOP): the state in /proc/<pid>/stat.
+bool processStopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+}
+
+// A client process paused (SIGSTOP) while the server has a connection to it, with a GET on that
+// connection: the request ends within the bound. Where the server reaches the paused process's
+// memory by itself (same_host: the software device's same-host path, cross-memory attach), it
+// completes, as a NIC's WRITE to a stopped process would; where the client's own progress must
+// answer (tcp, here with FERRY_SOFT_SAME_HOST=0 on both sides so that the bytes travel over TCP),
+// the transport timeout fails it (-EIO, an error status). Meanwhile another client process is
+// served on another channel, and once the paused one resumes (SIGCONT) it is served again, on a new
+// connection where its old one failed, byte for byte.
+TEST_P(MultiProcessObjects, APausedClientDelaysOnlyItsOwnRequestAndIsServedOnceResumed) {
+  if (rdma_) GTEST_SKIP() << "a NIC reaches a stopped process's memory: the software lanes only";
+  // For this test only (the client processes inherit them): the path, and a transport timeout of
+  // 2 s instead of the default 30 (34 s in effect), which bounds how long a paused peer is waited for.
+  struct Settings {
+    explicit Settings(bool tcp) {
+      if (tcp) setenv("FERRY_SOFT_SAME_HOST", "0", 1);
+      setenv("FERRY_TRANSPORT_TIMEOUT", "2", 1);
+    }
+    ~Settings() {
+      unsetenv("FERRY_SOFT_SAME_HOST");
+      unsetenv("FERRY_TRANSPORT_TIMEOUT");
+    }
+  } settings(GetParam() == "tcp");
+  cuObjServer server("127.0.0.1", 0, CUOBJ_PROTO_RDMA_DC_V1);
+  ASSERT_TRUE(server.isConnected());
+  const uint16_t channel = server.allocateChannelId(), other = server.allocateChannelId();
+  ASSERT_NE(channel, INVALID_CHANNEL_ID);
+  ASSERT_NE(other, INVALID_CHANNEL_ID);
+  void* buffer = server.allocHostBuffer(3 * kMiB);
+  ASSERT_NE(buffer, nullptr);
+  auto* bytes = static_cast<uint8_t*>(buffer);
+  fillPattern(bytes, kMiB, 41);
+  fillPattern(bytes + kMiB, kMiB, 42);
+  fillPattern(bytes + 2 * kMiB, kMiB, 43);
+  rdma_buffer* rb = server.registerBuffer(buffer, 3 * kMiB);
+  ASSERT_NE(rb, nullptr);
+  ClientProcess paused, live;
+  ASSERT_TRUE(startClient(paused));
+  ASSERT_TRUE(startClient(live));
+  ASSERT_NE(paused.alloc(1, kMiB, 0), 0u);
+  ASSERT_NE(live.alloc(1, kMiB, 0), 0u);
+
+  // Wired up while it runs: the first GET lands.
+  Token t = paused.token(1, "GET", 0, kMiB);
+  ASSERT_FALSE(t.descriptor.empty());
+  ibv_wc_status st = IBV_WC_GENERAL_ERR;
+  ASSERT_EQ(server.handleGetObject("before-pause", rb, t.addr, kMiB, t.descriptor, channel, 0, &st),
+            static_cast<ssize_t>(kMiB));
+  ASSERT_EQ(paused.call("expect 1 0 1048576 pat 41 0"), "ok");
+
+  const pid_t pid = paused.pid();
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  for (auto until = Clock::now() + kBound; !processStopped(pid) && Clock::now() < until;) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(processStopped(pid));
+  std::atomic<ssize_t> pausedResult{1};
+  ibv_wc_status pausedStatus = IBV_WC_GENERAL_ERR;
+  std::thread request([&] {
+    pausedResult = server.handleGetObject("while-paused", rb, t.addr, kMiB, t.descriptor, channel, kMiB, &pausedStatus);
+  });
+  // Another client, on another channel, while that request is pending or done.
+  ASSERT_TRUE(live.send("get 1 1048576 0 0 live-get"));
+  Request get = live.request();
+  ssize_t r = server.handleGetObject(get.key, rb, get.addr, get.size, get.descriptor, other, 2 * kMiB);
+  EXPECT_EQ(r, static_cast<ssize_t>(kMiB));
+  live.answer(r);
+  EXPECT_EQ(live.reply(), "ok 1048576");
+  EXPECT_EQ(live.call("expect 1 0 1048576 pat 43 0"), "ok");
+  // The paused client's request ends by itself, the client still stopped (joined within the bound:
+  // a hang fails the test when ctest's timeout ends it).
+  const auto pausedAt = Clock::now();
+  request.join();
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - pausedAt);
+  EXPECT_TRUE(processStopped(pid)) << "the client ran again before its request ended";
+  const ssize_t ended = pausedResult.load();
+  if (GetParam() == "tcp") {
+    EXPECT_EQ(ended, -EIO) << "a paused client's progress answered a GET over TCP";
+    EXPECT_NE(pausedStatus, IBV_WC_SUCCESS);
+  } else {
+    EXPECT_TRUE(ended == static_cast<ssize_t>(kMiB) || ended == -EIO) << ended;
+  }
+  std::printf("[ %s ] a GET to a paused client ended with %zd (status %d), %lld ms after the live client's\n",
+              GetParam().c_str(), ended, static_cast<int>(pausedStatus), static_cast<long long>(waited.count()));
+
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  // A GET that completed while the client was paused has all its bytes there.
+  if (ended == static_cast<ssize_t>(kMiB)) EXPECT_EQ(paused.call("expect 1 0 1048576 pat 42 0"), "ok");
+  // Served again once resumed: a new request lands in full.
+  Token again = paused.token(1, "GET", 0, kMiB);
+  ASSERT_FALSE(again.descriptor.empty());
+  st = IBV_WC_GENERAL_ERR;
+  EXPECT_EQ(server.handleGetObject("after-resume", rb, again.addr, kMiB, again.descriptor, channel, 2 * kMiB, &st),
+            static_cast<ssize_t>(kMiB));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  EXPECT_EQ(paused.call("expect 1 0 1048576 pat 43 0"), "ok");
+  EXPECT_TRUE(paused.exitCleanly());
+  EXPECT_TRUE(live.exitCleanly());
+  server.deRegisterBuffer(rb);
+  free(buffer);
+  server.freeChannelId(channel);
+  server.freeChannelId(other);
 }
 
 // A PUT descriptor of a client process that exited fails -EIO within the bound and writes nothing:
