@@ -221,7 +221,7 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
     (*cb)(events[i].events);
   }
   // Timers due now.
-  auto now = Clock::now();
+  const auto now = timers_.empty() ? Clock::time_point() : Clock::now();
   while (!timers_.empty() && timers_.begin()->first <= now) {
     TimerId id = timers_.begin()->second;
     timers_.erase(timers_.begin());

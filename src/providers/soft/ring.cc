@@ -424,7 +424,9 @@ ssize_t RingLink::readv(const iovec* iov, int count) {
 bool RingLink::prepareToSleep() {
   Control& ctl = inCtl();
   if (readable()) return true;
-  const int64_t maxSpin = maxSpinNs();
+  // While our application polls the ring (a lease), its polls take what comes: no spin here,
+  // which would hold the poll that just took a frame from returning it.
+  const int64_t maxSpin = ctl.attendedUntilNs.load(std::memory_order_relaxed) != 0 ? 0 : maxSpinNs();
   if (maxSpin > 0) {
     int64_t budget = spinNs_ > 0 ? spinNs_ : 0;
     if (budget == 0 && ++idleSleeps_ >= 64) {
