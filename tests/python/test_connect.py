@@ -12,7 +12,8 @@ each way; that the passive side's wait burns no CPU and starts no thread; cancel
 and during a transfer (the cancelling side's memory does not change after cancel() returns, the
 other side ends ERRORED with ferry.Cancelled); tampered, truncated, expired and replayed metadata,
 mismatched sizes and counts, the wrong kind, CUDA descriptors; a peer killed in the middle of a
-transfer; 1,000 concurrent operations; the Connector's properties and ``with`` / ``async with``.
+transfer, and an owner paused (SIGSTOP) in the middle of one; 1,000 concurrent operations; the
+Connector's properties and ``with`` / ``async with``.
 
 Every wait has a timeout. Where no event exists (an operation's status turning IN_PROGRESS, bytes
 landing), the test looks at short intervals with a deadline; the only sleeps are the ones whose
@@ -776,6 +777,62 @@ def test_a_peer_killed_mid_transfer_errors_the_survivors_operation():
     async def main():
         await owner_survives()
         await reader_survives()
+
+    run(main())
+
+
+def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes():
+    # The owner's process is paused (SIGSTOP) in the middle of a read: the reader's cancel() still
+    # returns, within cancel_grace (the owner cannot answer), with the operation CANCELLED and its
+    # memory unchanged after it. Once the owner resumes, its readable ends
+    # ERRORED, and a new read between the two completes byte for byte (on a new connection where
+    # the old one failed).
+    async def attempt(connector, peer, n):
+        r = await peer.call("create", op="p%d" % n, what="readable", sizes=[GiB], seeds=[190 + n], big=True,
+                            timeout=60)
+        dst = np.zeros(GiB, np.uint8)
+        words = dst.view(np.uint64)
+        op = await connector.begin_read(r["metadata"], Descriptor(dst))
+        await until(lambda: words[0] != 0 or op.status >= S.COMPLETE, "the first bytes to land")
+        peer.proc.send_signal(signal.SIGSTOP)
+        try:
+            before, last = op.status, int(words[-1])
+            started = time.monotonic()
+            op.cancel()
+            took = time.monotonic() - started
+            after = op.status
+            unchanged = await still([dst], 1.0)  # the owner stays paused past cancel_grace (0.5 s)
+        finally:
+            peer.proc.send_signal(signal.SIGCONT)
+        owner = await peer.call("wait", op="p%d" % n)
+        if before != S.IN_PROGRESS or last != 0 or after == S.COMPLETE:
+            # It ended first: then both sides completed and every byte is there.
+            assert (after, owner["status"]) == (S.COMPLETE, "COMPLETE"), (after, owner)
+            assert big_check(dst, 190 + n)
+            return False
+        assert after == S.CANCELLED
+        assert took < 5, "cancel() waited %.1f s for the paused owner" % took
+        assert isinstance(await waited(op), ferry.Cancelled)
+        assert unchanged, "the reader's memory changed after cancel() returned"
+        assert owner["status"] == "ERRORED", owner
+        print("paused owner: cancel() took %.3f s; the owner ended %s (%s)" % (took, owner["status"],
+                                                                           owner.get("error")))
+        await peer.call("drop", op="p%d" % n)
+        small = await peer.call("create", op="q%d" % n, what="readable", sizes=[1 << 20], seeds=[200 + n])
+        buf = np.zeros(1 << 20, np.uint8)
+        again = await connector.begin_read(small["metadata"], Descriptor(buf))
+        assert await waited(again) is None, again.status
+        assert np.array_equal(buf, pattern(200 + n, 1 << 20))
+        assert (await peer.call("wait", op="q%d" % n))["status"] == "COMPLETE"
+        await peer.call("drop", op="q%d" % n)
+        return True
+
+    async def main():
+        async with Connector(chunk_bytes=1 << 20, cancel_grace=0.5) as connector, Peer(*CHUNK) as peer:
+            for n in range(3):
+                if await attempt(connector, peer, n):
+                    return
+            pytest.fail("three 1 GiB reads all completed before the reader could cancel one during a pause")
 
     run(main())
 
