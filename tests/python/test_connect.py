@@ -470,22 +470,36 @@ def test_the_owner_cancels_during_a_transfer():
     run(main())
 
 
+async def read_under_way(connector, peer, name, seed):
+    """A 1 GiB readable of the peer's (op `name`), read by us until its first bytes landed: (dst, op)."""
+    r = await peer.call("create", op=name, what="readable", sizes=[GiB], seeds=[seed], big=True, timeout=60)
+    dst = np.zeros(GiB, np.uint8)
+    words = dst.view(np.uint64)
+    op = await connector.begin_read(r["metadata"], Descriptor(dst))
+    await until(lambda: words[0] != 0 or op.status >= S.COMPLETE, "the first bytes to land")
+    return dst, op
+
+
+def read_ended_first(before, last, after, owner, dst, seed):
+    """Whether the read of read_under_way() had ended before our cancel() (then both sides
+    completed and every byte is there), from its status and last word before the cancel, its
+    status after, and the owner's end."""
+    if before == S.IN_PROGRESS and last == 0 and after != S.COMPLETE:
+        return False
+    assert (after, owner["status"]) == (S.COMPLETE, "COMPLETE"), (after, owner)
+    assert big_check(dst, seed)
+    return True
+
+
 def test_the_reader_cancels_during_a_transfer():
     async def attempt(connector, peer, n):
-        r = await peer.call("create", op="r%d" % n, what="readable", sizes=[GiB], seeds=[100 + n], big=True,
-                            timeout=60)
-        dst = np.zeros(GiB, np.uint8)
-        words = dst.view(np.uint64)
-        op = await connector.begin_read(r["metadata"], Descriptor(dst))
-        await until(lambda: words[0] != 0 or op.status >= S.COMPLETE, "the first bytes to land")
-        before, last = op.status, int(words[-1])
+        dst, op = await read_under_way(connector, peer, "r%d" % n, 100 + n)
+        before, last = op.status, int(dst.view(np.uint64)[-1])
         op.cancel()
         after = op.status
         unchanged = await still([dst])
         owner = await peer.call("wait", op="r%d" % n)
-        if before != S.IN_PROGRESS or last != 0 or after == S.COMPLETE:
-            assert (after, owner["status"]) == (S.COMPLETE, "COMPLETE"), (after, owner)
-            assert big_check(dst, 100 + n)
+        if read_ended_first(before, last, after, owner, dst, 100 + n):
             return False
         assert after == S.CANCELLED
         assert isinstance(await waited(op), ferry.Cancelled)
@@ -784,19 +798,13 @@ def test_a_peer_killed_mid_transfer_errors_the_survivors_operation():
 def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes():
     # The owner's process is paused (SIGSTOP) in the middle of a read: the reader's cancel() still
     # returns, within cancel_grace (the owner cannot answer), with the operation CANCELLED and its
-    # memory unchanged after it. Once the owner resumes, its readable ends
-    # ERRORED, and a new read between the two completes byte for byte (on a new connection where
-    # the old one failed).
+    # memory unchanged after it. Once the owner resumes, its readable ends ERRORED, and a new read
+    # between the two completes byte for byte (on a new connection where the old one failed).
     async def attempt(connector, peer, n):
-        r = await peer.call("create", op="p%d" % n, what="readable", sizes=[GiB], seeds=[190 + n], big=True,
-                            timeout=60)
-        dst = np.zeros(GiB, np.uint8)
-        words = dst.view(np.uint64)
-        op = await connector.begin_read(r["metadata"], Descriptor(dst))
-        await until(lambda: words[0] != 0 or op.status >= S.COMPLETE, "the first bytes to land")
+        dst, op = await read_under_way(connector, peer, "p%d" % n, 190 + n)
         peer.proc.send_signal(signal.SIGSTOP)
         try:
-            before, last = op.status, int(words[-1])
+            before, last = op.status, int(dst.view(np.uint64)[-1])
             started = time.monotonic()
             op.cancel()
             took = time.monotonic() - started
@@ -805,10 +813,7 @@ def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes
         finally:
             peer.proc.send_signal(signal.SIGCONT)
         owner = await peer.call("wait", op="p%d" % n)
-        if before != S.IN_PROGRESS or last != 0 or after == S.COMPLETE:
-            # It ended first: then both sides completed and every byte is there.
-            assert (after, owner["status"]) == (S.COMPLETE, "COMPLETE"), (after, owner)
-            assert big_check(dst, 190 + n)
+        if read_ended_first(before, last, after, owner, dst, 190 + n):
             return False
         assert after == S.CANCELLED
         assert took < 5, "cancel() waited %.1f s for the paused owner" % took
