@@ -71,10 +71,10 @@ struct RunShape {
   // runs of send, write_imm, read and atomic latency; a WRITE ping-pong has no completion to wait
   // for at the side the WRITE lands on.
   bool events = false;
-  // --poll-yield N: a latency loop gives the core away (sched_yield) after every Nth poll that
-  // found nothing, both sides; 0 never. Between those, no system call, as ib_send_lat and
-  // ucx_perftest poll; the yields let a device whose progress runs on threads of its own have the
-  // core on a machine with few cores.
+  // --poll-yield N: a latency loop gives the core away (sched_yield) after every Nth poll in a row
+  // that did not find what it waits for (the reply, the completion), both sides; 0 never. Between
+  // those, no system call, as ib_send_lat and ucx_perftest poll; the yields let a device whose
+  // progress runs on threads of its own have the core on a machine with few cores.
   int pollYield = kDefaultPollYield;
 };
 

@@ -28,8 +28,9 @@
 namespace ferry::cli::bench {
 namespace {
 
-// After a poll that found nothing: gives the core away at every shape.pollYield-th such poll in a
-// row (0: never); `empty` counts them, and the caller sets it to 0 when a poll finds something.
+// After a poll that did not find what the loop waits for (a completion of another request reaped
+// on the way counts as nothing): gives the core away at every shape.pollYield-th such poll in a row
+// (0: never); `empty` counts them, and the caller sets it to 0 when it found what it waits for.
 void afterEmptyPoll(const RunShape& shape, uint32_t& empty) {
   if (shape.pollYield > 0 && ++empty % static_cast<uint32_t>(shape.pollYield) == 0) std::this_thread::yield();
 }

@@ -208,10 +208,13 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
     }
     if (fd == threadWakeFd_) {
       if (std::this_thread::get_id() == threadId_.load()) {
-        threadWakePending_ = false;  // before the read: a later wakeThread() writes again
+        // Read, then clear (as for wakeFd_): a wakeThread() in between writes nothing, but its
+        // callers change what it is for under loopMu_, which this thread holds, or (stop()) set
+        // stopping_ first, which the loop looks at after this.
         uint64_t value;
         ssize_t r = read(threadWakeFd_, &value, sizeof value);
         (void)r;
+        threadWakePending_ = false;
       }
       continue;
     }
@@ -287,8 +290,8 @@ void Reactor::loop() {
     const bool quiet = attendedUntil_ > now;
     threadQuiet_ = quiet;
     if (quiet) {
-      auto us = std::chrono::duration_cast<std::chrono::microseconds>(attendedUntil_ - now).count();
-      int untilEnd = static_cast<int>((us + 999) / 1000);
+      const int untilEnd =
+          static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(attendedUntil_ - now).count());
       timeoutMs = timeoutMs < 0 ? untilEnd : std::min(timeoutMs, untilEnd);
       // A timer a caller adds that falls due after the lease's end wakes nobody: the thread looks
       // at the timers again then.
@@ -318,7 +321,15 @@ void Reactor::loop() {
       break;
     }
     dispatchLocked(events, n);
-    if (quiet) (void)runPollersLocked(false);  // the work the callers were to find, when they stopped coming
+    // The work the callers were to find, when they stopped coming: after a quiet sleep, and once
+    // for every lease that has ended, however late the thread comes (a lease may begin and end
+    // while the thread waits for a core, and a producer that saw it woke nobody).
+    const auto after = Clock::now();
+    const bool ended = attendedUntil_ != Clock::time_point() && attendedUntil_ <= after;
+    if (quiet || (ended && sweptLease_ != attendedUntil_)) {
+      (void)runPollersLocked(false);
+      if (ended) sweptLease_ = attendedUntil_;
+    }
     if (stopping_) {
       std::lock_guard<std::mutex> postLock(postMu_);
       if (posted_.empty()) {

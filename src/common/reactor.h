@@ -73,7 +73,8 @@ class Reactor {
   // whose pollers found work leaves the fds to a later run, so that a poll whose frame waits in a
   // ring makes no system call; every kFdsAfterRuns-th run in a row looks at them all the same. The
   // thread runs the pollers (vouching for no one) when it wakes from a sleep while attended
-  // (attendUntil), which it does at the latest when the lease ends: what the callers left is taken.
+  // (attendUntil), which it does at the latest when the lease ends, and once after every lease
+  // that ended, however late it comes to run: what the callers left is taken.
   using PollerId = uint64_t;
   using Poller = std::function<bool(bool vouches)>;
   static constexpr int kFdsAfterRuns = 8;
@@ -117,6 +118,7 @@ class Reactor {
   // end while attended; max: never).
   Clock::time_point threadSleepsUntil_ = Clock::time_point::max();
   Clock::time_point attendedUntil_{};  // guarded by loopMu_
+  Clock::time_point sweptLease_{};     // guarded by loopMu_: the last ended lease the thread swept
   bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 

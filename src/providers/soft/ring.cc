@@ -426,7 +426,8 @@ bool RingLink::prepareToSleep() {
   if (readable()) return true;
   // While our application polls the ring (a lease), its polls take what comes: no spin here,
   // which would hold the poll that just took a frame from returning it.
-  const int64_t maxSpin = ctl.attendedUntilNs.load(std::memory_order_relaxed) != 0 ? 0 : maxSpinNs();
+  const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_relaxed);
+  const int64_t maxSpin = attended != 0 && attended > ringClockNs() ? 0 : maxSpinNs();
   if (maxSpin > 0) {
     int64_t budget = spinNs_ > 0 ? spinNs_ : 0;
     if (budget == 0 && ++idleSleeps_ >= 64) {
