@@ -25,6 +25,7 @@ def receiver(store):
         buf = bytearray(SIZE)
         agent.register_memory_region("block", buf)
         imm = agent.imm_recv("wheel-sender")
+        print("receiver: ready", flush=True)  # the sender starts now: "block" is registered
         imm.wait(60)
         ok = bytes(buf) == pattern(imm.imm_data())
         print("receiver: %d bytes with immediate %d, %s" % (SIZE, imm.imm_data(), "verified" if ok else "CORRUPT"))
@@ -55,8 +56,18 @@ def main():
     try:
         store.stdout.readline()
         url = "ferry://127.0.0.1:%d" % port
-        sides = [subprocess.Popen([sys.executable, __file__, role, url]) for role in ("receiver", "sender")]
-        return max(p.wait(120) for p in sides)
+        # The sender starts once the receiver has registered its region: a WRITE to a region not
+        # registered yet is refused (NotFound), as it should be.
+        receiving = subprocess.Popen([sys.executable, __file__, "receiver", url], stdout=subprocess.PIPE, text=True)
+        ready = receiving.stdout.readline()
+        if not ready.startswith("receiver: ready"):
+            print("wheel_transfer: the receiver did not start: %r" % ready, file=sys.stderr)
+            receiving.kill()
+            return 1
+        sending = subprocess.Popen([sys.executable, __file__, "sender", url])
+        rc = max(p.wait(120) for p in (receiving, sending))
+        print(receiving.stdout.read(), end="")
+        return rc
     finally:
         store.terminate()
         store.wait(10)

@@ -307,15 +307,14 @@ void SoftContext::removeAttendedRingFromLoop(const Conn* conn) {
 
 bool SoftContext::attendFromLoop(bool vouches) {
   if (vouches) {
-    const auto now = Reactor::Clock::now();
-    const int64_t nowNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-    if (attendedUntilNs_.load() - nowNs < attendNs_ / 2) {
+    const int64_t now = ringClockNs();
+    if (attendedUntilNs_.load() - now < attendNs_ / 2) {
       // One reading for the rings and the thread (ringClockNs() is the reactor's clock): a
       // producer that saw the lease hold wrote its frame before the lease's end, and the thread
       // wakes no sooner than that end to run this poller, so it finds the frame.
-      const int64_t until = nowNs + attendNs_;
+      const int64_t until = now + attendNs_;
       attendedUntilNs_.store(until);
-      reactor_.attendUntil(now + std::chrono::nanoseconds(attendNs_));
+      reactor_.attendUntil(Reactor::Clock::time_point(std::chrono::nanoseconds(until)));
       for (const auto& w : attendedRings_) {
         if (auto c = w.lock()) c->attendRing(until);
       }

@@ -370,14 +370,12 @@ bool hungUpWithin(int sock, std::chrono::milliseconds limit) {
   }
 }
 
-// The listener answers only after a hello reply named it, but its name can be found on the host:
-// whatever a stranger sends it is refused, and the context serves its own peers as before.
 // A poll of b's CQ vouches that b's application polls: a's SEND lands in b's ring without waking
 // b's progress thread. b then stops polling without arming its CQ; the lease's timer on b's
 // thread must take the frame and acknowledge it, or a's SEND never completes (a's own polls do not
 // progress b). Arming a CQ ends the lease at once: the next SEND wakes b's thread again. Leases of
-// 10 ms here, so that the test's own pauses decide which side holds one; nothing polls while the
-// counter of spared wake-ups is read.
+// 10 ms here, so that the test's own pauses (30 ms) decide which side holds one; nothing polls
+// while the counter of spared wake-ups is read.
 TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   if (!ringsExpected()) GTEST_SKIP() << "no rings on this path";
   if (!ferry::config::softCallerProgress()) GTEST_SKIP() << "no leases without FERRY_SOFT_CALLER_PROGRESS";
@@ -391,32 +389,43 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, v::access::kLocalWrite, 21));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, v::access::kAll, 22));
   ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 64)}));
-  ASSERT_OK(postReceive(pair->b.qp, 2, {sgeOf(dst, 64, 64)}));
-  ASSERT_OK(postReceive(pair->b.qp, 3, {sgeOf(dst, 128, 64)}));
   v::WorkCompletion wc;
   // A first SEND, both sides polling, sets the connections up (a consumer that just took its
-  // hello is awake, and a producer does not wake an awake one); then every lease runs out.
+  // hello is awake, and a producer does not wake an awake one).
   ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 6, .sges = {sgeOf(src, 128, 64)}}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
   EXPECT_EQ(wc.wrId, 1u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
   auto sparedAfter = [](uint64_t before) {
     for (int i = 0; i < 2000 && soft::ringWakesSpared() == before; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return soft::ringWakesSpared() - before;
   };
-  ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
-  uint64_t spared = soft::ringWakesSpared();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 7, .sges = {sgeOf(src, 0, 64)}}));
-  EXPECT_GT(sparedAfter(spared), 0u) << "the SEND woke b's thread: b held no lease";
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)))
-      << "b's thread never took the frame its peer left unannounced";
-  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_EQ(wc.wrId, 2u);
-  EXPECT_TRUE(bytesEqual(bytesOf(dst, 64, 64), bytesOf(src, 0, 64)));
+  // b's lease holds for 9 ms after its polls below, a's SEND must come within it. A scheduler can
+  // keep the test from its next step for longer on two busy cores (under a sanitizer it did): an
+  // attempt whose SEND came 5 ms or more after b's last poll proves nothing of the lease, and the
+  // test tries again. Whatever the attempt, the SEND completes and its bytes land.
+  bool leaseHeld = false;
+  for (uint64_t attempt = 0; attempt < 5 && !leaseHeld; ++attempt) {
+    const uint64_t recvId = 10 + attempt;
+    ASSERT_OK(postReceive(pair->b.qp, recvId, {sgeOf(dst, 64, 64)}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));                  // every lease runs out
+    ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
+    const auto polled = std::chrono::steady_clock::now();
+    const uint64_t spared = soft::ringWakesSpared();
+    const size_t from = 1024 + 64 * attempt;  // each attempt's bytes differ from the last one's
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 7, .sges = {sgeOf(src, from, 64)}}));
+    leaseHeld = std::chrono::steady_clock::now() - polled < std::chrono::milliseconds(5);
+    if (leaseHeld) EXPECT_GT(sparedAfter(spared), 0u) << "the SEND woke b's thread: b held no lease";
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)))
+        << "b's thread never took the frame its peer left unannounced";
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+    ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+    EXPECT_EQ(wc.wrId, recvId);
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, 64, 64), bytesOf(src, from, 64)));
+  }
+  ASSERT_TRUE(leaseHeld) << "in five attempts, a's SEND never came within 5 ms of b's poll";
 
   // a's lease (its polls above) runs out; b renews its own, then arms a CQ of its context to sleep
   // on its channel: b's lease ends at once, and the next SEND wakes b's thread.
@@ -425,7 +434,8 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   ASSERT_OK_AND_ASSIGN(auto channel, pair->b.context->createCompChannel());
   ASSERT_OK_AND_ASSIGN(auto armed, pair->b.context->createCq({.cqe = 4, .channel = &channel}));
   ASSERT_OK(armed.reqNotify(false));
-  spared = soft::ringWakesSpared();
+  ASSERT_OK(postReceive(pair->b.qp, 3, {sgeOf(dst, 128, 64)}));
+  const uint64_t spared = soft::ringWakesSpared();
   ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 8, .sges = {sgeOf(src, 64, 64)}}));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(soft::ringWakesSpared(), spared) << "the producer still saw the lease of a context that armed a CQ";
@@ -436,6 +446,8 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 128, 64), bytesOf(src, 64, 64)));
 }
 
+// The listener answers only after a hello reply named it, but its name can be found on the host:
+// whatever a stranger sends it is refused, and the context serves its own peers as before.
 TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
