@@ -5,6 +5,7 @@
 #include "ferry/common/shared_memory.h"
 #include "ferry/verbs/path.h"
 #include "verbs/mapped.h"
+#include "verbs/posting.h"
 
 namespace ferry::verbs {
 
@@ -210,39 +211,51 @@ Result<QpAttr> QueuePair::query() const {
   if (!impl_) return emptyHandle("QueuePair");
   return impl_->query();
 }
+namespace {
+
+// Hands wrs to the provider up to the first request `check` refuses, then returns that refusal
+// with *badIndex at it: the requests before it are posted, as with any refusal (a provider's own
+// refusal among them comes first).
+template <typename Wr, typename Check, typename Post>
+Status postChecked(std::span<const Wr> wrs, size_t* badIndex, Check check, Post post) {
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    Status refusal = check(wrs[i]);
+    if (refusal.isOk()) continue;
+    if (i > 0) {
+      size_t inner = 0;
+      if (Status st = post(wrs.first(i), &inner); !st.isOk()) {
+        if (badIndex) *badIndex = inner;
+        return st;
+      }
+    }
+    if (badIndex) *badIndex = i;
+    return refusal;
+  }
+  return post(wrs, badIndex);
+}
+
+}  // namespace
+
 Status QueuePair::postSend(std::span<const SendWr> wrs, size_t* badIndex) {
   if (!impl_) {
     if (badIndex) *badIndex = 0;
     return emptyHandle("QueuePair");
   }
-  if (impl_->type() == QpType::kUc) {
-    // UC carries WRITE and SEND only; every provider refuses the rest here, at post (a NIC would
-    // take them and fail the QP at completion). The requests before the first refused one are
-    // posted, as with any refusal.
-    for (size_t i = 0; i < wrs.size(); ++i) {
-      const WrOpcode op = wrs[i].opcode;
-      if (op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd) {
-        size_t inner = 0;
-        if (i > 0) {
-          if (Status st = impl_->postSend(wrs.first(i), &inner); !st.isOk()) {
-            if (badIndex) *badIndex = inner;
-            return st;
-          }
-        }
-        if (badIndex) *badIndex = i;
-        return Status(StatusCode::kInvalidArgument,
-                      "post send: a UC QP carries WRITE and SEND only (no READ or atomics)", EINVAL);
-      }
-    }
-  }
-  return impl_->postSend(wrs, badIndex);
+  const QpType type = impl_->type();
+  const QpCap cap = impl_->cap();
+  return postChecked(
+      wrs, badIndex, [&](const SendWr& wr) { return checkSendWr(type, cap, wr); },
+      [&](std::span<const SendWr> some, size_t* bad) { return impl_->postSend(some, bad); });
 }
 Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {
   if (!impl_) {
     if (badIndex) *badIndex = 0;
     return emptyHandle("QueuePair");
   }
-  return impl_->postRecv(wrs, badIndex);
+  const uint32_t maxSge = impl_->cap().maxRecvSge;
+  return postChecked(
+      wrs, badIndex, [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post recv"); },
+      [&](std::span<const RecvWr> some, size_t* bad) { return impl_->postRecv(some, bad); });
 }
 
 namespace {
@@ -332,7 +345,10 @@ Status SharedReceiveQueue::postRecv(std::span<const RecvWr> wrs, size_t* badInde
     if (badIndex) *badIndex = 0;
     return emptyHandle("SharedReceiveQueue");
   }
-  return impl_->postRecv(wrs, badIndex);
+  const uint32_t maxSge = impl_->maxSge();
+  return postChecked(
+      wrs, badIndex, [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post SRQ recv"); },
+      [&](std::span<const RecvWr> some, size_t* bad) { return impl_->postRecv(some, bad); });
 }
 Status SharedReceiveQueue::armLimit(uint32_t limit) {
   if (!impl_) return emptyHandle("SharedReceiveQueue");

@@ -347,6 +347,7 @@ class ModelQp : public QpImpl {
   QpType type() const override { return QpType::kRc; }
   Status modify(const QpAttr&, uint32_t) override { return notSupported("model QP"); }
   Result<QpAttr> query() override { return notSupported("model QP"); }
+  QpCap cap() const override { return {}; }
   Status postSend(std::span<const SendWr>, size_t*) override { return notSupported("model QP"); }
   Status postRecv(std::span<const RecvWr>, size_t*) override { return notSupported("model QP"); }
   void close() override {}

@@ -138,6 +138,10 @@ class QpImpl : public Closeable {
   virtual QpType type() const = 0;
   virtual Status modify(const QpAttr& attr, uint32_t mask) = 0;
   virtual Result<QpAttr> query() = 0;
+  // The capabilities the QP was created with, as query() reports them. QueuePair checks every
+  // request against them (posting.h) before it calls postSend or postRecv, which check only what
+  // the provider alone knows (the QP's state, a full queue, its message limits).
+  virtual QpCap cap() const = 0;
   virtual Status postSend(std::span<const SendWr> wrs, size_t* badIndex) = 0;
   virtual Status postRecv(std::span<const RecvWr> wrs, size_t* badIndex) = 0;
   // UD multicast (QueuePair::attachMcast checked the QP type and the GID first).
@@ -153,6 +157,8 @@ class QpImpl : public Closeable {
 
 class SrqImpl : public Closeable {
  public:
+  // The SGEs a receive may have, as created; SharedReceiveQueue checks requests against it.
+  virtual uint32_t maxSge() const = 0;
   virtual Status postRecv(std::span<const RecvWr> wrs, size_t* badIndex) = 0;
   // Arms the limit event (kSrqLimitReached fires once when fewer than `limit` receives remain).
   virtual Status armLimit(uint32_t limit) = 0;

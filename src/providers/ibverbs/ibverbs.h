@@ -241,8 +241,10 @@ class IbvCq final : public verbs::CqImpl {
 
 class IbvSrq final : public verbs::SrqImpl {
  public:
-  IbvSrq(std::shared_ptr<IbvPd> pd, ibv_srq* srq) : pd_(std::move(pd)), srq_(srq) {}
+  // maxSge: what ibv_create_srq granted.
+  IbvSrq(std::shared_ptr<IbvPd> pd, ibv_srq* srq, uint32_t maxSge) : pd_(std::move(pd)), srq_(srq), maxSge_(maxSge) {}
   ~IbvSrq() override;
+  uint32_t maxSge() const override { return maxSge_; }
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
   Status armLimit(uint32_t limit) override;
   Result<verbs::SrqInit> query() override;
@@ -259,6 +261,7 @@ class IbvSrq final : public verbs::SrqImpl {
 
   std::shared_ptr<IbvPd> pd_;
   ibv_srq* srq_;
+  const uint32_t maxSge_;
   mutable std::shared_mutex mu_;
   std::atomic<bool> closed_{false};
 };
@@ -284,12 +287,13 @@ class IbvAh final : public verbs::AhImpl {
 class IbvQp final : public verbs::QpImpl {
  public:
   IbvQp(std::shared_ptr<IbvPd> pd, std::shared_ptr<IbvCq> sendCq, std::shared_ptr<IbvCq> recvCq,
-        std::shared_ptr<IbvSrq> srq, ibv_qp* qp, verbs::QpType type);
+        std::shared_ptr<IbvSrq> srq, ibv_qp* qp, verbs::QpType type, verbs::QpCap cap);
   ~IbvQp() override { close(); }
   uint32_t qpNum() const override { return qpn_; }
   verbs::QpType type() const override { return type_; }
   Status modify(const verbs::QpAttr& attr, uint32_t mask) override;
   Result<verbs::QpAttr> query() override;
+  verbs::QpCap cap() const override { return cap_; }
   Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
   Status attachMcast(const verbs::Gid& gid, uint16_t lid) override;
@@ -305,6 +309,7 @@ class IbvQp final : public verbs::QpImpl {
   ibv_qp* qp_;
   const uint32_t qpn_;
   const verbs::QpType type_;
+  const verbs::QpCap cap_;  // what ibv_create_qp granted
   std::atomic<uint8_t> port_{1};
   // The state the last successful modify moved the QP to; the device may move it on to ERR.
   std::atomic<verbs::QpState> state_{verbs::QpState::kReset};

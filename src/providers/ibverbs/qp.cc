@@ -117,20 +117,26 @@ Result<std::shared_ptr<verbs::QpImpl>> IbvPd::createQp(const verbs::QpInitImpl& 
   recvLock = {};
   sendLock = {};
   auto qp = std::make_shared<IbvQp>(shared_from_this(), std::move(sendCq), std::move(recvCq), std::move(srq),
-                                    raw, init.type);
+                                    raw, init.type,
+                                    verbs::QpCap{.maxSendWr = attr.cap.max_send_wr,
+                                                 .maxRecvWr = attr.cap.max_recv_wr,
+                                                 .maxSendSge = attr.cap.max_send_sge,
+                                                 .maxRecvSge = attr.cap.max_recv_sge,
+                                                 .maxInlineData = attr.cap.max_inline_data});
   children_.add(qp);
   return std::shared_ptr<verbs::QpImpl>(qp);
 }
 
 IbvQp::IbvQp(std::shared_ptr<IbvPd> pd, std::shared_ptr<IbvCq> sendCq, std::shared_ptr<IbvCq> recvCq,
-             std::shared_ptr<IbvSrq> srq, ibv_qp* qp, verbs::QpType type)
+             std::shared_ptr<IbvSrq> srq, ibv_qp* qp, verbs::QpType type, verbs::QpCap cap)
     : pd_(std::move(pd)),
       sendCq_(std::move(sendCq)),
       recvCq_(std::move(recvCq)),
       srq_(std::move(srq)),
       qp_(qp),
       qpn_(qp->qp_num),
-      type_(type) {}
+      type_(type),
+      cap_(cap) {}
 
 void IbvQp::close() {
   std::shared_ptr<IbvCq> sendCq, recvCq;
@@ -286,10 +292,6 @@ Status IbvQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
     // The sender's 32 bits, unchanged: the receiver's completion holds the same ones.
     w.imm_data = wr.immData;
     if (type_ == verbs::QpType::kUd) {
-      if (wr.opcode != WrOpcode::kSend && wr.opcode != WrOpcode::kSendWithImm) {
-        refused = invalidArgument("post send: a UD QP sends SEND and SEND_WITH_IMM only");
-        break;
-      }
       if (mtu != 0 && length > mtu) {
         refused = invalidArgument("post send: a UD message of " + std::to_string(length) +
                                   " bytes exceeds the path MTU of " + std::to_string(mtu));

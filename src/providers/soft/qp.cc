@@ -81,34 +81,13 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         status = refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state) + ")");
         break;
       }
-      if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(WrOpcode::kAtomicFetchAndAdd)) {
-        status = refusePost("unknown opcode");
-        break;
-      }
-      if (wr.sgList.size() > cap_.maxSendSge) {
-        status = refusePost("more SGEs than the QP's max_send_sge");
-        break;
-      }
+      // The verbs layer checked every request against the QP's capabilities (verbs/posting.h).
       uint64_t total = 0;
       for (const auto& sge : wr.sgList) total += sge.length;
-      bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
-      if (inlined && (isReadOrAtomic(wr.opcode) || total > cap_.maxInlineData)) {
-        status = refusePost(isReadOrAtomic(wr.opcode) ? "inline READ/atomic" : "inline data above max_inline_data");
-        break;
-      }
+      const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
       if (total > wire::kMaxMessage) {
         status = refusePost("message above the 2 GiB limit");
         break;
-      }
-      if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
-        if (wr.sgList.size() != 1 || total != 8) {
-          status = refusePost("an atomic needs one 8-byte SGE");
-          break;
-        }
-        if (wr.atomic.remoteAddr % 8 != 0) {  // refused here, as the kernel's rxe does
-          status = refusePost("atomic remote address not 8-byte aligned");
-          break;
-        }
       }
       if (sqOutstanding_.load() >= cap_.maxSendWr) {
         if (badIndex) *badIndex = posted;
@@ -129,10 +108,8 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
           const verbs::SendWr& next = wrs[posted + run];
           uint64_t len = 0;
           for (const auto& sge : next.sgList) len += sge.length;
-          const bool nextInline = (next.sendFlags & verbs::send_flags::kInline) != 0;
           if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 || len > wire::kMaxMessage ||
-              next.sgList.size() > cap_.maxSendSge || pieces + next.sgList.size() > kMaxFastPieces ||
-              (nextInline && (wr.opcode == WrOpcode::kRdmaRead || len > cap_.maxInlineData))) {
+              pieces + next.sgList.size() > kMaxFastPieces) {
             break;
           }
           pieces += next.sgList.size();
@@ -239,10 +216,6 @@ Status SoftQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
         status = refusePost("receive queue not ready (QP in RESET)");
         break;
       }
-      if (wr.sgList.size() > cap_.maxRecvSge) {
-        status = refusePost("more SGEs than the QP's max_recv_sge");
-        break;
-      }
       if (rq_.size() >= cap_.maxRecvWr) {
         status = resourceExhausted("post recv: receive queue full");
         break;
@@ -300,7 +273,7 @@ Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
   if ((mask & m::kMaxDestRdAtomic) && attr.maxDestRdAtomic > 16) {
     return invalidArgument("modify QP: max_dest_rd_atomic above the device limit (16)");
   }
-  if ((mask & m::kMaxQpRdAtomic) && attr.maxRdAtomic > 16) {
+  if ((mask & m::kMaxQpRdAtomic) && attr.maxRdAtomic > kMaxRdAtomic) {
     return invalidArgument("modify QP: max_rd_atomic above the device limit (16)");
   }
   {

@@ -42,6 +42,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   verbs::QpType type() const override { return type_; }
   Status modify(const verbs::QpAttr& attr, uint32_t mask) override;
   Result<verbs::QpAttr> query() override;
+  verbs::QpCap cap() const override { return cap_; }
   Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
   void close() override;

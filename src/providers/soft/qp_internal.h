@@ -16,7 +16,6 @@ using verbs::WcOpcode;
 using verbs::WcStatus;
 using verbs::WrOpcode;
 
-constexpr uint32_t kMaxInline = 512;
 // The most requests (and their local pieces) one same-host system call carries.
 constexpr size_t kMaxFastBatch = 256;
 constexpr size_t kMaxFastPieces = 1024;

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,15 @@
 #include "providers/soft/wire.h"
 
 namespace ferry::soft {
+
+// The device's limits, as queryDevice() reports them: every object a context creates is checked
+// against them.
+inline constexpr int kMaxQp = 1 << 16;
+inline constexpr int kMaxWr = 1 << 15;
+inline constexpr int kMaxSge = 32;
+inline constexpr int kMaxCqe = 1 << 22;
+inline constexpr int kMaxRdAtomic = 16;
+inline constexpr uint32_t kMaxInline = 512;
 
 class SoftContext;
 class SoftPd;
@@ -353,7 +363,8 @@ class SoftCq final : public verbs::CqImpl {
 class SoftSrq final : public verbs::SrqImpl {
  public:
   SoftSrq(std::shared_ptr<SoftContext> ctx, const void* pd, verbs::SrqInit init)
-      : ctx_(std::move(ctx)), pd_(pd), init_(init) {}
+      : ctx_(std::move(ctx)), pd_(pd), init_(init), maxSge_(init.maxSge) {}
+  uint32_t maxSge() const override { return maxSge_; }
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
   Status armLimit(uint32_t limit) override;
   Result<verbs::SrqInit> query() override;
@@ -369,6 +380,7 @@ class SoftSrq final : public verbs::SrqImpl {
   const void* pd_;
   std::mutex mu_;
   verbs::SrqInit init_;
+  const uint32_t maxSge_;  // init_.maxSge, read without mu_
   bool limitArmed_ = false;
   std::deque<RecvWqe> queue_;
   std::atomic<bool> closed_{false};

@@ -19,7 +19,6 @@ using verbs::WcOpcode;
 using verbs::WcStatus;
 using verbs::WrOpcode;
 
-constexpr uint32_t kMaxInline = 512;
 constexpr uint32_t kMulticastQpn = 0xffffff;  // the destination QP of a multicast send (IBA 10.5.2)
 
 Status refusePost(const std::string& why) { return invalidArgument("post: " + why); }
@@ -95,13 +94,7 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
       status = closedError("post send: the QP's send CQ is closed");
     } else if (state_ != QpState::kRts && state_ != QpState::kErr) {
       status = refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state_) + ")");
-    } else if (wr.opcode != WrOpcode::kSend && wr.opcode != WrOpcode::kSendWithImm) {
-      status = refusePost("a UD QP sends only SEND and SEND_WITH_IMM");
-    } else if (wr.sgList.size() > cap_.maxSendSge) {
-      status = refusePost("more SGEs than the QP's max_send_sge");
-    } else if (inlined && total > cap_.maxInlineData) {
-      status = refusePost("inline data above max_inline_data");
-    } else if (total > wire::kMaxDatagram) {
+    } else if (total > wire::kMaxDatagram) {  // the rest the verbs layer checked (verbs/posting.h)
       status = refusePost("message above the UD MTU (4096 bytes)");
     } else if (!(ah = pd_->findAh(wr.ud.ah))) {
       status = refusePost("unknown or closed address handle (of another PD?)");

@@ -28,6 +28,7 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   verbs::QpType type() const override { return verbs::QpType::kUd; }
   Status modify(const verbs::QpAttr& attr, uint32_t mask) override;
   Result<verbs::QpAttr> query() override;
+  verbs::QpCap cap() const override { return cap_; }
   // Sends at once from the caller's thread (a datagram needs no progress thread).
   Status postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) override;
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
