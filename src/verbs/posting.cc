@@ -27,9 +27,11 @@ Status checkSendWr(QpType type, const QpCap& cap, const SendWr& wr) {
     return refused(std::to_string(wr.sgList.size()) + " SGEs, more than the QP's max_send_sge (" +
                    std::to_string(cap.maxSendSge) + ")");
   }
+  const bool inlined = (wr.sendFlags & send_flags::kInline) != 0;
+  if (!inlined && !isAtomic(op)) return Status::ok();  // the rest concerns inline data and atomics
   uint64_t total = 0;
   for (const Sge& sge : wr.sgList) total += sge.length;
-  if ((wr.sendFlags & send_flags::kInline) != 0) {
+  if (inlined) {
     if (op == WrOpcode::kRdmaRead || isAtomic(op)) return refused("inline data on a READ or an atomic");
     if (total > cap.maxInlineData) {
       return refused(std::to_string(total) + " bytes of inline data, above the QP's max_inline_data (" +

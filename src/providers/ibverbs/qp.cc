@@ -39,6 +39,22 @@ ibv_sge toIbv(const verbs::Sge& sge) {
   return ibv_sge{.addr = sge.addr, .length = sge.length, .lkey = sge.lkey};
 }
 
+ibv_qp_cap toIbv(const verbs::QpCap& cap) {
+  return ibv_qp_cap{.max_send_wr = cap.maxSendWr,
+                    .max_recv_wr = cap.maxRecvWr,
+                    .max_send_sge = cap.maxSendSge,
+                    .max_recv_sge = cap.maxRecvSge,
+                    .max_inline_data = cap.maxInlineData};
+}
+
+verbs::QpCap fromIbv(const ibv_qp_cap& cap) {
+  return verbs::QpCap{.maxSendWr = cap.max_send_wr,
+                      .maxRecvWr = cap.max_recv_wr,
+                      .maxSendSge = cap.max_send_sge,
+                      .maxRecvSge = cap.max_recv_sge,
+                      .maxInlineData = cap.max_inline_data};
+}
+
 }  // namespace
 
 ibv_recv_wr* buildRecvChain(std::span<const verbs::RecvWr> wrs) {
@@ -104,11 +120,7 @@ Result<std::shared_ptr<verbs::QpImpl>> IbvPd::createQp(const verbs::QpInitImpl& 
   attr.send_cq = sendCq->raw();
   attr.recv_cq = recvCq->raw();
   attr.srq = srq ? srq->raw() : nullptr;
-  attr.cap.max_send_wr = init.cap.maxSendWr;
-  attr.cap.max_recv_wr = init.cap.maxRecvWr;
-  attr.cap.max_send_sge = init.cap.maxSendSge;
-  attr.cap.max_recv_sge = init.cap.maxRecvSge;
-  attr.cap.max_inline_data = init.cap.maxInlineData;
+  attr.cap = toIbv(init.cap);
   attr.qp_type = static_cast<ibv_qp_type>(init.type);
   attr.sq_sig_all = init.sqSigAll ? 1 : 0;
   ibv_qp* raw = ctx_->api().createQp(pd_, &attr);
@@ -117,12 +129,7 @@ Result<std::shared_ptr<verbs::QpImpl>> IbvPd::createQp(const verbs::QpInitImpl& 
   recvLock = {};
   sendLock = {};
   auto qp = std::make_shared<IbvQp>(shared_from_this(), std::move(sendCq), std::move(recvCq), std::move(srq),
-                                    raw, init.type,
-                                    verbs::QpCap{.maxSendWr = attr.cap.max_send_wr,
-                                                 .maxRecvWr = attr.cap.max_recv_wr,
-                                                 .maxSendSge = attr.cap.max_send_sge,
-                                                 .maxRecvSge = attr.cap.max_recv_sge,
-                                                 .maxInlineData = attr.cap.max_inline_data});
+                                    raw, init.type, fromIbv(attr.cap));  // what the device granted
   children_.add(qp);
   return std::shared_ptr<verbs::QpImpl>(qp);
 }
@@ -184,11 +191,7 @@ Status IbvQp::modify(const verbs::QpAttr& attr, uint32_t mask) {
   a.sq_psn = attr.sqPsn;
   a.dest_qp_num = attr.destQpNum;
   a.qp_access_flags = static_cast<unsigned int>(attr.qpAccessFlags);
-  a.cap.max_send_wr = attr.cap.maxSendWr;
-  a.cap.max_recv_wr = attr.cap.maxRecvWr;
-  a.cap.max_send_sge = attr.cap.maxSendSge;
-  a.cap.max_recv_sge = attr.cap.maxRecvSge;
-  a.cap.max_inline_data = attr.cap.maxInlineData;
+  a.cap = toIbv(attr.cap);
   a.ah_attr = toIbv(attr.ahAttr);
   a.pkey_index = attr.pkeyIndex;
   a.max_rd_atomic = attr.maxRdAtomic;
@@ -225,11 +228,7 @@ Result<verbs::QpAttr> IbvQp::query() {
   q.sqPsn = a.sq_psn;
   q.destQpNum = a.dest_qp_num;
   q.qpAccessFlags = a.qp_access_flags;
-  q.cap = {.maxSendWr = a.cap.max_send_wr,
-           .maxRecvWr = a.cap.max_recv_wr,
-           .maxSendSge = a.cap.max_send_sge,
-           .maxRecvSge = a.cap.max_recv_sge,
-           .maxInlineData = a.cap.max_inline_data};
+  q.cap = fromIbv(a.cap);
   q.ahAttr = fromIbv(a.ah_attr);
   q.pkeyIndex = a.pkey_index;
   q.maxRdAtomic = a.max_rd_atomic;

@@ -363,8 +363,9 @@ class SoftCq final : public verbs::CqImpl {
 class SoftSrq final : public verbs::SrqImpl {
  public:
   SoftSrq(std::shared_ptr<SoftContext> ctx, const void* pd, verbs::SrqInit init)
-      : ctx_(std::move(ctx)), pd_(pd), init_(init), maxSge_(init.maxSge) {}
-  uint32_t maxSge() const override { return maxSge_; }
+      : ctx_(std::move(ctx)), pd_(pd), init_(init) {}
+  // Without mu_: maxSge is set once; armLimit() writes only init_.srqLimit.
+  uint32_t maxSge() const override { return init_.maxSge; }
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
   Status armLimit(uint32_t limit) override;
   Result<verbs::SrqInit> query() override;
@@ -380,7 +381,6 @@ class SoftSrq final : public verbs::SrqImpl {
   const void* pd_;
   std::mutex mu_;
   verbs::SrqInit init_;
-  const uint32_t maxSge_;  // init_.maxSge, read without mu_
   bool limitArmed_ = false;
   std::deque<RecvWqe> queue_;
   std::atomic<bool> closed_{false};
