@@ -717,6 +717,7 @@ void bindEndpoint(py::module_& m) {
         out["operations_queued"] = s.operationsQueued;
         out["unexpected_bytes"] = s.unexpectedBytes;
         out["immediates_queued"] = s.immediatesQueued;
+        out["worker_wakeups"] = s.workerWakeups;
         return out;
       });
 }

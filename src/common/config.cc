@@ -77,6 +77,7 @@ Result<std::string> parseRingBytes(std::string_view raw) {
 constexpr char kSoftSpinUs[] = "FERRY_SOFT_SPIN_US";
 constexpr char kWaitSpinUs[] = "FERRY_WAIT_SPIN_US";
 constexpr char kSoftAttendUs[] = "FERRY_SOFT_ATTEND_US";
+constexpr char kWaitLeaseUs[] = "FERRY_WAIT_LEASE_US";
 template <const char* Name>
 Result<std::string> parseSpinMicroseconds(std::string_view raw) {
   auto us = wholeNumber(raw, 0, 10000);
@@ -161,34 +162,50 @@ std::optional<std::string> parsed(const char* name) {
 
 const std::vector<Variable>& variables() {
   static const std::vector<Variable> table = {
-      {"FERRY_DEVICES", "Only the named devices are listed and opened, everywhere devices are.", "all devices",
-       "device names separated by commas, e.g. soft_lo,rxe0", parseDevices},
+      {"FERRY_DEVICES", "Only the named devices are listed and opened, everywhere devices are.",
+       "all devices", "device names separated by commas, e.g. soft_lo,rxe0", parseDevices},
       {"FERRY_SOFT_SAME_HOST",
-       "How the soft provider connects processes of one host: shared-memory rings with one-copy WRITE/READ, rings "
+       "How the soft provider connects processes of one host: shared-memory rings with one-copy WRITE/READ, "
+       "rings "
        "only, or TCP.",
        "auto", "auto (or 1), ring, 0 (or off)", parseSameHost},
-      {"FERRY_SOFT_RING_BYTES", "The size of each shared-memory ring of the same-host path (rounded down to a power of two).",
-       "1M", "64K..64M", parseRingBytes},
+      {"FERRY_SOFT_RING_BYTES",
+       "The size of each shared-memory ring of the same-host path (rounded down to a power of two).", "1M",
+       "64K..64M", parseRingBytes},
       {"FERRY_SOFT_SPIN_US", "How long a progress thread polls a ring before it sleeps (0: never polls).",
        "20 on four or more cores, else 0", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftSpinUs>},
       {"FERRY_SOFT_CALLER_PROGRESS",
        "Whether the application's threads progress a soft device themselves when its progress thread is not "
-       "running: a post sends its requests, and a poll of a completion queue that finds nothing runs the device's "
-       "loop once (its sockets, rings, timers and posted work), instead of waiting for that thread to wake up.",
+       "running: a post sends its requests, and a poll of a completion queue that finds nothing runs the "
+       "device's "
+       "loop once (its sockets, rings, timers and posted work), instead of waiting for that thread to wake "
+       "up.",
        "1", "1 (or on), 0 (or off)", parseCallerProgress},
       {"FERRY_SOFT_ATTEND_US",
-       "How long a poll of a soft device's completion queue vouches that the application polls: until then the "
-       "peers on this host write into its rings without waking its progress thread, and its polls take the frames. "
-       "Arming a completion queue ends it at once; otherwise a frame waits at most this long when the application "
+       "How long a poll of a soft device's completion queue vouches that the application polls: until then "
+       "the "
+       "peers on this host write into its rings without waking its progress thread, and its polls take the "
+       "frames. "
+       "Arming a completion queue ends it at once; otherwise a frame waits at most this long when the "
+       "application "
        "stops polling (0: peers always wake the thread). Needs FERRY_SOFT_CALLER_PROGRESS.",
        "1000", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftAttendUs>},
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "
        "completions itself before it sleeps until the endpoint's worker wakes it (0: never polls).",
        "50", "0..10000 (microseconds)", parseSpinMicroseconds<kWaitSpinUs>},
+      {"FERRY_WAIT_LEASE_US",
+       "How long an Endpoint API waiter that polled its operation to completion vouches that the next one "
+       "polls "
+       "too: while waiters poll, and until then, the endpoint's worker is not woken for each completion (the "
+       "waiters take them). A waiter that sleeps, or a callback waiting for an operation, ends it at once; "
+       "otherwise a completion nobody polls for waits at most this long (0: the worker is woken for every "
+       "completion). Needs FERRY_WAIT_SPIN_US.",
+       "1000", "0..10000 (microseconds)", parseSpinMicroseconds<kWaitLeaseUs>},
       {"FERRY_TRANSPORT_TIMEOUT",
        "How long the queue pairs of endpoints and agents wait for a peer that makes no progress (paused, "
-       "unreachable, not connected yet) before their work fails: their timeout and retry_cnt are set to cover "
+       "unreachable, not connected yet) before their work fails: their timeout and retry_cnt are set to "
+       "cover "
        "it. A queue pair whose peer is gone (its process died, its connection dropped) fails at once.",
        "30 (34 s in effect: 8 tries of 4.3 s)", "1..70000 (seconds)", parseTransportTimeout},
       {"FERRY_IB_GID_INDEX", "The GID index every RDMA port uses (as NCCL_IB_GID_INDEX).",
@@ -197,14 +214,16 @@ const std::vector<Variable>& variables() {
        "a library name or path", parseAnyText},
       {"FERRY_LOG_LEVEL", "How much ferry logs (to stderr, or to Python's logging from Python).", "warn",
        "error, warn, info, debug", parseLogLevel},
-      {"FERRY_STORE", "The discovery store an agent uses when none is given.", "none (peers connect by address)",
+      {"FERRY_STORE", "The discovery store an agent uses when none is given.",
+       "none (peers connect by address)",
        "memory://NAME, ferry://HOST:PORT, redis://HOST:PORT, etcd://HOST:PORT", parseStore},
       {"FERRY_AGENT_SECRET", "A shared secret: every agent wireup message carries an HMAC-SHA256 of it.",
        "none (no challenge)", "any text (it is never printed)", parseSecret},
       {"FERRY_AGENT_LANES", "Overrides the agent's lane choice per operation class.", "chosen per peer",
        "CLASS=KIND,... with CLASS messages, rma, atomics and KIND same_host, rdma, tcp", parseLanes},
       {"FERRY_OBJECTS_TOKEN_TTL",
-       "How long an object client's descriptor (a token for one range and direction) may be used before the client "
+       "How long an object client's descriptor (a token for one range and direction) may be used before the "
+       "client "
        "revokes it.",
        "300", "1..604800 (seconds)", parseTokenTtl},
       {"FERRY_OBJECTS_ACCESS_KEY",
@@ -280,6 +299,11 @@ bool softCallerProgress() {
 
 int64_t softAttendUs() {
   auto value = parsed("FERRY_SOFT_ATTEND_US");
+  return value ? std::stoll(*value) : 1000;
+}
+
+int64_t waitLeaseUs() {
+  auto value = parsed("FERRY_WAIT_LEASE_US");
   return value ? std::stoll(*value) : 1000;
 }
 

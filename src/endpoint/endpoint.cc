@@ -784,20 +784,95 @@ void Endpoint::progressOnce() {
   // The worker (or another waiter) holds the lock: it is taking the completions already.
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || state_ == State::kShutdown) return;
-  // The CQ stays armed for the worker: a completion taken here may still wake it once, to find
-  // nothing.
-  if (!drainCompletionsLocked(Drain::kTake)) return;
+  // An armed CQ stays armed for the worker: a completion taken here may still wake it once, to
+  // find nothing. One the worker left unarmed is armed again as soon as someone needs the worker.
+  const bool rearm =
+      unarmed_.load(std::memory_order_relaxed) && watchers_.load(std::memory_order_acquire) > 0;
+  if (!drainCompletionsLocked(rearm ? Drain::kTakeAndArm : Drain::kTake)) return;
+  if (rearm) unarmed_.store(false, std::memory_order_release);
   pumpLocked();
   updateProbeLocked();  // completions only satisfy waits: a probe can become unneeded, never needed
 }
 
+int64_t Endpoint::steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+int64_t waitLeaseNs() {
+  static const int64_t ns = config::waitLeaseUs() * 1000;
+  return ns;
+}
+}  // namespace
+
+// Waiters that poll take the completions themselves (progressOnce()). An armed CQ would still wake
+// the worker for each of them, and on a machine of few cores the woken worker takes a core from
+// the waiter. So while waiters poll, and for a lease after one of them got its operation (the
+// next operation's waiter is likely to poll too), the worker leaves the CQ unarmed. Anyone who
+// needs the worker ends that at once: a waiter about to sleep, a callback waiting for an
+// operation (watchBegins()). Otherwise the worker looks again when the lease ends.
+void Endpoint::pollBegins() { pollers_.fetch_add(1, std::memory_order_acq_rel); }
+
+void Endpoint::pollEnds(bool operationDone) {
+  if (operationDone && waitLeaseNs() > 0) {
+    leaseUntilNs_.store(steadyNs() + waitLeaseNs(), std::memory_order_release);
+  }
+  pollers_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Endpoint::watchBegins(bool mayBlock) {
+  watchers_.fetch_add(1, std::memory_order_acq_rel);
+  // A caller that may hold locks of its own (onDone(), even from a callback running under mu_)
+  // leaves the arming to the threads that take mu_ anyway: the pollers' next progressOnce(), or
+  // the worker at the lease's end at the latest (unarmedDueNs()).
+  if (!mayBlock || !unarmed_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  rearmLocked();
+}
+
+void Endpoint::watchEnds() { watchers_.fetch_sub(1, std::memory_order_acq_rel); }
+
+void Endpoint::rearmLocked() {
+  if (state_ == State::kShutdown || !unarmed_.load(std::memory_order_relaxed)) return;
+  if (!drainCompletionsLocked(Drain::kTakeAndArm)) return;
+  unarmed_.store(false, std::memory_order_release);
+  pumpLocked();
+  updateProbeLocked();
+}
+
+bool Endpoint::pollersAttend(int64_t nowNs) const {
+  if (waitLeaseNs() == 0 || watchers_.load(std::memory_order_acquire) > 0) return false;
+  return pollers_.load(std::memory_order_acquire) > 0 ||
+         nowNs < leaseUntilNs_.load(std::memory_order_acquire);
+}
+
+std::optional<int64_t> Endpoint::unarmedDueNs(int64_t nowNs) const {
+  if (!unarmed_.load(std::memory_order_acquire)) return std::nullopt;
+  if (!pollersAttend(nowNs)) return nowNs;
+  // While a waiter polls, its lease (set when it stops) is not known yet: look again a lease on.
+  int64_t due = leaseUntilNs_.load(std::memory_order_acquire);
+  if (pollers_.load(std::memory_order_acquire) > 0) due = std::max(due, nowNs + waitLeaseNs());
+  return due;
+}
+
 void Endpoint::progressFromWorker() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_ == State::kShutdown) return;
+  if (state_ == State::kShutdown) {
+    unarmed_.store(false, std::memory_order_release);  // nothing left for the worker to look at
+    return;
+  }
+  ++workerWakeups_;
   // Consume the channel's events; the CQ is polled below either way.
   while (channel_.getEvent(0).isOk()) {
   }
-  if (!drainCompletionsLocked(Drain::kTakeAndArm)) return;
+  // Leave the CQ unarmed while pollers attend to it; the worker looks again when they stop
+  // (unarmedDueNs()).
+  const bool leave = pollersAttend(steadyNs());
+  const bool running = drainCompletionsLocked(leave ? Drain::kTake : Drain::kTakeAndArm);
+  unarmed_.store(running && leave, std::memory_order_release);
+  if (!running) return;
   pumpLocked();
   updateProbeLocked();
 }
@@ -1100,6 +1175,7 @@ EndpointStats Endpoint::stats() const {
   s.operationsQueued = queue_.size();
   s.unexpectedBytes = unexpectedBytes_;
   s.immediatesQueued = immArrived_.size();
+  s.workerWakeups = workerWakeups_;
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -107,18 +108,27 @@ void Worker::State::run() {
   epoll_event events[64];
   std::vector<std::shared_ptr<Endpoint>> ready;
   while (!stopping.load(std::memory_order_acquire)) {
-    // Sleep without a timeout unless an endpoint has a receive waiting (then probe its peer).
+    // Sleep without a timeout unless an endpoint has a receive waiting (then probe its peer), or
+    // a CQ left unarmed while its waiters poll (then look again when their lease ends).
     int timeoutMs = -1;
-    if (options.probeIntervalSeconds > 0) {
+    {
       std::lock_guard<std::mutex> lock(mu);
+      bool probing = false;
+      const int64_t nowNs = Endpoint::steadyNs();
       for (const auto& [key, entry] : entries) {
-        if (entry.raw->wantsProbe()) {
-          auto left = std::chrono::ceil<std::chrono::milliseconds>(nextProbe - Clock::now()).count();
-          timeoutMs = static_cast<int>(std::max<int64_t>(left, 0));
-          break;
+        probing = probing || (options.probeIntervalSeconds > 0 && entry.raw->wantsProbe());
+        if (std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs)) {
+          const int64_t ms = (std::max<int64_t>(*due - nowNs, 0) + 999'999) / 1'000'000;
+          timeoutMs = timeoutMs < 0 ? static_cast<int>(ms) : std::min(timeoutMs, static_cast<int>(ms));
         }
       }
-      if (timeoutMs < 0) nextProbe = Clock::now() + probeEvery;
+      if (probing) {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(nextProbe - Clock::now()).count();
+        const int probeMs = static_cast<int>(std::max<int64_t>(left, 0));
+        timeoutMs = timeoutMs < 0 ? probeMs : std::min(timeoutMs, probeMs);
+      } else {
+        nextProbe = Clock::now() + probeEvery;
+      }
     }
     int n = ::epoll_wait(epfd, events, 64, timeoutMs);
     if (n < 0 && errno != EINTR) {
@@ -139,6 +149,15 @@ void Worker::State::run() {
         auto it = entries.find(key);
         if (it == entries.end()) continue;
         if (auto ep = it->second.endpoint.lock()) ready.push_back(std::move(ep));
+      }
+      // CQs left unarmed whose pollers stopped: take what is there and arm them (or, while the
+      // pollers still attend, look again later).
+      const int64_t nowNs = Endpoint::steadyNs();
+      for (const auto& [key, entry] : entries) {
+        std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs);
+        if (!due || *due > nowNs) continue;
+        auto ep = entry.endpoint.lock();
+        if (ep && std::find(ready.begin(), ready.end(), ep) == ready.end()) ready.push_back(std::move(ep));
       }
     }
     // Outside the lock: an endpoint whose last reference goes here detaches (takes the lock).

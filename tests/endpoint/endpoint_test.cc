@@ -606,6 +606,95 @@ TEST(EndpointTest, SendRecvSizesAndChecks) {
   EXPECT_EQ(p.b->stats().unexpectedBytes, 0u);
 }
 
+// A waiter that polls takes its completions itself. While waiters keep polling (and for
+// FERRY_WAIT_LEASE_US after one got its operation), the worker leaves the CQ unarmed, so it is not
+// woken for each completion. Each write follows a pause well within the lease and long enough for
+// a woken worker to run: without the lease, nearly every write wakes it. A round in which the
+// scheduler held the loop past the lease proves nothing, so the fewest wake-ups of up to five
+// rounds is judged. (Fails with FERRY_WAIT_LEASE_US=0.)
+TEST(EndpointTest, WaitersThatPollSpareTheWorkerAWakeUpPerOperation) {
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> local(4096), remote(4096, 0);
+  fill(local, 7);
+  auto [lh, unused] = share(*p.a, *p.b, "local", local);
+  auto [unused2, rh] = share(*p.b, *p.a, "remote", remote);
+  (void)unused;
+  (void)unused2;
+  constexpr uint64_t kOps = 200;
+  uint64_t fewest = kOps;
+  for (int round = 0; round < 5 && fewest >= kOps / 4; ++round) {
+    const uint64_t before = p.a->stats().workerWakeups;
+    for (uint64_t i = 0; i < kOps; ++i) {
+      std::this_thread::sleep_for(200us);
+      const uint64_t off = i * 8;
+      Assignment w{.local = lh, .remote = rh, .localOffset = off, .remoteOffset = off, .length = 8};
+      auto f = p.a->write({&w, 1});
+      ASSERT_TRUE(f.isOk()) << f.status().toString();
+      ASSERT_TRUE(f->wait(kWait).isOk()) << f->status().toString();
+    }
+    fewest = std::min(fewest, p.a->stats().workerWakeups - before);
+  }
+  EXPECT_LT(fewest, kOps / 4) << "the worker was woken " << fewest << " times for " << kOps
+                              << " polled writes";
+  EXPECT_EQ(mismatch(remote, 0, kOps * 8, 7, 0), -1);
+  EXPECT_EQ(remote[kOps * 8], 0);
+}
+
+// What needs the worker while pollers hold the CQ unarmed still completes: a waiter that sleeps
+// (its message comes long after its poll ended) and a callback nobody waits for. Both follow
+// polled operations on the same endpoint, so the lease holds when they begin.
+TEST(EndpointTest, ASleepingWaiterAndACallbackCompleteWhileWaitersPoll) {
+  EndpointOptions o{.numQp = 1, .recvDepth = 4, .recvBufferSize = 4096};
+  Pair p = connectedPair(o, o);
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> src(4096), dst(4096, 0);
+  fill(src, 11);
+  auto [sh, srcOnB] = share(*p.a, *p.b, "src", src);  // a's region, and b's handle of it
+  auto dstOnB = p.b->registerMemoryRegion("dst", dst.data(), dst.size());
+  ASSERT_TRUE(dstOnB.isOk()) << dstOnB.status().toString();
+  const MrHandle dh = *dstOnB;
+  auto chunks = [](MrHandle mr, uint64_t offset, uint64_t length) {
+    return std::vector<Chunk>{{.mr = mr, .offset = offset, .length = length}};
+  };
+  auto pollSome = [&, srcOnB = srcOnB] {
+    for (int i = 0; i < 20; ++i) {
+      Assignment r{.local = dh, .remote = srcOnB, .localOffset = 0, .remoteOffset = 0, .length = 64};
+      auto f = p.b->read({&r, 1});
+      ASSERT_TRUE(f.isOk()) << f.status().toString();
+      ASSERT_TRUE(f->wait(kWait).isOk()) << f->status().toString();
+    }
+  };
+
+  // A waiter that sleeps: the message is sent 30 ms after its recv() began.
+  pollSome();
+  auto r1 = p.b->recv(chunks(dh, 100, 100));
+  ASSERT_TRUE(r1.isOk()) << r1.status().toString();
+  std::thread late([&] {
+    std::this_thread::sleep_for(30ms);
+    auto s = p.a->send(chunks(sh, 1, 100));
+    EXPECT_TRUE(s.isOk() && s->wait(kWait).isOk());
+  });
+  Status st = r1->wait(kWait);
+  late.join();
+  ASSERT_TRUE(st.isOk()) << st.toString();
+  EXPECT_EQ(mismatch(dst, 100, 100, 11, 1), -1);
+
+  // A callback, with nobody waiting on b: the worker runs it.
+  pollSome();
+  auto r2 = p.b->recv(chunks(dh, 300, 200));
+  ASSERT_TRUE(r2.isOk()) << r2.status().toString();
+  std::promise<Status> called;
+  r2->state()->onDone([&called](const OpState& op) { called.set_value(op.status()); });
+  auto s2 = p.a->send(chunks(sh, 2, 200));
+  ASSERT_TRUE(s2.isOk());
+  ASSERT_TRUE(s2->wait(kWait).isOk());
+  auto done = called.get_future();
+  ASSERT_EQ(done.wait_for(kWait), std::future_status::ready) << "the callback never ran";
+  EXPECT_TRUE(done.get().isOk());
+  EXPECT_EQ(mismatch(dst, 300, 200, 11, 2), -1);
+}
+
 TEST(EndpointTest, BadInputIsRefusedBeforeAnythingMoves) {
   auto lone = makeEndpoint({});
   ASSERT_TRUE(lone);

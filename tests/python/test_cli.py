@@ -73,6 +73,7 @@ def test_info_config_lists_every_variable_of_the_table():
     ("FERRY_DEVICES", ",,"),
     ("FERRY_SOFT_RING_BYTES", "1T"),
     ("FERRY_WAIT_SPIN_US", "10001"),
+    ("FERRY_WAIT_LEASE_US", "-1"),
 ])
 def test_a_bad_value_is_exit_2_naming_the_variable(name, value):
     for args in (("info",), ("info", "--json"), ("info", "--config")):

@@ -422,6 +422,9 @@ def test_named_assignments_and_array_batches(pair):
     expect.reshape(n, 8)[perm] = src.reshape(n, 8)
     assert np.array_equal(dst, expect)
     assert all(lane["max_outstanding"] <= 256 for lane in a.stats()["lanes"])
+    assert set(a.stats()) == {"operations", "lanes", "operations_queued", "unexpected_bytes", "immediates_queued",
+                              "worker_wakeups"}
+    assert a.stats()["worker_wakeups"] >= 0
     print("100000 assignments from a structured array: %.3f s" % took)
 
     # The same back as an N x 5 uint64 array (read: target_offset is local).

@@ -63,6 +63,9 @@ int64_t softAttendUs();
 // FERRY_WAIT_SPIN_US (default 50): how long a thread waiting for an Endpoint operation polls its
 // completions itself before it sleeps.
 int64_t waitSpinUs();
+// FERRY_WAIT_LEASE_US (default 1000): how long, after a waiter polled its Endpoint operation to
+// completion, the endpoint's worker leaves completions to the next waiters' polls.
+int64_t waitLeaseUs();
 // FERRY_TRANSPORT_TIMEOUT in seconds (default 30).
 int transportTimeoutSeconds();
 // FERRY_IB_GID_INDEX, or nullopt to choose by GID type.

@@ -110,6 +110,7 @@ struct EndpointStats {
   uint64_t operationsQueued = 0;  // operations accepted and not fully posted
   uint64_t unexpectedBytes = 0;   // message bytes kept for recv()s not issued yet
   uint64_t immediatesQueued = 0;  // immediates that arrived before their immRecv()
+  uint64_t workerWakeups = 0;     // times the worker thread took this endpoint's completions
 };
 
 // The smallest QP timeout exponent (1..31) whose `tries` tries of 4.096 us * 2^exponent each last
@@ -232,6 +233,23 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   std::shared_ptr<OpState> newOp(OpKind kind);
   // Progressor: a waiting thread takes the completions there are (unless another thread is at it).
   void progressOnce() override;
+  // Progressor: while waiters poll, and for FERRY_WAIT_LEASE_US after one stopped with its
+  // operation done, the worker leaves the CQ unarmed (the pollers take its completions, and an
+  // armed CQ would wake the worker for each); a waiter that sleeps, or a callback that waits,
+  // has it armed again at once.
+  void pollBegins() override;
+  void pollEnds(bool operationDone) override;
+  void watchBegins(bool mayBlock) override;
+  void watchEnds() override;
+  // The steady clock in nanoseconds (leases and due times).
+  static int64_t steadyNs();
+  // Whether the worker leaves the CQ unarmed now (pollers attend to it). `nowNs`: steadyNs().
+  bool pollersAttend(int64_t nowNs) const;
+  // When the worker must look at an endpoint whose CQ it left unarmed (steadyNs()), or nullopt
+  // when the CQ is armed.
+  std::optional<int64_t> unarmedDueNs(int64_t nowNs) const;
+  // Under mu_: arms the CQ left unarmed (and takes what came meanwhile).
+  void rearmLocked();
   // How drainCompletionsLocked() takes the CQ: until it is empty; until it is empty and armed
   // (armed, then polled once more); or, as a shutdown begins, only the successful completions
   // already there, in a bounded number of rounds, so that what completed is delivered first.
@@ -287,7 +305,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   std::deque<std::shared_ptr<OpState>> immWaiting_;
   std::deque<uint32_t> immArrived_;
   std::atomic<bool> wantsProbe_{false};  // a recv()/immRecv() waits on a connected endpoint
+  // The CQ's arming (see pollBegins()). Written under mu_ (unarmed_) or by waiters (the rest).
+  std::atomic<bool> unarmed_{false};      // the worker left the CQ unarmed: pollers take it
+  std::atomic<int> pollers_{0};           // waiters inside their poll
+  std::atomic<int> watchers_{0};          // sleeping waiters and callbacks that need the worker
+  std::atomic<int64_t> leaseUntilNs_{0};  // pollers vouch for the CQ until then (steadyNs())
   bool peerSeen_ = false;  // the peer answered once: probing it cannot fail a peer still connecting
+  uint64_t workerWakeups_ = 0;
 
   mutable std::shared_mutex remoteMu_;
   std::unordered_map<MrHandle, RemoteRegion> remotes_;

@@ -46,6 +46,19 @@ class Progressor {
   virtual ~Progressor() = default;
   // Takes the completions there are, without blocking (nothing when another thread is at it).
   virtual void progressOnce() = 0;
+
+  // A waiter polls through progressOnce() from pollBegins() to pollEnds(). While one polls, and
+  // for FERRY_WAIT_LEASE_US after one stopped with its operation done, the progressor may leave
+  // its completions to the pollers instead of waking a thread of its own for each of them.
+  virtual void pollBegins() {}
+  virtual void pollEnds(bool operationDone) { (void)operationDone; }
+  // Someone waits for a completion without polling (a waiter that sleeps, a callback of
+  // onDone()): from watchBegins() to watchEnds() the progressor's own thread takes every
+  // completion at once. `mayBlock`: the caller holds no lock, so the progressor may wait for its
+  // own and hand its completions to its thread before returning; otherwise that happens at the
+  // pollers' next progressOnce(), or at the end of the lease at the latest.
+  virtual void watchBegins(bool mayBlock) { (void)mayBlock; }
+  virtual void watchEnds() {}
 };
 
 class OpState {
@@ -53,6 +66,7 @@ class OpState {
   using Clock = std::chrono::steady_clock;
 
   explicit OpState(OpKind kind) : kind_(kind) {}
+  ~OpState();
   OpState(const OpState&) = delete;
   OpState& operator=(const OpState&) = delete;
 
@@ -105,6 +119,7 @@ class OpState {
   const OpKind kind_;
   std::shared_ptr<Metrics> metrics_[2];
   std::weak_ptr<Progressor> progressor_;
+  bool watched_ = false;  // under mu_: the progressor was told that a callback waits (watchBegins)
   Clock::time_point started_{};
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
