@@ -8,8 +8,6 @@ namespace {
 
 Status refused(const std::string& why) { return invalidArgument("post send: " + why); }
 
-bool isAtomic(WrOpcode op) { return op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd; }
-
 }  // namespace
 
 Status checkSendWr(QpType type, const QpCap& cap, const SendWr& wr) {

@@ -79,6 +79,13 @@ enum class WrOpcode : uint8_t {
   kAtomicFetchAndAdd = 6,
 };
 
+// The opcode classes the posting rules and the providers tell apart.
+inline bool isAtomic(WrOpcode op) {
+  return op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
+}
+// Requests whose responder sends data back (into the requester's memory): READ and the atomics.
+inline bool isReadOrAtomic(WrOpcode op) { return op == WrOpcode::kRdmaRead || isAtomic(op); }
+
 enum class WcOpcode : uint8_t {
   kSend = 0,
   kRdmaWrite = 1,

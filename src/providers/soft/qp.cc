@@ -160,7 +160,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       wqe.length = total;
       wqe.immData = wr.immData;
       wqe.placed = placed;
-      if (isReadOrAtomic(wr.opcode) && wr.opcode != WrOpcode::kRdmaRead) {
+      if (isAtomic(wr.opcode)) {
         wqe.remoteAddr = wr.atomic.remoteAddr;
         wqe.rkey = wr.atomic.rkey;
         wqe.compareAdd = wr.atomic.compareAdd;

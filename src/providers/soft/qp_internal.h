@@ -11,6 +11,8 @@
 
 namespace ferry::soft::qp_detail {
 
+using verbs::isAtomic;
+using verbs::isReadOrAtomic;
 using verbs::QpState;
 using verbs::WcOpcode;
 using verbs::WcStatus;
@@ -23,10 +25,6 @@ constexpr size_t kMaxFastPieces = 1024;
 constexpr uint64_t kStripeBytes = uint64_t{4} << 20;
 
 inline bool seqLe(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
-
-inline bool isReadOrAtomic(WrOpcode op) {
-  return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
-}
 
 inline WcOpcode wcOpcodeFor(WrOpcode op) {
   switch (op) {

@@ -476,7 +476,7 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
     }
     case FrameType::kAtomicResp: {
       SendWqe* wqe = findSent(h.seq);
-      if (!wqe || !isReadOrAtomic(wqe->opcode) || wqe->opcode == WrOpcode::kRdmaRead) {
+      if (!wqe || !isAtomic(wqe->opcode)) {
         enterErrorFromLoop(WcStatus::kBadRespErr);
         return;
       }
