@@ -784,12 +784,14 @@ void Endpoint::progressOnce() {
   // The worker (or another waiter) holds the lock: it is taking the completions already.
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || state_ == State::kShutdown) return;
+  // One the worker left unarmed is armed again as soon as someone needs the worker.
+  if (unarmed_.load(std::memory_order_relaxed) && watchers_.load(std::memory_order_acquire) > 0) {
+    rearmLocked();
+    return;
+  }
   // An armed CQ stays armed for the worker: a completion taken here may still wake it once, to
-  // find nothing. One the worker left unarmed is armed again as soon as someone needs the worker.
-  const bool rearm =
-      unarmed_.load(std::memory_order_relaxed) && watchers_.load(std::memory_order_acquire) > 0;
-  if (!drainCompletionsLocked(rearm ? Drain::kTakeAndArm : Drain::kTake)) return;
-  if (rearm) unarmed_.store(false, std::memory_order_release);
+  // find nothing.
+  if (!drainCompletionsLocked(Drain::kTake)) return;
   pumpLocked();
   updateProbeLocked();  // completions only satisfy waits: a probe can become unneeded, never needed
 }
