@@ -784,7 +784,7 @@ void Endpoint::progressOnce() {
   // The worker (or another waiter) holds the lock: it is taking the completions already.
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || state_ == State::kShutdown) return;
-  // One the worker left unarmed is armed again as soon as someone needs the worker.
+  // A CQ the worker left unarmed is armed again as soon as someone needs the worker.
   if (unarmed_.load(std::memory_order_relaxed) && watchers_.load(std::memory_order_acquire) > 0) {
     rearmLocked();
     return;
