@@ -25,7 +25,7 @@
 
 namespace {
 
-using ferry::soft::RingLink;
+using ferry::soft::RingPair;
 using ferry::soft::RingSetupMessage;
 
 constexpr uint64_t kTicket = 0x5eed5eed5eed5eedull;

@@ -1,9 +1,5 @@
 #include "providers/soft/conn.h"
 
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -31,146 +27,61 @@ size_t OutFrame::total() const {
   return headerLen + payloadBytes + (hasTrailer ? 4 : 0);
 }
 
-Conn::Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting)
-    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(connecting), staged_(new uint8_t[kStagingBytes]) {}
+Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate)
+    : ctx_(ctx),
+      link_(std::move(link)),
+      delegate_(delegate),
+      connecting_(link_->connecting()),
+      staged_(new uint8_t[kStagingBytes]) {}
 
-Conn::Conn(SoftContext* ctx, int fd, std::unique_ptr<RingLink> ring, Delegate* delegate)
-    : ctx_(ctx), fd_(fd), delegate_(delegate), connecting_(false), staged_(new uint8_t[kStagingBytes]), ring_(std::move(ring)) {}
-
-Conn::~Conn() {
-  if (fd_ >= 0) ::close(fd_);
-}
+Conn::~Conn() = default;
 
 Status Conn::attach() {
-  std::weak_ptr<Conn> weak = weak_from_this();
-  if (ring_) {
-    // The rings wake us through our eventfd; the socket only says when the peer is gone.
-    FERRY_RETURN_IF_ERROR(ctx_->reactor().addFd(ring_->ownWakeFd(), EPOLLIN, [weak](uint32_t) {
-      if (auto self = weak.lock()) self->onRingWake();
-    }));
-    Status st = ctx_->reactor().addFd(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t ev) {
-      if (auto self = weak.lock()) self->onRingSocket(ev);
-    });
-    if (!st.isOk()) {
-      ctx_->reactor().removeFd(ring_->ownWakeFd());
-      return st;
-    }
-    socketWatched_ = true;
-    ctx_->addAttendedRingFromLoop(shared_from_this());
-    // Bytes may have arrived before we watched the eventfd.
-    ctx_->reactor().post([weak] {
-      if (auto self = weak.lock()) self->onRingWake();
-    });
-    return Status::ok();
-  }
-  uint32_t events = EPOLLIN | EPOLLRDHUP | (connecting_ ? EPOLLOUT : 0);
-  return ctx_->reactor().addFd(fd_, events, [weak](uint32_t ev) {
-    if (auto self = weak.lock()) self->onEvents(ev);
-  });
+  FERRY_RETURN_IF_ERROR(link_->attach(ctx_->reactor(), weak_from_this()));
+  if (link_->pollable()) ctx_->addAttendedLinkFromLoop(shared_from_this());
+  return Status::ok();
 }
 
-void Conn::onEvents(uint32_t events) {
+void Conn::detachLink() {
+  if (link_->pollable()) ctx_->removeAttendedLinkFromLoop(this);
+  link_->detach();
+}
+
+void Conn::onLinkConnected(const Status& result) {
   auto self = shared_from_this();  // a delegate may drop its reference while we run
-  if (connecting_) {
-    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
-    int err = 0;
-    socklen_t len = sizeof err;
-    getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
-      close(Status(StatusCode::kUnavailable, std::string("connect failed: ") + std::strerror(err ? err : ECONNREFUSED),
-                   err ? err : ECONNREFUSED));
-      return;
-    }
-    connecting_ = false;
-    updateInterest();
-    if (delegate_) delegate_->onConnected(*this);
-    if (closed()) return;
-    flush();
+  if (!result.isOk()) {
+    close(result);
     return;
   }
-  if (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) onReadable();
-  if (!closed() && (events & EPOLLOUT)) onWritable();
+  connecting_ = false;
+  link_->wantWritable(wantWrite_);
+  if (delegate_) delegate_->onConnected(*this);
+  if (closed()) return;
+  flush();
 }
 
-void Conn::onRingWake() {
-  if (fd_ < 0) return;
-  ring_->clearWake();
-  takeRing();
+void Conn::onLinkReadable() { onReadable(); }
+
+void Conn::onLinkWritable() {
+  if (!closed()) flush();
 }
 
-void Conn::takeRing() {
+void Conn::onLinkBroken(const Status& why) { close(why); }
+
+void Conn::takeInput() {
   auto self = shared_from_this();
   onReadable();
   if (!closed()) flush();
 }
 
-void Conn::attendRing(int64_t untilNs) {
-  if (ring_ && fd_ >= 0) ring_->attend(untilNs);
+void Conn::attend(int64_t untilNs) {
+  if (!closed()) link_->attend(untilNs);
 }
 
-bool Conn::pollRing() {
-  if (fd_ < 0 || !ring_ || !ring_->readable()) return false;
-  takeRing();
+bool Conn::pollInput() {
+  if (closed() || !link_->pending()) return false;
+  takeInput();
   return true;
-}
-
-void Conn::onRingSocket(uint32_t events) {
-  if (fd_ < 0) return;
-  auto self = shared_from_this();
-  if (events & EPOLLIN) {
-    char byte;
-    ssize_t n = ::recv(fd_, &byte, 1, MSG_DONTWAIT);
-    if (n > 0) {
-      close(Status(StatusCode::kProtocolError, "bytes on a ring's socket after its setup"));
-      return;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  } else if (!(events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
-    return;
-  }
-  // The peer closed its side (or died): what it wrote before is in the ring; read it, then end.
-  peerHungUp_ = true;
-  if (socketWatched_) {
-    ctx_->reactor().removeFd(fd_);
-    socketWatched_ = false;
-  }
-  onReadable();
-}
-
-void Conn::detachFds() {
-  if (ring_) {
-    ctx_->removeAttendedRingFromLoop(this);
-    ctx_->reactor().removeFd(ring_->ownWakeFd());
-    if (socketWatched_) ctx_->reactor().removeFd(fd_);
-    socketWatched_ = false;
-  } else {
-    ctx_->reactor().removeFd(fd_);
-  }
-}
-
-ssize_t Conn::ioWritev(iovec* iov, int count) {
-  if (ring_) return ring_->writev(iov, count);
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = count;
-  DeviceAccess device;  // the pieces are registered memory (and frame headers)
-  return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
-ssize_t Conn::ioReadv(iovec* iov, int count) {
-  if (!ring_) {
-    DeviceAccess device;
-    return ::readv(fd_, iov, count);
-  }
-  ssize_t n = ring_->readv(iov, count);
-  if (n < 0 && errno == EAGAIN && peerHungUp_) return 0;  // the ring is empty and the peer is gone
-  return n;
-}
-
-void Conn::updateInterest() {
-  if (fd_ < 0 || ring_) return;  // a ring producer waiting for room is woken through its eventfd
-  uint32_t events = EPOLLIN | EPOLLRDHUP | ((wantWrite_ || connecting_) ? EPOLLOUT : 0);
-  (void)ctx_->reactor().modFd(fd_, events);
 }
 
 void Conn::sendHeader(const wire::FrameHeader& header) {
@@ -181,14 +92,14 @@ void Conn::sendHeader(const wire::FrameHeader& header) {
 }
 
 void Conn::send(OutFrame frame) {
-  if (fd_ < 0) return;
+  if (closed()) return;
   out_.push_back(std::move(frame));
   if (!wantWrite_ && !connecting_ && corks_ == 0) flush();
 }
 
 void Conn::uncork() {
   if (corks_ > 0) --corks_;
-  if (corks_ == 0 && fd_ >= 0 && !wantWrite_ && !connecting_ && !out_.empty()) flush();
+  if (corks_ == 0 && !closed() && !wantWrite_ && !connecting_ && !out_.empty()) flush();
 }
 
 void Conn::dropUnsentFrames() {
@@ -196,17 +107,17 @@ void Conn::dropUnsentFrames() {
 }
 
 void Conn::close(const Status& why, bool quiet) {
-  if (fd_ < 0) return;
+  if (closed()) return;
   auto self = shared_from_this();
-  detachFds();
-  ::close(fd_);
-  fd_ = -1;
+  detachLink();
+  link_->close();
+  closed_ = true;
   out_.clear();
   if (!quiet && delegate_) delegate_->onClosed(*this, why);
 }
 
 void Conn::closeAfterFlush(bool drain) {
-  if (fd_ < 0) return;
+  if (closed()) return;
   drainOnClose_ = drainOnClose_ || drain;
   closeAfterFlush_ = true;
   if (out_.empty()) {
@@ -219,19 +130,17 @@ void Conn::closeAfterFlush(bool drain) {
 }
 
 void Conn::startDrain() {
-  if (draining_ || fd_ < 0) return;
+  if (draining_ || closed()) return;
   draining_ = true;
-  ::shutdown(fd_, SHUT_WR);  // over rings, the peer sees its socket hang up and reads the rest first
+  link_->shutdownWrite();
   std::weak_ptr<Conn> weak = weak_from_this();
   ctx_->reactor().addTimer(Reactor::Clock::now() + std::chrono::seconds(5), [weak] {
     if (auto self = weak.lock()) self->close(Status::ok(), true);
   });
 }
 
-void Conn::onWritable() { flush(); }
-
 void Conn::flush() {
-  if (fd_ < 0 || connecting_) return;
+  if (closed() || connecting_) return;
   std::vector<uint32_t> revokedSeqs;
   while (!out_.empty()) {
     iovec iov[kMaxIov];
@@ -287,14 +196,14 @@ void Conn::flush() {
         }
         if (skip > 0) break;  // the frame did not fit in iov; later frames must wait
       }
-      n = count == 0 ? 0 : ioWritev(iov, count);
+      n = count == 0 ? 0 : link_->writev(iov, count);
     }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         if (!wantWrite_) {
           wantWrite_ = true;
-          updateInterest();
+          link_->wantWritable(true);
         }
         break;
       }
@@ -318,7 +227,7 @@ void Conn::flush() {
   if (out_.empty()) {
     if (wantWrite_) {
       wantWrite_ = false;
-      updateInterest();
+      link_->wantWritable(false);
     }
   }
   if (delegate_) {
@@ -346,14 +255,14 @@ void Conn::onReadable() {
     // time, so a peer that keeps writing cannot hold the progress thread).
     for (int i = 0;; ++i) {
       if (i == 64) {
-        if (ring_) ring_->wakeSelf();
+        link_->resumeReadingLater();
         return;
       }
-      ssize_t n = ioRead(staged_.get(), kStagingBytes);
+      ssize_t n = link_->read(staged_.get(), kStagingBytes);
       if (n > 0) continue;
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (ring_ && ring_->prepareToSleep()) continue;
+        if (link_->prepareToSleep()) continue;
         return;
       }
       close(Status::ok(), true);
@@ -393,7 +302,7 @@ readMore:
       stagedEnd_ -= stagedBegin_;
       stagedBegin_ = 0;
     }
-    ssize_t n = ioRead(staged_.get() + stagedEnd_, kStagingBytes - stagedEnd_);
+    ssize_t n = link_->read(staged_.get() + stagedEnd_, kStagingBytes - stagedEnd_);
     if (n > 0) {
       stagedEnd_ += static_cast<size_t>(n);
       if (delegate_) delegate_->onProgress(*this);
@@ -412,16 +321,15 @@ readMore:
   if (!closed() && delegate_) delegate_->onInputDrained(*this);
   if (closed()) return;
   uncork();  // what the input caused goes out now, before any wait
-  if (ring_ && !closed() && !peerHungUp_) {
-    if (round >= 64) {
-      ring_->wakeSelf();  // yield to the reactor's other work; our eventfd brings us back for the rest
-      return;
-    }
-    // Nothing more to read: poll briefly, then tell the peer to wake us.
-    if (ring_->prepareToSleep()) {
-      round = 0;
-      goto readMore;
-    }
+  if (closed()) return;
+  if (round >= 64) {
+    link_->resumeReadingLater();  // yield to the reactor's other work; the link brings us back for the rest
+    return;
+  }
+  // Nothing more to read: poll briefly (a link that can), then wait to be told.
+  if (link_->prepareToSleep()) {
+    round = 0;
+    goto readMore;
   }
 }
 
@@ -442,7 +350,7 @@ ssize_t Conn::readDirect() {
     off = 0;
   }
   if (count == 0) return -2;
-  ssize_t n = ioReadv(iov, count);
+  ssize_t n = link_->readv(iov, count);
   if (n <= 0) return n;
   size_t got = static_cast<size_t>(n);
   payloadLeft_ -= got;

@@ -1,10 +1,11 @@
-// Conn: one connection of the soft provider, framed by wire.h, driven by the reactor thread. Its
-// bytes go over a TCP socket, or between processes of one host over a pair of shared-memory rings
-// (ring.h; the fd is then the AF_UNIX socket whose hang-up says the peer is gone).
+// Conn: one connection of the soft provider, framed by wire.h, driven by the reactor's loop. Its
+// bytes go over a Link (link.h): a TCP socket, or between processes of one host a pair of
+// shared-memory rings. Conn holds no transport of its own: it frames, places and paces, the same
+// over either.
 //
 // Input: headers are read into a staging buffer; a payload goes straight into its destination
 // (registered memory) — copied from the staging buffer for the bytes already read with the header,
-// read from the socket directly into place for the rest. Output: frames are queued and written
+// read from the link directly into place for the rest. Output: frames are queued and written
 // with writev straight from registered memory. Every touch of registered memory happens under the
 // context's memory lock (shared) after checking the region was not deregistered; a region that was
 // is never touched again: incoming bytes meant for it are discarded and outgoing bytes from it are
@@ -17,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "providers/soft/ring.h"
+#include "providers/soft/link.h"
 #include "providers/soft/soft.h"
 #include "providers/soft/wire.h"
 
@@ -43,7 +44,7 @@ struct OutFrame {
   size_t total() const;
 };
 
-class Conn : public std::enable_shared_from_this<Conn> {
+class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
  public:
   class Delegate {
    public:
@@ -66,15 +67,15 @@ class Conn : public std::enable_shared_from_this<Conn> {
     virtual void onClosed(Conn& conn, const Status& why) = 0;
   };
 
-  Conn(SoftContext* ctx, int fd, Delegate* delegate, bool connecting);
-  // A connection over shared-memory rings; fd is the AF_UNIX socket that carried their setup.
-  Conn(SoftContext* ctx, int fd, std::unique_ptr<RingLink> ring, Delegate* delegate);
-  ~Conn();
+  // An outgoing connection whose link is still connecting (Link::connecting) says onConnected
+  // once it is connected, and holds the frames sent before then.
+  Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate);
+  ~Conn() override;
 
   // Registers with the reactor (reactor thread).
   Status attach();
   void setDelegate(Delegate* delegate) { delegate_ = delegate; }
-  // Queues a frame and writes what the socket takes now (unless corked).
+  // Queues a frame and writes what the link takes now (unless corked).
   void send(OutFrame frame);
   // Corked, frames are only queued; the last uncork() writes them all at once (one system call for
   // many frames instead of one each). Nests. While the connection reads, it is corked: the frames
@@ -89,49 +90,42 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // what the peer still sends until the peer closes too (or drainTimeout passes), so the peer reads
   // everything queued before (a close with unread input would reset the connection and lose it).
   void closeAfterFlush(bool drain = false);
-  bool closed() const { return fd_ < 0; }
-  int fd() const { return fd_; }
-  // Whether the bytes go over shared-memory rings rather than TCP.
-  bool overRing() const { return ring_ != nullptr; }
-  // Over rings: our application polls until untilNs (RingLink::attend), and a poll of its own
-  // takes what the incoming ring holds, as the eventfd's wake-up would (loop only; whether it
-  // held any).
-  void attendRing(int64_t untilNs);
-  bool pollRing();
-  bool connected() const { return !connecting_ && fd_ >= 0; }
+  bool closed() const { return closed_; }
+  // The byte stream under this connection (which kind, whose address).
+  const Link& link() const { return *link_; }
+  // For a link the application's polls may take (Link::pollable): our application polls until
+  // untilNs (Link::attend), and a poll of its own takes what the link holds, as the progress
+  // thread's wake-up would (loop only; whether it held any).
+  void attend(int64_t untilNs);
+  bool pollInput();
+  bool connected() const { return !connecting_ && !closed_; }
   // Drops queued frames that have not started to go out.
   void dropUnsentFrames();
   size_t queuedFrames() const { return out_.size(); }
 
  private:
-  void onEvents(uint32_t events);
+  // Link::Events.
+  void onLinkConnected(const Status& result) override;
+  void onLinkReadable() override;
+  void onLinkWritable() override;
+  void onLinkBroken(const Status& why) override;
+
   void onReadable();
-  void onWritable();
   void flush();
   // Consumes staged bytes: headers, payload copies, trailers.
   bool consumeStaged();
   void finishPayload();
   void beginFrame();
-  void updateInterest();
   // Copies up to len bytes from src into the current plan's destinations; returns bytes taken.
   size_t placeFromBuffer(const uint8_t* src, size_t len);
   ssize_t readDirect();
-  // The byte stream: the socket, or the rings. Socket semantics: -1 with errno (EAGAIN when there
-  // is nothing to read or no room), 0 at the end of the peer's stream.
-  ssize_t ioWritev(iovec* iov, int count);
-  ssize_t ioReadv(iovec* iov, int count);
-  ssize_t ioRead(void* buf, size_t len) {
-    iovec v{buf, len};
-    return ioReadv(&v, 1);
-  }
-  void onRingWake();
-  // What the incoming ring holds: read and acted on, and what that causes sent.
-  void takeRing();
-  void onRingSocket(uint32_t events);
-  void detachFds();
+  // What the input lets us read, then what it caused sent.
+  void takeInput();
+  void detachLink();
 
   SoftContext* ctx_;
-  int fd_;
+  std::unique_ptr<Link> link_;
+  bool closed_ = false;
   Delegate* delegate_;
   bool connecting_;
   bool closeAfterFlush_ = false;
@@ -162,11 +156,6 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   // Output state.
   std::deque<OutFrame> out_;
-
-  // Shared-memory rings (nullptr: TCP).
-  std::unique_ptr<RingLink> ring_;
-  bool peerHungUp_ = false;   // the ring's socket hung up: the peer's stream ends with the ring's bytes
-  bool socketWatched_ = false;
 };
 
 }  // namespace ferry::soft

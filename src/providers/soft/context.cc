@@ -277,7 +277,7 @@ void SoftContext::close() {
 
 // ---------------------------------------------------------------------------------------------
 // Rings the application polls. A lease says until when the application vouches that it polls;
-// producers on this host do not wake the progress thread before then (RingLink::attend), and the
+// producers on this host do not wake the progress thread before then (RingPair::attend), and the
 // progress thread does not wake for the sockets either (Reactor::attendUntil): the polls take both.
 // Each caller's poll (a reactor poller) renews it when half of it is gone and takes what the rings
 // hold; when the polls stop coming, the thread runs the poller at the lease's end and takes what
@@ -287,13 +287,13 @@ void SoftContext::close() {
 // arming is the last before a sleep).
 bool SoftContext::progressFromPoll(bool vouches) { return reactor_.progressOnce(vouches); }
 
-void SoftContext::addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn) {
-  attendedRings_.push_back(conn);
-  if (const int64_t until = attendedUntilNs_.load(); until != 0) conn->attendRing(until);
+void SoftContext::addAttendedLinkFromLoop(const std::shared_ptr<Conn>& conn) {
+  attendedLinks_.push_back(conn);
+  if (const int64_t until = attendedUntilNs_.load(); until != 0) conn->attend(until);
 }
 
-void SoftContext::removeAttendedRingFromLoop(const Conn* conn) {
-  std::erase_if(attendedRings_, [conn](const std::weak_ptr<Conn>& w) {
+void SoftContext::removeAttendedLinkFromLoop(const Conn* conn) {
+  std::erase_if(attendedLinks_, [conn](const std::weak_ptr<Conn>& w) {
     auto c = w.lock();
     return !c || c.get() == conn;
   });
@@ -309,23 +309,23 @@ bool SoftContext::attendFromLoop(bool vouches) {
       const int64_t until = now + attendNs_;
       attendedUntilNs_.store(until);
       reactor_.attendUntil(Reactor::Clock::time_point(std::chrono::nanoseconds(until)));
-      for (const auto& w : attendedRings_) {
-        if (auto c = w.lock()) c->attendRing(until);
+      for (const auto& w : attendedLinks_) {
+        if (auto c = w.lock()) c->attend(until);
       }
     }
   }
-  return pollAttendedRingsFromLoop();
+  return pollAttendedLinksFromLoop();
 }
 
-bool SoftContext::pollAttendedRingsFromLoop() {
+bool SoftContext::pollAttendedLinksFromLoop() {
   // A snapshot: taking a ring's frames may close connections (and so change the list).
-  ringsPolled_.clear();
-  for (const auto& w : attendedRings_) {
-    if (auto c = w.lock()) ringsPolled_.push_back(std::move(c));
+  linksPolled_.clear();
+  for (const auto& w : attendedLinks_) {
+    if (auto c = w.lock()) linksPolled_.push_back(std::move(c));
   }
   bool found = false;
-  for (const auto& c : ringsPolled_) found = c->pollRing() || found;
-  ringsPolled_.clear();
+  for (const auto& c : linksPolled_) found = c->pollInput() || found;
+  linksPolled_.clear();
   return found;
 }
 
@@ -334,10 +334,10 @@ void SoftContext::endLeaseFromLoop() {
   reactor_.attendUntil(Reactor::Clock::time_point());
   // First the producers are told (a sequentially consistent store in each ring), then the rings are
   // read: a producer that still saw the lease wrote before this read, and one that did not wakes us.
-  for (const auto& w : attendedRings_) {
-    if (auto c = w.lock()) c->attendRing(0);
+  for (const auto& w : attendedLinks_) {
+    if (auto c = w.lock()) c->attend(0);
   }
-  (void)pollAttendedRingsFromLoop();
+  (void)pollAttendedLinksFromLoop();
 }
 
 void SoftContext::stopAttending() {
@@ -366,7 +366,7 @@ void SoftContext::onAcceptFromLoop() {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    auto conn = std::make_shared<Conn>(this, fd, gate_.get(), false);
+    auto conn = std::make_shared<Conn>(this, makeTcpLink(fd, /*connecting=*/false), gate_.get());
     if (!conn->attach().isOk()) continue;
     awaitHelloFromLoop(conn);
   }
@@ -446,8 +446,8 @@ bool SoftContext::onRingSetupFromLoop(int fd) {
     ::close(fd);
     return true;
   }
-  auto conn = std::make_shared<Conn>(this, fd, std::move(*link), gate_.get());
-  if (!conn->attach().isOk()) return true;  // the Conn closes fd
+  auto conn = std::make_shared<Conn>(this, makeRingLink(fd, std::move(*link)), gate_.get());
+  if (!conn->attach().isOk()) return true;  // the link closes fd
   awaitHelloFromLoop(conn);
   return true;
 }
@@ -496,7 +496,7 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
   pendingConns_.erase(conn.get());
   in_addr_t peerIp = 0;
   bool peerLocal = false;
-  if (conn->overRing()) {
+  if (conn->link().sameHost()) {
     // A process of this host (it reached our abstract socket from our network namespace): it may
     // speak for any address of this host, as over loopback TCP, and for no other.
     in_addr_t ip;
@@ -505,9 +505,7 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     src.raw = hello.srcGid;
     if (parseSoftGid(src, &ip, &port) && isLocalAddress(ip)) peerIp = ip;
   } else {
-    sockaddr_in peer{};
-    socklen_t len = sizeof peer;
-    if (getpeername(conn->fd(), reinterpret_cast<sockaddr*>(&peer), &len) == 0) peerIp = peer.sin_addr.s_addr;
+    peerIp = conn->link().peerAddress().value_or(0);
     peerLocal = (hello.flags & wire::kFlagRingOffer) && offersRings() && isLocalAddress(peerIp);
   }
   // A requester of this host is told to connect again over rings, with a ticket only it has.

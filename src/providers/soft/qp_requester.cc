@@ -2,12 +2,6 @@
 // acknowledgements, the transport timer (reactor thread).
 #include "providers/soft/qp.h"
 
-#include <arpa/inet.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -205,29 +199,17 @@ void SoftQp::startConnectFromLoop() {
   in_addr_t ip;
   uint16_t port;
   if (!parseSoftGid(attr_.ahAttr.dgid, &ip, &port)) return;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    FERRY_LOG(kWarn, "QP %u: socket failed: %s", qpn_, std::strerror(errno));
+  auto link = dialTcpLink(ctx_->ipv4(), ip, port);
+  if (!link.isOk()) {
+    // A refused or unreachable peer is tried again (it may not be listening yet); a failure of our
+    // own (no descriptors left) is worth a warning.
+    if (link.status().cause() != ECONNREFUSED && link.status().cause() != ENETUNREACH) {
+      FERRY_LOG(kWarn, "QP %u: %s", qpn_, link.status().toString().c_str());
+    }
     scheduleReconnectFromLoop();
     return;
   }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  local.sin_addr.s_addr = ctx_->ipv4();
-  (void)::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local);
-  sockaddr_in peer{};
-  peer.sin_family = AF_INET;
-  peer.sin_addr.s_addr = ip;
-  peer.sin_port = htons(port);
-  int r = ::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer);
-  if (r != 0 && errno != EINPROGRESS) {
-    ::close(fd);
-    scheduleReconnectFromLoop();
-    return;
-  }
-  reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, this, true);
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
   reqReady_ = false;
   if (!reqConn_->attach().isOk()) {
     reqConn_.reset();
@@ -284,7 +266,7 @@ void SoftQp::onConnected(Conn& conn) {
   hello.psn = nextSeq_ & 0xffffff;
   hello.maxRdAtomic = attr_.maxRdAtomic;
   hello.srcGid = ctx_->gid().raw;
-  if (!conn.overRing() && !ringRefused_ && sameHostRingsAllowed()) hello.flags |= wire::kFlagRingOffer;
+  if (!conn.link().sameHost() && !ringRefused_ && sameHostRingsAllowed()) hello.flags |= wire::kFlagRingOffer;
   conn.sendHeader(hello);
 }
 
@@ -293,32 +275,9 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t tic
     FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
     return false;
   };
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
-  sockaddr_un un;
-  socklen_t unLen = ringListenerAddress(pid, nonce, &un);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&un), unLen) != 0) {
-    int err = errno;
-    ::close(fd);
-    return fail(std::string("connect to the peer's ring listener: ") + std::strerror(err));
-  }
-  // The listener's name came from the peer's hello reply; its owner must be the process named there.
-  ucred cred{};
-  socklen_t credLen = sizeof cred;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credLen) != 0 || static_cast<uint32_t>(cred.pid) != pid) {
-    ::close(fd);
-    return fail("the ring listener belongs to another process");
-  }
-  auto link = RingLink::create(RingLink::defaultRingBytes());
-  if (!link.isOk()) {
-    ::close(fd);
-    return fail(link.status().toString());
-  }
-  if (Status sent = sendRingSetup(fd, **link, ticket); !sent.isOk()) {
-    ::close(fd);
-    return fail(sent.toString());
-  }
-  reqConn_ = std::make_shared<Conn>(ctx_.get(), fd, std::move(*link), this);
+  auto link = dialRingLink(pid, nonce, ticket);
+  if (!link.isOk()) return fail(link.status().message());
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
   reqReady_ = false;
   if (!reqConn_->attach().isOk()) {
     reqConn_.reset();

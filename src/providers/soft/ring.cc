@@ -129,7 +129,7 @@ uint64_t ringWakesSpared() { return wakesSpared.load(std::memory_order_relaxed);
 uint64_t ringSetupsRefused() { return setupsRefused.load(std::memory_order_relaxed); }
 void countRingSetupRefused() { setupsRefused.fetch_add(1, std::memory_order_relaxed); }
 
-size_t RingLink::defaultRingBytes() {
+size_t RingPair::defaultRingBytes() {
   static const size_t value = [] {
     size_t bytes = size_t{1} << 20;
     if (std::optional<uint64_t> v = config::softRingBytes(); v && *v >= kMinRing && *v <= kMaxRing) {
@@ -168,7 +168,7 @@ msghdr setupHeader(iovec* iov, void* control, size_t controlLen) {
 }
 }  // namespace
 
-Status sendRingSetup(int sock, const RingLink& link, uint64_t ticket) {
+Status sendRingSetup(int sock, const RingPair& link, uint64_t ticket) {
   RingSetupMessage msg = link.setupMessage();
   msg.ticket = ticket;
   int fds[kSetupFds] = {link.memfd(), link.ownWakeFd(), link.peerWakeFd()};
@@ -186,7 +186,7 @@ Status sendRingSetup(int sock, const RingLink& link, uint64_t ticket) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit) {
+Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit) {
   RingSetupMessage msg;
   // Room for one descriptor more than a setup has, so that too many show as MSG_CTRUNC or a count.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kSetupFds + 1))];
@@ -220,16 +220,16 @@ Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock, const std::function
   if (fds.size() != kSetupFds) return refuse("a setup message without exactly three descriptors");
   if (!admit(msg.ticket)) return refuse("a ticket no hello reply of this process gave");
   // [memfd, the requester's eventfd, ours]
-  auto link = RingLink::adopt(msg, fds[0], fds[2], fds[1]);
+  auto link = RingPair::adopt(msg, fds[0], fds[2], fds[1]);
   if (!link.isOk()) countRingSetupRefused();
   return link;
 }
 
-Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {
+Result<std::unique_ptr<RingPair>> RingPair::create(size_t ringBytes) {
   if (ringBytes < kMinRing || ringBytes > kMaxRing || !std::has_single_bit(ringBytes)) {
     return Status(StatusCode::kInvalidArgument, "ring size must be a power of two from 64 KiB to 64 MiB");
   }
-  std::unique_ptr<RingLink> link(new RingLink);
+  std::unique_ptr<RingPair> link(new RingPair);
   link->requester_ = true;
   link->ringBytes_ = ringBytes;
   link->mapBytes_ = kDataOffset + 2 * ringBytes;
@@ -257,7 +257,7 @@ Result<std::unique_ptr<RingLink>> RingLink::create(size_t ringBytes) {
   return link;
 }
 
-Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, int memfd, int ownWake,
+Result<std::unique_ptr<RingPair>> RingPair::adopt(const RingSetupMessage& msg, int memfd, int ownWake,
                                                   int peerWake) {
   auto refuse = [&](const std::string& why) -> Status {
     closeAll(memfd, ownWake, peerWake);
@@ -296,7 +296,7 @@ Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, i
     closeAll(memfd, ownWake, peerWake);
     return ioError("mmap of a peer's ring", err);
   }
-  std::unique_ptr<RingLink> link(new RingLink);
+  std::unique_ptr<RingPair> link(new RingPair);
   link->requester_ = false;
   link->memfd_ = memfd;
   link->ownWake_ = ownWake;
@@ -314,39 +314,39 @@ Result<std::unique_ptr<RingLink>> RingLink::adopt(const RingSetupMessage& msg, i
   return link;
 }
 
-RingLink::~RingLink() {
+RingPair::~RingPair() {
   if (base_) ::munmap(base_, mapBytes_);
   closeAll(memfd_, ownWake_, peerWake_);
 }
 
-RingSetupMessage RingLink::setupMessage() const {
+RingSetupMessage RingPair::setupMessage() const {
   RingSetupMessage msg;
   msg.ringBytes = static_cast<uint32_t>(ringBytes_);
   return msg;
 }
 
-Control& RingLink::outCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 0 : 1]; }
-Control& RingLink::inCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 1 : 0]; }
+Control& RingPair::outCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 0 : 1]; }
+Control& RingPair::inCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 1 : 0]; }
 
-void RingLink::wakePeer() {
+void RingPair::wakePeer() {
   uint64_t one = 1;
   ssize_t n = ::write(peerWake_, &one, sizeof one);
   (void)n;  // EAGAIN: the counter is saturated, so the peer is woken anyway
 }
 
-void RingLink::wakeSelf() {
+void RingPair::wakeSelf() {
   uint64_t one = 1;
   ssize_t n = ::write(ownWake_, &one, sizeof one);
   (void)n;
 }
 
-void RingLink::clearWake() {
+void RingPair::clearWake() {
   uint64_t value;
   ssize_t n = ::read(ownWake_, &value, sizeof value);
   (void)n;
 }
 
-ssize_t RingLink::writev(const iovec* iov, int count) {
+ssize_t RingPair::writev(const iovec* iov, int count) {
   Control& ctl = outCtl();
   size_t want = 0;
   for (int i = 0; i < count; ++i) want += iov[i].iov_len;
@@ -389,13 +389,13 @@ ssize_t RingLink::writev(const iovec* iov, int count) {
   return static_cast<ssize_t>(n);
 }
 
-void RingLink::attend(int64_t untilNs) { inCtl().attendedUntilNs.store(untilNs, std::memory_order_seq_cst); }
+void RingPair::attend(int64_t untilNs) { inCtl().attendedUntilNs.store(untilNs, std::memory_order_seq_cst); }
 
 // Sequentially consistent: after attend(0), this read and the producer's check of the lease
 // cannot both miss (the producer's store of head comes before its read of the lease).
-bool RingLink::readable() const { return inCtl().head.load(std::memory_order_seq_cst) != inTail_; }
+bool RingPair::readable() const { return inCtl().head.load(std::memory_order_seq_cst) != inTail_; }
 
-ssize_t RingLink::readv(const iovec* iov, int count) {
+ssize_t RingPair::readv(const iovec* iov, int count) {
   Control& ctl = inCtl();
   uint64_t head = ctl.head.load(std::memory_order_acquire);
   uint64_t avail = head - inTail_;
@@ -421,7 +421,7 @@ ssize_t RingLink::readv(const iovec* iov, int count) {
   return static_cast<ssize_t>(n);
 }
 
-bool RingLink::prepareToSleep() {
+bool RingPair::prepareToSleep() {
   Control& ctl = inCtl();
   if (readable()) return true;
   // While our application polls the ring (a lease), its polls take what comes: no spin here,

@@ -1,7 +1,7 @@
 // The soft provider's shared-memory rings: the byte stream of a connection between two processes of
 // one host, without the TCP stack.
 //
-// A RingLink is one connection's pair of single-producer single-consumer byte rings in a sealed
+// A RingPair is one connection's pair of single-producer single-consumer byte rings in a sealed
 // memfd that both processes map: ring 0 carries the requester's bytes to the responder, ring 1 the
 // responder's to the requester. The frames on them are the TCP path's (wire.h), so every RC rule,
 // check and error of the protocol holds unchanged; only the transport differs. Each side sleeps on
@@ -60,22 +60,22 @@ struct RingSetupMessage {
 };
 static_assert(sizeof(RingSetupMessage) == 24);
 
-class RingLink {
+class RingPair {
  public:
   // The size of each of the two rings (a power of two): FERRY_SOFT_RING_BYTES, default 1 MiB,
   // 64 KiB to 64 MiB.
   static size_t defaultRingBytes();
 
   // The requester's side: a new segment with rings of ringBytes and two new eventfds.
-  static Result<std::unique_ptr<RingLink>> create(size_t ringBytes);
+  static Result<std::unique_ptr<RingPair>> create(size_t ringBytes);
   // The responder's side: adopts the descriptors a requester sent (takes ownership of all three,
   // closing them on failure). Refuses a segment that is not a sealed memfd of the size the message
   // says, rings of a size out of range, and descriptors that are not eventfds.
-  static Result<std::unique_ptr<RingLink>> adopt(const RingSetupMessage& msg, int memfd, int ownWake,
+  static Result<std::unique_ptr<RingPair>> adopt(const RingSetupMessage& msg, int memfd, int ownWake,
                                                  int peerWake);
-  ~RingLink();
-  RingLink(const RingLink&) = delete;
-  RingLink& operator=(const RingLink&) = delete;
+  ~RingPair();
+  RingPair(const RingPair&) = delete;
+  RingPair& operator=(const RingPair&) = delete;
 
   // What the requester sends: the message and its descriptors (memfd, requester's and
   // responder's eventfds), owned by this link.
@@ -109,7 +109,7 @@ class RingLink {
   void wakeSelf();
 
  private:
-  RingLink() = default;
+  RingPair() = default;
   ring_layout::Control& outCtl() const;
   ring_layout::Control& inCtl() const;
   void wakePeer();
@@ -129,7 +129,7 @@ class RingLink {
   int idleSleeps_ = 0;    // sleeps since the budget fell to 0
 };
 
-// CLOCK_MONOTONIC in nanoseconds, the clock of RingLink::attend (the same in every process):
+// CLOCK_MONOTONIC in nanoseconds, the clock of RingPair::attend (the same in every process):
 // std::chrono::steady_clock's (libstdc++ and libc++ read CLOCK_MONOTONIC on Linux), so that a
 // reactor's time points and a ring's lease are one reading.
 int64_t ringClockNs();
@@ -139,7 +139,7 @@ int64_t ringClockNs();
 uint64_t ringLinksMade();
 uint64_t ringBytesWritten();
 // How many times a producer of this process did not wake a sleeping consumer because its
-// application was polling the ring (RingLink::attend).
+// application was polling the ring (RingPair::attend).
 uint64_t ringWakesSpared();
 // How many ring connections this process's listeners refused (a stranger's user, too many pending,
 // no valid ticket, a setup that cannot be trusted), and the count the listener adds to.
@@ -152,11 +152,11 @@ socklen_t ringListenerAddress(uint32_t pid, uint64_t nonce, sockaddr_un* out);
 
 // The requester's side of the handover: link's setup message, carrying ticket, and its three
 // descriptors on sock.
-Status sendRingSetup(int sock, const RingLink& link, uint64_t ticket);
+Status sendRingSetup(int sock, const RingPair& link, uint64_t ticket);
 // The responder's side: reads a setup message and its descriptors from sock and adopts them when
 // admit(ticket) says the message's ticket is one this process issued (admit consumes it).
 // kUnavailable (cause EAGAIN) when nothing has arrived yet; kProtocolError for a hang-up, a
 // ticket admit refuses, or a setup that cannot be trusted, with every descriptor that came closed.
-Result<std::unique_ptr<RingLink>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit);
+Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit);
 
 }  // namespace ferry::soft

@@ -141,12 +141,13 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // context tells the producers of its rings not to wake its progress thread, and its polls take
   // their frames (a reactor poller); the thread runs that poller when the lease runs out
   // (Reactor::attendUntil), and so takes what is left.
-  // A ring connection joins when it attaches and leaves when it detaches (loop only).
-  void addAttendedRingFromLoop(const std::shared_ptr<Conn>& conn);
+  // A connection whose link the polls may take (Link::pollable: rings) joins when it attaches and
+  // leaves when it detaches (loop only).
+  void addAttendedLinkFromLoop(const std::shared_ptr<Conn>& conn);
   // An empty poll's run of the loop on the caller's thread (false when the thread runs it). With
   // vouches (the CQ is not armed), it renews the lease.
   bool progressFromPoll(bool vouches);
-  void removeAttendedRingFromLoop(const Conn* conn);
+  void removeAttendedLinkFromLoop(const Conn* conn);
   // The application is about to sleep (it arms a CQ): the lease ends now, the producers wake the
   // progress thread again, and what they left meanwhile is taken. Any thread.
   void stopAttending();
@@ -203,7 +204,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   void onDatagramsFromLoop();
   // The attended rings (loop only): a caller's poll renews the lease and takes what the rings hold.
   bool attendFromLoop(bool vouches);
-  bool pollAttendedRingsFromLoop();  // whether a ring held frames
+  bool pollAttendedLinksFromLoop();  // whether a link held frames
   void endLeaseFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
@@ -211,8 +212,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   Reactor reactor_;
   const bool callerProgress_ = config::softCallerProgress();
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
-  std::vector<std::weak_ptr<Conn>> attendedRings_;  // loop only
-  std::vector<std::shared_ptr<Conn>> ringsPolled_;  // loop only: the rings one poll goes through
+  std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only
+  std::vector<std::shared_ptr<Conn>> linksPolled_;  // loop only: the links one poll goes through
   // ringClockNs() until which the lease holds, 0 when ended; written in the loop only.
   std::atomic<int64_t> attendedUntilNs_{0};
   int listenFd_ = -1;

@@ -37,23 +37,23 @@ namespace ferry::test {
 namespace {
 
 namespace v = ferry::verbs;
-using soft::RingLink;
+using soft::RingPair;
 using soft::RingSetupMessage;
 
 constexpr size_t kRing = 64 * 1024;
 
 struct LinkPair {
-  std::unique_ptr<RingLink> requester;
-  std::unique_ptr<RingLink> responder;
+  std::unique_ptr<RingPair> requester;
+  std::unique_ptr<RingPair> responder;
 };
 
 // Both ends in this process: the responder adopts duplicates of the requester's descriptors, as
 // SCM_RIGHTS would hand them over.
 void makeLinks(LinkPair& pair, size_t ringBytes = kRing) {
-  auto req = RingLink::create(ringBytes);
+  auto req = RingPair::create(ringBytes);
   ASSERT_TRUE(isOk(req.status()));
   pair.requester = std::move(*req);
-  auto resp = RingLink::adopt(pair.requester->setupMessage(), ::dup(pair.requester->memfd()),
+  auto resp = RingPair::adopt(pair.requester->setupMessage(), ::dup(pair.requester->memfd()),
                               ::dup(pair.requester->peerWakeFd()), ::dup(pair.requester->ownWakeFd()));
   ASSERT_TRUE(isOk(resp.status()));
   pair.responder = std::move(*resp);
@@ -72,7 +72,7 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   return out;
 }
 
-TEST(RingLink, BytesCrossBothWaysAndWrapAround) {
+TEST(RingPair, BytesCrossBothWaysAndWrapAround) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
   // 7 messages of 40 KiB through a 64 KiB ring: most of them wrap; two iovec pieces each.
@@ -95,7 +95,7 @@ TEST(RingLink, BytesCrossBothWaysAndWrapAround) {
   EXPECT_EQ(errno, EAGAIN) << "an empty ring says so";
 }
 
-TEST(RingLink, AFullRingPushesBackAndWakesItsProducerWhenDrained) {
+TEST(RingPair, AFullRingPushesBackAndWakesItsProducerWhenDrained) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
   auto big = pattern(kRing + 100, 3);
@@ -120,7 +120,7 @@ TEST(RingLink, AFullRingPushesBackAndWakesItsProducerWhenDrained) {
   EXPECT_EQ(all, big);
 }
 
-TEST(RingLink, ASleepingConsumerIsWokenOnceNotPerWrite) {
+TEST(RingPair, ASleepingConsumerIsWokenOnceNotPerWrite) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
   EXPECT_FALSE(p.responder->prepareToSleep()) << "nothing to read: it sleeps";
@@ -134,7 +134,7 @@ TEST(RingLink, ASleepingConsumerIsWokenOnceNotPerWrite) {
   EXPECT_TRUE(p.responder->prepareToSleep()) << "bytes are waiting: it must not sleep";
 }
 
-TEST(RingLink, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
+TEST(RingPair, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
   EXPECT_FALSE(p.responder->prepareToSleep());
@@ -162,11 +162,11 @@ TEST(RingLink, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
   EXPECT_TRUE(fdReadable(p.responder->ownWakeFd()));
 }
 
-TEST(RingLink, AdoptRefusesWhatItCannotTrust) {
+TEST(RingPair, AdoptRefusesWhatItCannotTrust) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
   auto tryAdopt = [&](RingSetupMessage msg, int memfd, int own, int peer) {
-    auto r = RingLink::adopt(msg, memfd, own, peer);
+    auto r = RingPair::adopt(msg, memfd, own, peer);
     EXPECT_TRUE(fdClosed(memfd) && fdClosed(own) && fdClosed(peer)) << "a refused setup keeps no descriptor";
     return r.status().code();
   };
@@ -209,7 +209,7 @@ TEST(RingLink, AdoptRefusesWhatItCannotTrust) {
   EXPECT_EQ(tryAdopt(good, fds[0], fds[1], pipeFds[0]), StatusCode::kProtocolError) << "not an eventfd";
 }
 
-TEST(RingLink, AnImpossibleIndexEndsTheLink) {
+TEST(RingPair, AnImpossibleIndexEndsTheLink) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
   // A hostile peer writes its ring's head past what the ring can hold (the layout: a 64-byte
@@ -454,7 +454,7 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   const uint64_t refusedBefore = soft::ringSetupsRefused();
   auto names = ringListeners();
   ASSERT_FALSE(names.empty()) << "the contexts listen for rings";
-  auto genuine = RingLink::create(kRing);
+  auto genuine = RingPair::create(kRing);
   ASSERT_TRUE(isOk(genuine.status()));
   int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_EQ(::ftruncate(unsealed, 4096 + 2 * kRing), 0);
@@ -482,7 +482,7 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
       int zero = ::eventfd(0, EFD_CLOEXEC), full = ::eventfd(0, EFD_CLOEXEC);
       const uint64_t nearLimit = UINT64_MAX - 1;
       ASSERT_EQ(::write(full, &nearLimit, sizeof nearLimit), static_cast<ssize_t>(sizeof nearLimit));
-      auto blocking = RingLink::create(kRing);
+      auto blocking = RingPair::create(kRing);
       ASSERT_TRUE(isOk(blocking.status()));
       RingSetupMessage theirs = (*blocking)->setupMessage();
       sendWithFds(s, &theirs, sizeof theirs, {(*blocking)->memfd(), full, zero});
@@ -510,7 +510,7 @@ TEST_P(RingPath, HostileRingSetupsAreRefusedAndChangeNothing) {
   std::vector<int> refusedWithoutTicket;
   for (const auto& name : names) {
     for (uint64_t ticket : {uint64_t{0}, uint64_t{0x0123456789abcdefull}}) {
-      auto link = RingLink::create(kRing);
+      auto link = RingPair::create(kRing);
       ASSERT_TRUE(isOk(link.status()));
       RingSetupMessage msg = (*link)->setupMessage();
       msg.ticket = ticket;

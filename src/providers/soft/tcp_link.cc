@@ -1,0 +1,150 @@
+// TcpLink: a connection's bytes over a non-blocking TCP socket (link.h).
+//
+// epoll is level-triggered here: a reader that stops with bytes still queued is called again
+// without being asked to, and EPOLLOUT is watched only while a write waits for room (or the
+// connect() is in progress), so an idle connection wakes nobody.
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "common/device_access.h"
+#include "common/reactor.h"
+#include "providers/soft/link.h"
+
+namespace ferry::soft {
+namespace {
+
+class TcpLink final : public Link {
+ public:
+  TcpLink(int fd, bool connecting) : fd_(fd), connecting_(connecting) {}
+  // Only the fd: the reactor may be gone by now (a closed link was detached on the loop already).
+  ~TcpLink() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status attach(Reactor& reactor, std::weak_ptr<Events> events) override {
+    reactor_ = &reactor;
+    return reactor.addFd(fd_, interest(), [this, events = std::move(events)](uint32_t ev) {
+      // The link lives as long as its connection: one that is gone is told nothing.
+      if (auto owner = events.lock()) onEvents(*owner, ev);
+    });
+  }
+
+  void detach() override {
+    if (reactor_ && fd_ >= 0) reactor_->removeFd(fd_);
+    reactor_ = nullptr;
+  }
+
+  void close() override {
+    detach();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  void shutdownWrite() override {
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+  }
+
+  ssize_t writev(const iovec* iov, int count) override {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<size_t>(count);
+    DeviceAccess device;  // the pieces are registered memory (and frame headers)
+    return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+  ssize_t readv(const iovec* iov, int count) override {
+    DeviceAccess device;  // straight into registered memory
+    return ::readv(fd_, iov, count);
+  }
+
+  void wantWritable(bool want) override {
+    if (want == wantWrite_) return;
+    wantWrite_ = want;
+    updateInterest();
+  }
+
+  // Level-triggered: the socket stays readable, so the loop comes back by itself.
+  void resumeReadingLater() override {}
+
+  bool connecting() const override { return connecting_; }
+  bool sameHost() const override { return false; }
+
+  std::optional<in_addr_t> peerAddress() const override {
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (fd_ < 0 || ::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len) != 0 || peer.sin_family != AF_INET) {
+      return std::nullopt;
+    }
+    return peer.sin_addr.s_addr;
+  }
+
+ private:
+  uint32_t interest() const {
+    const uint32_t out = (wantWrite_ || connecting_) ? uint32_t{EPOLLOUT} : 0;
+    return uint32_t{EPOLLIN} | uint32_t{EPOLLRDHUP} | out;
+  }
+
+  void updateInterest() {
+    if (reactor_ && fd_ >= 0) (void)reactor_->modFd(fd_, interest());
+  }
+
+  void onEvents(Events& owner, uint32_t events) {
+    if (connecting_) {
+      if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
+        const int cause = err ? err : ECONNREFUSED;
+        owner.onLinkConnected(
+            Status(StatusCode::kUnavailable, std::string("connect failed: ") + std::strerror(cause), cause));
+        return;
+      }
+      connecting_ = false;
+      updateInterest();
+      owner.onLinkConnected(Status::ok());
+      return;
+    }
+    // The owner may close this link from the first call: the fd says whether to go on.
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) owner.onLinkReadable();
+    if (fd_ >= 0 && (events & EPOLLOUT)) owner.onLinkWritable();
+  }
+
+  int fd_;
+  bool connecting_;
+  bool wantWrite_ = false;
+  Reactor* reactor_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Link> makeTcpLink(int fd, bool connecting) { return std::make_unique<TcpLink>(fd, connecting); }
+
+Result<std::unique_ptr<Link>> dialTcpLink(in_addr_t localIp, in_addr_t ip, uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ioError("socket");
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = localIp;
+  (void)::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local);  // a soft device speaks from its own address
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_addr.s_addr = ip;
+  peer.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) != 0 && errno != EINPROGRESS) {
+    Status st = ioError("connect");
+    ::close(fd);
+    return st;
+  }
+  return makeTcpLink(fd, /*connecting=*/true);
+}
+
+}  // namespace ferry::soft
