@@ -76,6 +76,11 @@ struct RunShape {
   // those, no system call, as ib_send_lat and ucx_perftest poll; the yields let a device whose
   // progress runs on threads of its own have the core on a machine with few cores.
   int pollYield = kDefaultPollYield;
+  // --call-time: a verbs latency loop also times each postSend call (t_call; call_us in the JSON
+  // document), the cost the Endpoint API's own call is compared with. One more clock read per
+  // iteration, inside the measured latency, so it is off unless asked for. Client side only; the
+  // Endpoint API's runs always time their calls.
+  bool callTime = false;
 };
 
 inline constexpr int kMaxThreads = 64;

@@ -110,6 +110,7 @@ struct ThreadOutcome {
   Clock::time_point start;
   Clock::time_point end;
   std::vector<double> samplesUs;
+  double callSeconds = 0;  // --call-time: inside postSend, timed iterations
 };
 
 // Tracks the send requests one thread has outstanding per QP, and reaps completions.
@@ -207,7 +208,13 @@ struct LoopArgs {
   std::atomic<uint64_t>* progress = nullptr;  // timed iterations done (nullptr while warming up)
   std::vector<double>* samples = nullptr;     // latency samples (nullptr while warming up)
   uint64_t* seq = nullptr;                    // ping-pong sequence, continued across calls
+  double* callSeconds = nullptr;              // --call-time: adds the time inside each postSend
 };
+
+// A latency loop's post, begun at t0: with --call-time, the time it took is added up.
+void countCall(const LoopArgs& a, Clock::time_point t0) {
+  if (a.callSeconds) *a.callSeconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // How long the bandwidth loop polls without a completion before it sleeps on the channel.
 constexpr double kPollBeforeSleep = 50e-6;
@@ -307,6 +314,7 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
     auto t0 = Clock::now();
     Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled,
                                          landingOffset(shape)));
+    countCall(a, t0);
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
     uint32_t spins = 0, empty = 0;
@@ -365,6 +373,7 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
     auto t0 = Clock::now();
     Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled,
                                          landingOffset(shape)));
+    countCall(a, t0);
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
     uint32_t spins = 0, empty = 0;
@@ -400,6 +409,7 @@ Status postToCompletion(const LoopArgs& a, uint64_t* iterations) {
     size_t q = i % nq;
     auto t0 = Clock::now();
     Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled, 0));
+    countCall(a, t0);
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
     uint32_t spins = 0, empty = 0;
@@ -704,6 +714,7 @@ Status VerbsSide::measure(const RunSpec& spec, RunControl& control, RunMeasureme
         a.count = spec.duration > 0 ? std::numeric_limits<uint64_t>::max() : spec.iters;
         a.progress = control.done[ti].get();
         a.samples = shape_.mode == Mode::kLatency ? &o.samplesUs : nullptr;
+        a.callSeconds = shape_.callTime ? &o.callSeconds : nullptr;
         o.start = Clock::now();
         if (spec.duration > 0) {
           a.stopAt = o.start + std::chrono::microseconds(static_cast<int64_t>(spec.duration * 1e6));
@@ -731,6 +742,7 @@ Status VerbsSide::measure(const RunSpec& spec, RunControl& control, RunMeasureme
     first = std::min(first, o.start);
     last = std::max(last, o.end);
     m.latencyUs.insert(m.latencyUs.end(), o.samplesUs.begin(), o.samplesUs.end());
+    m.callSeconds += o.callSeconds;
   }
   m.seconds = std::chrono::duration<double>(last - first).count();
   std::sort(m.latencyUs.begin(), m.latencyUs.end());

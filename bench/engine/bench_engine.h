@@ -63,7 +63,7 @@ struct RunMeasurement {
   // messages or immediates arrived), the time spent inside the calls that issued the timed ones,
   // and the bytes the client checked after the run (READ: what landed here).
   uint64_t operations = 0;
-  double callSeconds = 0;
+  double callSeconds = 0;  // (verbs: with --call-time, inside postSend)
   uint64_t verifiedBytes = 0;
 };
 

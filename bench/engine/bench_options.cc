@@ -203,6 +203,8 @@ void printUsage(FILE* out) {
                "                        send, write_imm, read and atomic)\n"
                "  --poll-yield N        lat: polling loops yield the core after every Nth empty poll\n"
                "                        (default 16; 1 after each; 0 never), both sides\n"
+               "  --call-time           verbs lat: also time each postSend call (t_call), with one\n"
+               "                        more clock read per iteration inside the latency\n"
                "\n"
                "Latency: write, send and write_imm are ping-pongs (one-way = round trip / 2); read and\n"
                "atomic are the time from posting to completion; endpoint operations the time from the\n"
@@ -273,6 +275,7 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   app.add_flag("--announce", o.announce);
   app.add_flag("--sweep", sweep);
   app.add_flag("--json", o.json);
+  app.add_flag("--call-time", o.shape.callTime);
   app.add_option("--device", o.device);
   app.add_option("--server-device", o.serverDevice);
   app.add_option("--bind", o.bind);
@@ -332,6 +335,10 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   }
   if (given("--mode") && !parseMode(mode, &o.shape.mode)) {
     return invalidArgument("unknown --mode '" + mode + "': use bw or lat");
+  }
+  if (o.shape.callTime && (o.shape.api != Api::kVerbs || o.shape.mode != Mode::kLatency)) {
+    return invalidArgument("--call-time is for verbs latency runs (--mode lat); the Endpoint API's runs always time "
+                           "their calls");
   }
   std::vector<uint64_t> sizes;
   for (const std::string& v : sizeTexts) {

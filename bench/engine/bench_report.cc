@@ -44,8 +44,8 @@ std::vector<Column> columnsOf(const RunShape& s) {
     c.push_back({"t_p99[us]", 11, [](const SizeResult& r) { return fixed(r.p99Us, 2); }});
     c.push_back({"t_avg[us]", 11, [](const SizeResult& r) { return fixed(r.avgUs, 2); }});
   }
-  if (endpoint) {
-    c.push_back({"t_msg[us]", 11, [](const SizeResult& r) { return fixed(r.usPerMessage, 3); }});
+  if (endpoint) c.push_back({"t_msg[us]", 11, [](const SizeResult& r) { return fixed(r.usPerMessage, 3); }});
+  if (endpoint || s.callTime) {
     c.push_back({"t_call[us]", 11, [](const SizeResult& r) { return fixed(r.callUs, 3); }});
   }
   c.push_back({"CPU client[%]", 14,
@@ -110,8 +110,9 @@ void printHeader(FILE* out, const BenchReport& rep) {
     std::fprintf(out, "  %st_msg = wall time per assignment; t_call = time in the call that issues an operation\n",
                  s.mode == Mode::kLatency ? "latency = call to wait() returned, one operation at a time; " : "");
   } else if (s.mode == Mode::kLatency) {
-    std::fprintf(out, "  %s\n", isPingPong(s) ? "ping-pong: one-way latency = round trip / 2"
-                                              : "latency = post to completion (one request at a time)");
+    std::fprintf(out, "  %s%s\n", isPingPong(s) ? "ping-pong: one-way latency = round trip / 2"
+                                                : "latency = post to completion (one request at a time)",
+                 s.callTime ? "; t_call = time inside postSend" : "");
   }
   std::fprintf(out, "---------------------------------------------------------------------------------------\n");
   for (const Column& c : columnsOf(s)) std::fprintf(out, " %-*s", c.width, c.title);
@@ -173,6 +174,8 @@ json::Value reportJson(const BenchReport& rep) {
       o.set("us_per_message", r.usPerMessage);
       o.set("call_us", r.callUs);
       o.set("verified_bytes", static_cast<int64_t>(r.verifiedBytes));
+    } else if (s.callTime) {
+      o.set("call_us", r.callUs);
     }
     o.set("client_cpu_seconds", r.clientCpuSeconds);
     o.set("client_cpu_percent", percentOf(r.clientCpuSeconds, r.clientWallSeconds));

@@ -126,6 +126,9 @@ def main():
     bad_option(ferry, ["--local", "--wait", "nap"], r"unknown --wait 'nap': use poll or event")
     bad_option(ferry, ["--local", "--mode", "lat", "--wait", "event"], r"--wait event is for verbs latency runs")
     bad_option(ferry, ["--local", "--op", "send", "--wait", "event"], r"--wait event is for verbs latency runs")
+    bad_option(ferry, ["--local", "--call-time"], r"--call-time is for verbs latency runs")
+    bad_option(ferry, ["--local", "--api", "endpoint", "--mode", "lat", "--call-time"],
+               r"--call-time is for verbs latency runs .*always time their calls")
     bad_option(ferry, ["--local", "--poll-yield", "-1"], r"--poll-yield takes a whole number")
     bad_option(ferry, ["--local", "--poll-yield", "many"], r"--poll-yield takes a whole number")
     bad_option(ferry, ["--local", "--poll-yield", "2000000"], r"--poll-yield")

@@ -86,6 +86,19 @@ def main():
         check_doc(doc, "send", "lat", [8])
         if doc.get("poll_yield") != n:
             fail("--poll-yield %d ran with poll_yield %r" % (n, doc.get("poll_yield")))
+    # The verbs post timed (--call-time): its time is part of each iteration's, so it is positive and
+    # below the median of the whole round trip (a ping-pong's one way is half of that); without the
+    # flag there is no call_us.
+    for op in ("write", "send", "read"):
+        doc = bench(ferry, "--op", op, "--mode", "lat", "--size", "8", "--iters", "200", "--call-time")
+        check_doc(doc, op, "lat", [8])
+        r = doc["results"][0]
+        bound = r["lat_us"]["max"] * (2 if op != "read" else 1)
+        if not isinstance(r.get("call_us"), (int, float)) or not 0 < r["call_us"] <= bound:
+            fail("--call-time %s: call_us %r, expected a positive time within an iteration's (%s us)"
+                 % (op, r.get("call_us"), bound))
+    if "call_us" in bench(ferry, "--op", "write", "--mode", "lat", "--size", "8", "--iters", "50")["results"][0]:
+        fail("a verbs run without --call-time reports call_us")
     # The event-driven variant (--wait event): both sides sleep on the completion channel.
     for path in ("tcp", "ring", "same-host"):
         for op in ("send", "write_imm", "read", "atomic"):
