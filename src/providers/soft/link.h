@@ -46,16 +46,23 @@ class Link {
     virtual void onLinkBroken(const Status& why) = 0;
   };
 
-  virtual ~Link() = default;
+  // Every link has one socket (takes fd): the TCP connection, or the AF_UNIX socket whose hang-up
+  // says a ring's peer is gone. The destructor closes only the descriptors: the reactor may be
+  // gone by then (a link that was closed was detached on the loop already).
+  explicit Link(int fd) : fd_(fd) {}
+  virtual ~Link();
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
 
   // Starts watching the link's descriptors on reactor and telling events what happens.
   virtual Status attach(Reactor& reactor, std::weak_ptr<Events> events) = 0;
   // Stops watching them (the descriptors stay open until the link is destroyed or closed).
   virtual void detach() = 0;
-  // Closes the descriptors; the peer sees the stream end. Idempotent.
-  virtual void close() = 0;
+  // Detaches and closes the socket; the peer sees the stream end. Idempotent.
+  void close();
+  bool closed() const { return fd_ < 0; }
   // Half-closes: the peer reads what was written, then the end of the stream.
-  virtual void shutdownWrite() = 0;
+  void shutdownWrite();
 
   // Socket semantics: the bytes taken (or, reading, placed), -1 with errno (EAGAIN: no room, or
   // nothing to read), 0 reading at the end of the peer's stream.
@@ -89,6 +96,10 @@ class Link {
   virtual bool sameHost() const = 0;
   // The peer's IPv4 address (network order) when the link runs over the network; nullopt otherwise.
   virtual std::optional<in_addr_t> peerAddress() const = 0;
+
+ protected:
+  int fd_;
+  Reactor* reactor_ = nullptr;  // while attached
 };
 
 // A TCP socket (non-blocking, accepted or connected); connecting: the connect() is still in

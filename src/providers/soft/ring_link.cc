@@ -23,12 +23,8 @@ namespace {
 
 class RingLink final : public Link {
  public:
-  RingLink(int fd, std::unique_ptr<RingPair> rings) : fd_(fd), rings_(std::move(rings)) {}
-  // Only the socket (the rings close their own): the reactor may be gone by now (a closed link
-  // was detached on the loop already).
-  ~RingLink() override {
-    if (fd_ >= 0) ::close(fd_);
-  }
+  // The rings close their own descriptors; Link the socket.
+  RingLink(int fd, std::unique_ptr<RingPair> rings) : Link(fd), rings_(std::move(rings)) {}
 
   Status attach(Reactor& reactor, std::weak_ptr<Events> events) override {
     FERRY_RETURN_IF_ERROR(reactor.addFd(rings_->ownWakeFd(), EPOLLIN, [this, events](uint32_t) {
@@ -56,17 +52,6 @@ class RingLink final : public Link {
     if (socketWatched_) reactor_->removeFd(fd_);
     socketWatched_ = false;
     reactor_ = nullptr;
-  }
-
-  void close() override {
-    detach();
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
-  // The peer sees its socket hang up and reads what the ring holds first.
-  void shutdownWrite() override {
-    if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
   }
 
   ssize_t writev(const iovec* iov, int count) override { return rings_->writev(iov, count); }
@@ -124,9 +109,7 @@ class RingLink final : public Link {
     owner.onLinkReadable();
   }
 
-  int fd_;
   std::unique_ptr<RingPair> rings_;
-  Reactor* reactor_ = nullptr;
   bool socketWatched_ = false;
   bool peerHungUp_ = false;  // the socket hung up: the peer's stream ends with the ring's bytes
 };

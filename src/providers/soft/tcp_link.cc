@@ -21,11 +21,7 @@ namespace {
 
 class TcpLink final : public Link {
  public:
-  TcpLink(int fd, bool connecting) : fd_(fd), connecting_(connecting) {}
-  // Only the fd: the reactor may be gone by now (a closed link was detached on the loop already).
-  ~TcpLink() override {
-    if (fd_ >= 0) ::close(fd_);
-  }
+  TcpLink(int fd, bool connecting) : Link(fd), connecting_(connecting) {}
 
   Status attach(Reactor& reactor, std::weak_ptr<Events> events) override {
     reactor_ = &reactor;
@@ -38,16 +34,6 @@ class TcpLink final : public Link {
   void detach() override {
     if (reactor_ && fd_ >= 0) reactor_->removeFd(fd_);
     reactor_ = nullptr;
-  }
-
-  void close() override {
-    detach();
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
-  void shutdownWrite() override {
-    if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
   }
 
   ssize_t writev(const iovec* iov, int count) override {
@@ -116,10 +102,8 @@ class TcpLink final : public Link {
     if (fd_ >= 0 && (events & EPOLLOUT)) owner.onLinkWritable();
   }
 
-  int fd_;
   bool connecting_;
   bool wantWrite_ = false;
-  Reactor* reactor_ = nullptr;
 };
 
 }  // namespace
