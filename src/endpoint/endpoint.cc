@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/json.h"
 #include "ferry/common/config.h"
 #include "common/log.h"
@@ -796,11 +797,6 @@ void Endpoint::progressOnce() {
   updateProbeLocked();  // completions only satisfy waits: a probe can become unneeded, never needed
 }
 
-int64_t Endpoint::steadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 namespace {
 int64_t waitLeaseNs() {

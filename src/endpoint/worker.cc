@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "ferry/endpoint/context.h"
 #include "ferry/endpoint/endpoint.h"
@@ -114,7 +115,7 @@ void Worker::State::run() {
     {
       std::lock_guard<std::mutex> lock(mu);
       bool probing = false;
-      const int64_t nowNs = Endpoint::steadyNs();
+      const int64_t nowNs = steadyNs();
       for (const auto& [key, entry] : entries) {
         probing = probing || (options.probeIntervalSeconds > 0 && entry.raw->wantsProbe());
         if (std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs)) {
@@ -152,7 +153,7 @@ void Worker::State::run() {
       }
       // CQs left unarmed whose pollers stopped: take what is there and arm them (or, while the
       // pollers still attend, look again later).
-      const int64_t nowNs = Endpoint::steadyNs();
+      const int64_t nowNs = steadyNs();
       for (const auto& [key, entry] : entries) {
         std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs);
         if (!due || *due > nowNs) continue;

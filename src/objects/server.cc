@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/clock.h"
 #include "common/json.h"
 #include "ferry/agent/agent.h"
 #include "ferry/cuobj_server.h"
@@ -38,11 +39,6 @@ namespace {
 constexpr size_t kMaxSgEntries = 10;
 constexpr int kPollCap = 16;
 
-int64_t nowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // A completion status for a failed operation: the work completion's own when it has one.
 ibv_wc_status wcOf(const Status& st) {
@@ -534,7 +530,7 @@ class ServerCore {
                       .op = op,
                       .size = size,
                       .client = d->agentAddress,
-                      .startUs = nowUs()};
+                      .startUs = steadyUs()};
       std::unique_lock<std::mutex> chLock(ch->mu, std::defer_lock);
       if (asyncHandle != nullptr) {
         chLock.lock();
@@ -619,14 +615,14 @@ class ServerCore {
       }
       (void)f.wait(std::chrono::milliseconds(std::max<uint64_t>(1, ns / 1000000)));
     };
-    const int64_t start = nowUs();
+    const int64_t start = steadyUs();
     uint64_t backoff = 1000;
     while (!f.done()) {
       switch (mode) {
         case CUOBJ_DELAY_NONE: std::this_thread::yield(); break;
         case CUOBJ_DELAY_ENTRY: pause(uint64_t{delayNs} * std::max<size_t>(entries, 1)); break;
         case CUOBJ_DELAY_ADAPTIVE:
-          if (nowUs() - start < static_cast<int64_t>(delayNs / 1000)) break;  // spin first
+          if (steadyUs() - start < static_cast<int64_t>(delayNs / 1000)) break;  // spin first
           pause(std::min<uint64_t>(backoff, delayNs));
           backoff = std::min<uint64_t>(backoff * 2, std::max<uint64_t>(delayNs, 1000));
           break;
@@ -643,7 +639,7 @@ class ServerCore {
     ibv_wc_status wc = wcOf(st);
     std::string line = "op=" + std::string(opName(p.op)) + " size=" + std::to_string(p.size) +
                        " channel=" + std::to_string(channelId) + " status=" + ibv_wc_status_name(wc) +
-                       " us=" + std::to_string(nowUs() - p.startUs);
+                       " us=" + std::to_string(steadyUs() - p.startUs);
     if (st.isOk()) {
       log(CUOBJ_LOG_PATH_INFO, p.key, line);
     } else {

@@ -241,8 +241,6 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   void pollEnds(bool operationDone) override;
   void watchBegins(bool mayBlock) override;
   void watchEnds() override;
-  // The steady clock in nanoseconds (leases and due times).
-  static int64_t steadyNs();
   // Whether the worker leaves the CQ unarmed now (pollers attend to it). `nowNs`: steadyNs().
   bool pollersAttend(int64_t nowNs) const;
   // When the worker must look at an endpoint whose CQ it left unarmed (steadyNs()), or nullopt

@@ -17,6 +17,7 @@
 #include <shared_mutex>
 
 #include "ferry/common/config.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "providers/soft/conn.h"
 #include "providers/soft/mcast.h"
@@ -301,9 +302,9 @@ void SoftContext::removeAttendedLinkFromLoop(const Conn* conn) {
 
 bool SoftContext::attendFromLoop(bool vouches) {
   if (vouches) {
-    const int64_t now = ringClockNs();
+    const int64_t now = steadyNs();
     if (attendedUntilNs_.load() - now < attendNs_ / 2) {
-      // One reading for the rings and the thread (ringClockNs() is the reactor's clock): a
+      // One reading for the rings and the thread (steadyNs() is the reactor's clock): a
       // producer that saw the lease hold wrote its frame before the lease's end, and the thread
       // wakes no sooner than that end to run this poller, so it finds the frame.
       const int64_t until = now + attendNs_;
@@ -342,7 +343,7 @@ void SoftContext::endLeaseFromLoop() {
 
 void SoftContext::stopAttending() {
   // A lease that ran out needs no end: the thread took what it left when it did.
-  if (attendedUntilNs_.load() <= ringClockNs()) return;
+  if (attendedUntilNs_.load() <= steadyNs()) return;
   auto end = [this] { endLeaseFromLoop(); };
   if (!reactor_.runHere(end)) reactor_.post(end);
 }

@@ -84,7 +84,7 @@ class Link {
 
   // Whether the application's polls may take this link's input themselves (attend, pending).
   virtual bool pollable() const { return false; }
-  // The application polls until untilNs (ringClockNs()): the peer does not wake the progress thread
+  // The application polls until untilNs (steadyNs()): the peer does not wake the progress thread
   // for this link's input before then (0: wake it as usual).
   virtual void attend(int64_t untilNs) {}
   // Bytes wait to be read (for a pollable link).

@@ -1,5 +1,6 @@
 #include "providers/soft/ring.h"
 
+#include "common/clock.h"
 #include "common/cpu_relax.h"
 #include "common/device_access.h"
 #include "ferry/common/config.h"
@@ -117,11 +118,6 @@ void copyRing(uint8_t* ring, size_t size, uint64_t pos, const iovec* iov, int co
 }
 
 }  // namespace
-
-int64_t ringClockNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 uint64_t ringLinksMade() { return linksMade.load(std::memory_order_relaxed); }
 uint64_t ringBytesWritten() { return bytesWritten.load(std::memory_order_relaxed); }
@@ -380,7 +376,7 @@ ssize_t RingPair::writev(const iovec* iov, int count) {
   // when); then its own timer at that moment takes what it left.
   if (ctl.consumerSleeping.load(std::memory_order_seq_cst) != 0) {
     const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_seq_cst);
-    if (attended != 0 && attended > ringClockNs()) {
+    if (attended != 0 && attended > steadyNs()) {
       wakesSpared.fetch_add(1, std::memory_order_relaxed);
     } else if (ctl.consumerSleeping.exchange(0, std::memory_order_seq_cst) != 0) {
       wakePeer();
@@ -427,7 +423,7 @@ bool RingPair::prepareToSleep() {
   // While our application polls the ring (a lease), its polls take what comes: no spin here,
   // which would hold the poll that just took a frame from returning it.
   const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_relaxed);
-  const int64_t maxSpin = attended != 0 && attended > ringClockNs() ? 0 : maxSpinNs();
+  const int64_t maxSpin = attended != 0 && attended > steadyNs() ? 0 : maxSpinNs();
   if (maxSpin > 0) {
     int64_t budget = spinNs_ > 0 ? spinNs_ : 0;
     if (budget == 0 && ++idleSleeps_ >= 64) {
@@ -435,14 +431,14 @@ bool RingPair::prepareToSleep() {
       idleSleeps_ = 0;
     }
     if (budget > 0) {
-      int64_t start = ringClockNs();
+      int64_t start = steadyNs();
       for (int i = 0;; ++i) {
         if (readable()) {
           spinNs_ = std::min(maxSpin, std::max<int64_t>(budget * 2, 2000));
           return true;
         }
         cpuRelax();
-        if ((i & 15) == 15 && ringClockNs() - start >= budget) break;
+        if ((i & 15) == 15 && steadyNs() - start >= budget) break;
       }
       spinNs_ = budget / 2 < 500 ? 0 : budget / 2;
     }

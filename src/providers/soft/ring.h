@@ -99,7 +99,7 @@ class RingPair {
   bool prepareToSleep();
   // Consumer: bytes are waiting in the incoming ring.
   bool readable() const;
-  // Consumer: our application polls this ring itself until untilNs (ringClockNs()): the producer
+  // Consumer: our application polls this ring itself until untilNs (steadyNs()): the producer
   // does not wake us before then. 0 or a time past: wake us as usual. Whoever says so must take
   // what the ring holds at untilNs, as the producer may have left it there unannounced.
   void attend(int64_t untilNs);
@@ -128,11 +128,6 @@ class RingPair {
   int64_t spinNs_ = 0;    // the current spin budget (adapts between 0 and the maximum)
   int idleSleeps_ = 0;    // sleeps since the budget fell to 0
 };
-
-// CLOCK_MONOTONIC in nanoseconds, the clock of RingPair::attend (the same in every process):
-// std::chrono::steady_clock's (libstdc++ and libc++ read CLOCK_MONOTONIC on Linux), so that a
-// reactor's time points and a ring's lease are one reading.
-int64_t ringClockNs();
 
 // How many ring links this process has set up (either side) and how many bytes it has written
 // into rings: what tests and `ferry bench` read to tell which path carried the traffic.

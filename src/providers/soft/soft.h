@@ -214,7 +214,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only
   std::vector<std::shared_ptr<Conn>> linksPolled_;  // loop only: the links one poll goes through
-  // ringClockNs() until which the lease holds, 0 when ended; written in the loop only.
+  // steadyNs() until which the lease holds, 0 when ended; written in the loop only.
   std::atomic<int64_t> attendedUntilNs_{0};
   int listenFd_ = -1;
   int udpFd_ = -1;

@@ -6,6 +6,8 @@
 // polls stop, and a context's ring listener shrugs off hostile setups.
 #include "providers/soft/ring.h"
 
+#include "common/clock.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/audit.h>
@@ -141,14 +143,14 @@ TEST(RingPair, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
   uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   iovec v{msg, 8};
   // Its application polls for the next ten seconds: the producer leaves the bytes unannounced.
-  p.responder->attend(soft::ringClockNs() + 10'000'000'000);
+  p.responder->attend(steadyNs() + 10'000'000'000);
   const uint64_t spared = soft::ringWakesSpared();
   ASSERT_EQ(p.requester->writev(&v, 1), 8);
   EXPECT_FALSE(fdReadable(p.responder->ownWakeFd())) << "an attended consumer is not woken";
   EXPECT_EQ(soft::ringWakesSpared(), spared + 1);
   EXPECT_TRUE(p.responder->readable()) << "the bytes are there for its poll";
   // A lease in the past is none: the sleeping consumer is woken again.
-  p.responder->attend(soft::ringClockNs() - 1);
+  p.responder->attend(steadyNs() - 1);
   ASSERT_EQ(p.requester->writev(&v, 1), 8);
   EXPECT_TRUE(fdReadable(p.responder->ownWakeFd())) << "a consumer whose lease ended is woken";
   p.responder->clearWake();
