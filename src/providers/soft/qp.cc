@@ -122,11 +122,14 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
           auto batch = wrs.subspan(posted, run);
           const bool done = runFastPathBatch(*fp, batch);
           if (done) {
+            // One step for the batch's slots (an atomic step per request cost more than the copy
+            // of a small WRITE), then the completions of the signaled ones.
+            releaseSendSlots(static_cast<uint32_t>(run));
             for (const auto& w : batch) {
+              if (!sqSigAll_ && !(w.sendFlags & verbs::send_flags::kSignaled)) continue;
               uint64_t len = 0;
               for (const auto& sge : w.sgList) len += sge.length;
-              pushSendCompletion(w.wrId, w.opcode, len, sqSigAll_ || (w.sendFlags & verbs::send_flags::kSignaled),
-                                 WcStatus::kSuccess);
+              pushSendWc(w.wrId, w.opcode, len, true, WcStatus::kSuccess);
             }
           }
           lock.lock();
@@ -412,7 +415,18 @@ void SoftQp::pushSendCompletion(const SendWqe& wqe, WcStatus status) {
 }
 
 void SoftQp::pushSendCompletion(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled, WcStatus status) {
-  if (sqOutstanding_ > 0) --sqOutstanding_;
+  releaseSendSlots(1);
+  pushSendWc(wrId, opcode, length, signaled, status);
+}
+
+void SoftQp::releaseSendSlots(uint32_t n) {
+  // Never below zero: a flush may have emptied the queue meanwhile.
+  uint32_t cur = sqOutstanding_.load(std::memory_order_relaxed);
+  while (cur > 0 && !sqOutstanding_.compare_exchange_weak(cur, cur - std::min(cur, n))) {
+  }
+}
+
+void SoftQp::pushSendWc(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled, WcStatus status) {
   if (status == WcStatus::kSuccess && !signaled) return;
   verbs::WorkCompletion wc;
   wc.wrId = wrId;

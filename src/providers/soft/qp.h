@@ -73,6 +73,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void pushSendCompletion(const SendWqe& wqe, verbs::WcStatus status);
   void pushSendCompletion(uint64_t wrId, verbs::WrOpcode opcode, uint64_t length, bool signaled,
                           verbs::WcStatus status);
+  // n send requests ended: their send queue slots are free again (one atomic step for them all).
+  void releaseSendSlots(uint32_t n);
+  // The completion of a send request that ended (its slot released), when it has one.
+  void pushSendWc(uint64_t wrId, verbs::WrOpcode opcode, uint64_t length, bool signaled, verbs::WcStatus status);
   void pushRecvCompletion(const RecvWqe& wqe, verbs::WcStatus status, verbs::WcOpcode opcode, uint32_t byteLen,
                           std::optional<uint32_t> imm, bool solicited);
   // Moves the QP to ERR: the oldest send request gets `status` (when given), everything else
