@@ -287,6 +287,7 @@ readMore:
         close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
         return;
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        link_->awaitBytes(payloadLeft_);  // nothing to do until more of the payload is here
         break;
       } else if (errno == EINTR) {
         continue;
@@ -313,7 +314,10 @@ readMore:
       close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
       return;
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      link_->awaitBytes(0);  // a header (or a small payload) may be any size: wake for any byte
+      break;
+    }
     if (errno == EINTR) continue;
     close(ioError("recv"));
     return;

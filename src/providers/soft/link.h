@@ -81,6 +81,10 @@ class Link {
   // The input is drained: poll briefly for more before waiting for onLinkReadable. True when bytes
   // arrived meanwhile (read on).
   virtual bool prepareToSleep() { return false; }
+  // The connection can do nothing with fewer than n more bytes (the rest of a large payload it
+  // reads straight into place): the link may hold onLinkReadable back until that many wait, or
+  // the peer's stream ends. 0: tell it of any byte (the default).
+  virtual void awaitBytes(size_t n) {}
 
   // Whether the application's polls may take this link's input themselves (attend, pending).
   virtual bool pollable() const { return false; }

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -58,6 +59,17 @@ class TcpLink final : public Link {
   // Level-triggered: the socket stays readable, so the loop comes back by itself.
   void resumeReadingLater() override {}
 
+  // SO_RCVLOWAT: epoll says the socket is readable only once this many bytes wait (a hang-up or
+  // an error still says so at once, and a read still returns what there is). A large payload is
+  // then read in a few large reads, and the sender's every segment does not wake this side's
+  // thread (on a machine with few cores each wake-up costs the sender its core for a while).
+  // Capped well inside the receive window, so the bytes can always come.
+  void awaitBytes(size_t n) override {
+    const int lowWater = static_cast<int>(std::clamp<size_t>(n, 1, kMaxLowWater));
+    if (lowWater == lowWater_ || fd_ < 0) return;
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &lowWater, sizeof lowWater) == 0) lowWater_ = lowWater;
+  }
+
   bool connecting() const override { return connecting_; }
   bool sameHost() const override { return false; }
 
@@ -102,8 +114,11 @@ class TcpLink final : public Link {
     if (fd_ >= 0 && (events & EPOLLOUT)) owner.onLinkWritable();
   }
 
+  static constexpr size_t kMaxLowWater = 256 * 1024;
+
   bool connecting_;
   bool wantWrite_ = false;
+  int lowWater_ = 1;  // SO_RCVLOWAT now
 };
 
 }  // namespace
