@@ -304,6 +304,14 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   }
   if (&conn != reqConn_.get()) return;
   bool wasReady = reqReady_;
+  if (!wasReady && conn.link().sameHost() && !ringRefused_) {
+    // The peer's ring listener dropped our rings before they carried a hello (too many others
+    // waiting on it, a ticket it no longer honours): the next connection stays on TCP, which a
+    // crowd on that listener cannot block.
+    FERRY_LOG(kInfo, "QP %u: the peer dropped our shared-memory rings before the hello (TCP instead): %s", qpn_,
+              why.toString().c_str());
+    ringRefused_ = true;
+  }
   reqConn_.reset();
   reqReady_ = false;
   dropFastPath();

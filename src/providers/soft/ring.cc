@@ -164,10 +164,10 @@ msghdr setupHeader(iovec* iov, void* control, size_t controlLen) {
 }
 }  // namespace
 
-Status sendRingSetup(int sock, const RingPair& link, uint64_t ticket) {
-  RingSetupMessage msg = link.setupMessage();
+Status sendRingSetup(int sock, const RingPair& rings, uint64_t ticket) {
+  RingSetupMessage msg = rings.setupMessage();
   msg.ticket = ticket;
-  int fds[kSetupFds] = {link.memfd(), link.ownWakeFd(), link.peerWakeFd()};
+  int fds[kSetupFds] = {rings.memfd(), rings.ownWakeFd(), rings.peerWakeFd()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
   iovec iov{&msg, sizeof msg};
   msghdr mh = setupHeader(&iov, control, sizeof control);
@@ -216,41 +216,41 @@ Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock, const std::function
   if (fds.size() != kSetupFds) return refuse("a setup message without exactly three descriptors");
   if (!admit(msg.ticket)) return refuse("a ticket no hello reply of this process gave");
   // [memfd, the requester's eventfd, ours]
-  auto link = RingPair::adopt(msg, fds[0], fds[2], fds[1]);
-  if (!link.isOk()) countRingSetupRefused();
-  return link;
+  auto rings = RingPair::adopt(msg, fds[0], fds[2], fds[1]);
+  if (!rings.isOk()) countRingSetupRefused();
+  return rings;
 }
 
 Result<std::unique_ptr<RingPair>> RingPair::create(size_t ringBytes) {
   if (ringBytes < kMinRing || ringBytes > kMaxRing || !std::has_single_bit(ringBytes)) {
     return Status(StatusCode::kInvalidArgument, "ring size must be a power of two from 64 KiB to 64 MiB");
   }
-  std::unique_ptr<RingPair> link(new RingPair);
-  link->requester_ = true;
-  link->ringBytes_ = ringBytes;
-  link->mapBytes_ = kDataOffset + 2 * ringBytes;
-  link->memfd_ = ::memfd_create("ferry-soft-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (link->memfd_ < 0) return ioError("memfd_create for a shared-memory ring");
-  if (::ftruncate(link->memfd_, static_cast<off_t>(link->mapBytes_)) != 0)
+  std::unique_ptr<RingPair> rings(new RingPair);
+  rings->requester_ = true;
+  rings->ringBytes_ = ringBytes;
+  rings->mapBytes_ = kDataOffset + 2 * ringBytes;
+  rings->memfd_ = ::memfd_create("ferry-soft-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (rings->memfd_ < 0) return ioError("memfd_create for a shared-memory ring");
+  if (::ftruncate(rings->memfd_, static_cast<off_t>(rings->mapBytes_)) != 0)
     return ioError("ftruncate of a ring");
-  if (::fcntl(link->memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (::fcntl(rings->memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return ioError("sealing a ring's memfd");
   }
-  void* base = ::mmap(nullptr, link->mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, link->memfd_, 0);
+  void* base = ::mmap(nullptr, rings->mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, rings->memfd_, 0);
   if (base == MAP_FAILED) return ioError("mmap of a ring");
-  link->base_ = static_cast<uint8_t*>(base);
-  auto* seg = new (link->base_) Segment{};
+  rings->base_ = static_cast<uint8_t*>(base);
+  auto* seg = new (rings->base_) Segment{};
   seg->magic = RingSetupMessage::kMagic;
   seg->version = RingSetupMessage::kVersion;
   seg->ringBytes = static_cast<uint32_t>(ringBytes);
-  link->ownWake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  link->peerWake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (link->ownWake_ < 0 || link->peerWake_ < 0) return ioError("eventfd for a ring");
-  link->outData_ = link->base_ + kDataOffset;
-  link->inData_ = link->base_ + kDataOffset + ringBytes;
-  link->spinNs_ = maxSpinNs() / 4;
+  rings->ownWake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  rings->peerWake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (rings->ownWake_ < 0 || rings->peerWake_ < 0) return ioError("eventfd for a ring");
+  rings->outData_ = rings->base_ + kDataOffset;
+  rings->inData_ = rings->base_ + kDataOffset + ringBytes;
+  rings->spinNs_ = maxSpinNs() / 4;
   linksMade.fetch_add(1, std::memory_order_relaxed);
-  return link;
+  return rings;
 }
 
 Result<std::unique_ptr<RingPair>> RingPair::adopt(const RingSetupMessage& msg, int memfd, int ownWake,
@@ -292,22 +292,22 @@ Result<std::unique_ptr<RingPair>> RingPair::adopt(const RingSetupMessage& msg, i
     closeAll(memfd, ownWake, peerWake);
     return ioError("mmap of a peer's ring", err);
   }
-  std::unique_ptr<RingPair> link(new RingPair);
-  link->requester_ = false;
-  link->memfd_ = memfd;
-  link->ownWake_ = ownWake;
-  link->peerWake_ = peerWake;
-  link->base_ = static_cast<uint8_t*>(base);
-  link->mapBytes_ = mapBytes;
-  link->ringBytes_ = ringBytes;
-  link->outData_ = link->base_ + kDataOffset + ringBytes;
-  link->inData_ = link->base_ + kDataOffset;
+  std::unique_ptr<RingPair> rings(new RingPair);
+  rings->requester_ = false;
+  rings->memfd_ = memfd;
+  rings->ownWake_ = ownWake;
+  rings->peerWake_ = peerWake;
+  rings->base_ = static_cast<uint8_t*>(base);
+  rings->mapBytes_ = mapBytes;
+  rings->ringBytes_ = ringBytes;
+  rings->outData_ = rings->base_ + kDataOffset + ringBytes;
+  rings->inData_ = rings->base_ + kDataOffset;
   // The indices start where the requester left them (zero unless it is hostile; checked on use).
-  link->outHead_ = link->outCtl().head.load(std::memory_order_acquire);
-  link->inTail_ = link->inCtl().tail.load(std::memory_order_acquire);
-  link->spinNs_ = maxSpinNs() / 4;
+  rings->outHead_ = rings->outCtl().head.load(std::memory_order_acquire);
+  rings->inTail_ = rings->inCtl().tail.load(std::memory_order_acquire);
+  rings->spinNs_ = maxSpinNs() / 4;
   linksMade.fetch_add(1, std::memory_order_relaxed);
-  return link;
+  return rings;
 }
 
 RingPair::~RingPair() {

@@ -1,5 +1,6 @@
 // The soft provider's shared-memory rings: the byte stream of a connection between two processes of
-// one host, without the TCP stack.
+// one host, without the TCP stack. The connection reaches them through a RingLink (link.h,
+// ring_link.cc), which adds the socket whose hang-up says the peer is gone.
 //
 // A RingPair is one connection's pair of single-producer single-consumer byte rings in a sealed
 // memfd that both processes map: ring 0 carries the requester's bytes to the responder, ring 1 the
@@ -78,7 +79,7 @@ class RingPair {
   RingPair& operator=(const RingPair&) = delete;
 
   // What the requester sends: the message and its descriptors (memfd, requester's and
-  // responder's eventfds), owned by this link.
+  // responder's eventfds), owned by this pair.
   RingSetupMessage setupMessage() const;
   int memfd() const { return memfd_; }
   int ownWakeFd() const { return ownWake_; }
@@ -105,7 +106,7 @@ class RingPair {
   void attend(int64_t untilNs);
   // Clears our eventfd after a wake-up.
   void clearWake();
-  // Makes our eventfd readable: the progress thread comes back to this link soon.
+  // Makes our eventfd readable: the progress thread comes back to this pair soon.
   void wakeSelf();
 
  private:
@@ -145,9 +146,9 @@ void countRingSetupRefused();
 std::string ringListenerName(uint32_t pid, uint64_t nonce);
 socklen_t ringListenerAddress(uint32_t pid, uint64_t nonce, sockaddr_un* out);
 
-// The requester's side of the handover: link's setup message, carrying ticket, and its three
+// The requester's side of the handover: the pair's setup message, carrying ticket, and its three
 // descriptors on sock.
-Status sendRingSetup(int sock, const RingPair& link, uint64_t ticket);
+Status sendRingSetup(int sock, const RingPair& rings, uint64_t ticket);
 // The responder's side: reads a setup message and its descriptors from sock and adopts them when
 // admit(ticket) says the message's ticket is one this process issued (admit consumes it).
 // kUnavailable (cause EAGAIN) when nothing has arrived yet; kProtocolError for a hang-up, a

@@ -603,6 +603,50 @@ TEST_P(RingPath, SilentRingConnectionsAreBoundedInNumberAndTime) {
   ::setrlimit(RLIMIT_NOFILE, &saved);
 }
 
+// A crowd of silent connections on a ring listener cannot keep a new QP from its peer: the QP
+// whose rings the peer's listener drops before they carried a hello goes on over TCP, and its
+// messages arrive byte for byte. (Before, it offered rings again on every reconnection and failed
+// with RETRY_EXC_ERR once its transport timeout ran out.)
+TEST_P(RingPath, AQpWhoseRingsTheListenerDropsGoesOnOverTcp) {
+  if (!ringsExpected()) GTEST_SKIP() << "no ring listener with FERRY_SOFT_SAME_HOST=0";
+  constexpr size_t kBound = 1024;  // the listener's kMaxPendingRingSockets
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  rlimit saved = lim;
+  lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 8192);
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 2 * kBound + 256) {
+    GTEST_SKIP() << "needs room for " << 2 * kBound << " descriptors (RLIMIT_NOFILE " << saved.rlim_max << ")";
+  }
+  ConnectedPair pair;
+  ASSERT_OK(openSide(pair.a, nullptr, 64));
+  ASSERT_OK(openSide(pair.b, nullptr, 64));
+  ASSERT_OK(createQp(pair.a, {}));
+  ASSERT_OK(createQp(pair.b, {}));
+  // Every ring listener of this process (the two contexts') is full before the QPs connect.
+  std::vector<int> silent;
+  for (const std::string& name : ringListeners()) {
+    for (size_t i = 0; i < kBound; ++i) {
+      int s = connectTo(name);
+      if (s < 0) break;  // the kernel's accept queue is full: also a bound
+      silent.push_back(s);
+    }
+  }
+  ASSERT_GE(silent.size(), kBound) << "the listeners took the crowd";
+  ASSERT_OK(connectQps(*pair.a.context, pair.a.qp, *pair.b.context, pair.b.qp));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair.a.pd, 4096, v::access::kLocalWrite, 21));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair.b.pd, 4096, v::access::kAll, 22));
+  ASSERT_OK(postReceive(pair.b.qp, 1, {sgeOf(dst, 0, 4096)}));
+  ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 0, 4096)}}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair.a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  ASSERT_TRUE(pollOne(pair.b.recvCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 4096), bytesOf(src, 0, 4096)));
+  for (int s : silent) ::close(s);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+}
+
 // A ring listener takes rings from processes of its own user only: another user's process is
 // refused at once, whatever it sends (it could name the listener, as anyone can).
 TEST_P(RingPath, RingListenerRefusesAnotherUser) {
