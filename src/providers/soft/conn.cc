@@ -31,7 +31,6 @@ Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate)
     : ctx_(ctx),
       link_(std::move(link)),
       delegate_(delegate),
-      connecting_(link_->connecting()),
       staged_(new uint8_t[kStagingBytes]) {}
 
 Conn::~Conn() = default;
@@ -53,7 +52,6 @@ void Conn::onLinkConnected(const Status& result) {
     close(result);
     return;
   }
-  connecting_ = false;
   link_->wantWritable(wantWrite_);
   if (delegate_) delegate_->onConnected(*this);
   if (closed()) return;
@@ -94,12 +92,12 @@ void Conn::sendHeader(const wire::FrameHeader& header) {
 void Conn::send(OutFrame frame) {
   if (closed()) return;
   out_.push_back(std::move(frame));
-  if (!wantWrite_ && !connecting_ && corks_ == 0) flush();
+  if (!wantWrite_ && !link_->connecting() && corks_ == 0) flush();
 }
 
 void Conn::uncork() {
   if (corks_ > 0) --corks_;
-  if (corks_ == 0 && !closed() && !wantWrite_ && !connecting_ && !out_.empty()) flush();
+  if (corks_ == 0 && !closed() && !wantWrite_ && !link_->connecting() && !out_.empty()) flush();
 }
 
 void Conn::dropUnsentFrames() {
@@ -140,7 +138,7 @@ void Conn::startDrain() {
 }
 
 void Conn::flush() {
-  if (closed() || connecting_) return;
+  if (closed() || link_->connecting()) return;
   std::vector<uint32_t> revokedSeqs;
   while (!out_.empty()) {
     iovec iov[kMaxIov];

@@ -98,7 +98,7 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // thread's wake-up would (loop only; whether it held any).
   void attend(int64_t untilNs);
   bool pollInput();
-  bool connected() const { return !connecting_ && !closed_; }
+  bool connected() const { return !link_->connecting() && !closed_; }
   // Drops queued frames that have not started to go out.
   void dropUnsentFrames();
   size_t queuedFrames() const { return out_.size(); }
@@ -127,7 +127,6 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   std::unique_ptr<Link> link_;
   bool closed_ = false;
   Delegate* delegate_;
-  bool connecting_;
   bool closeAfterFlush_ = false;
   bool drainOnClose_ = false;
   bool draining_ = false;

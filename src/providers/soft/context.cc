@@ -1,7 +1,6 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -365,8 +364,6 @@ void SoftContext::onAcceptFromLoop() {
       ::close(fd);
       continue;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     auto conn = std::make_shared<Conn>(this, makeTcpLink(fd, /*connecting=*/false), gate_.get());
     if (!conn->attach().isOk()) continue;
     awaitHelloFromLoop(conn);

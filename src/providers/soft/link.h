@@ -107,7 +107,7 @@ class Link {
 };
 
 // A TCP socket (non-blocking, accepted or connected); connecting: the connect() is still in
-// progress. Takes the fd.
+// progress. Takes the fd and turns off Nagle (TCP_NODELAY).
 std::unique_ptr<Link> makeTcpLink(int fd, bool connecting);
 // Starts a TCP connection from localIp (0: any) to ip:port (network order): a link that is
 // connecting, or the system call's error (kUnavailable).

@@ -86,8 +86,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void resetFromLoop();
   void startConnectFromLoop();
   // Connects to the peer's ring listener (a kUseRing hello reply); false when that cannot be done
-  // (the QP then connects over TCP without offering rings).
+  // (stayOnTcpFromLoop: the QP then connects over TCP without offering rings).
   bool startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket);
+  // Rings to the peer failed (why): every later connection of this QP is TCP.
+  void stayOnTcpFromLoop(const std::string& why);
   void scheduleReconnectFromLoop();
   // UC: the responder drops the current message silently.
   void dropMessageFromLoop();

@@ -270,9 +270,14 @@ void SoftQp::onConnected(Conn& conn) {
   conn.sendHeader(hello);
 }
 
+void SoftQp::stayOnTcpFromLoop(const std::string& why) {
+  FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
+  ringRefused_ = true;
+}
+
 bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket) {
   auto fail = [&](const std::string& why) {
-    FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
+    stayOnTcpFromLoop(why);
     return false;
   };
   auto link = dialRingLink(pid, nonce, ticket);
@@ -308,9 +313,7 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
     // The peer's ring listener dropped our rings before they carried a hello (too many others
     // waiting on it, a ticket it no longer honours): the next connection stays on TCP, which a
     // crowd on that listener cannot block.
-    FERRY_LOG(kInfo, "QP %u: the peer dropped our shared-memory rings before the hello (TCP instead): %s", qpn_,
-              why.toString().c_str());
-    ringRefused_ = true;
+    stayOnTcpFromLoop("the peer dropped them before the hello: " + why.toString());
   }
   reqConn_.reset();
   reqReady_ = false;
@@ -386,8 +389,13 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       // The peer is on this host: the same conversation again, over shared-memory rings.
       reqConn_->close(Status::ok(), true);
       reqConn_.reset();
-      if (h.sharePid == 0 || h.ringTicket == 0 || !startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket)) {
-        ringRefused_ = true;
+      bool started = false;
+      if (h.sharePid == 0 || h.ringTicket == 0) {
+        stayOnTcpFromLoop("the peer's reply named no ring listener");
+      } else {
+        started = startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket);
+      }
+      if (!started) {
         scheduleReconnectFromLoop();
         armTimeoutFromLoop();
       }

@@ -123,13 +123,15 @@ class TcpLink final : public Link {
 
 }  // namespace
 
-std::unique_ptr<Link> makeTcpLink(int fd, bool connecting) { return std::make_unique<TcpLink>(fd, connecting); }
+std::unique_ptr<Link> makeTcpLink(int fd, bool connecting) {
+  int one = 1;  // frames leave when written: a small message waits for no acknowledgement
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return std::make_unique<TcpLink>(fd, connecting);
+}
 
 Result<std::unique_ptr<Link>> dialTcpLink(in_addr_t localIp, in_addr_t ip, uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return ioError("socket");
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   sockaddr_in local{};
   local.sin_family = AF_INET;
   local.sin_addr.s_addr = localIp;
