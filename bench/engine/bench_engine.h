@@ -50,6 +50,7 @@ struct RunSpec {
   uint64_t size = 0;
   uint64_t iters = 0;       // timed iterations per thread (ignored when duration > 0)
   uint64_t warmup = 0;      // untimed iterations per thread before them
+  double warmupSeconds = 0; // ... repeated until this long has passed too
   double duration = 0;      // seconds of timed work per thread; 0: run by iters
   double stallTimeout = 30; // seconds without progress before a run fails
 };

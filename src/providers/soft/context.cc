@@ -657,16 +657,35 @@ Result<std::shared_ptr<SharePeer>> SoftContext::sharePeer(const ShareInfo& info)
   return opened;
 }
 
-std::shared_ptr<MrEntry> SoftContext::findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
-                                                   uint32_t need, bool anyRange) const {
-  auto it = mrs_.find(key);
-  if (it == mrs_.end()) return nullptr;
+namespace {
+
+// The region mrs holds for key, when it belongs to pd, allows need and (unless anyRange) holds
+// [addr, addr+len); else null.
+const std::shared_ptr<MrEntry>* matchMr(const std::unordered_map<uint32_t, std::shared_ptr<MrEntry>>& mrs,
+                                        uint32_t key, const void* pd, uint64_t addr, uint64_t len, uint32_t need,
+                                        bool anyRange) {
+  auto it = mrs.find(key);
+  if (it == mrs.end()) return nullptr;
   const auto& e = it->second;
   if (e->revoked || e->pd != pd || (e->access & need) != need) return nullptr;
-  if (anyRange) return e;
+  if (anyRange) return &e;
   uint64_t begin = reinterpret_cast<uintptr_t>(e->addr);
   if (addr < begin || addr + len < addr || addr + len > begin + e->length) return nullptr;
-  return e;
+  return &e;
+}
+
+}  // namespace
+
+std::shared_ptr<MrEntry> SoftContext::findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
+                                                   uint32_t need, bool anyRange) const {
+  const auto* e = matchMr(mrs_, key, pd, addr, len, need, anyRange);
+  return e ? *e : nullptr;
+}
+
+const MrEntry* SoftContext::findMrEntryLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
+                                              uint32_t need) const {
+  const auto* e = matchMr(mrs_, key, pd, addr, len, need, /*anyRange=*/false);
+  return e ? e->get() : nullptr;
 }
 
 Result<uint32_t> SoftContext::allocQpnLocked() {

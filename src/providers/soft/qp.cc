@@ -97,12 +97,12 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       const bool signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
       bool placed = false;
       ++sqOutstanding_;
-      std::shared_ptr<FastPath> fp = fastPathForLocked(wr.opcode, total);
-      bool fastDone = false;
+      const FastPath* fp = fastPathForLocked(wr.opcode, total);
       if (fp && (wr.opcode == WrOpcode::kRdmaWrite || wr.opcode == WrOpcode::kRdmaRead)) {
-        // A run of WRITEs (or READs) to one region posted together moves in one system call.
+        // A run of WRITEs (or READs) to one region posted together moves in one copy.
         size_t run = 1;
         size_t pieces = wr.sgList.size();
+        uint64_t runBytes = total;
         while (posted + run < wrs.size() && run < kMaxFastBatch &&
                sqOutstanding_.load() + run < cap_.maxSendWr) {
           const verbs::SendWr& next = wrs[posted + run];
@@ -113,15 +113,14 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
             break;
           }
           pieces += next.sgList.size();
+          runBytes += len;
           ++run;
         }
         if (run > 1) {
           sqOutstanding_ += static_cast<uint32_t>(run - 1);
-          fastBusy_ = true;
-          lock.unlock();
           auto batch = wrs.subspan(posted, run);
-          const bool done = runFastPathBatch(*fp, batch);
-          if (done) {
+          const bool done = runFastLocked(lock, fp, runBytes, &queued, [&](const FastPath& path) {
+            if (!runFastPathBatch(path, batch)) return false;
             // One step for the batch's slots (an atomic step per request cost more than the copy
             // of a small WRITE), then the completions of the signaled ones.
             releaseSendSlots(static_cast<uint32_t>(run));
@@ -131,10 +130,8 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
               for (const auto& sge : w.sgList) len += sge.length;
               pushSendWc(w.wrId, w.opcode, len, true, WcStatus::kSuccess);
             }
-          }
-          lock.lock();
-          fastBusy_ = false;
-          queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
+            return true;
+          });
           if (done) {
             posted += run - 1;
             continue;
@@ -144,15 +141,15 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       }
       if (fp) {
         // Carried out here, before anything posted after it (which waits in posted_).
-        fastBusy_ = true;
-        lock.unlock();
-        fastDone = runFastPath(*fp, wr, total);
-        // A WRITE_WITH_IMM's data is in place; its immediate still goes to the peer below.
+        const bool fastDone = runFastLocked(lock, fp, total, &queued, [&](const FastPath& path) {
+          if (!runFastPath(path, wr, total)) return false;
+          // A WRITE_WITH_IMM's data is in place; its immediate still goes to the peer below.
+          if (wr.opcode != WrOpcode::kRdmaWriteWithImm) {
+            pushSendCompletion(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
+          }
+          return true;
+        });
         placed = fastDone && wr.opcode == WrOpcode::kRdmaWriteWithImm;
-        if (fastDone && !placed) pushSendCompletion(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
-        lock.lock();
-        fastBusy_ = false;
-        queued = queued || !posted_.empty() || state_.load() == QpState::kErr;
         if (fastDone && !placed) continue;
       }
       SendWqe wqe;
@@ -197,6 +194,21 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   if (queued) schedulePump();
   if (!status.isOk() && badIndex) *badIndex = posted;
   return status;
+}
+
+template <typename Run>
+bool SoftQp::runFastLocked(std::unique_lock<std::mutex>& lock, const FastPath* fp, uint64_t bytes, bool* queued,
+                           Run&& run) {
+  if (bytes <= kHoldLockBytes) return run(*fp);  // a short copy: the lock stays, nothing waits behind it
+  // A long one lets the reactor go on meanwhile; what is posted meanwhile waits behind it (fastBusy_).
+  std::shared_ptr<FastPath> keep = fast_;  // the lock no longer keeps it
+  fastBusy_ = true;
+  lock.unlock();
+  const bool done = run(*keep);
+  lock.lock();
+  fastBusy_ = false;
+  *queued = *queued || !posted_.empty() || state_.load() == QpState::kErr;
+  return done;
 }
 
 Status SoftQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {

@@ -21,6 +21,9 @@ using verbs::WrOpcode;
 // The most requests (and their local pieces) one same-host system call carries.
 constexpr size_t kMaxFastBatch = 256;
 constexpr size_t kMaxFastPieces = 1024;
+// A same-host post of up to this many bytes is copied under the QP's lock: a short hold costs the
+// reactor less than a second lock and a busy mark cost the post (about 1 us of copying at most).
+constexpr uint64_t kHoldLockBytes = 16 * 1024;
 // Same-host requests from this size are copied by two threads (SoftQp::copyInTwo).
 constexpr uint64_t kStripeBytes = uint64_t{4} << 20;
 

@@ -27,7 +27,7 @@ using namespace qp_detail;
 // ---------------------------------------------------------------------------------------------
 // Same-host path.
 
-std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
+const SoftQp::FastPath* SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
   if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
   if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm && opcode != WrOpcode::kRdmaRead &&
       opcode != WrOpcode::kAtomicCmpAndSwp && opcode != WrOpcode::kAtomicFetchAndAdd) {
@@ -35,7 +35,7 @@ std::shared_ptr<SoftQp::FastPath> SoftQp::fastPathForLocked(WrOpcode opcode, uin
   }
   // Only with nothing else outstanding (this request is counted): it must not overtake one.
   if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
-  return fast_;
+  return fast_.get();
 }
 
 bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local, uint64_t remote,
@@ -94,7 +94,7 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
       const bool known = sge.lkey == knownKey && sge.addr >= knownBegin && sge.addr + sge.length >= sge.addr &&
                          sge.addr + sge.length <= knownEnd;
       if (!inlined && !known) {
-        auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
+        auto entry = ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
         if (!entry) return false;
         knownKey = sge.lkey;
         knownBegin = reinterpret_cast<uintptr_t>(entry->addr);
@@ -137,8 +137,7 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   const bool mapped = fp.slot->mapped();
   fp.slot->end();
   if (copied) {
-    countSameHostOp(wrs.size());
-    if (mapped) countSameHostMappedOp(wrs.size());
+    countSameHostOps(wrs.size(), mapped);
   }
   return copied;
 }
@@ -147,7 +146,7 @@ bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
   if (!fp.peer->aliveRecently()) return false;
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
   const verbs::Sge& sge = wr.sgList.front();  // one 8-byte SGE (checked at post)
-  if (!ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, 8, verbs::access::kLocalWrite)) return false;
+  if (!ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, 8, verbs::access::kLocalWrite)) return false;
   if (!fp.slot->begin(fp.destQpn, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
     return false;
   }
@@ -164,8 +163,7 @@ bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
     DeviceAccess device;
     std::memcpy(reinterpret_cast<void*>(sge.addr), &original, sizeof original);
   }
-  countSameHostOp();
-  countSameHostMappedOp();
+  countSameHostOps(1, /*mapped=*/true);
   return true;
 }
 
@@ -185,7 +183,7 @@ bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t l
   for (const auto& sge : wr.sgList) {
     if (sge.length == 0) continue;
     if (n == iov.size()) return false;
-    if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+    if (!inlined && !ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
     iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
@@ -199,8 +197,7 @@ bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t l
   const bool mapped = fp.slot->mapped();
   fp.slot->end();
   if (copied) {
-    countSameHostOp();
-    if (mapped) countSameHostMappedOp();
+    countSameHostOps(1, mapped);
   }
   return copied;
 }

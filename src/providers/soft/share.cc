@@ -260,20 +260,21 @@ bool sameHostAllowed(std::string* reason) {
 bool sameHostRingsAllowed() { return sameHostMode() != SameHostMode::kOff; }
 
 namespace {
-std::atomic<uint64_t> sameHostOps{0};
-}  // namespace
-
-namespace {
 std::atomic<uint64_t> splitCopies{0};
+// Two counts, one step per batch: the total is their sum.
+std::atomic<uint64_t> copiedOps{0};
 std::atomic<uint64_t> mappedOps{0};
 }  // namespace
 
 uint64_t sameHostSplitCopies() { return splitCopies.load(std::memory_order_relaxed); }
 
-uint64_t sameHostOpsDone() { return sameHostOps.load(std::memory_order_relaxed); }
+uint64_t sameHostOpsDone() {
+  return copiedOps.load(std::memory_order_relaxed) + mappedOps.load(std::memory_order_relaxed);
+}
 uint64_t sameHostMappedOpsDone() { return mappedOps.load(std::memory_order_relaxed); }
-void countSameHostMappedOp(uint64_t n) { mappedOps.fetch_add(n, std::memory_order_relaxed); }
-void countSameHostOp(uint64_t n) { sameHostOps.fetch_add(n, std::memory_order_relaxed); }
+void countSameHostOps(uint64_t n, bool mapped) {
+  (mapped ? mappedOps : copiedOps).fetch_add(n, std::memory_order_relaxed);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Owner.
@@ -543,7 +544,10 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
                             uint32_t need) {
   if (rkey == 0) return false;
   AccessorSlot& slot = accessors(peer_->base_)[index_];
-  slot.busyKey.store(rkey, std::memory_order_seq_cst);
+  // The mark, then the records: the fence pairs with waitForAccessors' (the records withdrawn, a
+  // fence, the marks read), so either it sees this mark or this sees the withdrawn record. One
+  // barrier: a sequentially consistent store before the fence would be a second.
+  slot.busyKey.store(rkey, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const QpRecord& q = qps(peer_->base_)[qpSlotOf(qpn)];
   uint32_t qValid = 0, qState = 0, qAccess = 0, qDest = 0;

@@ -57,10 +57,10 @@ bool sameHostRingsAllowed();
 
 // How many work requests this process has carried out on the same-host path.
 uint64_t sameHostOpsDone();
-void countSameHostOp(uint64_t n = 1);
 // How many of them were loads and stores into memory both sides map (no system call).
 uint64_t sameHostMappedOpsDone();
-void countSameHostMappedOp(uint64_t n = 1);
+// Counts n more of them; mapped: as loads and stores.
+void countSameHostOps(uint64_t n, bool mapped);
 // How many copies a CopyHelper has shared (a part of a request copied on its thread).
 uint64_t sameHostSplitCopies();
 

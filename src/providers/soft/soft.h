@@ -167,6 +167,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // With anyRange, only the key and PD are checked.
   std::shared_ptr<MrEntry> findMrLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
                                         uint32_t need, bool anyRange = false) const;
+  // The same without taking a reference (a post's check on the same-host path): valid while the
+  // memory lock is held.
+  const MrEntry* findMrEntryLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len, uint32_t need) const;
 
   // QP table (RC and UD QPs share the number space).
   Result<uint32_t> addQp(const std::shared_ptr<SoftQp>& qp);
