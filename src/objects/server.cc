@@ -460,7 +460,7 @@ class ServerCore {
         if (ready.isOk()) {
           endpoint = peer->endpoint(ag::OpClass::kRma);
           lanes = peer->lanes();
-          if (endpoint && !endpoint->isShutdown() && endpoint->failure().isOk() && lanes.isOk()) break;
+          if (!endpointEnded(endpoint) && lanes.isOk()) break;
           // The agent's next lookup retires it and wires up anew.
           Status failed = endpoint ? endpoint->failure() : Status::ok();
           ready = Status(StatusCode::kPeerGone,
@@ -548,7 +548,7 @@ class ServerCore {
         (void)endpoint->unregisterRemoteMemoryRegion(*remote);
         release();
         // The connection ended between the check and the post: once more on a new one.
-        if ((endpoint->isShutdown() || !endpoint->failure().isOk()) && attempt < 3) {
+        if (endpointEnded(endpoint) && attempt < 3) {
           forgetClient(d->agentAddress, peer);
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;
@@ -669,6 +669,11 @@ class ServerCore {
     return i >= 0 && i <= IBV_WC_GENERAL_ERR ? names[i] : "UNKNOWN";
   }
 
+  // Whether the endpoint of a connection that was wired up has ended since (failed or shut down).
+  static bool endpointEnded(const std::shared_ptr<ep::Endpoint>& endpoint) {
+    return !endpoint || endpoint->isShutdown() || !endpoint->failure().isOk();
+  }
+
   // The connection to the client of `address`, counted as in use until releaseClient(). At most
   // num_dcis clients are kept: the least recently used idle one is closed to make room.
   ferry::Result<std::shared_ptr<ag::PeerConnection>> clientFor(const std::string& address,
@@ -680,10 +685,13 @@ class ServerCore {
       auto it = clients_.find(address);
       if (it != clients_.end()) {
         lru_.splice(lru_.begin(), lru_, it->second.lru);
-        // Connected or wiring: reuse. Failed (the client died, or a request failed and reset it):
-        // the agent's live connection to that address, or a new one.
+        // Connected or wiring: reuse. Failed (the client died, or a request failed and reset it),
+        // or ended since it was wired up (with requests still in flight on it, which keep the
+        // entry): the agent's live connection to that address, or a new one (the lookup retires
+        // an ended one).
         Status st = it->second.conn->waitReady(std::chrono::milliseconds(0));
-        if (!st.isOk() && st.code() != StatusCode::kTimedOut) {
+        const bool failed = !st.isOk() && st.code() != StatusCode::kTimedOut;
+        if (failed || (st.isOk() && endpointEnded(it->second.conn->endpoint(ag::OpClass::kRma)))) {
           auto c = agent_->connectAddress(address, 1);
           if (!c.isOk()) return c.status();
           it->second.conn = *c;

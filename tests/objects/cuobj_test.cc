@@ -315,6 +315,58 @@ TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   server_->deRegisterBuffer(rb);
 }
 
+// A client's connection that ends while a request on it is still in flight (not polled yet) is
+// replaced for the next request; without qp_reset_on_failure nothing else closes it. Before, the
+// ended connection stayed in the server's client table while in use, and the next request looked
+// it up again until its connect deadline (10 s), then failed with -EIO.
+TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNextRequest) {
+  cuObjRDMATunable keep;
+  keep.setQPResetOnFailure(false);
+  cuObjServer server("127.0.0.1", 0, CUOBJ_PROTO_RDMA_DC_V1, keep);
+  ASSERT_TRUE(server.isConnected());
+  const uint16_t channel = server.allocateChannelId();
+  ASSERT_NE(channel, INVALID_CHANNEL_ID);
+  const size_t piece = 4096;
+  std::vector<uint8_t> sdata = pattern(piece, 9);
+  rdma_buffer* rb = server.registerBuffer(sdata.data(), sdata.size());
+  ASSERT_NE(rb, nullptr);
+  std::vector<uint8_t> dst(3 * piece, 0);
+  ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
+  std::string get = token(dst, CUOBJ_GET);
+  const uint64_t base = reinterpret_cast<uint64_t>(dst.data());
+  // In flight until polled: the connection stays in use.
+  ASSERT_EQ(server.handleGetObject("held", rb, base, piece, get, channel, 0, nullptr, reinterpret_cast<void*>(1)),
+            0);
+  // A forged key: the client's device refuses the access, which ends the RC connection.
+  auto forged = ferry::objects::decodeDescriptor(get);
+  ASSERT_TRUE(forged.isOk());
+  for (auto& k : forged->keys) k.second ^= 0x5a5a00;
+  ibv_wc_status st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server.handleGetObject("forged", rb, base + piece, piece, ferry::objects::encodeDescriptor(*forged),
+                                   channel, 0, &st),
+            -EIO);
+  EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+  std::vector<uint8_t> untouched(piece, 0);
+  EXPECT_EQ(std::memcmp(dst.data() + piece, untouched.data(), piece), 0);
+  // The next request goes over a new connection.
+  st = IBV_WC_GENERAL_ERR;
+  EXPECT_EQ(server.handleGetObject("after", rb, base + 2 * piece, piece, get, channel, 0, &st),
+            static_cast<ssize_t>(piece));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(dst.data() + 2 * piece, sdata.data(), piece), 0);
+  // The request held in flight completed before the connection ended, and is reaped.
+  cuObjAsyncEvent_t events[4];
+  int n = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (n == 0 && std::chrono::steady_clock::now() < deadline) n = server.poll(events, 4, channel);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(events[0].async_handle, reinterpret_cast<void*>(1));
+  EXPECT_EQ(events[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(dst.data(), sdata.data(), piece), 0);
+  server.deRegisterBuffer(rb);
+  server.freeChannelId(channel);
+}
+
 TEST_P(ObjectsTest, EveryListedFailureValue) {
   std::vector<uint8_t> sdata = pattern(1 << 16, 2);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
