@@ -192,11 +192,7 @@ Status EndpointSide::measure(const RunSpec& spec, RunControl& control, RunMeasur
   };
 
   uint64_t warm = 0;
-  const auto warmUntil = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(spec.warmupSeconds));
-  do {
-    FERRY_RETURN_IF_ERROR(run(spec.warmup, Clock::time_point::max(), &warm));
-  } while (spec.warmup > 0 && Clock::now() < warmUntil && !control.abort.load());
+  FERRY_RETURN_IF_ERROR(warmUp(spec, control, [&] { return run(spec.warmup, Clock::time_point::max(), &warm); }));
   control.warmedUp.fetch_add(1);
   while (!control.go.load()) {
     if (control.abort.load()) return Status(StatusCode::kCancelled, "run aborted");

@@ -713,13 +713,7 @@ Status VerbsSide::measure(const RunSpec& spec, RunControl& control, RunMeasureme
         a.control = &control;
         a.seq = &seq;
         uint64_t warm = 0;
-        const auto warmUntil = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                  std::chrono::duration<double>(spec.warmupSeconds));
-        if (spec.warmup > 0) {
-          do {
-            FERRY_RETURN_IF_ERROR(run(a, &warm));
-          } while (Clock::now() < warmUntil && !control.abort.load());
-        }
+        FERRY_RETURN_IF_ERROR(warmUp(spec, control, [&] { return run(a, &warm); }));
         control.warmedUp.fetch_add(1);
         while (!control.go.load()) {
           if (control.abort.load()) return Status(StatusCode::kCancelled, "run aborted");

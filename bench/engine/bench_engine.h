@@ -76,6 +76,20 @@ struct RunControl {
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> done;  // timed iterations per thread
 };
 
+// One thread's warmup: once() runs the spec's warmup iterations, again until spec.warmupSeconds
+// have passed too or the run aborts. Nothing when the spec asks for no warmup iterations.
+template <typename Once>
+Status warmUp(const RunSpec& spec, const RunControl& control, Once&& once) {
+  if (spec.warmup == 0) return Status::ok();
+  const auto until =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.warmupSeconds));
+  do {
+    Status st = once();
+    if (!st.isOk()) return st;
+  } while (Clock::now() < until && !control.abort.load());
+  return Status::ok();
+}
+
 // One side of a run, on the API the run's shape names. The control conversation is the same for
 // every API: only what a hello carries besides the shape, and what a side checks when a run ends,
 // are the side's own.

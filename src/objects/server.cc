@@ -468,8 +468,7 @@ class ServerCore {
           ended = true;
         }
         release();
-        forgetClient(d->agentAddress, peer);
-        // A connection that ended is replaced, until the deadline. A wireup that failed is tried again
+        // A connection that ended is replaced (by the next clientFor), until the deadline. A wireup that failed is tried again
         // a few times only: a dead client fails each new one at once.
         if (std::chrono::steady_clock::now() >= deadline || ready.code() != StatusCode::kPeerGone ||
             (!ended && ++retries > 3)) {
@@ -549,7 +548,6 @@ class ServerCore {
         release();
         // The connection ended between the check and the post: once more on a new one.
         if (endpointEnded(endpoint) && attempt < 3) {
-          forgetClient(d->agentAddress, peer);
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;
         }
@@ -734,16 +732,6 @@ class ServerCore {
     std::lock_guard<std::mutex> lock(clientMu_);
     auto it = clients_.find(address);
     if (it != clients_.end() && it->second.inflight > 0) --it->second.inflight;
-  }
-
-  // Forgets a connection that ended without closing it (the agent retires it itself).
-  void forgetClient(const std::string& address, const std::shared_ptr<ag::PeerConnection>& conn) {
-    std::lock_guard<std::mutex> lock(clientMu_);
-    auto it = clients_.find(address);
-    if (it != clients_.end() && it->second.conn == conn && it->second.inflight == 0) {
-      lru_.erase(it->second.lru);
-      clients_.erase(it);
-    }
   }
 
   // Forgets a client's connection (it failed): the next request connects anew.
