@@ -137,6 +137,9 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
             continue;
           }
           sqOutstanding_ -= static_cast<uint32_t>(run - 1);
+          // A long batch ran without the lock, which let the path go meanwhile (its peer died):
+          // ask again rather than use the one from before.
+          fp = fastPathForLocked(wr.opcode, total);
         }
       }
       if (fp) {
@@ -202,6 +205,7 @@ bool SoftQp::runFastLocked(std::unique_lock<std::mutex>& lock, const FastPath* f
   if (bytes <= kHoldLockBytes) return run(*fp);  // a short copy: the lock stays, nothing waits behind it
   // A long one lets the reactor go on meanwhile; what is posted meanwhile waits behind it (fastBusy_).
   std::shared_ptr<FastPath> keep = fast_;  // the lock no longer keeps it
+  if (keep.get() != fp) return false;      // fp is not the path the lock holds (never the case)
   fastBusy_ = true;
   lock.unlock();
   const bool done = run(*keep);
