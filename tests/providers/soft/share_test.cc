@@ -12,10 +12,12 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <shared_mutex>
 #include <thread>
 
 #include "ferry/common/shared_memory.h"
 #include "providers/soft/share.h"
+#include "providers/soft/soft.h"
 #include "support/verbs_fixture.h"
 
 namespace ferry::test {
@@ -579,6 +581,60 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
     EXPECT_TRUE(bytesEqual(bytesOf(dst, (7 - i) << 20, 1u << 20), bytesOf(src, i << 20, 1u << 20))) << "write " << i;
   }
   EXPECT_EQ(soft::sameHostSplitCopies(), splitBefore + 3) << "each of the three was copied by two threads";
+}
+
+// A run of WRITEs longer than the QP's lock is held for copies without it. If the path goes while
+// the copy waits (the QP moved to ERR, as when its peer dies) and the copy then fails (the owner's
+// key is gone), the post must not go on with the path it had taken before: the requests are
+// flushed, nothing lands. The requester's memory lock, held here, holds the copy at its start
+// for as long as the test needs.
+TEST_P(SameHostPath, ARunWhosePathGoesWhileItCopiesIsFlushedNotCarriedOnTheOldPath) {
+  constexpr size_t kEach = 12 * 1024;  // each under the 16 KiB held under the lock; the run above it
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 16, .maxRecvWr = 16, .maxSendSge = 4,
+                                                            .maxRecvSge = 4, .maxInlineData = 0}}}));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 2 * kEach, v::access::kLocalWrite, 51));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 2 * kEach, v::access::kAll, 52));
+  v::WorkCompletion wc;
+  for (uint64_t id = 1; id <= 2; ++id) {  // the first may go over TCP while the path comes up
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = id, .sges = {sgeOf(src, 0, 8)},
+                                .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_EQ(wc.status, v::WcStatus::kSuccess);
+  }
+  const uint64_t before = soft::sameHostOpsDone();
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 3, .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_EQ(soft::sameHostOpsDone(), before + 1) << "the same-host path is up";
+  fillPattern(dst.memory.bytes(), 53);
+
+  auto* requester = dynamic_cast<soft::SoftContext*>(pair->a.context->impl().get());
+  ASSERT_NE(requester, nullptr);
+  std::vector<SendOp> run;
+  for (uint64_t i = 0; i < 2; ++i) {
+    run.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {sgeOf(src, i * kEach, kEach)},
+                   .flags = v::send_flags::kSignaled, .remoteAddr = dst.address(i * kEach), .rkey = dst.mr.rkey()});
+  }
+  std::unique_lock<std::shared_mutex> memory(requester->memMu());
+  auto posting = std::async(std::launch::async, [&] { return postAll(pair->a.qp, run); });
+  // The run has taken the path and waits for the memory lock, without the QP's lock.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(posting.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  v::QpAttr err;
+  err.state = v::QpState::kErr;
+  ASSERT_OK(pair->a.qp.modify(err, v::qp_attr_mask::kState));  // the path is dropped in the loop
+  dst.mr.close();                                              // and the copy will be refused
+  memory.unlock();
+  ASSERT_EQ(posting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_OK(posting.get());
+  std::vector<v::WorkCompletion> wcs;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &wcs));
+  for (size_t k = 0; k < wcs.size(); ++k) {
+    EXPECT_EQ(wcs[k].wrId, 10 + k);
+    EXPECT_EQ(wcs[k].status, v::WcStatus::kWrFlushErr) << "request " << k;
+  }
+  EXPECT_EQ(soft::sameHostOpsDone(), before + 1) << "nothing more took the same-host path";
+  EXPECT_TRUE(matchesPattern(bytesOf(dst), 53)) << "nothing landed";
 }
 
 // FERRY_SOFT_SAME_HOST=0 (the soft_tcp path): the same pair of processes' contexts moves every byte
