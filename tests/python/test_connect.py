@@ -800,28 +800,44 @@ def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes
     # returns, within cancel_grace (the owner cannot answer), with the operation CANCELLED and its
     # memory unchanged after it. Once the owner resumes, its readable ends ERRORED, and a new read
     # between the two completes byte for byte (on a new connection where the old one failed).
+    # Where the pause caught the owner inside a copy into our buffers (its mark on them set), the
+    # deregistration waits for that copy, so cancel() returns only once the owner resumes (3 s
+    # after the pause, from a timer: this thread is in cancel()); our memory is still unchanged
+    # from then on.
     async def attempt(connector, peer, n):
         dst, op = await read_under_way(connector, peer, "p%d" % n, 190 + n)
         peer.proc.send_signal(signal.SIGSTOP)
+        resumed_at = []
+
+        def resume():
+            resumed_at.append(time.monotonic())
+            peer.proc.send_signal(signal.SIGCONT)
+
+        timer = threading.Timer(3.0, resume)
+        timer.start()
         try:
             before, last = op.status, int(dst.view(np.uint64)[-1])
             started = time.monotonic()
             op.cancel()
-            took = time.monotonic() - started
+            returned = time.monotonic()
+            took = returned - started
             after = op.status
-            unchanged = await still([dst], 1.0)  # the owner stays paused past cancel_grace (0.5 s)
+            unchanged = await still([dst], 1.0)  # past cancel_grace (0.5 s), the owner paused or not
         finally:
-            peer.proc.send_signal(signal.SIGCONT)
+            timer.join()
+        held = bool(resumed_at) and returned >= resumed_at[0]  # cancel() waited for the owner's copy
         owner = await peer.call("wait", op="p%d" % n)
         if read_ended_first(before, last, after, owner, dst, 190 + n):
             return False
         assert after == S.CANCELLED
-        assert took < 5, "cancel() waited %.1f s for the paused owner" % took
+        if not held:
+            assert took < 2.5, "cancel() waited %.1f s for the paused owner" % took
         assert isinstance(await waited(op), ferry.Cancelled)
         assert unchanged, "the reader's memory changed after cancel() returned"
         assert owner["status"] == "ERRORED", owner
-        print("paused owner: cancel() took %.3f s; the owner ended %s (%s)" % (took, owner["status"],
-                                                                           owner.get("error")))
+        print("paused owner: cancel() took %.3f s%s; the owner ended %s (%s)" % (
+            took, " (held by the owner's copy until it resumed)" if held else "", owner["status"],
+            owner.get("error")))
         await peer.call("drop", op="p%d" % n)
         small = await peer.call("create", op="q%d" % n, what="readable", sizes=[1 << 20], seeds=[200 + n])
         buf = np.zeros(1 << 20, np.uint8)
