@@ -81,6 +81,32 @@ bool landsSoon(const uint8_t* p, uint8_t value, int spins) {
   return false;
 }
 void storeByte(uint8_t* p, uint8_t value) { __atomic_store_n(p, value, __ATOMIC_RELEASE); }
+
+// How a side of a WRITE ping-pong waits for its landing byte (as ib_write_lat polls the byte
+// itself). Where the peer's post writes this memory (the same-host paths) the byte lands within a
+// spin on it, and a CQ poll between looks (its progress may make a system call) would only delay
+// seeing it: the wait spins alone while the byte keeps landing within the spin. Where it lands
+// only once this side's progress took the frame from the connection (TCP, rings the application
+// attends), spinning is wasted: the wait then has the caller poll the CQ between looks, and tries
+// a short spin again every kProbeEvery looks.
+class LandingWait {
+ public:
+  // True once the byte holds value; false when the caller should poll its CQ and look again.
+  bool look(const uint8_t* p, uint8_t value) {
+    if (loadByte(p) == value) return true;
+    if (!spinning_ && ++sinceProbe_ < kProbeEvery) return false;
+    sinceProbe_ = 0;
+    spinning_ = landsSoon(p, value, spinning_ ? kSpins : kProbeSpins);
+    return spinning_;
+  }
+
+ private:
+  static constexpr int kSpins = 4096;      // about 100 us of pause instructions here
+  static constexpr int kProbeSpins = 64;   // about 2 us
+  static constexpr uint32_t kProbeEvery = 256;
+  bool spinning_ = true;
+  uint32_t sinceProbe_ = 0;
+};
 // The ping-pong marker of iteration `seq`: never 0 (the cleared value), never equal to the last.
 uint8_t marker(uint64_t seq) { return static_cast<uint8_t>(seq % 255 + 1); }
 
@@ -311,7 +337,7 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
   const size_t nq = t.qps.size();
   SendTracker tracker(t, &a.control->abort);
   uint8_t* mark = t.buffer + a.size - 1;
-  int spinBudget = 256;
+  LandingWait wait;
   const uint8_t* landing = t.buffer + landingOffset(shape) + a.size - 1;
   v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(a.size),
              .lkey = t.mr.lkey()};
@@ -327,15 +353,7 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
     uint32_t spins = 0, empty = 0;
-    while (loadByte(landing) != value) {
-      // Poll the landing byte itself for a while first (as ib_write_lat does), then the CQ and
-      // yield. The while adapts: longer while the byte keeps landing within it (a path of a few
-      // microseconds), shorter when it does not (a path whose progress threads need the core).
-      if (landsSoon(landing, value, spinBudget)) {
-        spinBudget = std::min(spinBudget * 2, 4096);
-        break;
-      }
-      spinBudget = std::max(spinBudget / 2, 32);
+    while (!wait.look(landing, value)) {
       auto got = tracker.reap();
       if (!got.isOk()) return got.status();
       if (++spins % 256 == 0) {
@@ -788,10 +806,11 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
           const uint8_t* landing = t.buffer + landingOffset(shape_) + size - 1;
           v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
                      .lkey = t.mr.lkey()};
+          LandingWait wait;  // as the client waits for its pong
           for (uint64_t k = 0;; ++k) {
             uint8_t value = marker(k);
             empty = 0;
-            while (loadByte(landing) != value) {
+            while (!wait.look(landing, value)) {
               if (stopResponders_.load(std::memory_order_relaxed)) return Status::ok();
               auto got = tracker.reap();
               if (!got.isOk()) return got.status();
