@@ -133,8 +133,9 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool runFastAtomic(const FastPath& fp, const verbs::SendWr& wr);
   // Several WRITEs (or READs) with one remote key in one system call; false: none was done.
   bool runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs);
-  // Copies with this thread and the context's helper thread, half each.
-  bool copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local, uint64_t remote, uint64_t length);
+  // Copies local against remote (each remote piece takes the next local bytes, as copyv) with
+  // this thread and the context's helper thread, about half each, split by where bytes land.
+  bool copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local, std::span<const iovec> remote);
   void setupFastPathFromLoop(const wire::FrameHeader& reply);
   void dropFastPath();
   // Shows the QP's state to same-host requesters (the context's share table).

@@ -583,6 +583,60 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
   EXPECT_EQ(soft::sameHostSplitCopies(), splitBefore + 3) << "each of the three was copied by two threads";
 }
 
+// A large run posted together is copied by two threads, split by where its bytes land: requests
+// that overlap still land in post order (a later one's bytes over an earlier one's), for WRITEs
+// (split by the peer's addresses) and READs (split by ours).
+TEST_P(SameHostPath, OverlappingRequestsCopiedByTwoThreadsLandInPostOrder) {
+  constexpr size_t kBlock = 1u << 20, kShift = 96 * 1024, kCount = 8;
+  constexpr size_t kSpan = kBlock + (kCount - 1) * kShift;
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kCount * kBlock, v::access::kLocalWrite, 61));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSpan, v::access::kAll, 62));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
+  for (size_t i = 0; i < kCount; ++i) fillPattern(src.memory.bytes().subspan(i * kBlock, kBlock), 70 + i);
+  fillPattern(dst.memory.bytes(), 69);
+
+  // WRITE i puts block i at i * 96 KiB: each overlaps the next seven, the last one wins.
+  std::vector<uint8_t> expected(bytesOf(dst).begin(), bytesOf(dst).end());
+  std::vector<SendOp> ops;
+  for (size_t i = 0; i < kCount; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {sgeOf(src, i * kBlock, kBlock)},
+                   .flags = i + 1 == kCount ? v::send_flags::kSignaled : 0u, .remoteAddr = dst.address(i * kShift),
+                   .rkey = dst.mr.rkey()});
+    auto block = bytesOf(src, i * kBlock, kBlock);
+    std::copy(block.begin(), block.end(), expected.begin() + static_cast<std::ptrdiff_t>(i * kShift));
+  }
+  uint64_t split = soft::sameHostSplitCopies();
+  uint64_t before = soft::sameHostOpsDone();
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(soft::sameHostOpsDone(), before + kCount);
+  EXPECT_EQ(soft::sameHostSplitCopies(), split + 1) << "the run was copied by two threads";
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), std::span<const uint8_t>(expected))) << "the WRITEs landed out of order";
+
+  // READ i fetches 1 MiB from i * 96 KiB of the peer's into the same local block: the last wins.
+  fillPattern(dst.memory.bytes(), 79);
+  fillPattern(src.memory.bytes(), 78);
+  ops.clear();
+  for (size_t i = 0; i < kCount; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaRead, .wrId = 20 + i, .sges = {sgeOf(src, 0, kBlock)},
+                   .flags = i + 1 == kCount ? v::send_flags::kSignaled : 0u, .remoteAddr = dst.address(i * kShift),
+                   .rkey = dst.mr.rkey()});
+  }
+  split = soft::sameHostSplitCopies();
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_EQ(soft::sameHostSplitCopies(), split + 1) << "the run was copied by two threads";
+  EXPECT_TRUE(bytesEqual(bytesOf(src, 0, kBlock), bytesOf(dst, (kCount - 1) * kShift, kBlock)))
+      << "the READs landed out of order";
+  EXPECT_TRUE(matchesPattern(bytesOf(src, kBlock, (kCount - 1) * kBlock), 78, kBlock)) << "beyond the block";
+}
+
 // A run of WRITEs longer than the QP's lock is held for copies without it. If the path goes while
 // the copy waits (the QP moved to ERR, as when its peer dies) and the copy then fails (the owner's
 // key is gone), the post must not go on with the path it had taken before: the requests are
