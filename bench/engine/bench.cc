@@ -223,9 +223,6 @@ int runServer(const Options& o) {
 
 // ---- client ----
 
-
-constexpr double kMinWarmupSeconds = 0.05;
-
 // One size: tells the server, measures, collects the server's CPU time.
 Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_t size, ProgressBar& bar,
                   SizeResult* out) {
@@ -236,10 +233,6 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   spec.iters = o.duration > 0 ? 0 : (o.iters ? o.iters : autoIterations(shape.mode, size));
   spec.warmup = o.duration > 0 ? (shape.mode == Mode::kBandwidth ? 64 : 16)
                                : std::clamp<uint64_t>(spec.iters / 10, 1, shape.mode == Mode::kBandwidth ? 256 : 64);
-  // The warmup lasts at least kMinWarmupSeconds too: a short run otherwise measures where the
-  // kernel first placed the threads. Two spinning threads that start on one core of two stay there
-  // for tens of milliseconds, and a 5000-iteration 8 B ping-pong measured 12 us instead of 0.3.
-  spec.warmupSeconds = kMinWarmupSeconds;
   spec.stallTimeout = o.timeout;
 
   json::Value run = json::Value::emptyObject();
@@ -253,7 +246,8 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   Status measured;
   std::atomic<bool> finished{false};
   double cpu0 = processCpuSeconds(), cpu1 = 0;
-  auto wall0 = Clock::now(), wall1 = wall0;
+  const auto warm0 = Clock::now();  // the threads set up and warm up from here until wall0
+  auto wall0 = warm0, wall1 = wall0;
   std::thread worker([&] {
     measured = side.measure(spec, control, &m);
     // The measured window ends here, not when the watching loop below notices.
@@ -320,6 +314,7 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   }
   out->clientCpuSeconds = cpu;
   out->clientWallSeconds = wall;
+  out->warmupSeconds = started ? std::chrono::duration<double>(wall0 - warm0).count() : 0;
   out->serverCpuSeconds = serverCpu;
   out->serverWallSeconds = serverWall;
   return Status::ok();

@@ -158,6 +158,7 @@ json::Value reportJson(const BenchReport& rep) {
     o.set("size", static_cast<int64_t>(r.size));
     o.set("iterations", static_cast<int64_t>(r.iterations));
     o.set("seconds", r.seconds);
+    o.set("warmup_seconds", r.warmupSeconds);
     o.set("bw_gbps", r.gbps);
     o.set("msg_rate_mpps", r.mpps);
     if (r.latency) {

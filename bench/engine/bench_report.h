@@ -23,6 +23,7 @@ struct SizeResult {
   bool latency = false;
   double minUs = 0, medianUs = 0, p99Us = 0, avgUs = 0, maxUs = 0;
   double clientCpuSeconds = 0, clientWallSeconds = 0;
+  double warmupSeconds = 0;  // from the run's start to every thread warmed up (set-up included)
   double serverCpuSeconds = 0, serverWallSeconds = 0;
   // Endpoint API: the messages of the timed operations (operations x batch), the mean time inside
   // the call that issues one operation, the wall time per message, and the bytes checked after

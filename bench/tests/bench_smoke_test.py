@@ -48,6 +48,10 @@ def check_doc(doc, op, mode, sizes):
                     "server_cpu_seconds", "client_cpu_percent", "server_cpu_percent"):
             if not isinstance(r.get(key), (int, float)) or not r[key] > 0:
                 fail("%s: %r is %r, expected a positive number" % (where, key, r.get(key)))
+        # Every run warms up for 50 ms at least, however few iterations it asks for (the
+        # threads settle on their cores first).
+        if not isinstance(r.get("warmup_seconds"), float) or r["warmup_seconds"] < 0.05:
+            fail("%s: warmup_seconds is %r, expected at least 0.05" % (where, r.get("warmup_seconds")))
         if mode == "lat":
             lat = r.get("lat_us")
             if not lat:
