@@ -132,7 +132,11 @@ bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> lo
   // Each half goes to the kernel as one iovec set when the memory is not mapped (IOV_MAX pieces).
   if (lows[0].empty() || highs[0].empty() || lows[0].size() > kMaxFastPieces || highs[0].size() > kMaxFastPieces ||
       !helper.tryStart([slot, write, &highs] { return slot->copyv(write, highs[0], highs[1]); })) {
-    return slot->copyv(write, local, remote);  // nothing to split, or the helper is busy with another request
+    // Nothing to split, or the helper is busy with another request: all of it here. One request
+    // goes through copy(), which carries on after a system call's short count (the kernel moves
+    // at most about 2 GiB a call).
+    if (remote.size() == 1) return slot->copy(write, local, reinterpret_cast<uintptr_t>(remote[0].iov_base), total);
+    return slot->copyv(write, local, remote);
   }
   const bool a = slot->copyv(write, lows[0], lows[1]);
   const bool b = helper.wait();
@@ -148,7 +152,6 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   uint64_t lo = ~uint64_t{0}, hi = 0;
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
   const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
-  std::array<size_t, kMaxFastBatch + 1> localAt;  // where each request's local pieces start
   uint64_t total = 0;
   // The region of the last lkey looked up: the SGEs of a batch mostly name the same one, and the
   // memory lock keeps it registered until the batch ends.
@@ -157,7 +160,6 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   for (size_t i = 0; i < wrs.size(); ++i) {
     const verbs::SendWr& wr = wrs[i];
     const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
-    localAt[i] = nl;
     uint64_t len = 0;
     for (const auto& sge : wr.sgList) {
       if (sge.length == 0) continue;

@@ -121,7 +121,6 @@ class TcpLink final : public Link {
     if (fd_ >= 0 && (events & EPOLLOUT)) owner.onLinkWritable();
   }
 
-
   bool connecting_;
   bool wantWrite_ = false;
   int lowWater_ = 1;  // SO_RCVLOWAT now
