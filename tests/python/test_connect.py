@@ -802,8 +802,10 @@ def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes
     # between the two completes byte for byte (on a new connection where the old one failed).
     # Where the pause caught the owner inside a copy into our buffers (its mark on them set), the
     # deregistration waits for that copy, so cancel() returns only once the owner resumes (3 s
-    # after the pause, from a timer: this thread is in cancel()); our memory is still unchanged
-    # from then on.
+    # after the pause, from a timer: this thread is in cancel()), and then at once; our memory is
+    # still unchanged from then on. Such a pause is rare (the copy is a small part of the owner's
+    # time), so an attempt held that way is tried again: at least one must return within the
+    # grace, else cancel() waits for a paused owner it should not wait for.
     async def attempt(connector, peer, n):
         dst, op = await read_under_way(connector, peer, "p%d" % n, 190 + n)
         peer.proc.send_signal(signal.SIGSTOP)
@@ -828,9 +830,12 @@ def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes
         held = bool(resumed_at) and returned >= resumed_at[0]  # cancel() waited for the owner's copy
         owner = await peer.call("wait", op="p%d" % n)
         if read_ended_first(before, last, after, owner, dst, 190 + n):
-            return False
+            return "ended"
         assert after == S.CANCELLED
-        if not held:
+        if held:
+            assert returned - resumed_at[0] < 2.0, "cancel() returned %.1f s after the owner resumed" % (
+                returned - resumed_at[0])
+        else:
             assert took < 2.5, "cancel() waited %.1f s for the paused owner" % took
         assert isinstance(await waited(op), ferry.Cancelled)
         assert unchanged, "the reader's memory changed after cancel() returned"
@@ -846,14 +851,18 @@ def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes
         assert np.array_equal(buf, pattern(200 + n, 1 << 20))
         assert (await peer.call("wait", op="q%d" % n))["status"] == "COMPLETE"
         await peer.call("drop", op="q%d" % n)
-        return True
+        return "held" if held else "cancelled"
 
     async def main():
         async with Connector(chunk_bytes=1 << 20, cancel_grace=0.5) as connector, Peer(*CHUNK) as peer:
-            for n in range(3):
-                if await attempt(connector, peer, n):
+            outcomes = []
+            for n in range(4):
+                outcomes.append(await attempt(connector, peer, n))
+                if outcomes[-1] == "cancelled":
                     return
-            pytest.fail("three 1 GiB reads all completed before the reader could cancel one during a pause")
+            pytest.fail("no cancel() of a read during a pause returned within the grace in four attempts: %s "
+                        "(ended: the read completed first; held: cancel() waited for the owner to resume)"
+                        % outcomes)
 
     run(main())
 

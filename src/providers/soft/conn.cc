@@ -325,7 +325,11 @@ readMore:
   uncork();  // what the input caused goes out now, before any wait
   if (closed()) return;
   if (round >= 64) {
-    link_->resumeReadingLater();  // yield to the reactor's other work; the link brings us back for the rest
+    // Yield to the reactor's other work; the link brings us back for the rest. What wakes us must
+    // be what is now awaited: a mark left from an earlier wait (the rest of a payload since taken)
+    // could exceed all the bytes still to come, and they would never wake this side.
+    link_->awaitBytes(inState_ == InState::kPayload ? payloadLeft_ : 0);
+    link_->resumeReadingLater();
     return;
   }
   // Nothing more to read: poll briefly (a link that can), then wait to be told.

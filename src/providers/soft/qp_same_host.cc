@@ -105,6 +105,7 @@ bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> lo
       }
     }
   }
+  if (stretches.empty()) return true;  // nothing to move
   // Split by where the bytes land (the peer's memory for a WRITE, ours for a READ), not by
   // request: one thread writes what lands below the pivot, the other the rest, each in post
   // order. No byte is written by both, so where requests overlap a later one's bytes still land
