@@ -468,8 +468,8 @@ class ServerCore {
           ended = true;
         }
         release();
-        // A connection that ended is replaced (by the next clientFor), until the deadline. A wireup that failed is tried again
-        // a few times only: a dead client fails each new one at once.
+        // A connection that ended is replaced (by the next clientFor), until the deadline. A wireup
+        // that failed is tried again a few times only: a dead client fails each new one at once.
         if (std::chrono::steady_clock::now() >= deadline || ready.code() != StatusCode::kPeerGone ||
             (!ended && ++retries > 3)) {
           if (status) *status = wcOf(ready);

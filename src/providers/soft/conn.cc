@@ -246,6 +246,16 @@ void Conn::flush() {
   }
 }
 
+void Conn::awaitWhatIsLeft() {
+  // Set at every stop, never left from an earlier one: a mark from an earlier wait (the rest of a
+  // payload since taken) could exceed every byte still to come, and they would never wake us.
+  const bool direct = inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
+                      segIndex_ < plan_.segments.size();
+  // A payload read straight into place: nothing to do until the rest of it is here. A header (or a
+  // small payload) may be any size: wake for any byte.
+  link_->awaitBytes(direct ? payloadLeft_ : 0);
+}
+
 void Conn::onReadable() {
   auto self = shared_from_this();
   if (draining_) {
@@ -285,7 +295,7 @@ readMore:
         close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
         return;
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        link_->awaitBytes(payloadLeft_);  // nothing to do until more of the payload is here
+        awaitWhatIsLeft();
         break;
       } else if (errno == EINTR) {
         continue;
@@ -313,7 +323,7 @@ readMore:
       return;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      link_->awaitBytes(0);  // a header (or a small payload) may be any size: wake for any byte
+      awaitWhatIsLeft();
       break;
     }
     if (errno == EINTR) continue;
@@ -325,10 +335,8 @@ readMore:
   uncork();  // what the input caused goes out now, before any wait
   if (closed()) return;
   if (round >= 64) {
-    // Yield to the reactor's other work; the link brings us back for the rest. What wakes us must
-    // be what is now awaited: a mark left from an earlier wait (the rest of a payload since taken)
-    // could exceed all the bytes still to come, and they would never wake this side.
-    link_->awaitBytes(inState_ == InState::kPayload ? payloadLeft_ : 0);
+    // Yield to the reactor's other work; the link brings us back for the rest.
+    awaitWhatIsLeft();
     link_->resumeReadingLater();
     return;
   }

@@ -119,6 +119,8 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // Copies up to len bytes from src into the current plan's destinations; returns bytes taken.
   size_t placeFromBuffer(const uint8_t* src, size_t len);
   ssize_t readDirect();
+  // Tells the link how many bytes this side now needs before it can do anything (Link::awaitBytes).
+  void awaitWhatIsLeft();
   // What the input lets us read, then what it caused sent.
   void takeInput();
   void detachLink();

@@ -119,7 +119,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         if (run > 1) {
           sqOutstanding_ += static_cast<uint32_t>(run - 1);
           auto batch = wrs.subspan(posted, run);
-          const bool done = runFastLocked(lock, fp, runBytes, &queued, [&](const FastPath& path) {
+          const bool done = runFastLocked(lock, runBytes, &queued, [&](const FastPath& path) {
             if (!runFastPathBatch(path, batch)) return false;
             // One step for the batch's slots (an atomic step per request cost more than the copy
             // of a small WRITE), then the completions of the signaled ones.
@@ -144,7 +144,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       }
       if (fp) {
         // Carried out here, before anything posted after it (which waits in posted_).
-        const bool fastDone = runFastLocked(lock, fp, total, &queued, [&](const FastPath& path) {
+        const bool fastDone = runFastLocked(lock, total, &queued, [&](const FastPath& path) {
           if (!runFastPath(path, wr, total)) return false;
           // A WRITE_WITH_IMM's data is in place; its immediate still goes to the peer below.
           if (wr.opcode != WrOpcode::kRdmaWriteWithImm) {
@@ -200,12 +200,12 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
 }
 
 template <typename Run>
-bool SoftQp::runFastLocked(std::unique_lock<std::mutex>& lock, const FastPath* fp, uint64_t bytes, bool* queued,
-                           Run&& run) {
-  if (bytes <= kHoldLockBytes) return run(*fp);  // a short copy: the lock stays, nothing waits behind it
+bool SoftQp::runFastLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run) {
+  const FastPath* path = fast_.get();
+  if (!path) return false;                        // no path (it went with its peer): over the connection
+  if (bytes <= kHoldLockBytes) return run(*path);  // a short copy: the lock stays, nothing waits behind it
   // A long one lets the reactor go on meanwhile; what is posted meanwhile waits behind it (fastBusy_).
   std::shared_ptr<FastPath> keep = fast_;  // the lock no longer keeps it
-  if (keep.get() != fp) return false;      // fp is not the path the lock holds (never the case)
   fastBusy_ = true;
   lock.unlock();
   const bool done = run(*keep);

@@ -121,12 +121,12 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // Under mu_: the same-host path when a request of this opcode and length may take it now (valid
   // while mu_ is held), or null.
   const FastPath* fastPathForLocked(verbs::WrOpcode opcode, uint64_t length) const;
-  // Runs run(path) for a post of `bytes` on the same-host path fp (from fastPathForLocked, under
-  // lock). Up to kHoldLockBytes it runs under mu_; a longer copy runs without it, marked by
+  // Runs run(path) for a post of `bytes` on the same-host path the QP holds (under lock; false when
+  // it holds none). Up to kHoldLockBytes it runs under mu_; a longer copy runs without it, marked by
   // fastBusy_, and sets *queued when requests posted meanwhile or an error need the pump. What run
   // returns: whether the request was carried out.
   template <typename Run>
-  bool runFastLocked(std::unique_lock<std::mutex>& lock, const FastPath* fp, uint64_t bytes, bool* queued, Run&& run);
+  bool runFastLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run);
   // Carries out wr on the same-host path; false: it must go over TCP.
   bool runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length);
   // An atomic on memory both sides map, as loads and stores; false: it must go to the peer.
