@@ -62,6 +62,19 @@ Result<std::string> parseCallerProgress(std::string_view raw) {
   return refuse("FERRY_SOFT_CALLER_PROGRESS", raw, "expected 1 (on) or 0 (off)");
 }
 
+constexpr uint64_t kDefaultLaneMinBytes = 1024 * 1024;
+
+// The smallest WRITE a lane shares, as a number of bytes ("0": no lane).
+Result<std::string> parseTcpLane(std::string_view raw) {
+  if (raw == "0" || raw == "off") return std::string("0");
+  if (raw == "1" || raw == "on") return std::to_string(kDefaultLaneMinBytes);
+  Result<uint64_t> bytes = parseByteSize(raw);
+  if (!bytes.isOk() || *bytes < 2 || *bytes > (uint64_t{1} << 31)) {
+    return refuse("FERRY_SOFT_TCP_LANE", raw, "expected 1 (on), 0 (off) or the smallest WRITE to share, 2..2G, such as 64K");
+  }
+  return std::to_string(*bytes);
+}
+
 constexpr uint64_t kMinRingBytes = 64 * 1024;
 constexpr uint64_t kMaxRingBytes = 64 * 1024 * 1024;
 
@@ -181,6 +194,11 @@ const std::vector<Variable>& variables() {
        "loop once (its sockets, rings, timers and posted work), instead of waiting for that thread to wake "
        "up.",
        "1", "1 (or on), 0 (or off)", parseCallerProgress},
+      {"FERRY_SOFT_TCP_LANE",
+       "Whether a soft device's queue pair that reaches its peer over TCP opens a second connection (a lane) "
+       "whose own thread sends the second half of each WRITE of 1 MiB or more (or of the size given), so "
+       "that two cores copy a large WRITE into the kernel at once.",
+       "0", "1 (or on), 0 (or off), or the smallest WRITE to share (2..2G, e.g. 64K)", parseTcpLane},
       {"FERRY_SOFT_ATTEND_US",
        "How long a poll of a soft device's completion queue vouches that the application polls: until then "
        "the "
@@ -295,6 +313,11 @@ std::optional<int64_t> softSpinUs() {
 bool softCallerProgress() {
   auto value = parsed("FERRY_SOFT_CALLER_PROGRESS");
   return !value || *value == "1";
+}
+
+uint64_t softTcpLaneMinBytes() {
+  auto value = parsed("FERRY_SOFT_TCP_LANE");
+  return value ? std::stoull(*value) : 0;
 }
 
 int64_t softAttendUs() {

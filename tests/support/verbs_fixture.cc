@@ -29,6 +29,11 @@ const std::vector<ProviderPath>& providerPaths() {
       {.name = "soft_tcp", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "0"}}},
       {.name = "soft_same_host", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "1"}}},
       {.name = "soft_ring", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "ring"}}},
+      // TCP with a lane per QP (lane.h) that shares every WRITE of 64 bytes or more, so that the
+      // suite's WRITEs run over two connections.
+      {.name = "soft_tcp_lane",
+       .device = "soft_lo",
+       .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_LANE", "64"}}},
       // The same-host path on memory both sides map: every test buffer (in this process and the
       // peer processes, which inherit the variable) comes from ferry's shared-memory allocator.
       {.name = "soft_mapped",

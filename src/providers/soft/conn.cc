@@ -27,8 +27,9 @@ size_t OutFrame::total() const {
   return headerLen + payloadBytes + (hasTrailer ? 4 : 0);
 }
 
-Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate)
+Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate, Reactor* reactor)
     : ctx_(ctx),
+      reactor_(reactor ? reactor : &ctx->reactor()),
       link_(std::move(link)),
       delegate_(delegate),
       staged_(new uint8_t[kStagingBytes]) {}
@@ -36,14 +37,45 @@ Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate)
 Conn::~Conn() = default;
 
 Status Conn::attach() {
-  FERRY_RETURN_IF_ERROR(link_->attach(ctx_->reactor(), weak_from_this()));
-  if (link_->pollable()) ctx_->addAttendedLinkFromLoop(shared_from_this());
+  FERRY_RETURN_IF_ERROR(link_->attach(*reactor_, weak_from_this()));
+  if (link_->pollable() && reactor_ == &ctx_->reactor()) ctx_->addAttendedLinkFromLoop(shared_from_this());
   return Status::ok();
 }
 
 void Conn::detachLink() {
-  if (link_->pollable()) ctx_->removeAttendedLinkFromLoop(this);
+  if (link_->pollable() && reactor_ == &ctx_->reactor()) ctx_->removeAttendedLinkFromLoop(this);
   link_->detach();
+}
+
+void Conn::pauseInput() {
+  if (paused_ || closed()) return;
+  paused_ = true;
+  link_->pauseReading(true);
+}
+
+void Conn::resumeInput() {
+  if (!paused_ || closed()) return;
+  paused_ = false;
+  // From the loop, after the step that resumes us: never inside another connection's (or our
+  // own) reading, which could come back here.
+  std::weak_ptr<Conn> weak = weak_from_this();
+  reactor_->post([weak] {
+    if (auto self = weak.lock()) self->continueAfterPause();
+  });
+}
+
+void Conn::continueAfterPause() {
+  if (closed() || paused_) return;
+  link_->pauseReading(false);
+  cork();
+  if (headerPending_) {
+    headerPending_ = false;
+    beginFrame();
+  }
+  if (!closed() && !paused_) consumeStaged();
+  if (closed()) return;
+  uncork();
+  if (!closed() && !paused_) takeInput();
 }
 
 void Conn::onLinkConnected(const Status& result) {
@@ -130,9 +162,13 @@ void Conn::closeAfterFlush(bool drain) {
 void Conn::startDrain() {
   if (draining_ || closed()) return;
   draining_ = true;
+  if (paused_) {
+    paused_ = false;  // what still comes is discarded, not held
+    link_->pauseReading(false);
+  }
   link_->shutdownWrite();
   std::weak_ptr<Conn> weak = weak_from_this();
-  ctx_->reactor().addTimer(Reactor::Clock::now() + std::chrono::seconds(5), [weak] {
+  reactor_->addTimer(Reactor::Clock::now() + std::chrono::seconds(5), [weak] {
     if (auto self = weak.lock()) self->close(Status::ok(), true);
   });
 }
@@ -280,7 +316,7 @@ void Conn::onReadable() {
   int round = 0;
 readMore:
   cork();
-  for (; round < 64 && !closed(); ++round) {
+  for (; round < 64 && !closed() && !paused_; ++round) {
     if (inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
         segIndex_ < plan_.segments.size()) {
       ssize_t n = readDirect();
@@ -333,7 +369,7 @@ readMore:
   if (!closed() && delegate_) delegate_->onInputDrained(*this);
   if (closed()) return;
   uncork();  // what the input caused goes out now, before any wait
-  if (closed()) return;
+  if (closed() || paused_) return;  // a paused connection reads again when resumed
   if (round >= 64) {
     // Yield to the reactor's other work; the link brings us back for the rest.
     awaitWhatIsLeft();
@@ -417,6 +453,11 @@ void Conn::beginFrame() {
     close(st);
     return;
   }
+  if (paused_) {
+    headerPending_ = true;  // the delegate cannot place this frame yet: asked again on resume
+    plan_ = PayloadPlan{};
+    return;
+  }
   // A plan never covers more than the payload.
   size_t covered = 0;
   for (size_t i = 0; i < plan_.segments.size(); ++i) {
@@ -453,7 +494,7 @@ void Conn::finishPayload() {
 }
 
 bool Conn::consumeStaged() {
-  while (stagedBegin_ < stagedEnd_ && !closed()) {
+  while (stagedBegin_ < stagedEnd_ && !closed() && !paused_) {
     size_t avail = stagedEnd_ - stagedBegin_;
     const uint8_t* src = staged_.get() + stagedBegin_;
     switch (inState_) {

@@ -69,7 +69,9 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
 
   // An outgoing connection whose link is still connecting (Link::connecting) says onConnected
   // once it is connected, and holds the frames sent before then.
-  Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate);
+  // A connection runs on the context's loop, or on `reactor` when given (a lane's sending side,
+  // on a thread of its own: its delegate must then not touch the QP directly).
+  Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate, Reactor* reactor = nullptr);
   ~Conn() override;
 
   // Registers with the reactor (reactor thread).
@@ -101,6 +103,13 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   bool connected() const { return !link_->connecting() && !closed_; }
   // Drops queued frames that have not started to go out.
   void dropUnsentFrames();
+  // Input stops at the end of the current step: called from onHeader, the frame waits (its
+  // onHeader comes again on resume, before its payload); from onFrame, the frames after it wait.
+  // Nothing more is read meanwhile (the link stops watching for input: TCP links only).
+  // resumeInput() goes on from the loop soon after (never from inside the caller's step).
+  void pauseInput();
+  void resumeInput();
+  bool inputPaused() const { return paused_; }
   size_t queuedFrames() const { return out_.size(); }
 
  private:
@@ -125,8 +134,14 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   void takeInput();
   void detachLink();
 
+  // Picks up where pauseInput() stopped (loop).
+  void continueAfterPause();
+
   SoftContext* ctx_;
+  Reactor* reactor_;
   std::unique_ptr<Link> link_;
+  bool paused_ = false;
+  bool headerPending_ = false;  // paused in onHeader: the header is asked about again on resume
   bool closed_ = false;
   Delegate* delegate_;
   bool closeAfterFlush_ = false;

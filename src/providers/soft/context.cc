@@ -273,6 +273,16 @@ void SoftContext::close() {
     pendingRingSockets_.clear();
   });
   reactor_.stop();
+  laneReactor_.stop();  // after the lanes' closes the QPs posted to it
+}
+
+Reactor* SoftContext::laneReactorFromLoop() {
+  if (laneThread_ == LaneThread::kNotStarted) {
+    Status st = laneReactor_.start("ferry-lane");
+    laneThread_ = st.isOk() ? LaneThread::kRunning : LaneThread::kFailed;
+    if (!st.isOk()) FERRY_LOG(kWarn, "%s: no lane thread: %s", device_.info.name.c_str(), st.toString().c_str());
+  }
+  return laneThread_ == LaneThread::kRunning ? &laneReactor_ : nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -492,6 +502,19 @@ void SoftContext::onDatagramsFromLoop() {
 
 void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello) {
   pendingConns_.erase(conn.get());
+  if (hello.flags & wire::kFlagLane) {
+    // A second connection of a requester that already has one to this QP (lane.h).
+    wire::HelloResult result = wire::HelloResult::kNoSuchQp;
+    const in_addr_t peerIp = conn->link().sameHost() ? 0 : conn->link().peerAddress().value_or(0);
+    if (auto qp = findQp(hello.qpn); qp && peerIp != 0) result = qp->acceptLaneFromLoop(conn, hello, peerIp);
+    wire::FrameHeader reply;
+    reply.type = wire::FrameType::kHelloReply;
+    reply.qpn = hello.srcQpn;
+    reply.aux = static_cast<uint32_t>(result);
+    conn->sendHeader(reply);
+    if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
+    return;
+  }
   in_addr_t peerIp = 0;
   bool peerLocal = false;
   if (conn->link().sameHost()) {
@@ -510,7 +533,8 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
   uint64_t ticket = peerLocal ? issueRingTicketFromLoop() : 0;
   if (ticket == 0) peerLocal = false;
   wire::HelloResult result = wire::HelloResult::kNoSuchQp;
-  if (auto qp = findQp(hello.qpn)) result = qp->acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
+  auto qp = findQp(hello.qpn);
+  if (qp) result = qp->acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
   wire::FrameHeader reply;
   reply.type = wire::FrameType::kHelloReply;
   reply.qpn = hello.srcQpn;
@@ -531,6 +555,8 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     reply.shareFd = info.fd;
     reply.shareCookie = info.cookie;
   }
+  // A TCP connection may bring a lane; the ticket is what it shows (only this connection saw it).
+  if (result == wire::HelloResult::kAccepted && !conn->link().sameHost()) reply.laneTicket = qp->issueLaneTicketFromLoop();
   conn->sendHeader(reply);
   if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
 }

@@ -75,6 +75,9 @@ class Link {
 
   // The connection waits for room (writev said EAGAIN) or no longer does.
   virtual void wantWritable(bool want) = 0;
+  // The connection reads nothing until told otherwise: stop saying the link is readable (a hang-up
+  // or an error meanwhile is onLinkBroken). TCP links only; others ignore it.
+  virtual void pauseReading(bool paused) {}
   // The connection stopped reading with bytes still waiting (it yields to the loop's other work):
   // make sure onLinkReadable comes again.
   virtual void resumeReadingLater() = 0;

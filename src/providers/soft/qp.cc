@@ -343,6 +343,8 @@ Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
 void SoftQp::resetFromLoop() {
   if (reqConn_) reqConn_->close(Status::ok(), true);
   if (respConn_) respConn_->close(Status::ok(), true);
+  dropLaneOutFromLoop();
+  dropLaneInFromLoop();
   reqConn_.reset();
   respConn_.reset();
   reqReady_ = false;
@@ -390,6 +392,8 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
     if (reqConn_) reqConn_->close(Status::ok(), true);
     reqConn_.reset();
     reqReady_ = false;
+    dropLaneOutFromLoop();
+    dropLaneInFromLoop();
     if (respConn_) respConn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
     for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
       if (*timer) ctx_->reactor().cancelTimer(*timer);

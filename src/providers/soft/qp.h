@@ -29,6 +29,7 @@
 #include <optional>
 
 #include "providers/soft/conn.h"
+#include "providers/soft/lane.h"
 #include "providers/soft/soft.h"
 
 namespace ferry::soft {
@@ -53,6 +54,13 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // adopt is false (the peer is only told to connect again over shared-memory rings).
   wire::HelloResult acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
                                    in_addr_t peerIp, bool adopt = true);
+  // A one-time secret for the hello reply of the TCP connection just accepted: a lane of it
+  // (lane.h) shows it in its own hello (0: none to give).
+  uint64_t issueLaneTicketFromLoop();
+  // A lane's hello (kFlagLane) from peerIp: adopted when it names our peer and shows the ticket
+  // of our current responder connection.
+  wire::HelloResult acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
+                                       in_addr_t peerIp);
 
   // Conn::Delegate
   Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
@@ -67,6 +75,9 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   using Clock = std::chrono::steady_clock;
 
   Status modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask);
+  // Whether a hello names our peer (its QP number and GID, from that GID's address) to a QP that
+  // is ready (RTR/RTS): kAccepted, or the result to refuse it with.
+  wire::HelloResult helloFromOurPeer(const wire::FrameHeader& hello, in_addr_t peerIp);
   void schedulePump();
   void pumpFromLoop();
   void completeFromLoop();
@@ -108,7 +119,21 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome);
   // Responder refused the current request: NAK it, record the error, move to ERR.
   void responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event);
-  OutFrame buildRequestFrame(const SendWqe& wqe);
+  // The frame of a request. With lanePart, a WRITE that the lane should share is split: the frame
+  // carries its first half (kFlagLaned) and *lanePart the rest (a kLaneData frame); otherwise
+  // lanePart is left empty (headerLen 0).
+  OutFrame buildRequestFrame(const SendWqe& wqe, OutFrame* lanePart = nullptr);
+
+  // The requester's lane (lane.h).
+  void startLaneFromLoop(uint64_t ticket);
+  void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, const Status& why);
+  void dropLaneOutFromLoop();
+  // The responder's lane: its frames, and its end with the connection it belongs to.
+  Status onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan);
+  void onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
+  void dropLaneInFromLoop();
+  // A laned WRITE's second half, as the responder expects it on the lane (empty: discard it).
+  void expectLanePieceFromLoop(uint32_t seq, uint64_t length, std::vector<Segment> segments);
   // Resolves the local SGEs of wqe; the completion status a bad one fails it with, else kSuccess.
   verbs::WcStatus resolveLocalFromLoop(SendWqe& wqe);
 
@@ -198,6 +223,35 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool respSkip_ = false;         // the frame being received is dropped
   bool ackNeeded_ = false;
   std::optional<RecvWqe> curRecv_;  // the receive a SEND / WRITE_WITH_IMM being received consumes
+
+  // Requester's lane (reactor thread): the lane, its generation (events of older ones are
+  // ignored), whether it took the peer's accept, and whether a laned WRITE went on reqConn_.
+  std::shared_ptr<LaneOut> laneOut_;
+  uint64_t laneGen_ = 0;
+  bool laneReady_ = false;
+  bool laneUsed_ = false;
+  const uint64_t laneMinBytes_ = config::softTcpLaneMinBytes();  // 0: no lane
+
+  // Responder's lane (reactor thread). Each laned WRITE on respConn_ adds the piece the lane must
+  // carry next, in the order of the WRITEs; a piece that landed waits in laneLanded_ for its WRITE
+  // (seq, whether a region went while it landed); a WRITE whose piece has not landed waits in
+  // laneWait_, with respConn_ paused, and the lane pauses when it is ahead of every WRITE.
+  struct LanePiece {
+    uint32_t seq = 0;
+    uint64_t length = 0;
+    std::vector<Segment> segments;  // empty: the bytes are discarded
+  };
+  struct LaneWait {
+    wire::FrameHeader header;
+    PayloadPlan plan;
+  };
+  std::shared_ptr<Conn> laneIn_;
+  uint64_t laneTicket_ = 0;
+  std::deque<LanePiece> lanePieces_;
+  bool lanePlanned_ = false;  // the laned header being checked has its piece
+  bool laneAhead_ = false;    // laneIn_ is paused: no piece expected yet
+  std::optional<std::pair<uint32_t, bool>> laneLanded_;
+  std::optional<LaneWait> laneWait_;
 };
 
 }  // namespace ferry::soft

@@ -41,7 +41,7 @@ WcStatus SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
   return WcStatus::kSuccess;
 }
 
-OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
+OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe, OutFrame* lanePart) {
   wire::FrameHeader h;
   h.seq = wqe.seq;
   h.qpn = attr_.destQpNum;
@@ -72,6 +72,22 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
   if (wqe.placed) {
     h.flags |= wire::kFlagPlaced;
     h.length = static_cast<uint32_t>(wqe.length);
+  } else if (lanePart && laneReady_ && wqe.opcode == WrOpcode::kRdmaWrite && wqe.inlineData.empty() &&
+             wqe.length >= laneMinBytes_) {
+    // Half on this connection, half on the lane (at a 4 KiB boundary): two threads copy it.
+    const uint64_t first = (wqe.length / 2) & ~uint64_t{0xfff};
+    h.flags |= wire::kFlagLaned;
+    h.length = static_cast<uint32_t>(wqe.length);
+    h.payloadLen = static_cast<uint32_t>(first);
+    splitSegments(wqe.local, first, &frame.payload, &lanePart->payload);
+    wire::FrameHeader lane;
+    lane.type = wire::FrameType::kLaneData;
+    lane.seq = wqe.seq;
+    lane.qpn = attr_.destQpNum;
+    lane.payloadLen = static_cast<uint32_t>(wqe.length - first);
+    lanePart->seq = wqe.seq;
+    lanePart->headerLen = static_cast<uint16_t>(wire::encodeHeader(lane, lanePart->header));
+    laneUsed_ = true;
   } else if (wire::carriesPayload(h.type)) {
     h.payloadLen = static_cast<uint32_t>(wqe.length);
     if (!wqe.inlineData.empty()) {
@@ -82,6 +98,68 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe) {
   }
   frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(h, frame.header));
   return frame;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The requester's lane (lane.h).
+
+void SoftQp::startLaneFromLoop(uint64_t ticket) {
+  if (laneOut_ || ticket == 0 || type_ != verbs::QpType::kRc) return;
+  Reactor* laneReactor = ctx_->laneReactorFromLoop();
+  in_addr_t ip;
+  uint16_t port;
+  if (!laneReactor || !parseSoftGid(attr_.ahAttr.dgid, &ip, &port)) return;
+  wire::FrameHeader hello;
+  hello.type = wire::FrameType::kHello;
+  hello.flags = wire::kFlagLane;
+  hello.qpn = attr_.destQpNum;
+  hello.srcQpn = qpn_;
+  hello.srcGid = ctx_->gid().raw;
+  hello.nonce = ticket;
+  const uint64_t gen = ++laneGen_;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  Reactor* loop = &ctx_->reactor();
+  laneOut_ = LaneOut::start(ctx_.get(), laneReactor, ip, port, hello,
+                            [weak, loop, gen](LaneOut::Event event, uint32_t seq, const Status& why) {
+                              loop->post([weak, gen, event, seq, why] {
+                                if (auto self = weak.lock()) self->onLaneEventFromLoop(gen, event, seq, why);
+                              });
+                            });
+}
+
+void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, const Status& why) {
+  if (gen != laneGen_ || !laneOut_) return;  // a lane since dropped
+  switch (event) {
+    case LaneOut::Event::kReady:
+      laneReady_ = true;
+      break;
+    case LaneOut::Event::kRevoked:
+      for (size_t i = 0; i < nextToSend_; ++i) {
+        if (sq_[i].seq == seq) {
+          sq_[i].error = WcStatus::kLocProtErr;
+          localErrorPending_ = true;
+        }
+      }
+      break;
+    case LaneOut::Event::kClosed: {
+      // WRITEs go unlaned from now on. The connection itself stays: a responder that loses a lane
+      // ends the connection it belongs to (its laned WRITEs could never finish), and one that
+      // closed it on an error (ERR) still has its NAK on the way there.
+      FERRY_LOG(kDebug, "QP %u: its lane closed: %s", qpn_, why.toString().c_str());
+      const bool used = laneUsed_;
+      dropLaneOutFromLoop();
+      laneUsed_ = used;  // halves already on their way: unsent frames are still never dropped
+      break;
+    }
+  }
+}
+
+void SoftQp::dropLaneOutFromLoop() {
+  if (laneOut_) laneOut_->close();
+  laneOut_.reset();
+  ++laneGen_;
+  laneReady_ = false;
+  laneUsed_ = false;
 }
 
 void SoftQp::pumpFromLoop() {
@@ -131,7 +209,10 @@ void SoftQp::pumpFromLoop() {
       return;
     }
     if (rdAtomic) ++rdInFlight_;
-    reqConn_->send(buildRequestFrame(wqe));
+    OutFrame lanePart;
+    OutFrame frame = buildRequestFrame(wqe, &lanePart);
+    if (lanePart.headerLen != 0) laneOut_->send(std::move(lanePart));
+    reqConn_->send(std::move(frame));
     if (state_.load() != QpState::kRts || !reqConn_) return;  // the send failed and closed things
   }
   armTimeoutFromLoop();
@@ -186,6 +267,11 @@ void SoftQp::onTimeoutFromLoop() {
   if (sq_.empty() || state_.load() != QpState::kRts) return;
   auto now = Clock::now();
   if (rnrWaiting_) lastProgress_ = now;
+  if (laneOut_) {
+    // Bytes the lane moved are progress too (a laned WRITE's ACK waits for both halves).
+    const auto laneProgress = Clock::time_point(std::chrono::nanoseconds(laneOut_->lastProgressNs()));
+    lastProgress_ = std::max(lastProgress_, std::min(laneProgress, now));
+  }
   if (now - lastProgress_ >= transportBudget()) {
     FERRY_LOG(kInfo, "QP %u: no progress within the transport timeout; retries exhausted", qpn_);
     enterErrorFromLoop(WcStatus::kRetryExcErr);
@@ -297,6 +383,13 @@ void SoftQp::onProgress(Conn& conn) {
 }
 
 void SoftQp::onClosed(Conn& conn, const Status& why) {
+  if (&conn == laneIn_.get()) {
+    // The lane of our responder connection: the WRITEs it shares with that connection cannot
+    // finish, so the connection ends as well (the requester sees a lost connection).
+    laneIn_.reset();
+    if (respConn_) respConn_->close(Status(StatusCode::kUnavailable, "its lane closed: " + why.message()));
+    return;
+  }
   if (&conn == respConn_.get()) {
     // The peer's requester went away; a partly received message gives its receive back.
     if (curRecv_) {
@@ -305,6 +398,7 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
     }
     respConn_.reset();
     respSkip_ = false;
+    dropLaneInFromLoop();
     return;
   }
   if (&conn != reqConn_.get()) return;
@@ -318,6 +412,7 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   reqConn_.reset();
   reqReady_ = false;
   dropFastPath();
+  dropLaneOutFromLoop();
   if (state_.load() != QpState::kRts) return;
   if (wasReady && nextToSend_ > 0 && type_ == verbs::QpType::kUc) {
     // UC: what was sent is gone with the connection, as packets are lost on a NIC; those sends
@@ -341,8 +436,17 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
 
 Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
   if (&conn == reqConn_.get()) return onResponseHeader(h, plan);
-  if (&conn == respConn_.get()) return onRequestHeader(h, plan);
-  return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
+  if (&conn == laneIn_.get()) return onLaneHeader(conn, h, plan);
+  if (&conn != respConn_.get()) return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
+  const bool laned = h.type == wire::FrameType::kWrite && (h.flags & wire::kFlagLaned);
+  if (!laned) return onRequestHeader(h, plan);
+  if (!laneIn_) return Status(StatusCode::kProtocolError, "a laned WRITE on a connection with no lane");
+  // Every laned WRITE the connection carries has its second half on the lane, in order: one the
+  // responder refuses or drops has it discarded there.
+  lanePlanned_ = false;
+  Status st = onRequestHeader(h, plan);
+  if (st.isOk() && !lanePlanned_) expectLanePieceFromLoop(h.seq, h.length - h.payloadLen, {});
+  return st;
 }
 
 void SoftQp::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
@@ -350,6 +454,8 @@ void SoftQp::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& 
     onResponseFrame(h, plan, trailer);
   } else if (&conn == respConn_.get()) {
     onRequestFrame(h, plan);
+  } else if (&conn == laneIn_.get()) {
+    onLaneFrame(h, plan);
   }
 }
 
@@ -405,6 +511,7 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       reqReady_ = true;
       peerReached_ = true;
       setupFastPathFromLoop(h);
+      if (laneMinBytes_ > 0 && !reqConn_->link().sameHost()) startLaneFromLoop(h.laneTicket);
       reconnectDelayMs_ = 1;
       lastProgress_ = Clock::now();
       pumpFromLoop();
@@ -497,7 +604,10 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
         }
         --front.rnrLeft;
       }
-      if (reqConn_) reqConn_->dropUnsentFrames();
+      // Frames not yet out are dropped, except on a connection that laned: each laned WRITE's
+      // second half is on the lane already, and the responder matches halves in order, so every
+      // frame goes (the responder drops those after the refused one, halves too).
+      if (reqConn_ && !laneUsed_) reqConn_->dropUnsentFrames();
       nextSeq_ = front.seq;
       nextToSend_ = 0;
       rdInFlight_ = 0;

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/random.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -27,8 +28,7 @@ using namespace qp_detail;
 // ---------------------------------------------------------------------------------------------
 // Responder (reactor thread).
 
-wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
-                                         in_addr_t peerIp, bool adopt) {
+wire::HelloResult SoftQp::helloFromOurPeer(const wire::FrameHeader& hello, in_addr_t peerIp) {
   QpState state = state_.load();
   if (closed_ || (state != QpState::kRtr && state != QpState::kRts)) return wire::HelloResult::kNoSuchQp;
   in_addr_t ip;
@@ -36,18 +36,94 @@ wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, cons
   verbs::Gid src;
   src.raw = hello.srcGid;
   if (!parseSoftGid(src, &ip, &port) || ip != peerIp) return wire::HelloResult::kMismatch;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (attr_.destQpNum != hello.srcQpn || !(attr_.ahAttr.dgid == src)) return wire::HelloResult::kMismatch;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (attr_.destQpNum != hello.srcQpn || !(attr_.ahAttr.dgid == src)) return wire::HelloResult::kMismatch;
+  return wire::HelloResult::kAccepted;
+}
+
+wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
+                                         in_addr_t peerIp, bool adopt) {
+  if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
   if ((expectedSeq_ & 0xffffff) != hello.psn) return wire::HelloResult::kMismatch;
   if (respConn_ && !respConn_->closed()) return wire::HelloResult::kBusy;
   if (!adopt) return wire::HelloResult::kAccepted;
+  dropLaneInFromLoop();  // a lane belongs to the connection it came with
   respConn_ = conn;
   conn->setDelegate(this);
   respNakPending_ = false;
   respSkip_ = false;
   return wire::HelloResult::kAccepted;
+}
+
+uint64_t SoftQp::issueLaneTicketFromLoop() {
+  uint64_t ticket = 0;
+  if (getrandom(&ticket, sizeof ticket, 0) != sizeof ticket) ticket = 0;
+  laneTicket_ = ticket;
+  return ticket;
+}
+
+wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
+                                             in_addr_t peerIp) {
+  if (type_ != verbs::QpType::kRc) return wire::HelloResult::kNoSuchQp;
+  if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
+  // The ticket went only over our current responder connection: whoever shows it is its peer.
+  if (laneTicket_ == 0 || hello.nonce != laneTicket_ || !respConn_ || respConn_->closed()) {
+    return wire::HelloResult::kMismatch;
+  }
+  if (laneIn_ && !laneIn_->closed()) return wire::HelloResult::kBusy;
+  laneTicket_ = 0;  // one lane per connection
+  laneIn_ = conn;
+  conn->setDelegate(this);
+  return wire::HelloResult::kAccepted;
+}
+
+void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t length, std::vector<Segment> segments) {
+  lanePieces_.push_back(LanePiece{seq, length, std::move(segments)});
+  if (laneAhead_ && laneIn_) {
+    laneAhead_ = false;
+    laneIn_->resumeInput();  // the lane's next frame has its WRITE now
+  }
+}
+
+Status SoftQp::onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
+  if (h.type != wire::FrameType::kLaneData) return Status(StatusCode::kProtocolError, "a lane carries lane data only");
+  if (lanePieces_.empty()) {
+    // Ahead of the WRITEs: this half is placed once its WRITE's own frame has been checked.
+    laneAhead_ = true;
+    conn.pauseInput();
+    return Status::ok();
+  }
+  const LanePiece& piece = lanePieces_.front();
+  if (piece.seq != h.seq || piece.length != h.payloadLen) {
+    return Status(StatusCode::kProtocolError, "lane data that is not the next laned WRITE's second half");
+  }
+  plan->segments = piece.segments;
+  return Status::ok();
+}
+
+void SoftQp::onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  if (lanePieces_.empty()) return;
+  const LanePiece piece = std::move(lanePieces_.front());
+  lanePieces_.pop_front();
+  if (piece.segments.empty()) return;  // discarded: its WRITE was refused or dropped
+  if (!plan.revoked) countLaneBytesPlaced(piece.length);
+  laneLanded_ = std::make_pair(piece.seq, plan.revoked);
+  if (laneWait_ && laneWait_->header.seq == piece.seq) {
+    LaneWait wait = std::move(*laneWait_);
+    laneWait_.reset();
+    onRequestFrame(wait.header, wait.plan);
+    if (respConn_) respConn_->resumeInput();
+  }
+}
+
+void SoftQp::dropLaneInFromLoop() {
+  if (laneIn_) laneIn_->close(Status::ok(), true);
+  laneIn_.reset();
+  laneTicket_ = 0;
+  lanePieces_.clear();
+  laneAhead_ = false;
+  laneLanded_.reset();
+  laneWait_.reset();
 }
 
 void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
@@ -169,14 +245,23 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     }
     case FrameType::kWrite:
     case FrameType::kWriteImm: {
-      if (h.payloadLen > 0) {
+      const bool laned = h.flags & wire::kFlagLaned;
+      const uint64_t total = laned ? h.length : h.payloadLen;  // a laned WRITE is checked whole
+      if (total > 0) {
         if (!qpAllows(verbs::access::kRemoteWrite)) return Status::ok();
-        auto entry = checkRemote(h.remoteAddr, h.payloadLen, verbs::access::kRemoteWrite);
+        auto entry = checkRemote(h.remoteAddr, total, verbs::access::kRemoteWrite);
         if (!entry) {
           responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
           return Status::ok();
         }
-        plan->segments.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
+        if (laned) {
+          auto* second = reinterpret_cast<uint8_t*>(h.remoteAddr) + h.payloadLen;
+          expectLanePieceFromLoop(h.seq, total - h.payloadLen, {Segment{second, total - h.payloadLen, entry}});
+          lanePlanned_ = true;
+        }
+        if (h.payloadLen > 0) {
+          plan->segments.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
+        }
       }
       if (h.type == FrameType::kWriteImm) {
         RecvWqe rwqe;
@@ -236,7 +321,18 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
     }
     case FrameType::kWrite:
     case FrameType::kWriteImm: {
-      if (plan.revoked) {
+      bool revoked = plan.revoked;
+      if (h.flags & wire::kFlagLaned) {
+        if (!laneLanded_ || laneLanded_->first != h.seq) {
+          // Its second half is still on the lane: this WRITE, and everything after it, waits.
+          laneWait_ = LaneWait{h, plan};
+          respConn_->pauseInput();
+          return;
+        }
+        revoked = revoked || laneLanded_->second;
+        laneLanded_.reset();
+      }
+      if (revoked) {
         if (curRecv_) {
           giveBackRecv(std::move(*curRecv_));
           curRecv_.reset();

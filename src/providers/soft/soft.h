@@ -134,6 +134,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   bool closed() const { return closed_.load(); }
   Reactor& reactor() { return reactor_; }
+  // The lane thread (lane.h): started on first use (loop only); null when it cannot start.
+  Reactor* laneReactorFromLoop();
   // FERRY_SOFT_CALLER_PROGRESS: whether posts and empty CQ polls run the loop on the caller's
   // thread when the progress thread is not running it.
   bool callerProgress() const { return callerProgress_; }
@@ -213,6 +215,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   SoftDeviceInfo device_;
   Reactor reactor_;
+  Reactor laneReactor_;
+  enum class LaneThread { kNotStarted, kRunning, kFailed } laneThread_ = LaneThread::kNotStarted;  // loop only
   const bool callerProgress_ = config::softCallerProgress();
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only

@@ -66,6 +66,12 @@ class TcpLink final : public Link {
   // Level-triggered: the socket stays readable, so the loop comes back by itself.
   void resumeReadingLater() override {}
 
+  void pauseReading(bool paused) override {
+    if (paused == readingPaused_) return;
+    readingPaused_ = paused;
+    updateInterest();
+  }
+
   // SO_RCVLOWAT: epoll says the socket is readable only once this many bytes wait (a hang-up or
   // an error still says so at once, and a read still returns what there is). A large payload is
   // then read in a few large reads, and the sender's every segment does not wake this side's
@@ -92,7 +98,8 @@ class TcpLink final : public Link {
  private:
   uint32_t interest() const {
     const uint32_t out = (wantWrite_ || connecting_) ? uint32_t{EPOLLOUT} : 0;
-    return uint32_t{EPOLLIN} | uint32_t{EPOLLRDHUP} | out;
+    const uint32_t in = readingPaused_ ? 0 : uint32_t{EPOLLIN} | uint32_t{EPOLLRDHUP};
+    return in | out;
   }
 
   void updateInterest() {
@@ -116,13 +123,19 @@ class TcpLink final : public Link {
       owner.onLinkConnected(Status::ok());
       return;
     }
+    if (readingPaused_ && (events & (EPOLLERR | EPOLLHUP))) {
+      // Reported whatever the interest (level-triggered: again and again): the connection ends.
+      owner.onLinkBroken(Status(StatusCode::kUnavailable, "the connection failed while its input waited", ECONNRESET));
+      return;
+    }
     // The owner may close this link from the first call: the fd says whether to go on.
-    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) owner.onLinkReadable();
+    if (!readingPaused_ && (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP))) owner.onLinkReadable();
     if (fd_ >= 0 && (events & EPOLLOUT)) owner.onLinkWritable();
   }
 
   bool connecting_;
   bool wantWrite_ = false;
+  bool readingPaused_ = false;
   int lowWater_ = 1;  // SO_RCVLOWAT now
 };
 

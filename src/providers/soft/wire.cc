@@ -36,6 +36,7 @@ size_t headerLenFor(FrameType type) {
   switch (type) {
     case FrameType::kHello: return kCommonHeaderLen + 40;
     case FrameType::kHelloReply:
+    case FrameType::kLaneData:
     case FrameType::kSend:
     case FrameType::kSendImm:
     case FrameType::kAck:
@@ -54,7 +55,9 @@ size_t headerLenFor(FrameType type) {
 
 size_t encodedHeaderLen(const FrameHeader& h) {
   size_t len = headerLenFor(h.type);
-  if (h.type == FrameType::kHelloReply && h.sharePid != 0) {
+  if (h.type == FrameType::kHelloReply && h.laneTicket != 0) {
+    len += kHelloReplyLaneLen;
+  } else if (h.type == FrameType::kHelloReply && h.sharePid != 0) {
     len += h.ringTicket != 0 ? kHelloReplyRingLen : kHelloReplyShareLen;
   }
   return len;
@@ -69,7 +72,8 @@ bool carriesPayload(FrameType type) {
     case FrameType::kWrite:
     case FrameType::kWriteImm:
     case FrameType::kReadResp:
-    case FrameType::kDatagram: return true;
+    case FrameType::kDatagram:
+    case FrameType::kLaneData: return true;
     default: return false;
   }
 }
@@ -135,6 +139,13 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
           return protocolError("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
         }
       }
+      if (h.flags & kFlagLaned) {
+        if (h.type != FrameType::kWrite || h.length <= h.payloadLen || h.length > kMaxMessage ||
+            (h.flags & kFlagPlaced)) {
+          return protocolError("a laned-data flag on a frame that is not a WRITE of more than its payload");
+        }
+        if (h.remoteAddr + h.length < h.remoteAddr) return protocolError("write range wraps around the address space");
+      }
       if (h.type != FrameType::kReadReq && h.remoteAddr + h.payloadLen < h.remoteAddr) {
         return protocolError("write range wraps around the address space");
       }
@@ -174,6 +185,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
         h.shareCookie = get64(x + 8);
         if (*len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
       }
+      if (*len >= kCommonHeaderLen + kHelloReplyLaneLen) h.laneTicket = get64(x + 24);
       break;
     default:
       break;
@@ -233,6 +245,7 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
         put64(x + 8, h.shareCookie);
         if (h.ringTicket != 0) put64(x + 16, h.ringTicket);
       }
+      if (h.laneTicket != 0) put64(x + 24, h.laneTicket);
       break;
     default:
       break;

@@ -42,6 +42,8 @@ enum class FrameType : uint8_t {
   kAtomicResp = 13,  // seq; atomicResult: the original value
   kDatagram = 14,    // UD over UDP: qpn = destination QP; srcQpn, qkey, srcGid; aux = immediate
                      // when flags has kFlagImm; payload: the message (at most kMaxDatagram)
+  kLaneData = 15,    // on a lane (kFlagLane): seq = the laned WRITE's; payload: the WRITE's bytes
+                     // from payloadLen to length, placed after that WRITE's own frame is checked
 };
 
 inline constexpr uint16_t kFlagSolicited = 1;
@@ -52,6 +54,14 @@ inline constexpr uint16_t kFlagPlaced = 4;
 // kHello on TCP: the requester, on this host, can move the connection to shared-memory rings
 // (ring.h). A responder that offers them answers kUseRing instead of adopting the connection.
 inline constexpr uint16_t kFlagRingOffer = 8;
+// kHello: this connection is a lane of the requester's connection to the same QP (nonce = the
+// laneTicket of the responder's hello reply on that connection): a second byte stream, sent by a
+// thread of its own, that carries the second part of large WRITEs.
+inline constexpr uint16_t kFlagLane = 16;
+// kWrite: the WRITE is `length` bytes; this frame carries the first payloadLen of them and the
+// rest come on the lane as a kLaneData frame with the same seq. The WRITE is done (acknowledged,
+// and anything after it carried out) only once both parts have landed.
+inline constexpr uint16_t kFlagLaned = 32;
 inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 
 enum class Syndrome : uint32_t {
@@ -102,6 +112,9 @@ struct FrameHeader {
   uint64_t shareCookie = 0;
   // kHelloReply with kUseRing (optional, after the share fields: present when non-zero)
   uint64_t ringTicket = 0;
+  // kHelloReply of an accepted TCP connection (optional, after ringTicket: present when non-zero):
+  // the secret a lane of this connection presents in its hello (kFlagLane)
+  uint64_t laneTicket = 0;
 };
 
 // The shortest header version 1 accepts for a type (0 for an unknown type).
@@ -110,6 +123,7 @@ size_t headerLenFor(FrameType type);
 size_t encodedHeaderLen(const FrameHeader& h);
 inline constexpr size_t kHelloReplyShareLen = 16;  // sharePid, shareFd, shareCookie
 inline constexpr size_t kHelloReplyRingLen = 24;   // the share fields, then ringTicket
+inline constexpr size_t kHelloReplyLaneLen = 32;   // the share fields, ringTicket, then laneTicket
 // Bytes after the payload (4 for kReadResp, else 0).
 size_t trailerLen(FrameType type);
 // True for the types whose payloadLen may be non-zero.

@@ -20,6 +20,31 @@ namespace {
 namespace v = ferry::verbs;
 namespace wire = ferry::soft::wire;
 
+void sendAll(int fd, const void* data, size_t len) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the peer may close on us mid-way: that is the point
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+// Reads the listener's answer to a hello: a HELLO_REPLY's common header (the refusals this file
+// provokes carry nothing more).
+void readHelloReply(int fd, wire::FrameHeader* answer) {
+  uint8_t reply[wire::kMaxHeaderLen];
+  size_t have = 0;
+  while (have < wire::kCommonHeaderLen) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_GT(::poll(&p, 1, 3000), 0) << "no hello reply";
+    ssize_t n = ::recv(fd, reply + have, wire::kCommonHeaderLen - have, 0);
+    ASSERT_GT(n, 0);
+    have += static_cast<size_t>(n);
+  }
+  ASSERT_TRUE(isOk(wire::decodeHeader(std::span<const uint8_t>(reply, wire::kCommonHeaderLen), answer)));
+}
+
 class HostilePeer : public VerbsTest {
  protected:
   void SetUp() override {
@@ -55,6 +80,19 @@ class HostilePeer : public VerbsTest {
     return false;
   }
 
+  // Says hello on a new connection to ctx's listener: the answer must be a HELLO_REPLY (in
+  // *answer), after which the listener closes the connection.
+  void helloRefused(const v::Context& ctx, const wire::FrameHeader& hello, wire::FrameHeader* answer) {
+    uint8_t frame[wire::kMaxHeaderLen];
+    size_t len = wire::encodeHeader(hello, frame);
+    int fd = connectTo(ctx);
+    sendAll(fd, frame, len);
+    readHelloReply(fd, answer);
+    EXPECT_EQ(answer->type, wire::FrameType::kHelloReply);
+    EXPECT_TRUE(closedByPeer(fd, 3000));
+    ::close(fd);
+  }
+
   // The innocent pair still moves 1 MiB both ways, byte for byte.
   void expectPairStillWorks(ConnectedPair& pair, uint64_t seed) {
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair.a.pd, 1 << 20, v::access::kAll, seed));
@@ -67,16 +105,6 @@ class HostilePeer : public VerbsTest {
     EXPECT_EQ(firstPatternMismatch(bytesOf(dst), seed), dst.size());
   }
 };
-
-void sendAll(int fd, const void* data, size_t len) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (len > 0) {
-    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
-    if (n <= 0) return;  // the peer may close on us mid-way: that is the point
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-}
 
 TEST_P(HostilePeer, GarbageClosesOnlyThatConnection) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
@@ -112,26 +140,31 @@ TEST_P(HostilePeer, ForgedHelloIsRefused) {
   hello.qpn = pair->b.qp.qpNum();
   hello.srcQpn = pair->a.qp.qpNum();
   hello.psn = 1;
-  uint8_t frame[wire::kMaxHeaderLen];
-  size_t len = wire::encodeHeader(hello, frame);
-  int fd = connectTo(*pair->b.context);
-  sendAll(fd, frame, len);
-  uint8_t reply[wire::kMaxHeaderLen];
-  size_t have = 0;
-  while (have < wire::kCommonHeaderLen) {
-    pollfd p{fd, POLLIN, 0};
-    ASSERT_GT(::poll(&p, 1, 3000), 0) << "no hello reply";
-    ssize_t n = ::recv(fd, reply + have, wire::kCommonHeaderLen - have, 0);
-    ASSERT_GT(n, 0);
-    have += static_cast<size_t>(n);
-  }
   wire::FrameHeader answer;
-  ASSERT_TRUE(isOk(wire::decodeHeader(std::span<const uint8_t>(reply, wire::kCommonHeaderLen), &answer)));
-  EXPECT_EQ(answer.type, wire::FrameType::kHelloReply);
+  ASSERT_NO_FATAL_FAILURE(helloRefused(*pair->b.context, hello, &answer));
   EXPECT_NE(answer.aux, static_cast<uint32_t>(wire::HelloResult::kAccepted));
-  EXPECT_TRUE(closedByPeer(fd, 3000));
-  ::close(fd);
   expectPairStillWorks(*pair, 50);
+}
+
+TEST_P(HostilePeer, ALaneHelloWithoutItsConnectionsTicketIsRefused) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  expectPairStillWorks(*pair, 55);  // B's QP has a live responder connection from A now
+  // Everything right but the ticket, which only A's connection saw: guessed, or none at all.
+  auto gidA = pair->a.context->queryGid(1, 0);
+  ASSERT_TRUE(isOk(gidA.status()));
+  for (uint64_t guess : {uint64_t{0}, uint64_t{1}, ~uint64_t{0}}) {
+    wire::FrameHeader hello;
+    hello.type = wire::FrameType::kHello;
+    hello.flags = wire::kFlagLane;
+    hello.qpn = pair->b.qp.qpNum();
+    hello.srcQpn = pair->a.qp.qpNum();
+    hello.srcGid = gidA->raw;
+    hello.nonce = guess;
+    wire::FrameHeader answer;
+    ASSERT_NO_FATAL_FAILURE(helloRefused(*pair->b.context, hello, &answer));
+    EXPECT_EQ(answer.aux, static_cast<uint32_t>(wire::HelloResult::kMismatch)) << "ticket " << guess;
+  }
+  expectPairStillWorks(*pair, 56);
 }
 
 TEST_P(HostilePeer, SilentConnectionsAndHalfFramesDoNotStallOthers) {

@@ -54,6 +54,7 @@ void expectSameFields(const FrameHeader& a, const FrameHeader& b) {
   EXPECT_EQ(a.shareFd, b.shareFd);
   EXPECT_EQ(a.shareCookie, b.shareCookie);
   EXPECT_EQ(a.ringTicket, b.ringTicket);
+  EXPECT_EQ(a.laneTicket, b.laneTicket);
 }
 
 // One frame of each type, with every field that type carries set to a distinctive value.
@@ -121,12 +122,13 @@ std::vector<FrameHeader> oneOfEachType() {
                     .srcQpn = 0x654321,
                     .srcGid = {0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0xff, 0xff, 127, 0, 0, 1},
                     .qkey = 0x11111111});
+  frames.push_back({.type = FrameType::kLaneData, .payloadLen = kMaxMessage, .seq = 11, .qpn = 3});
   return frames;
 }
 
 TEST(WireTest, EveryFrameTypeRoundTrips) {
   std::vector<FrameHeader> frames = oneOfEachType();
-  ASSERT_EQ(frames.size(), 14u);  // kHello .. kDatagram
+  ASSERT_EQ(frames.size(), 15u);  // kHello .. kLaneData
   for (const FrameHeader& h : frames) {
     SCOPED_TRACE("frame type " + std::to_string(static_cast<int>(h.type)));
     Bytes bytes = encode(h);
@@ -216,13 +218,15 @@ TEST(WireTest, HeaderLengthsAndTrailers) {
   EXPECT_EQ(headerLenFor(FrameType::kAck), 24u);
   EXPECT_EQ(headerLenFor(static_cast<FrameType>(0)), 0u);
   EXPECT_EQ(headerLenFor(FrameType::kDatagram), 48u);
-  EXPECT_EQ(headerLenFor(static_cast<FrameType>(15)), 0u);
+  EXPECT_EQ(headerLenFor(FrameType::kLaneData), 24u);
+  EXPECT_EQ(headerLenFor(static_cast<FrameType>(16)), 0u);
   EXPECT_EQ(trailerLen(FrameType::kReadResp), 4u);
   EXPECT_EQ(trailerLen(FrameType::kSend), 0u);
   for (const FrameHeader& h : oneOfEachType()) {
     bool expected = h.type == FrameType::kSend || h.type == FrameType::kSendImm ||
                     h.type == FrameType::kWrite || h.type == FrameType::kWriteImm ||
-                    h.type == FrameType::kReadResp || h.type == FrameType::kDatagram;
+                    h.type == FrameType::kReadResp || h.type == FrameType::kDatagram ||
+                    h.type == FrameType::kLaneData;
     EXPECT_EQ(carriesPayload(h.type), expected) << static_cast<int>(h.type);
   }
 }
@@ -253,6 +257,52 @@ void expectRefusedByDecode(const Bytes& bytes, const std::string& why) {
 
 Bytes ack() { return encode({.type = FrameType::kAck, .seq = 1, .qpn = 2}); }
 
+TEST(WireTest, LanedFlagOnlyOnAWriteLongerThanItsPayload) {
+  // A laned WRITE: 8 KiB in all, the first 4 KiB in this frame, the rest on the lane.
+  FrameHeader laned{.type = FrameType::kWrite, .flags = kFlagLaned, .payloadLen = 4096, .qpn = 3,
+                    .remoteAddr = 0x10000, .rkey = 9, .length = 8192};
+  FrameHeader back;
+  ASSERT_TRUE(decodeHeader(encode(laned), &back).isOk());
+  EXPECT_EQ(back.length, 8192u);
+  EXPECT_EQ(back.payloadLen, 4096u);
+  FrameHeader nothingLeft = laned;  // the lane would carry nothing
+  nothingLeft.length = 4096;
+  expectRefusedByDecode(encode(nothingLeft), "a laned WRITE no longer than its payload");
+  FrameHeader tooLong = laned;
+  tooLong.length = kMaxMessage + 1;
+  expectRefusedByDecode(encode(tooLong), "a laned WRITE above the message limit");
+  FrameHeader wraps = laned;
+  wraps.remoteAddr = ~uint64_t{0} - 6000;  // its frame fits, the whole WRITE does not
+  expectRefusedByDecode(encode(wraps), "a laned WRITE that wraps around");
+  for (FrameType other : {FrameType::kWriteImm, FrameType::kReadReq}) {  // (other types ignore the bit)
+    FrameHeader h = laned;
+    h.type = other;
+    if (other == FrameType::kReadReq) h.payloadLen = 0;
+    expectRefusedByDecode(encode(h), "a laned flag on type " + std::to_string(static_cast<int>(other)));
+  }
+}
+
+TEST(WireTest, HelloReplyCarriesALaneTicketWithOrWithoutTheTable) {
+  FrameHeader reply{.type = FrameType::kHelloReply, .qpn = 9};
+  reply.laneTicket = 0x1122334455667788ULL;
+  Bytes bytes = encode(reply);
+  ASSERT_EQ(bytes.size(), kCommonHeaderLen + kHelloReplyLaneLen);
+  FrameHeader back;
+  ASSERT_TRUE(decodeHeader(bytes, &back).isOk());
+  EXPECT_EQ(back.laneTicket, 0x1122334455667788ULL);
+  EXPECT_EQ(back.sharePid, 0u) << "no table: its fields stay zero";
+  reply.sharePid = 4242;
+  reply.shareCookie = 77;
+  ASSERT_TRUE(decodeHeader(encode(reply), &back).isOk());
+  EXPECT_EQ(back.laneTicket, 0x1122334455667788ULL);
+  EXPECT_EQ(back.sharePid, 4242u);
+  EXPECT_EQ(back.shareCookie, 77u);
+  // A reply of the earlier lengths has no ticket.
+  reply.laneTicket = 0;
+  ASSERT_TRUE(decodeHeader(encode(reply), &back).isOk());
+  EXPECT_EQ(back.laneTicket, 0u);
+}
+
 TEST(WireTest, RefusesTruncatedCommonHeader) {
   Bytes b = ack();
   for (size_t n = 0; n < kCommonHeaderLen; ++n) {
@@ -281,7 +331,7 @@ TEST(WireTest, RefusesOtherVersions) {
 }
 
 TEST(WireTest, RefusesUnknownTypes) {
-  for (uint8_t t : {0, 15, 16, 128, 255}) {
+  for (uint8_t t : {0, 16, 17, 128, 255}) {
     Bytes b = ack();
     b[3] = t;
     expectRefusedByPeek(b, "type " + std::to_string(t));

@@ -1,0 +1,137 @@
+// A QP's lane (FERRY_SOFT_TCP_LANE, lane.h): large WRITEs share their bytes with a second
+// connection, yet every rule of the QP holds as on one connection. WRITEs land whole and in post
+// order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them finds
+// them in place, a WRITE refused by the responder fails as on one connection and its half on the
+// lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the
+// lane carried them. The suite's other tests run over the lane too, on the soft_tcp_lane path.
+#include "providers/soft/lane.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "support/verbs_fixture.h"
+
+namespace ferry::test {
+namespace {
+
+namespace v = ferry::verbs;
+
+class LanePath : public VerbsTest {
+ protected:
+  void SetUp() override {
+    VerbsTest::SetUp();
+    if (IsSkipped()) return;
+    if (providerPath().name != "soft_tcp_lane") GTEST_SKIP() << "lanes run on the soft_tcp_lane path";
+  }
+};
+
+// A laned WRITE's first half goes once the lane is up: wait for the first WRITE whose bytes the
+// lane carried (the lane connects just after the QP's own connection).
+::testing::AssertionResult laneCarries(ConnectedPair& pair, RegisteredBuffer& src, RegisteredBuffer& dst) {
+  const auto deadline = Clock::now() + kWaitTimeout;
+  uint64_t id = 1000;
+  while (Clock::now() < deadline) {
+    const uint64_t before = soft::laneBytesPlaced();
+    Status st = post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                                 .wrId = ++id,
+                                 .sges = {sgeOf(src, 0, 8192)},
+                                 .remoteAddr = dst.address(),
+                                 .rkey = dst.mr.rkey()});
+    if (!st.isOk()) return ::testing::AssertionFailure() << st.toString();
+    v::WorkCompletion wc;
+    if (!pollOne(pair.a.sendCq, &wc) || wc.status != v::WcStatus::kSuccess) {
+      return ::testing::AssertionFailure() << "a WRITE failed: " << describe(wc);
+    }
+    if (soft::laneBytesPlaced() > before) return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no WRITE went over the lane";
+}
+
+TEST_P(LanePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  constexpr size_t kSize = 4 << 20;
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 1));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize, v::access::kAll, 2));
+  ASSERT_OK_AND_ASSIGN(auto inbox, registerBuffer(pair->b.pd, 4096, v::access::kLocalWrite, 3));
+  ASSERT_TRUE(laneCarries(*pair, src, dst));
+
+  // Three WRITEs, each over the one before: [0, 4 MiB) from pattern 11, [1 MiB, 3 MiB) from
+  // pattern 12, [1.5 MiB, 2.5 MiB) + 5 bytes from pattern 13; then a SEND.
+  RegisteredBuffer* bufs[3] = {nullptr, nullptr, nullptr};
+  std::vector<RegisteredBuffer> sources;
+  for (uint64_t seed : {11, 12, 13}) {
+    ASSERT_OK_AND_ASSIGN(auto b, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, seed));
+    sources.push_back(std::move(b));
+  }
+  for (int i = 0; i < 3; ++i) bufs[i] = &sources[i];
+  const size_t offsets[3] = {0, 1 << 20, 3 << 19};
+  const size_t lengths[3] = {kSize, 2 << 20, (1 << 20) + 5};
+  ASSERT_OK(postReceive(pair->b.qp, 20, {sgeOf(inbox, 0, 4096)}));
+  const uint64_t placedBefore = soft::laneBytesPlaced();
+  std::vector<SendOp> ops;
+  for (int i = 0; i < 3; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = static_cast<uint64_t>(i + 1),
+                   .sges = {sgeOf(*bufs[i], offsets[i], static_cast<uint32_t>(lengths[i]))},
+                   .remoteAddr = dst.address(offsets[i]),
+                   .rkey = dst.mr.rkey()});
+  }
+  ops.push_back({.opcode = v::WrOpcode::kSend, .wrId = 4, .sges = {sgeOf(src, 0, 64)}});
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  // When the SEND's receive completes, every WRITE before it has landed.
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  std::vector<uint8_t> expected(kSize);
+  for (int i = 0; i < 3; ++i) {
+    std::memcpy(expected.data() + offsets[i], bufs[i]->data() + offsets[i], lengths[i]);
+  }
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), expected));
+  std::vector<v::WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 4, &completions));
+  for (size_t i = 0; i < completions.size(); ++i) {
+    EXPECT_EQ(completions[i].wrId, i + 1);
+    EXPECT_EQ(completions[i].status, v::WcStatus::kSuccess) << describe(completions[i]);
+  }
+  // Each WRITE's second half (from its 4 KiB boundary below the middle) came over the lane.
+  uint64_t laned = 0;
+  for (size_t len : lengths) laned += len - ((len / 2) & ~size_t{0xfff});
+  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, laned);
+}
+
+TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) {
+  constexpr size_t kSize = 1 << 20;
+  // A region without remote write; then, on a fresh pair, a range one byte past a region's end.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    SCOPED_TRACE(attempt == 0 ? "no remote write" : "past the end");
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 30));
+    ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize, v::access::kAll, 31));
+    ASSERT_OK_AND_ASSIGN(auto target,
+                         registerBuffer(pair->b.pd, kSize,
+                                        attempt == 0 ? v::access::kLocalWrite | v::access::kRemoteRead : v::access::kAll,
+                                        32));
+    ASSERT_TRUE(laneCarries(*pair, src, dst));
+    fillPattern(src.memory.bytes(), 33);
+    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t at = attempt == 0 ? target.address() : target.address(4097);
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                                .wrId = 1,
+                                .sges = {sgeOf(src, 0, kSize - 4096)},
+                                .remoteAddr = at,
+                                .rkey = target.mr.rkey()}));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    EXPECT_EQ(wc.wrId, 1u);
+    EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr) << describe(wc);
+    EXPECT_TRUE(matchesPattern(bytesOf(target), 32)) << "not a byte of either half landed";
+    EXPECT_EQ(soft::laneBytesPlaced(), placedBefore);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, LanePath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+
+}  // namespace
+}  // namespace ferry::test
