@@ -109,7 +109,6 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // resumeInput() goes on from the loop soon after (never from inside the caller's step).
   void pauseInput();
   void resumeInput();
-  bool inputPaused() const { return paused_; }
   size_t queuedFrames() const { return out_.size(); }
 
  private:

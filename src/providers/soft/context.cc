@@ -502,17 +502,20 @@ void SoftContext::onDatagramsFromLoop() {
 
 void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello) {
   pendingConns_.erase(conn.get());
+  wire::FrameHeader reply;
+  reply.type = wire::FrameType::kHelloReply;
+  reply.qpn = hello.srcQpn;
+  auto answer = [&](wire::HelloResult result) {
+    reply.aux = static_cast<uint32_t>(result);
+    conn->sendHeader(reply);
+    if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
+  };
   if (hello.flags & wire::kFlagLane) {
     // A second connection of a requester that already has one to this QP (lane.h).
     wire::HelloResult result = wire::HelloResult::kNoSuchQp;
     const in_addr_t peerIp = conn->link().sameHost() ? 0 : conn->link().peerAddress().value_or(0);
     if (auto qp = findQp(hello.qpn); qp && peerIp != 0) result = qp->acceptLaneFromLoop(conn, hello, peerIp);
-    wire::FrameHeader reply;
-    reply.type = wire::FrameType::kHelloReply;
-    reply.qpn = hello.srcQpn;
-    reply.aux = static_cast<uint32_t>(result);
-    conn->sendHeader(reply);
-    if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
+    answer(result);
     return;
   }
   in_addr_t peerIp = 0;
@@ -535,9 +538,6 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
   wire::HelloResult result = wire::HelloResult::kNoSuchQp;
   auto qp = findQp(hello.qpn);
   if (qp) result = qp->acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
-  wire::FrameHeader reply;
-  reply.type = wire::FrameType::kHelloReply;
-  reply.qpn = hello.srcQpn;
   if (peerLocal && result == wire::HelloResult::kAccepted) {
     // A requester of this host: it connects again over shared-memory rings.
     reply.aux = static_cast<uint32_t>(wire::HelloResult::kUseRing);
@@ -548,7 +548,6 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     conn->closeAfterFlush(/*drain=*/true);
     return;
   }
-  reply.aux = static_cast<uint32_t>(result);
   if (result == wire::HelloResult::kAccepted && share_) {
     ShareInfo info = share_->info();
     reply.sharePid = info.pid;
@@ -557,8 +556,7 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
   }
   // A TCP connection may bring a lane; the ticket is what it shows (only this connection saw it).
   if (result == wire::HelloResult::kAccepted && !conn->link().sameHost()) reply.laneTicket = qp->issueLaneTicketFromLoop();
-  conn->sendHeader(reply);
-  if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
+  answer(result);
 }
 
 Result<verbs::DeviceAttr> SoftContext::queryDevice() {

@@ -1,7 +1,6 @@
 #include "providers/soft/lane.h"
 
 #include "common/clock.h"
-#include "common/log.h"
 #include "common/reactor.h"
 #include "providers/soft/soft.h"
 

@@ -225,7 +225,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   std::optional<RecvWqe> curRecv_;  // the receive a SEND / WRITE_WITH_IMM being received consumes
 
   // Requester's lane (reactor thread): the lane, its generation (events of older ones are
-  // ignored), whether it took the peer's accept, and whether a laned WRITE went on reqConn_.
+  // ignored), whether it took the peer's accept, and whether a laned WRITE went on reqConn_ (for
+  // as long as reqConn_ lives, whatever becomes of the lane).
   std::shared_ptr<LaneOut> laneOut_;
   uint64_t laneGen_ = 0;
   bool laneReady_ = false;
@@ -235,7 +236,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // Responder's lane (reactor thread). Each laned WRITE on respConn_ adds the piece the lane must
   // carry next, in the order of the WRITEs; a piece that landed waits in laneLanded_ for its WRITE
   // (seq, whether a region went while it landed); a WRITE whose piece has not landed waits in
-  // laneWait_, with respConn_ paused, and the lane pauses when it is ahead of every WRITE.
+  // laneWait_, with respConn_ paused, and the lane pauses (laneIn_'s input) when it is ahead of
+  // every WRITE.
   struct LanePiece {
     uint32_t seq = 0;
     uint64_t length = 0;
@@ -249,7 +251,6 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   uint64_t laneTicket_ = 0;
   std::deque<LanePiece> lanePieces_;
   bool lanePlanned_ = false;  // the laned header being checked has its piece
-  bool laneAhead_ = false;    // laneIn_ is paused: no piece expected yet
   std::optional<std::pair<uint32_t, bool>> laneLanded_;
   std::optional<LaneWait> laneWait_;
 };

@@ -146,9 +146,7 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
       // ends the connection it belongs to (its laned WRITEs could never finish), and one that
       // closed it on an error (ERR) still has its NAK on the way there.
       FERRY_LOG(kDebug, "QP %u: its lane closed: %s", qpn_, why.toString().c_str());
-      const bool used = laneUsed_;
-      dropLaneOutFromLoop();
-      laneUsed_ = used;  // halves already on their way: unsent frames are still never dropped
+      dropLaneOutFromLoop();  // laneUsed_ stays: halves are on their way, unsent frames still go
       break;
     }
   }
@@ -159,7 +157,6 @@ void SoftQp::dropLaneOutFromLoop() {
   laneOut_.reset();
   ++laneGen_;
   laneReady_ = false;
-  laneUsed_ = false;
 }
 
 void SoftQp::pumpFromLoop() {
@@ -297,6 +294,7 @@ void SoftQp::startConnectFromLoop() {
   }
   reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
   reqReady_ = false;
+  laneUsed_ = false;  // a new connection: no laned WRITE on it yet
   if (!reqConn_->attach().isOk()) {
     reqConn_.reset();
     scheduleReconnectFromLoop();
@@ -370,6 +368,7 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t tic
   if (!link.isOk()) return fail(link.status().message());
   reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
   reqReady_ = false;
+  laneUsed_ = false;  // a new connection: no laned WRITE on it yet
   if (!reqConn_->attach().isOk()) {
     reqConn_.reset();
     return fail("could not watch the ring");

@@ -79,17 +79,13 @@ wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, 
 
 void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t length, std::vector<Segment> segments) {
   lanePieces_.push_back(LanePiece{seq, length, std::move(segments)});
-  if (laneAhead_ && laneIn_) {
-    laneAhead_ = false;
-    laneIn_->resumeInput();  // the lane's next frame has its WRITE now
-  }
+  if (laneIn_) laneIn_->resumeInput();  // a lane paused ahead of the WRITEs has its next one now
 }
 
 Status SoftQp::onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
   if (h.type != wire::FrameType::kLaneData) return Status(StatusCode::kProtocolError, "a lane carries lane data only");
   if (lanePieces_.empty()) {
     // Ahead of the WRITEs: this half is placed once its WRITE's own frame has been checked.
-    laneAhead_ = true;
     conn.pauseInput();
     return Status::ok();
   }
@@ -121,7 +117,6 @@ void SoftQp::dropLaneInFromLoop() {
   laneIn_.reset();
   laneTicket_ = 0;
   lanePieces_.clear();
-  laneAhead_ = false;
   laneLanded_.reset();
   laneWait_.reset();
 }

@@ -140,13 +140,13 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
         }
       }
       if (h.flags & kFlagLaned) {
-        if (h.type != FrameType::kWrite || h.length <= h.payloadLen || h.length > kMaxMessage ||
-            (h.flags & kFlagPlaced)) {
+        if (h.type != FrameType::kWrite || h.length <= h.payloadLen || h.length > kMaxMessage) {
           return protocolError("a laned-data flag on a frame that is not a WRITE of more than its payload");
         }
-        if (h.remoteAddr + h.length < h.remoteAddr) return protocolError("write range wraps around the address space");
       }
-      if (h.type != FrameType::kReadReq && h.remoteAddr + h.payloadLen < h.remoteAddr) {
+      // A laned WRITE's range is its whole length, the rest of it on the lane.
+      if (h.type != FrameType::kReadReq &&
+          h.remoteAddr + ((h.flags & kFlagLaned) ? h.length : h.payloadLen) < h.remoteAddr) {
         return protocolError("write range wraps around the address space");
       }
       if (h.type == FrameType::kReadReq && h.remoteAddr + h.length < h.remoteAddr) {
