@@ -133,7 +133,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
   void dropLaneInFromLoop();
   // A laned WRITE's second half, as the responder expects it on the lane (empty: discard it).
-  void expectLanePieceFromLoop(uint32_t seq, uint64_t length, std::vector<Segment> segments);
+  void expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, std::vector<Segment> segments);
   // Resolves the local SGEs of wqe; the completion status a bad one fails it with, else kSuccess.
   verbs::WcStatus resolveLocalFromLoop(SendWqe& wqe);
 
@@ -234,25 +234,34 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   const uint64_t laneMinBytes_ = config::softTcpLaneMinBytes();  // 0: no lane
 
   // Responder's lane (reactor thread). Each laned WRITE on respConn_ adds the piece the lane must
-  // carry next, in the order of the WRITEs; a piece that landed waits in laneLanded_ for its WRITE
-  // (seq, whether a region went while it landed); a WRITE whose piece has not landed waits in
-  // laneWait_, with respConn_ paused, and the lane pauses (laneIn_'s input) when it is ahead of
-  // every WRITE.
+  // carry next, in the order of the WRITEs (a piece with no segments is discarded: its WRITE was
+  // refused or dropped). While real pieces are pending, respConn_ goes on only with WRITEs that
+  // are valid and land clear of every pending piece; anything else waits (respConn_ paused at its
+  // header) until they have landed, a refusal too (laneRefusal_), and acknowledgements stop short
+  // of the oldest pending one. The lane pauses when it is ahead of every WRITE.
   struct LanePiece {
     uint32_t seq = 0;
+    uint64_t addr = 0;
     uint64_t length = 0;
     std::vector<Segment> segments;  // empty: the bytes are discarded
   };
-  struct LaneWait {
-    wire::FrameHeader header;
-    PayloadPlan plan;
-  };
+  // Whether respConn_ may take request h now, with lane pieces pending.
+  bool mayPassPendingLanes(const wire::FrameHeader& h);
+  // Acknowledges what is done and landed (onInputDrained, and when a lane piece lands).
+  void sendAckFromLoop(Conn& conn);
   std::shared_ptr<Conn> laneIn_;
   uint64_t laneTicket_ = 0;
   std::deque<LanePiece> lanePieces_;
+  size_t lanePending_ = 0;    // pieces in lanePieces_ with segments
   bool lanePlanned_ = false;  // the laned header being checked has its piece
-  std::optional<std::pair<uint32_t, bool>> laneLanded_;
-  std::optional<LaneWait> laneWait_;
+  // A refusal that waits for the pieces pending before it (a NAK acknowledges everything earlier).
+  struct LaneRefusal {
+    uint32_t seq = 0;
+    wire::Syndrome syndrome = wire::Syndrome::kRemAccess;
+    verbs::AsyncEventType event = verbs::AsyncEventType::kQpAccessErr;
+  };
+  std::optional<LaneRefusal> laneRefusal_;
+  std::optional<uint32_t> lastAck_;  // the last ACK sendAckFromLoop sent on respConn_
 };
 
 }  // namespace ferry::soft

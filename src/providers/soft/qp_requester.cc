@@ -437,14 +437,20 @@ Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* pla
   if (&conn == reqConn_.get()) return onResponseHeader(h, plan);
   if (&conn == laneIn_.get()) return onLaneHeader(conn, h, plan);
   if (&conn != respConn_.get()) return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
+  if (lanePending_ > 0 && !mayPassPendingLanes(h)) {
+    conn.pauseInput();  // this request waits for the lane's pending pieces (asked again then)
+    return Status::ok();
+  }
   const bool laned = h.type == wire::FrameType::kWrite && (h.flags & wire::kFlagLaned);
-  if (!laned) return onRequestHeader(h, plan);
+  const QpState state = state_.load();
+  // A QP that left RTR/RTS drops what still comes (its lane went with the error).
+  if (!laned || (state != QpState::kRtr && state != QpState::kRts)) return onRequestHeader(h, plan);
   if (!laneIn_) return Status(StatusCode::kProtocolError, "a laned WRITE on a connection with no lane");
   // Every laned WRITE the connection carries has its second half on the lane, in order: one the
   // responder refuses or drops has it discarded there.
   lanePlanned_ = false;
   Status st = onRequestHeader(h, plan);
-  if (st.isOk() && !lanePlanned_) expectLanePieceFromLoop(h.seq, h.length - h.payloadLen, {});
+  if (st.isOk() && !lanePlanned_) expectLanePieceFromLoop(h.seq, 0, h.length - h.payloadLen, {});
   return st;
 }
 

@@ -48,6 +48,7 @@ wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, cons
   if (respConn_ && !respConn_->closed()) return wire::HelloResult::kBusy;
   if (!adopt) return wire::HelloResult::kAccepted;
   dropLaneInFromLoop();  // a lane belongs to the connection it came with
+  lastAck_.reset();
   respConn_ = conn;
   conn->setDelegate(this);
   respNakPending_ = false;
@@ -77,9 +78,49 @@ wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, 
   return wire::HelloResult::kAccepted;
 }
 
-void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t length, std::vector<Segment> segments) {
-  lanePieces_.push_back(LanePiece{seq, length, std::move(segments)});
+void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, std::vector<Segment> segments) {
+  if (!segments.empty()) ++lanePending_;
+  lanePieces_.push_back(LanePiece{seq, addr, length, std::move(segments)});
   if (laneIn_) laneIn_->resumeInput();  // a lane paused ahead of the WRITEs has its next one now
+}
+
+bool SoftQp::mayPassPendingLanes(const wire::FrameHeader& h) {
+  // Only a WRITE that will be carried out (so nothing is refused, and nothing acknowledged, ahead
+  // of a pending piece) and lands clear of every pending piece: its bytes and theirs cannot meet,
+  // and the order of what lands on the same bytes is kept.
+  QpState state = state_.load();
+  if (h.type != wire::FrameType::kWrite || respNakPending_ || h.seq != expectedSeq_ ||
+      (state != QpState::kRtr && state != QpState::kRts) || !(attr_.qpAccessFlags & verbs::access::kRemoteWrite)) {
+    return false;
+  }
+  const uint64_t total = (h.flags & wire::kFlagLaned) ? h.length : h.payloadLen;
+  if (total > 0) {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    if (!ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, total, verbs::access::kRemoteWrite)) return false;
+  }
+  const uint64_t lo = h.remoteAddr;
+  const uint64_t hi = h.remoteAddr + h.payloadLen;  // its own piece, if any, lands after theirs
+  for (const LanePiece& piece : lanePieces_) {
+    if (!piece.segments.empty() && lo < piece.addr + piece.length && piece.addr < hi) return false;
+  }
+  return true;
+}
+
+void SoftQp::sendAckFromLoop(Conn& conn) {
+  uint32_t through = expectedSeq_ - 1;
+  for (const LanePiece& piece : lanePieces_) {
+    if (piece.segments.empty()) continue;
+    if (seqLe(piece.seq, through)) through = piece.seq - 1;  // done, but not all of it landed yet
+    break;
+  }
+  ackNeeded_ = through != expectedSeq_ - 1;
+  if (lastAck_ == through) return;  // said already: what is left waits for the lane
+  lastAck_ = through;
+  wire::FrameHeader ack;
+  ack.type = wire::FrameType::kAck;
+  ack.seq = through;
+  ack.qpn = attr_.destQpNum;
+  conn.sendHeader(ack);
 }
 
 Status SoftQp::onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
@@ -102,14 +143,22 @@ void SoftQp::onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
   const LanePiece piece = std::move(lanePieces_.front());
   lanePieces_.pop_front();
   if (piece.segments.empty()) return;  // discarded: its WRITE was refused or dropped
-  if (!plan.revoked) countLaneBytesPlaced(piece.length);
-  laneLanded_ = std::make_pair(piece.seq, plan.revoked);
-  if (laneWait_ && laneWait_->header.seq == piece.seq) {
-    LaneWait wait = std::move(*laneWait_);
-    laneWait_.reset();
-    onRequestFrame(wait.header, wait.plan);
-    if (respConn_) respConn_->resumeInput();
+  --lanePending_;
+  if (plan.revoked) {
+    // The region went while its bytes arrived: the WRITE fails, as one whose own frame lost them.
+    responderErrorFromLoop(piece.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+    if (state_.load() == QpState::kErr) return;
+  } else {
+    countLaneBytesPlaced(piece.length);
   }
+  if (lanePending_ == 0 && laneRefusal_) {
+    const LaneRefusal refusal = *laneRefusal_;
+    laneRefusal_.reset();
+    responderErrorFromLoop(refusal.seq, refusal.syndrome, refusal.event);
+    return;
+  }
+  if (lanePending_ == 0 && respConn_) respConn_->resumeInput();  // what waited for the lane goes on
+  if (ackNeeded_ && respConn_ && !respConn_->closed()) sendAckFromLoop(*respConn_);
 }
 
 void SoftQp::dropLaneInFromLoop() {
@@ -117,8 +166,8 @@ void SoftQp::dropLaneInFromLoop() {
   laneIn_.reset();
   laneTicket_ = 0;
   lanePieces_.clear();
-  laneLanded_.reset();
-  laneWait_.reset();
+  lanePending_ = 0;
+  laneRefusal_.reset();
 }
 
 void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
@@ -152,6 +201,14 @@ void SoftQp::dropMessageFromLoop() {
 }
 
 void SoftQp::responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event) {
+  if (lanePending_ > 0 && type_ == verbs::QpType::kRc) {
+    // Earlier WRITEs still have bytes on the lane, and the NAK would acknowledge them: the request
+    // is dropped now (its frame and what follows wait) and refused once they have landed.
+    if (!laneRefusal_) laneRefusal_ = LaneRefusal{seq, syndrome, event};
+    respSkip_ = true;
+    if (respConn_) respConn_->pauseInput();
+    return;
+  }
   if (type_ == verbs::QpType::kUc) {
     if (curRecv_) {
       giveBackRecv(std::move(*curRecv_));
@@ -250,8 +307,9 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
           return Status::ok();
         }
         if (laned) {
-          auto* second = reinterpret_cast<uint8_t*>(h.remoteAddr) + h.payloadLen;
-          expectLanePieceFromLoop(h.seq, total - h.payloadLen, {Segment{second, total - h.payloadLen, entry}});
+          const uint64_t second = h.remoteAddr + h.payloadLen;
+          expectLanePieceFromLoop(h.seq, second, total - h.payloadLen,
+                                  {Segment{reinterpret_cast<uint8_t*>(second), total - h.payloadLen, entry}});
           lanePlanned_ = true;
         }
         if (h.payloadLen > 0) {
@@ -316,18 +374,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
     }
     case FrameType::kWrite:
     case FrameType::kWriteImm: {
-      bool revoked = plan.revoked;
-      if (h.flags & wire::kFlagLaned) {
-        if (!laneLanded_ || laneLanded_->first != h.seq) {
-          // Its second half is still on the lane: this WRITE, and everything after it, waits.
-          laneWait_ = LaneWait{h, plan};
-          respConn_->pauseInput();
-          return;
-        }
-        revoked = revoked || laneLanded_->second;
-        laneLanded_.reset();
-      }
-      if (revoked) {
+      if (plan.revoked) {
         if (curRecv_) {
           giveBackRecv(std::move(*curRecv_));
           curRecv_.reset();
@@ -414,12 +461,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
 
 void SoftQp::onInputDrained(Conn& conn) {
   if (&conn != respConn_.get() || !ackNeeded_) return;
-  wire::FrameHeader ack;
-  ack.type = wire::FrameType::kAck;
-  ack.seq = expectedSeq_ - 1;
-  ack.qpn = attr_.destQpNum;
-  ackNeeded_ = false;
-  conn.sendHeader(ack);
+  sendAckFromLoop(conn);
 }
 
 }  // namespace ferry::soft

@@ -3,12 +3,15 @@
 // order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them finds
 // them in place, a WRITE refused by the responder fails as on one connection and its half on the
 // lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the
-// lane carried them. The suite's other tests run over the lane too, on the soft_tcp_lane path.
+// lane carried them. WRITEs clear of a half still on the lane go on meanwhile, but nothing is
+// acknowledged, and nothing refused, before that half has landed. The suite's other tests run
+// over the lane too, on the soft_tcp_lane path.
 #include "providers/soft/lane.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "support/verbs_fixture.h"
@@ -129,6 +132,91 @@ TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) 
     EXPECT_TRUE(matchesPattern(bytesOf(target), 32)) << "not a byte of either half landed";
     EXPECT_EQ(soft::laneBytesPlaced(), placedBefore);
   }
+}
+
+// WRITEs clear of an earlier WRITE's half still on the lane are carried out meanwhile, yet none is
+// acknowledged before that half landed: when a WRITE's completion is seen, all of its bytes, both
+// halves, are in place, whatever came after it.
+TEST_P(LanePath, AWriteCompletesOnlyOnceBothHalvesLandedWhateverPassedIt) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  constexpr size_t kSize = 4 << 20;
+  constexpr size_t kSmall = 4096;
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize + 8 * kSmall, v::access::kLocalWrite, 40));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize + 8 * kSmall, v::access::kAll, 41));
+  ASSERT_TRUE(laneCarries(*pair, src, dst));
+  for (int round = 0; round < 16; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    fillPattern(src.memory.bytes(), 50 + round);
+    std::vector<SendOp> ops;
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 1,
+                   .sges = {sgeOf(src, 0, kSize)},
+                   .remoteAddr = dst.address(),
+                   .rkey = dst.mr.rkey()});
+    for (size_t i = 0; i < 8; ++i) {  // small WRITEs past its end: clear of its lane half
+      ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                     .wrId = 2 + i,
+                     .sges = {sgeOf(src, kSize + i * kSmall, kSmall)},
+                     .remoteAddr = dst.address(kSize + i * kSmall),
+                     .rkey = dst.mr.rkey()});
+    }
+    ASSERT_OK(postAll(pair->a.qp, ops));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_EQ(wc.wrId, 1u);
+    ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+    // Read at once: the large WRITE completed, so both its halves are there.
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, kSize), bytesOf(src, 0, kSize)));
+    std::vector<v::WorkCompletion> rest;
+    ASSERT_TRUE(pollCompletions(pair->a.sendCq, 8, &rest));
+    for (size_t i = 0; i < rest.size(); ++i) {
+      EXPECT_EQ(rest[i].wrId, 2 + i);
+      EXPECT_EQ(rest[i].status, v::WcStatus::kSuccess) << describe(rest[i]);
+    }
+    EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  }
+}
+
+// A request refused while earlier WRITEs still have halves on the lane: those WRITEs complete
+// whole (the refusal acknowledges everything before it), the refused one fails, and what was
+// posted after it is flushed.
+TEST_P(LanePath, ARefusalBehindHalvesStillOnTheLaneWaitsForThem) {
+  constexpr size_t kSize = 2 << 20;
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 2 * kSize, v::access::kLocalWrite, 60));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 2 * kSize, v::access::kAll, 61));
+  ASSERT_OK_AND_ASSIGN(auto closed, registerBuffer(pair->b.pd, kSize, v::access::kLocalWrite, 62));
+  ASSERT_TRUE(laneCarries(*pair, src, dst));
+  fillPattern(src.memory.bytes(), 63);
+  std::vector<SendOp> ops;
+  for (uint64_t i = 0; i < 2; ++i) {
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 1 + i,
+                   .sges = {sgeOf(src, i * kSize, kSize)},
+                   .remoteAddr = dst.address(i * kSize),
+                   .rkey = dst.mr.rkey()});
+  }
+  ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                 .wrId = 3,
+                 .sges = {sgeOf(src, 0, 4096)},
+                 .remoteAddr = closed.address(),
+                 .rkey = closed.mr.rkey()});
+  ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                 .wrId = 4,
+                 .sges = {sgeOf(src, 0, 4096)},
+                 .remoteAddr = dst.address(),
+                 .rkey = dst.mr.rkey()});
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  std::vector<v::WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 4, &completions));
+  const v::WcStatus expected[4] = {v::WcStatus::kSuccess, v::WcStatus::kSuccess, v::WcStatus::kRemAccessErr,
+                                   v::WcStatus::kWrFlushErr};
+  for (size_t i = 0; i < completions.size(); ++i) {
+    EXPECT_EQ(completions[i].wrId, i + 1);
+    EXPECT_EQ(completions[i].status, expected[i]) << describe(completions[i]);
+  }
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  EXPECT_TRUE(matchesPattern(bytesOf(closed), 62));
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LanePath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
