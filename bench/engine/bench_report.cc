@@ -148,10 +148,14 @@ json::Value reportJson(const BenchReport& rep) {
   doc.set("iterations_rule", rep.iterationsRule);
   doc.set("latency_kind", s.mode == Mode::kBandwidth ? "none" : isPingPong(s) ? "one_way_half_rtt" : "post_to_completion");
   json::Value sameHost;  // as set (null when unset), for the record
+  json::Value tcpLane;
   for (const config::Setting& s : config::settings()) {
-    if (std::string_view(s.variable->name) == "FERRY_SOFT_SAME_HOST" && s.set) sameHost = s.raw;
+    if (!s.set) continue;
+    if (std::string_view(s.variable->name) == "FERRY_SOFT_SAME_HOST") sameHost = s.raw;
+    if (std::string_view(s.variable->name) == "FERRY_SOFT_TCP_LANE") tcpLane = s.raw;
   }
   doc.set("ferry_soft_same_host", std::move(sameHost));
+  doc.set("ferry_soft_tcp_lane", std::move(tcpLane));
   json::Array results;
   for (const SizeResult& r : rep.results) {
     json::Value o = json::Value::emptyObject();

@@ -198,7 +198,7 @@ const std::vector<Variable>& variables() {
        "Whether a soft device's queue pair that reaches its peer over TCP opens a second connection (a lane) "
        "whose own thread sends the second half of each WRITE of 1 MiB or more (or of the size given), so "
        "that two cores copy a large WRITE into the kernel at once.",
-       "0", "1 (or on), 0 (or off), or the smallest WRITE to share (2..2G, e.g. 64K)", parseTcpLane},
+       "1", "1 (or on), 0 (or off), or the smallest WRITE to share (2..2G, e.g. 64K)", parseTcpLane},
       {"FERRY_SOFT_ATTEND_US",
        "How long a poll of a soft device's completion queue vouches that the application polls: until then "
        "the "
@@ -317,7 +317,7 @@ bool softCallerProgress() {
 
 uint64_t softTcpLaneMinBytes() {
   auto value = parsed("FERRY_SOFT_TCP_LANE");
-  return value ? std::stoull(*value) : 0;
+  return value ? std::stoull(*value) : kDefaultLaneMinBytes;
 }
 
 int64_t softAttendUs() {

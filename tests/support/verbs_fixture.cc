@@ -26,7 +26,10 @@ const std::vector<ProviderPath>& providerPaths() {
   // only (the path where cross-memory attach is refused); the ibverbs provider on the kernel's soft-RoCE
   // device rxe0 (the rxe VM, shared/tools/rxe-vm). Further paths are one entry each.
   static const std::vector<ProviderPath> paths = {
-      {.name = "soft_tcp", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "0"}}},
+      // soft_tcp keeps one connection per QP (no lane); soft_tcp_lane below shares WRITEs.
+      {.name = "soft_tcp",
+       .device = "soft_lo",
+       .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_LANE", "0"}}},
       {.name = "soft_same_host", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "1"}}},
       {.name = "soft_ring", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "ring"}}},
       // TCP with a lane per QP (lane.h) that shares every WRITE of 64 bytes or more, so that the

@@ -57,8 +57,9 @@ std::optional<int64_t> softSpinUs();
 // FERRY_SOFT_CALLER_PROGRESS (default on): whether posts and empty polls of a soft device's CQs
 // run the device's progress loop on the calling thread when its progress thread is not.
 bool softCallerProgress();
-// FERRY_SOFT_TCP_LANE (default off): the smallest WRITE whose second half a soft QP that reaches
-// its peer over TCP sends on a second connection, from a thread of its own (0: none; "on" is 1 MiB).
+// FERRY_SOFT_TCP_LANE (default on: 1 MiB): the smallest WRITE whose second half a soft QP that
+// reaches its peer over TCP sends on a second connection, from a thread of its own (0: none). The
+// connection opens with the first such WRITE.
 uint64_t softTcpLaneMinBytes();
 // FERRY_SOFT_ATTEND_US (default 1000): how long a poll of a soft device's CQ vouches that the
 // application polls, so that same-host peers write into its rings without waking its thread.

@@ -231,6 +231,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   uint64_t laneGen_ = 0;
   bool laneReady_ = false;
   bool laneUsed_ = false;
+  uint64_t laneTicketHeld_ = 0;  // the hello reply's lane ticket, until a WRITE opens the lane
   const uint64_t laneMinBytes_ = config::softTcpLaneMinBytes();  // 0: no lane
 
   // Responder's lane (reactor thread). Each laned WRITE on respConn_ adds the piece the lane must

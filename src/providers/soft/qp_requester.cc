@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <shared_mutex>
+#include <utility>
 
 #include "ferry/common/config.h"
 #include "common/device_access.h"
@@ -206,6 +207,9 @@ void SoftQp::pumpFromLoop() {
       return;
     }
     if (rdAtomic) ++rdInFlight_;
+    if (laneTicketHeld_ != 0 && wqe.opcode == WrOpcode::kRdmaWrite && wqe.length >= laneMinBytes_) {
+      startLaneFromLoop(std::exchange(laneTicketHeld_, 0));  // this WRITE goes whole; later ones share
+    }
     OutFrame lanePart;
     OutFrame frame = buildRequestFrame(wqe, &lanePart);
     if (lanePart.headerLen != 0) laneOut_->send(std::move(lanePart));
@@ -295,6 +299,7 @@ void SoftQp::startConnectFromLoop() {
   reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
   reqReady_ = false;
   laneUsed_ = false;  // a new connection: no laned WRITE on it yet
+  laneTicketHeld_ = 0;
   if (!reqConn_->attach().isOk()) {
     reqConn_.reset();
     scheduleReconnectFromLoop();
@@ -369,6 +374,7 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t tic
   reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
   reqReady_ = false;
   laneUsed_ = false;  // a new connection: no laned WRITE on it yet
+  laneTicketHeld_ = 0;
   if (!reqConn_->attach().isOk()) {
     reqConn_.reset();
     return fail("could not watch the ring");
@@ -516,7 +522,9 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       reqReady_ = true;
       peerReached_ = true;
       setupFastPathFromLoop(h);
-      if (laneMinBytes_ > 0 && !reqConn_->link().sameHost()) startLaneFromLoop(h.laneTicket);
+      // The lane opens with the first WRITE large enough to share: a QP that never sends one
+      // keeps a single connection.
+      laneTicketHeld_ = laneMinBytes_ > 0 && !reqConn_->link().sameHost() ? h.laneTicket : 0;
       reconnectDelayMs_ = 1;
       lastProgress_ = Clock::now();
       pumpFromLoop();
