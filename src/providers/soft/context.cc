@@ -67,6 +67,12 @@ int numaNodeOf(const std::string& ifname) {
 
 }  // namespace
 
+uint64_t randomTicket() {
+  uint64_t ticket = 0;
+  if (getrandom(&ticket, sizeof ticket, 0) != sizeof ticket) return 0;
+  return ticket;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Devices and GIDs.
 
@@ -464,8 +470,8 @@ uint64_t SoftContext::issueRingTicketFromLoop() {
   auto now = std::chrono::steady_clock::now();
   if (ringTickets_.size() >= kMaxRingTickets) std::erase_if(ringTickets_, [&](const auto& t) { return t.second <= now; });
   if (ringTickets_.size() >= kMaxRingTickets) return 0;
-  uint64_t ticket = 0;
-  if (getrandom(&ticket, sizeof ticket, 0) != sizeof ticket || ticket == 0) return 0;
+  const uint64_t ticket = randomTicket();
+  if (ticket == 0) return 0;
   ringTickets_[ticket] = now + std::chrono::milliseconds(kHelloTimeoutMs);
   return ticket;
 }

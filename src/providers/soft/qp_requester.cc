@@ -135,12 +135,7 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
       laneReady_ = true;
       break;
     case LaneOut::Event::kRevoked:
-      for (size_t i = 0; i < nextToSend_; ++i) {
-        if (sq_[i].seq == seq) {
-          sq_[i].error = WcStatus::kLocProtErr;
-          localErrorPending_ = true;
-        }
-      }
+      sourceRevokedFromLoop(seq);
       break;
     case LaneOut::Event::kClosed: {
       // WRITEs go unlaned from now on. The connection itself stays: a responder that loses a lane
@@ -646,9 +641,14 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
 
 void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {
   if (&conn != reqConn_.get()) return;  // the responder reports it in the READ_RESP trailer
-  // The application deregistered a source region while its message was being sent.
+  sourceRevokedFromLoop(frame.seq);
+}
+
+void SoftQp::sourceRevokedFromLoop(uint32_t seq) {
+  // The application deregistered a source region while the request's bytes were being sent (on
+  // the QP's connection or its lane): zeros went in their place, and the request fails.
   for (size_t i = 0; i < nextToSend_; ++i) {
-    if (sq_[i].seq == frame.seq) {
+    if (sq_[i].seq == seq) {
       sq_[i].error = WcStatus::kLocProtErr;
       localErrorPending_ = true;
     }

@@ -5,7 +5,6 @@
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/random.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -57,10 +56,8 @@ wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, cons
 }
 
 uint64_t SoftQp::issueLaneTicketFromLoop() {
-  uint64_t ticket = 0;
-  if (getrandom(&ticket, sizeof ticket, 0) != sizeof ticket) ticket = 0;
-  laneTicket_ = ticket;
-  return ticket;
+  laneTicket_ = randomTicket();
+  return laneTicket_;
 }
 
 wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,

@@ -66,6 +66,10 @@ Result<std::shared_ptr<verbs::ContextImpl>> openSoftDevice(const std::string& na
 // A GID of a soft context: port in bytes 8-9 (big-endian), ffff in 10-11, IPv4 in 12-15.
 verbs::Gid makeSoftGid(in_addr_t ipv4, uint16_t port);
 bool parseSoftGid(const verbs::Gid& gid, in_addr_t* ipv4, uint16_t* port);
+// A one-time ticket (ring and lane connections show one that went only to their peer): 64 random
+// bits from the kernel's generator. 0 means no ticket: the generator failed (or, once in 2^64,
+// drew 0), and the connection it was for is not offered.
+uint64_t randomTicket();
 
 // ---- registered memory ----
 // One registration. Immutable but for `revoked`, which changes under the context's memory lock.

@@ -4,14 +4,18 @@
 // them in place, a WRITE refused by the responder fails as on one connection and its half on the
 // lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the
 // lane carried them. WRITEs clear of a half still on the lane go on meanwhile, but nothing is
-// acknowledged, and nothing refused, before that half has landed. The suite's other tests run
+// acknowledged, and nothing refused, before that half has landed; a region deregistered while
+// halves are on their way fails the WRITE and takes no byte after. The suite's other tests run
 // over the lane too, on the soft_tcp_lane path.
 #include "providers/soft/lane.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/verbs_fixture.h"
@@ -217,6 +221,68 @@ TEST_P(LanePath, ARefusalBehindHalvesStillOnTheLaneWaitsForThem) {
   }
   EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
   EXPECT_TRUE(matchesPattern(bytesOf(closed), 62));
+}
+
+// Regions that go while a laned WRITE's halves are on their way. Whenever the deregistration falls
+// (before the WRITE arrives, while its halves land, after), the WRITE either completes whole or
+// fails, and once the deregistration has returned not a byte more lands in the region.
+constexpr size_t kDeregisteredSize = 32 << 20;
+constexpr int kDeregisterAfterUs[] = {0, 500, 1000, 2000, 4000};
+
+// Posts a WRITE of all of src to dst, runs `deregister` after `delayUs`, and waits for the WRITE's
+// completion.
+::testing::AssertionResult writeWhileDeregistering(ConnectedPair& pair, RegisteredBuffer& src, RegisteredBuffer& dst,
+                                                   int delayUs, const std::function<void()>& deregister,
+                                                   v::WorkCompletion* wc) {
+  Status st = post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                               .wrId = 1,
+                               .sges = {sgeOf(src, 0, static_cast<uint32_t>(src.size()))},
+                               .remoteAddr = dst.address(),
+                               .rkey = dst.mr.rkey()});
+  if (!st.isOk()) return ::testing::AssertionFailure() << st.toString();
+  std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
+  deregister();
+  if (!pollOne(pair.a.sendCq, wc)) return ::testing::AssertionFailure() << "the WRITE never completed";
+  if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the WRITE's completion: " << describe(*wc);
+  return ::testing::AssertionSuccess();
+}
+
+TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
+  for (int delayUs : kDeregisterAfterUs) {
+    SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 70));
+    ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 71));
+    ASSERT_TRUE(laneCarries(*pair, src, dst));
+    fillPattern(src.memory.bytes(), 72);
+    std::vector<uint8_t> atClose;
+    v::WorkCompletion wc;
+    ASSERT_TRUE(writeWhileDeregistering(*pair, src, dst, delayUs, [&] {
+      dst.mr.close();  // the memory stays allocated
+      atClose.assign(bytesOf(dst).begin(), bytesOf(dst).end());
+    }, &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
+    if (wc.status == v::WcStatus::kSuccess) EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+    EXPECT_TRUE(bytesEqual(bytesOf(dst), atClose)) << "bytes landed after the region was deregistered";
+  }
+}
+
+TEST_P(LanePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItWhole) {
+  for (int delayUs : kDeregisterAfterUs) {
+    SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 80));
+    ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 81));
+    ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 82));
+    ASSERT_TRUE(laneCarries(*pair, probe, dst));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(writeWhileDeregistering(*pair, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
+    if (wc.status == v::WcStatus::kSuccess) EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+    if (wc.status == v::WcStatus::kLocProtErr) {
+      EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout)) << "a failed request leaves the QP in ERR";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LanePath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
