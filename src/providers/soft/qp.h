@@ -127,6 +127,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // The requester's lane (lane.h).
   void startLaneFromLoop(uint64_t ticket);
   void sourceRevokedFromLoop(uint32_t seq);  // fails the sent request `seq` (LOC_PROT_ERR)
+  bool sourceRevoked(const SendWqe& wqe) const;  // a source region of wqe was deregistered
   void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, const Status& why);
   void dropLaneOutFromLoop();
   // The responder's lane: its frames, and its end with the connection it belongs to.

@@ -207,7 +207,10 @@ void SoftQp::pumpFromLoop() {
     }
     OutFrame lanePart;
     OutFrame frame = buildRequestFrame(wqe, &lanePart);
-    if (lanePart.headerLen != 0) laneOut_->send(std::move(lanePart));
+    if (lanePart.headerLen != 0) {
+      wqe.laned = true;
+      laneOut_->send(std::move(lanePart));
+    }
     reqConn_->send(std::move(frame));
     if (state_.load() != QpState::kRts || !reqConn_) return;  // the send failed and closed things
   }
@@ -222,6 +225,13 @@ void SoftQp::completeFromLoop() {
       return;
     }
     if (!seqLe(wqe.seq, ackedThrough_)) break;
+    if (wqe.laned && sourceRevoked(wqe)) {
+      // The lane thread reports a source region that went while it sent its half, but that report
+      // can reach this loop after the ACK. A region that went before the completion fails the WRITE
+      // here (zeros may have gone in its place); revocation is for good, so none is missed.
+      enterErrorFromLoop(WcStatus::kLocProtErr);
+      return;
+    }
     if (isReadOrAtomic(wqe.opcode)) {
       if (!wqe.responded) {
         FERRY_LOG(kWarn, "QP %u: acknowledgement skipped a READ/atomic response", qpn_);
@@ -642,6 +652,12 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
 void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {
   if (&conn != reqConn_.get()) return;  // the responder reports it in the READ_RESP trailer
   sourceRevokedFromLoop(frame.seq);
+}
+
+bool SoftQp::sourceRevoked(const SendWqe& wqe) const {
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  return std::any_of(wqe.local.begin(), wqe.local.end(),
+                     [](const Segment& seg) { return seg.entry && seg.entry->revoked; });
 }
 
 void SoftQp::sourceRevokedFromLoop(uint32_t seq) {

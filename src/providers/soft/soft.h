@@ -107,6 +107,7 @@ struct SendWqe {
   // Reactor state.
   uint32_t seq = 0;
   bool responded = false;        // READ/atomic response arrived
+  bool laned = false;            // a WRITE whose second half went on the QP's lane
   verbs::WcStatus error = verbs::WcStatus::kSuccess;  // set when the WR failed locally or remotely
   int rnrLeft = -1;               // RNR retries left (-1: not sent yet)
   std::vector<Segment> local;    // resolved local SGEs
