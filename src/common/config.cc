@@ -64,13 +64,13 @@ Result<std::string> parseCallerProgress(std::string_view raw) {
 
 constexpr uint64_t kDefaultLaneMinBytes = 1024 * 1024;
 
-// The smallest WRITE a lane shares, as a number of bytes ("0": no lane).
+// The smallest WRITE or READ a lane shares, as a number of bytes ("0": no lane).
 Result<std::string> parseTcpLane(std::string_view raw) {
   if (raw == "0" || raw == "off") return std::string("0");
   if (raw == "1" || raw == "on") return std::to_string(kDefaultLaneMinBytes);
   Result<uint64_t> bytes = parseByteSize(raw);
   if (!bytes.isOk() || *bytes < 2 || *bytes > (uint64_t{1} << 31)) {
-    return refuse("FERRY_SOFT_TCP_LANE", raw, "expected 1 (on), 0 (off) or the smallest WRITE to share, 2..2G, such as 64K");
+    return refuse("FERRY_SOFT_TCP_LANE", raw, "expected 1 (on), 0 (off) or the smallest WRITE or READ to share, 2..2G, such as 64K");
   }
   return std::to_string(*bytes);
 }
@@ -196,9 +196,10 @@ const std::vector<Variable>& variables() {
        "1", "1 (or on), 0 (or off)", parseCallerProgress},
       {"FERRY_SOFT_TCP_LANE",
        "Whether a soft device's queue pair that reaches its peer over TCP opens a second connection (a lane) "
-       "whose own thread sends the second half of each WRITE of 1 MiB or more (or of the size given), so "
-       "that two cores copy a large WRITE into the kernel at once.",
-       "1", "1 (or on), 0 (or off), or the smallest WRITE to share (2..2G, e.g. 64K)", parseTcpLane},
+       "that carries the second half of each WRITE and each READ response of 1 MiB or more (or of the size "
+       "given): two congestion windows on a link that drops packets, and a thread of its own that copies "
+       "alongside the progress thread.",
+       "1", "1 (or on), 0 (or off), or the smallest WRITE or READ to share (2..2G, e.g. 64K)", parseTcpLane},
       {"FERRY_SOFT_ATTEND_US",
        "How long a poll of a soft device's completion queue vouches that the application polls: until then "
        "the "

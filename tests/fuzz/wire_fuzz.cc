@@ -55,6 +55,13 @@ void checkAccepted(const FrameHeader& h, size_t headerLen) {
     check(h.type == FrameType::kWriteImm && h.payloadLen == 0 && h.length <= w::kMaxMessage,
           "accepted a placed-data flag where it does not belong");
   }
+  // The laned bit: a WRITE with more than its payload, the rest on the lane; or a READ of something.
+  if (rdma && (h.flags & w::kFlagLaned)) {
+    check((h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= w::kMaxMessage &&
+           h.remoteAddr + h.length >= h.remoteAddr) ||
+              (h.type == FrameType::kReadReq && h.length > 0),
+          "accepted a laned flag where it does not belong");
+  }
   check(h.sharePid != 0 || (h.shareFd == 0 && h.shareCookie == 0), "a same-host table without a pid");
   if (h.type == FrameType::kHello) {
     check(h.srcQpn < (1u << 24) && h.qpn < (1u << 24) && h.psn < (1u << 24),

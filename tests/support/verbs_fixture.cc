@@ -32,8 +32,8 @@ const std::vector<ProviderPath>& providerPaths() {
        .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_LANE", "0"}}},
       {.name = "soft_same_host", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "1"}}},
       {.name = "soft_ring", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "ring"}}},
-      // TCP with a lane per QP (lane.h) that shares every WRITE of 64 bytes or more, so that the
-      // suite's WRITEs run over two connections.
+      // TCP with a lane per QP (lane.h) that shares every WRITE and READ of 64 bytes or more, so
+      // that the suite's WRITEs and READs run over two connections.
       {.name = "soft_tcp_lane",
        .device = "soft_lo",
        .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_LANE", "64"}}},

@@ -42,34 +42,77 @@ void LaneOut::send(OutFrame frame) {
   });
 }
 
-void LaneOut::close() {
-  if (closing_.exchange(true)) return;
-  auto self = shared_from_this();
-  reactor_->post([self] {
-    if (self->conn_) self->conn_->close(Status::ok(), true);
-  });
+void LaneOut::expectRead(uint32_t seq, uint64_t length, std::vector<Segment> segments) {
+  std::lock_guard<std::mutex> lock(readsMu_);
+  reads_.push_back(ReadPart{seq, length, std::move(segments)});
 }
 
-Status LaneOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan*) {
-  // The peer says one thing on a lane: its hello reply.
-  if (ready_ || h.type != wire::FrameType::kHelloReply) {
-    return Status(StatusCode::kProtocolError, "a lane carries nothing back but its hello reply");
+bool LaneOut::readsPending() const {
+  std::lock_guard<std::mutex> lock(readsMu_);
+  return !reads_.empty();
+}
+
+void LaneOut::close(bool wait) {
+  const bool first = !closing_.exchange(true);
+  auto self = shared_from_this();
+  auto closeConn = [self] {
+    if (self->conn_) self->conn_->close(Status::ok(), true);
+    std::lock_guard<std::mutex> lock(self->readsMu_);
+    self->reads_.clear();
+  };
+  if (wait && !reactor_->inLoop()) {
+    // The lane thread never waits for the QP's loop, so this wait ends; a reactor already stopped
+    // runs nothing more, which is as good.
+    (void)reactor_->runSync(closeConn);
+  } else if (first) {
+    reactor_->post(closeConn);
   }
+}
+
+Status LaneOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan* plan) {
+  // The peer says two things on a lane: its hello reply, then the second parts of laned READs.
+  if (!ready_) {
+    if (h.type != wire::FrameType::kHelloReply) return Status(StatusCode::kProtocolError, "a lane's first frame is its hello reply");
+    return Status::ok();
+  }
+  if (h.type != wire::FrameType::kLaneReadResp) {
+    return Status(StatusCode::kProtocolError, "a lane carries nothing back but its hello reply and READ data");
+  }
+  std::lock_guard<std::mutex> lock(readsMu_);
+  // The responder answers laned READs in order, and one it refused sends nothing here: parts
+  // expected before this one belong to READs that failed (and took the QP to ERR with them).
+  while (!reads_.empty() && reads_.front().seq != h.seq) reads_.pop_front();
+  if (reads_.empty() || reads_.front().length != h.payloadLen) {
+    return Status(StatusCode::kProtocolError, "READ data on the lane that is not a laned READ's second part");
+  }
+  plan->segments = reads_.front().segments;
   return Status::ok();
 }
 
-void LaneOut::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan&, uint32_t) {
+void LaneOut::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  if (h.type == wire::FrameType::kLaneReadResp) {
+    {
+      std::lock_guard<std::mutex> lock(readsMu_);
+      if (!reads_.empty() && reads_.front().seq == h.seq) reads_.pop_front();
+    }
+    if (!plan.revoked && trailer == 0) countLaneBytesPlaced(h.payloadLen);
+    if (!closing_) {
+      tell_(Event::kReadLanded, h.seq, trailer,
+            plan.revoked ? Status(StatusCode::kPermissionDenied, "a READ's destination was deregistered") : Status::ok());
+    }
+    return;
+  }
   if (static_cast<wire::HelloResult>(h.aux) != wire::HelloResult::kAccepted) {
     conn.close(Status(StatusCode::kUnavailable,
                       "the peer refused the lane (hello result " + std::to_string(h.aux) + ")"));
     return;
   }
   ready_ = true;
-  if (!closing_) tell_(Event::kReady, 0, Status::ok());
+  if (!closing_) tell_(Event::kReady, 0, 0, Status::ok());
 }
 
 void LaneOut::onPayloadRevoked(Conn&, const OutFrame& frame) {
-  if (!closing_) tell_(Event::kRevoked, frame.seq, Status::ok());
+  if (!closing_) tell_(Event::kRevoked, frame.seq, 0, Status::ok());
 }
 
 void LaneOut::onProgress(Conn&) { progressNs_.store(steadyNs(), std::memory_order_relaxed); }
@@ -84,7 +127,7 @@ void LaneOut::onClosed(Conn&, const Status& why) { tellClosed(why); }
 void LaneOut::tellClosed(const Status& why) {
   if (toldClosed_) return;
   toldClosed_ = true;
-  if (!closing_) tell_(Event::kClosed, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
+  if (!closing_) tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
 }
 
 void splitSegments(const std::vector<Segment>& segs, uint64_t at, std::vector<Segment>* head,

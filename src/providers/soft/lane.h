@@ -1,11 +1,15 @@
-// LaneOut: the sending side of a QP's lane (FERRY_SOFT_TCP_LANE). A lane is a second TCP connection
-// from a QP's requester to its peer's responder; the second half of each large WRITE goes on it as
-// a kLaneData frame (wire.h), while the first half goes on the QP's own connection with
-// kFlagLaned. What makes it worth a connection is the thread: the lane is written by the context's
-// lane thread (SoftContext::laneReactor), so two cores copy one large WRITE into the kernel at once
-// where one did. The responder places a lane's bytes on its own loop, in the order of the WRITEs
-// its connection carries, and acknowledges a laned WRITE only once both halves have landed
-// (qp_responder.cc), so the QP's ordering and completion rules do not change.
+// LaneOut: the requester's side of a QP's lane (FERRY_SOFT_TCP_LANE). A lane is a second TCP
+// connection from a QP's requester to its peer's responder. The second part of each large WRITE
+// goes on it as a kLaneData frame (wire.h), while the first part goes on the QP's own connection
+// with kFlagLaned; the second part of each large READ's response comes back on it as a
+// kLaneReadResp frame. What makes it worth a connection: two byte streams, each with a congestion
+// window of its own (a link that loses packets bounds each stream, not their sum), and the
+// context's lane thread (SoftContext::laneReactor), which writes the WRITE parts and places the
+// READ parts, so two cores copy one large transfer where one did. The responder places a lane's
+// WRITE bytes on its own loop, in the order of the WRITEs its connection carries, and acknowledges
+// a laned WRITE only once both parts have landed (qp_responder.cc); the requester completes a laned
+// READ only once both parts of its response have landed. The QP's ordering and completion rules do
+// not change.
 //
 // Everything of the lane's connection runs on the lane thread; the QP, on its own loop, hears of it
 // through `tell` (which the QP makes post to its loop).
@@ -14,8 +18,11 @@
 #include <netinet/in.h>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "providers/soft/conn.h"
 #include "providers/soft/wire.h"
@@ -31,11 +38,13 @@ class SoftContext;
 class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this<LaneOut> {
  public:
   enum class Event {
-    kReady,    // the peer accepted the lane: laned WRITEs may go
-    kRevoked,  // a source region was deregistered while a lane frame was sent (seq); zeros went
-    kClosed,   // the lane is gone (status: why)
+    kReady,       // the peer accepted the lane: laned WRITEs and READs may go
+    kRevoked,     // a source region was deregistered while a lane frame was sent (seq); zeros went
+    kReadLanded,  // the second part of READ seq landed; syndrome: the responder's trailer, why: not
+                  // ok when a destination region was deregistered while it arrived (bytes dropped)
+    kClosed,      // the lane is gone (why)
   };
-  using Tell = std::function<void(Event event, uint32_t seq, const Status& why)>;
+  using Tell = std::function<void(Event event, uint32_t seq, uint32_t syndrome, const Status& why)>;
 
   // Dials ip:port from the context's address on `reactor` (the lane thread), says `hello` once
   // connected and reports through tell (called on the lane thread).
@@ -44,8 +53,14 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
 
   // Queues a frame (any thread; it is written on the lane thread, in the order of the calls).
   void send(OutFrame frame);
-  // Closes the connection (any thread); nothing more is told.
-  void close();
+  // The second part of READ seq will come back on the lane (length bytes, placed in segments):
+  // said before the READ's request leaves, in the order of the READs (any thread).
+  void expectRead(uint32_t seq, uint64_t length, std::vector<Segment> segments);
+  // READ parts expected and not yet landed (any thread).
+  bool readsPending() const;
+  // Closes the connection (any thread); nothing more is told. With wait (not on the lane thread),
+  // returns only once the lane thread has closed it: no READ part lands after that.
+  void close(bool wait = false);
   // steadyNs() of the last bytes the lane moved (for the QP's transport timer).
   int64_t lastProgressNs() const { return progressNs_.load(std::memory_order_relaxed); }
 
@@ -61,8 +76,16 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   LaneOut(Reactor* reactor, const wire::FrameHeader& hello, Tell tell);
   void tellClosed(const Status& why);  // once
 
+  struct ReadPart {
+    uint32_t seq = 0;
+    uint64_t length = 0;
+    std::vector<Segment> segments;
+  };
+
   Reactor* reactor_;
   wire::FrameHeader hello_;
+  mutable std::mutex readsMu_;
+  std::deque<ReadPart> reads_;  // under readsMu_: expected, in the order of the READs
   Tell tell_;
   std::shared_ptr<Conn> conn_;  // lane thread only (set before the first task runs there)
   bool ready_ = false;          // lane thread only
@@ -74,6 +97,10 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
 // How many bytes lanes brought into this process's registered memory (responders' side).
 uint64_t laneBytesPlaced();
 void countLaneBytesPlaced(uint64_t bytes);
+
+// Where a laned transfer of `length` bytes splits: the first part (on the QP's own connection) is
+// the bytes below this 4 KiB boundary near the middle, the second part (on the lane) the rest.
+inline uint64_t laneSplitAt(uint64_t length) { return (length / 2) & ~uint64_t{0xfff}; }
 
 // Splits segs at byte `at`: the segments (and piece of one) before it into head, the rest into tail.
 void splitSegments(const std::vector<Segment>& segs, uint64_t at, std::vector<Segment>* head,

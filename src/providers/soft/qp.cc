@@ -379,6 +379,8 @@ void SoftQp::resetFromLoop() {
 void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
   bool wasErr = state_.load() == QpState::kErr;
   state_ = QpState::kErr;
+  // The lane goes before any completion: a READ part it is placing lands before the READ fails.
+  dropLaneOutFromLoop();
   if (status && !sq_.empty()) {
     SendWqe wqe = std::move(sq_.front());
     sq_.pop_front();
@@ -392,7 +394,6 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
     if (reqConn_) reqConn_->close(Status::ok(), true);
     reqConn_.reset();
     reqReady_ = false;
-    dropLaneOutFromLoop();
     dropLaneInFromLoop();
     if (respConn_) respConn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
     for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {

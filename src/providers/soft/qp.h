@@ -128,7 +128,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   void startLaneFromLoop(uint64_t ticket);
   void sourceRevokedFromLoop(uint32_t seq);  // fails the sent request `seq` (LOC_PROT_ERR)
   bool sourceRevoked(const SendWqe& wqe) const;  // a source region of wqe was deregistered
-  void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, const Status& why);
+  void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why);
   void dropLaneOutFromLoop();
   // The responder's lane: its frames, and its end with the connection it belongs to.
   Status onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan);

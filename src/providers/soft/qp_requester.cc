@@ -56,6 +56,7 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe, OutFrame* lanePart) {
     case WrOpcode::kRdmaRead:
       h.type = wire::FrameType::kReadReq;
       h.length = static_cast<uint32_t>(wqe.length);
+      if (wqe.laned) h.flags |= wire::kFlagLaned;  // the response's second part comes on the lane
       break;
     case WrOpcode::kAtomicCmpAndSwp:
       h.type = wire::FrameType::kCmpSwap;
@@ -76,7 +77,7 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe, OutFrame* lanePart) {
   } else if (lanePart && laneReady_ && wqe.opcode == WrOpcode::kRdmaWrite && wqe.inlineData.empty() &&
              wqe.length >= laneMinBytes_) {
     // Half on this connection, half on the lane (at a 4 KiB boundary): two threads copy it.
-    const uint64_t first = (wqe.length / 2) & ~uint64_t{0xfff};
+    const uint64_t first = laneSplitAt(wqe.length);
     h.flags |= wire::kFlagLaned;
     h.length = static_cast<uint32_t>(wqe.length);
     h.payloadLen = static_cast<uint32_t>(first);
@@ -121,16 +122,31 @@ void SoftQp::startLaneFromLoop(uint64_t ticket) {
   std::weak_ptr<SoftQp> weak = weak_from_this();
   Reactor* loop = &ctx_->reactor();
   laneOut_ = LaneOut::start(ctx_.get(), laneReactor, ip, port, hello,
-                            [weak, loop, gen](LaneOut::Event event, uint32_t seq, const Status& why) {
-                              loop->post([weak, gen, event, seq, why] {
-                                if (auto self = weak.lock()) self->onLaneEventFromLoop(gen, event, seq, why);
+                            [weak, loop, gen](LaneOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why) {
+                              loop->post([weak, gen, event, seq, syndrome, why] {
+                                if (auto self = weak.lock()) self->onLaneEventFromLoop(gen, event, seq, syndrome, why);
                               });
                             });
 }
 
-void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, const Status& why) {
+void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome,
+                                 const Status& why) {
   if (gen != laneGen_ || !laneOut_) return;  // a lane since dropped
   switch (event) {
+    case LaneOut::Event::kReadLanded:
+      for (size_t i = 0; i < nextToSend_; ++i) {
+        SendWqe& wqe = sq_[i];
+        if (wqe.seq != seq || !wqe.laned || wqe.opcode != WrOpcode::kRdmaRead || wqe.laneLanded) continue;
+        wqe.laneLanded = true;
+        if (syndrome != 0) {
+          wqe.error = statusForSyndrome(static_cast<wire::Syndrome>(syndrome));
+        } else if (!why.isOk()) {
+          wqe.error = WcStatus::kLocProtErr;  // a destination region went while the part arrived
+        }
+        completeFromLoop();
+        break;
+      }
+      break;
     case LaneOut::Event::kReady:
       laneReady_ = true;
       break;
@@ -138,9 +154,9 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
       sourceRevokedFromLoop(seq);
       break;
     case LaneOut::Event::kClosed: {
-      // WRITEs go unlaned from now on. The connection itself stays: a responder that loses a lane
-      // ends the connection it belongs to (its laned WRITEs could never finish), and one that
-      // closed it on an error (ERR) still has its NAK on the way there.
+      // WRITEs and READs go unlaned from now on. The connection itself stays: a responder that
+      // loses a lane ends the connection it belongs to (its laned WRITEs and READs could never
+      // finish), and one that closed it on an error (ERR) still has its NAK on the way there.
       FERRY_LOG(kDebug, "QP %u: its lane closed: %s", qpn_, why.toString().c_str());
       dropLaneOutFromLoop();  // laneUsed_ stays: halves are on their way, unsent frames still go
       break;
@@ -149,7 +165,9 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
 }
 
 void SoftQp::dropLaneOutFromLoop() {
-  if (laneOut_) laneOut_->close();
+  // With READ parts still due, the lane thread may be placing one: wait until it has stopped, so
+  // that nothing lands in a READ's memory after the READ has completed (with an error).
+  if (laneOut_) laneOut_->close(/*wait=*/laneOut_->readsPending());
   laneOut_.reset();
   ++laneGen_;
   laneReady_ = false;
@@ -202,8 +220,21 @@ void SoftQp::pumpFromLoop() {
       return;
     }
     if (rdAtomic) ++rdInFlight_;
-    if (laneTicketHeld_ != 0 && wqe.opcode == WrOpcode::kRdmaWrite && wqe.length >= laneMinBytes_) {
-      startLaneFromLoop(std::exchange(laneTicketHeld_, 0));  // this WRITE goes whole; later ones share
+    const bool laneable = (wqe.opcode == WrOpcode::kRdmaWrite || wqe.opcode == WrOpcode::kRdmaRead) &&
+                          wqe.length >= laneMinBytes_;
+    if (laneTicketHeld_ != 0 && laneable) {
+      startLaneFromLoop(std::exchange(laneTicketHeld_, 0));  // this one goes whole; later ones share
+    }
+    wqe.laned = false;
+    wqe.laneLanded = false;
+    if (laneReady_ && laneable && wqe.opcode == WrOpcode::kRdmaRead) {
+      // The response's second part comes back on the lane, placed by the lane thread: it knows
+      // where before the request leaves.
+      std::vector<Segment> head, tail;
+      const uint64_t first = laneSplitAt(wqe.length);
+      splitSegments(wqe.local, first, &head, &tail);
+      laneOut_->expectRead(wqe.seq, wqe.length - first, std::move(tail));
+      wqe.laned = true;
     }
     OutFrame lanePart;
     OutFrame frame = buildRequestFrame(wqe, &lanePart);
@@ -225,13 +256,14 @@ void SoftQp::completeFromLoop() {
       return;
     }
     if (!seqLe(wqe.seq, ackedThrough_)) break;
-    if (wqe.laned && sourceRevoked(wqe)) {
+    if (wqe.laned && wqe.opcode == WrOpcode::kRdmaWrite && sourceRevoked(wqe)) {
       // The lane thread reports a source region that went while it sent its half, but that report
       // can reach this loop after the ACK. A region that went before the completion fails the WRITE
       // here (zeros may have gone in its place); revocation is for good, so none is missed.
       enterErrorFromLoop(WcStatus::kLocProtErr);
       return;
     }
+    if (wqe.laned && wqe.opcode == WrOpcode::kRdmaRead && !wqe.laneLanded) break;  // its lane part is due
     if (isReadOrAtomic(wqe.opcode)) {
       if (!wqe.responded) {
         FERRY_LOG(kWarn, "QP %u: acknowledgement skipped a READ/atomic response", qpn_);
@@ -452,8 +484,12 @@ Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* pla
     conn.pauseInput();  // this request waits for the lane's pending pieces (asked again then)
     return Status::ok();
   }
-  const bool laned = h.type == wire::FrameType::kWrite && (h.flags & wire::kFlagLaned);
   const QpState state = state_.load();
+  if (h.type == wire::FrameType::kReadReq && (h.flags & wire::kFlagLaned) && !laneIn_ &&
+      (state == QpState::kRtr || state == QpState::kRts)) {
+    return Status(StatusCode::kProtocolError, "a laned READ on a connection with no lane");
+  }
+  const bool laned = h.type == wire::FrameType::kWrite && (h.flags & wire::kFlagLaned);
   // A QP that left RTR/RTS drops what still comes (its lane went with the error).
   if (!laned || (state != QpState::kRtr && state != QpState::kRts)) return onRequestHeader(h, plan);
   if (!laneIn_) return Status(StatusCode::kProtocolError, "a laned WRITE on a connection with no lane");
@@ -491,10 +527,17 @@ Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
       for (size_t i = 0; i < nextToSend_; ++i) {
         SendWqe& wqe = sq_[i];
         if (wqe.opcode != WrOpcode::kRdmaRead || wqe.responded) continue;
-        if (wqe.seq != h.seq || h.payloadLen != wqe.length) {
+        // A laned READ's response carries its first part here; the rest comes on the lane.
+        const uint64_t here = wqe.laned ? laneSplitAt(wqe.length) : wqe.length;
+        if (wqe.seq != h.seq || h.payloadLen != here) {
           return Status(StatusCode::kProtocolError, "READ response does not match the oldest READ");
         }
-        plan->segments = wqe.local;
+        if (wqe.laned) {
+          std::vector<Segment> tail;
+          splitSegments(wqe.local, here, &plan->segments, &tail);
+        } else {
+          plan->segments = wqe.local;
+        }
         return Status::ok();
       }
       return Status(StatusCode::kProtocolError, "READ response with no READ outstanding");

@@ -409,12 +409,31 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
           frame.payload.push_back(Segment{nullptr, h.length, std::move(gone)});
         }
       }
+      OutFrame lanePart;
+      if ((h.flags & wire::kFlagLaned) && laneIn_) {
+        // The requester asked for it in two parts: the second goes back on the lane.
+        const uint64_t first = laneSplitAt(h.length);
+        std::vector<Segment> whole = std::move(frame.payload);
+        frame.payload.clear();
+        splitSegments(whole, first, &frame.payload, &lanePart.payload);
+        resp.payloadLen = static_cast<uint32_t>(first);
+        wire::FrameHeader part;
+        part.type = FrameType::kLaneReadResp;
+        part.seq = h.seq;
+        part.qpn = attr_.destQpNum;
+        part.payloadLen = h.length - static_cast<uint32_t>(first);
+        lanePart.headerLen = static_cast<uint16_t>(wire::encodeHeader(part, lanePart.header));
+        lanePart.hasTrailer = true;
+        lanePart.seq = h.seq;
+      }
       frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(resp, frame.header));
       frame.hasTrailer = true;
       frame.seq = h.seq;
       ++expectedSeq_;
       ackNeeded_ = false;  // the response acknowledges everything before it
       respConn_->send(std::move(frame));
+      // (A send that fails closes the connection, and the lane with it.)
+      if (lanePart.headerLen != 0 && laneIn_) laneIn_->send(std::move(lanePart));
       return;
     }
     case FrameType::kCmpSwap:

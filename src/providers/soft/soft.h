@@ -107,7 +107,9 @@ struct SendWqe {
   // Reactor state.
   uint32_t seq = 0;
   bool responded = false;        // READ/atomic response arrived
-  bool laned = false;            // a WRITE whose second half went on the QP's lane
+  bool laned = false;            // a WRITE whose second part went on the QP's lane, or a READ
+                                 // whose response's second part comes back on it
+  bool laneLanded = false;       // a laned READ: that second part landed
   verbs::WcStatus error = verbs::WcStatus::kSuccess;  // set when the WR failed locally or remotely
   int rnrLeft = -1;               // RNR retries left (-1: not sent yet)
   std::vector<Segment> local;    // resolved local SGEs

@@ -41,7 +41,8 @@ size_t headerLenFor(FrameType type) {
     case FrameType::kSendImm:
     case FrameType::kAck:
     case FrameType::kNak:
-    case FrameType::kReadResp: return kCommonHeaderLen;
+    case FrameType::kReadResp:
+    case FrameType::kLaneReadResp: return kCommonHeaderLen;
     case FrameType::kWrite:
     case FrameType::kWriteImm:
     case FrameType::kReadReq: return kCommonHeaderLen + 16;
@@ -63,7 +64,9 @@ size_t encodedHeaderLen(const FrameHeader& h) {
   return len;
 }
 
-size_t trailerLen(FrameType type) { return type == FrameType::kReadResp ? 4 : 0; }
+size_t trailerLen(FrameType type) {
+  return type == FrameType::kReadResp || type == FrameType::kLaneReadResp ? 4 : 0;
+}
 
 bool carriesPayload(FrameType type) {
   switch (type) {
@@ -73,7 +76,8 @@ bool carriesPayload(FrameType type) {
     case FrameType::kWriteImm:
     case FrameType::kReadResp:
     case FrameType::kDatagram:
-    case FrameType::kLaneData: return true;
+    case FrameType::kLaneData:
+    case FrameType::kLaneReadResp: return true;
     default: return false;
   }
 }
@@ -140,8 +144,10 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
         }
       }
       if (h.flags & kFlagLaned) {
-        if (h.type != FrameType::kWrite || h.length <= h.payloadLen || h.length > kMaxMessage) {
-          return protocolError("a laned-data flag on a frame that is not a WRITE of more than its payload");
+        const bool laneableWrite = h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= kMaxMessage;
+        const bool laneableRead = h.type == FrameType::kReadReq && h.length > 0;
+        if (!laneableWrite && !laneableRead) {
+          return protocolError("a laned-data flag on a frame that is not a WRITE of more than its payload or a READ");
         }
       }
       // A laned WRITE's range is its whole length, the rest of it on the lane.

@@ -44,6 +44,8 @@ enum class FrameType : uint8_t {
                      // when flags has kFlagImm; payload: the message (at most kMaxDatagram)
   kLaneData = 15,    // on a lane (kFlagLane): seq = the laned WRITE's; payload: the WRITE's bytes
                      // from payloadLen to length, placed after that WRITE's own frame is checked
+  kLaneReadResp = 16,  // on a lane, back to the requester: seq = the laned READ's; payload: its data
+                       // from the first part's end on; trailer: u32 Syndrome (0 = all data valid)
 };
 
 inline constexpr uint16_t kFlagSolicited = 1;
@@ -61,6 +63,9 @@ inline constexpr uint16_t kFlagLane = 16;
 // kWrite: the WRITE is `length` bytes; this frame carries the first payloadLen of them and the
 // rest come on the lane as a kLaneData frame with the same seq. The WRITE is done (acknowledged,
 // and anything after it carried out) only once both parts have landed.
+// kReadReq: the requester asks for the response in two parts: the kReadResp carries the first
+// laneSplitAt(length) bytes (lane.h), and a kLaneReadResp with the same seq on the lane the rest.
+// The READ is done only once both parts have landed.
 inline constexpr uint16_t kFlagLaned = 32;
 inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 

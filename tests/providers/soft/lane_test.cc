@@ -1,12 +1,14 @@
-// A QP's lane (FERRY_SOFT_TCP_LANE, lane.h): large WRITEs share their bytes with a second
-// connection, yet every rule of the QP holds as on one connection. WRITEs land whole and in post
-// order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them finds
-// them in place, a WRITE refused by the responder fails as on one connection and its half on the
-// lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the
+// A QP's lane (FERRY_SOFT_TCP_LANE, lane.h): large WRITEs and READs share their bytes with a
+// second connection, yet every rule of the QP holds as on one connection. WRITEs land whole and in
+// post order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them
+// finds them in place, a WRITE refused by the responder fails as on one connection and its half on
+// the lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the
 // lane carried them. WRITEs clear of a half still on the lane go on meanwhile, but nothing is
 // acknowledged, and nothing refused, before that half has landed; a region deregistered while
-// halves are on their way fails the WRITE and takes no byte after. The suite's other tests run
-// over the lane too, on the soft_tcp_lane path.
+// halves are on their way fails the WRITE and takes no byte after. READs come back whole in two
+// parts, see the WRITEs before them, fail as on one connection when refused or when a region goes,
+// and take no byte after their completion. The suite's other tests run over the lane too, on the
+// soft_tcp_lane path.
 #include "providers/soft/lane.h"
 
 #include <gtest/gtest.h>
@@ -262,7 +264,9 @@ TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
       atClose.assign(bytesOf(dst).begin(), bytesOf(dst).end());
     }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
-    if (wc.status == v::WcStatus::kSuccess) EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+    if (wc.status == v::WcStatus::kSuccess) {
+      EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+    }
     EXPECT_TRUE(bytesEqual(bytesOf(dst), atClose)) << "bytes landed after the region was deregistered";
   }
 }
@@ -278,10 +282,199 @@ TEST_P(LanePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItW
     v::WorkCompletion wc;
     ASSERT_TRUE(writeWhileDeregistering(*pair, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
-    if (wc.status == v::WcStatus::kSuccess) EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+    if (wc.status == v::WcStatus::kSuccess) {
+      EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+    }
     if (wc.status == v::WcStatus::kLocProtErr) {
       EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout)) << "a failed request leaves the QP in ERR";
     }
+  }
+}
+
+// A laned READ's response comes in two parts, the second on the lane, placed by the lane thread.
+// Whatever the length and however the destination is split into SGEs, every byte lands where it
+// belongs, the READ sees the WRITEs posted before it, and the lane placed the second parts.
+TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  constexpr size_t kSize = 4 << 20;
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 90));
+  ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kSize, v::access::kAll, 91));
+  ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 92));
+  ASSERT_TRUE(laneCarries(*pair, src, remote));
+  fillPattern(src.memory.bytes(), 93);
+  // What `remote` holds once a WRITE of [1 MiB, 3 MiB) from src has landed.
+  std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
+  std::memcpy(expected.data() + (1 << 20), src.data() + (1 << 20), 2 << 20);
+  // A READ of `length` bytes from remote offset `from` into local offset `to`, its destination in
+  // three SGEs (split at a third and two thirds).
+  auto read = [&](uint64_t id, size_t from, size_t to, size_t length) {
+    const size_t third = length / 3;
+    return SendOp{.opcode = v::WrOpcode::kRdmaRead,
+                  .wrId = id,
+                  .sges = {sgeOf(local, to, third), sgeOf(local, to + third, third),
+                           sgeOf(local, to + 2 * third, length - 2 * third)},
+                  .remoteAddr = remote.address(from),
+                  .rkey = remote.mr.rkey()};
+  };
+
+  // The WRITE, then a READ of the whole region posted right behind it.
+  uint64_t placedBefore = soft::laneBytesPlaced();
+  ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaWrite,
+                                  .wrId = 1,
+                                  .sges = {sgeOf(src, 1 << 20, 2 << 20)},
+                                  .remoteAddr = remote.address(1 << 20),
+                                  .rkey = remote.mr.rkey()},
+                                 read(2, 0, 0, kSize)}));
+  std::vector<v::WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
+  for (const auto& wc : completions) EXPECT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  EXPECT_TRUE(bytesEqual(bytesOf(local), expected));
+  // The lane placed the WRITE's second part at the responder and the READ's here.
+  const size_t write = 2 << 20;
+  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, (write - soft::laneSplitAt(write)) + (kSize - soft::laneSplitAt(kSize)));
+
+  // Shorter READs, from an odd offset, posted together into a cleared buffer.
+  std::memset(local.data(), 0, kSize);
+  const size_t lengths[] = {(1 << 20) + 5, 8191, 4097, 64};
+  const size_t from = (1 << 20) - 3;
+  std::vector<SendOp> ops;
+  std::vector<size_t> at;
+  size_t next = 0;
+  uint64_t laned = 0;
+  for (size_t len : lengths) {
+    ops.push_back(read(10 + ops.size(), from, next, len));
+    at.push_back(next);
+    laned += len - soft::laneSplitAt(len);
+    next += len + 4096;
+  }
+  placedBefore = soft::laneBytesPlaced();
+  ASSERT_OK(postAll(pair->a.qp, ops));
+  completions.clear();
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, ops.size(), &completions));
+  for (size_t i = 0; i < completions.size(); ++i) {
+    SCOPED_TRACE("READ of " + std::to_string(lengths[i]) + " bytes");
+    EXPECT_EQ(completions[i].wrId, 10 + i);
+    EXPECT_EQ(completions[i].status, v::WcStatus::kSuccess) << describe(completions[i]);
+    EXPECT_TRUE(bytesEqual(bytesOf(local, at[i], lengths[i]), std::span<const uint8_t>(expected).subspan(from, lengths[i])));
+  }
+  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, laned);
+}
+
+TEST_P(LanePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
+  constexpr size_t kSize = 1 << 20;
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 100));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize, v::access::kAll, 101));
+  ASSERT_OK_AND_ASSIGN(auto noRead, registerBuffer(pair->b.pd, kSize, v::access::kLocalWrite | v::access::kRemoteWrite, 102));
+  ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 103));
+  ASSERT_TRUE(laneCarries(*pair, src, dst));
+  const uint64_t placedBefore = soft::laneBytesPlaced();
+  ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaRead,
+                                  .wrId = 1,
+                                  .sges = {sgeOf(local, 0, kSize)},
+                                  .remoteAddr = noRead.address(),
+                                  .rkey = noRead.mr.rkey()},
+                                 {.opcode = v::WrOpcode::kRdmaRead,
+                                  .wrId = 2,
+                                  .sges = {sgeOf(local, 0, kSize)},
+                                  .remoteAddr = dst.address(),
+                                  .rkey = dst.mr.rkey()}}));
+  std::vector<v::WorkCompletion> completions;
+  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
+  EXPECT_EQ(completions[0].status, v::WcStatus::kRemAccessErr) << describe(completions[0]);
+  EXPECT_EQ(completions[1].status, v::WcStatus::kWrFlushErr) << describe(completions[1]);
+  EXPECT_TRUE(matchesPattern(bytesOf(local), 103)) << "not a byte of either part landed";
+  EXPECT_EQ(soft::laneBytesPlaced(), placedBefore);
+}
+
+// Posts a READ of all of `remote` into `local`, runs `act` after `delayUs`, and waits for the
+// READ's completion.
+::testing::AssertionResult readWhile(ConnectedPair& pair, RegisteredBuffer& local, RegisteredBuffer& remote, int delayUs,
+                                     const std::function<void()>& act, v::WorkCompletion* wc) {
+  Status st = post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaRead,
+                               .wrId = 1,
+                               .sges = {sgeOf(local, 0, static_cast<uint32_t>(local.size()))},
+                               .remoteAddr = remote.address(),
+                               .rkey = remote.mr.rkey()});
+  if (!st.isOk()) return ::testing::AssertionFailure() << st.toString();
+  std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
+  act();
+  if (!pollOne(pair.a.sendCq, wc)) return ::testing::AssertionFailure() << "the READ never completed";
+  if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the READ's completion: " << describe(*wc);
+  return ::testing::AssertionSuccess();
+}
+
+// Waits a while, then says whether `buffer` still holds `before`: nothing landed meanwhile.
+::testing::AssertionResult nothingLandsLater(RegisteredBuffer& buffer, const std::vector<uint8_t>& before) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return bytesEqual(bytesOf(buffer), before);
+}
+
+TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwards) {
+  for (int delayUs : kDeregisterAfterUs) {
+    SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 110));
+    ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 111));
+    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 112));
+    ASSERT_TRUE(laneCarries(*pair, probe, remote));
+    std::vector<uint8_t> atClose;
+    v::WorkCompletion wc;
+    ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] {
+      local.mr.close();  // the memory stays allocated
+      atClose.assign(bytesOf(local).begin(), bytesOf(local).end());
+    }, &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
+    if (wc.status == v::WcStatus::kSuccess) {
+      EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
+    }
+    EXPECT_TRUE(nothingLandsLater(local, atClose)) << "bytes landed after the region was deregistered";
+  }
+}
+
+TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsItWhole) {
+  for (int delayUs : kDeregisterAfterUs) {
+    SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 120));
+    ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 8192, v::access::kAll, 121));
+    ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 122));
+    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 123));
+    ASSERT_TRUE(laneCarries(*pair, probe, dst));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
+    if (wc.status == v::WcStatus::kSuccess) {
+      EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
+    }
+    if (wc.status == v::WcStatus::kRemAccessErr) {
+      EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout)) << "a failed request leaves the QP in ERR";
+    }
+  }
+}
+
+// A QP moved to ERR while a laned READ's parts arrive: the READ is flushed (or done, if it beat
+// the move), and once its completion is seen not a byte more lands in its memory.
+TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
+  for (int delayUs : kDeregisterAfterUs) {
+    SCOPED_TRACE("moved to ERR after " + std::to_string(delayUs) + " us");
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 130));
+    ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 131));
+    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 132));
+    ASSERT_TRUE(laneCarries(*pair, probe, remote));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] {
+      v::QpAttr attr;
+      attr.state = v::QpState::kErr;
+      ASSERT_OK(pair->a.qp.modify(attr, v::qp_attr_mask::kState));
+    }, &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kWrFlushErr) << describe(wc);
+    if (wc.status == v::WcStatus::kSuccess) {
+      EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
+    }
+    const std::vector<uint8_t> atCompletion(bytesOf(local).begin(), bytesOf(local).end());
+    EXPECT_TRUE(nothingLandsLater(local, atCompletion)) << "bytes landed after the READ completed";
   }
 }
 

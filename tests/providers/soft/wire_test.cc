@@ -123,12 +123,13 @@ std::vector<FrameHeader> oneOfEachType() {
                     .srcGid = {0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0xff, 0xff, 127, 0, 0, 1},
                     .qkey = 0x11111111});
   frames.push_back({.type = FrameType::kLaneData, .payloadLen = kMaxMessage, .seq = 11, .qpn = 3});
+  frames.push_back({.type = FrameType::kLaneReadResp, .payloadLen = kMaxMessage, .seq = 12, .qpn = 3});
   return frames;
 }
 
 TEST(WireTest, EveryFrameTypeRoundTrips) {
   std::vector<FrameHeader> frames = oneOfEachType();
-  ASSERT_EQ(frames.size(), 15u);  // kHello .. kLaneData
+  ASSERT_EQ(frames.size(), 16u);  // kHello .. kLaneReadResp
   for (const FrameHeader& h : frames) {
     SCOPED_TRACE("frame type " + std::to_string(static_cast<int>(h.type)));
     Bytes bytes = encode(h);
@@ -219,14 +220,16 @@ TEST(WireTest, HeaderLengthsAndTrailers) {
   EXPECT_EQ(headerLenFor(static_cast<FrameType>(0)), 0u);
   EXPECT_EQ(headerLenFor(FrameType::kDatagram), 48u);
   EXPECT_EQ(headerLenFor(FrameType::kLaneData), 24u);
-  EXPECT_EQ(headerLenFor(static_cast<FrameType>(16)), 0u);
+  EXPECT_EQ(headerLenFor(FrameType::kLaneReadResp), 24u);
+  EXPECT_EQ(headerLenFor(static_cast<FrameType>(17)), 0u);
   EXPECT_EQ(trailerLen(FrameType::kReadResp), 4u);
+  EXPECT_EQ(trailerLen(FrameType::kLaneReadResp), 4u);
   EXPECT_EQ(trailerLen(FrameType::kSend), 0u);
   for (const FrameHeader& h : oneOfEachType()) {
     bool expected = h.type == FrameType::kSend || h.type == FrameType::kSendImm ||
                     h.type == FrameType::kWrite || h.type == FrameType::kWriteImm ||
                     h.type == FrameType::kReadResp || h.type == FrameType::kDatagram ||
-                    h.type == FrameType::kLaneData;
+                    h.type == FrameType::kLaneData || h.type == FrameType::kLaneReadResp;
     EXPECT_EQ(carriesPayload(h.type), expected) << static_cast<int>(h.type);
   }
 }
@@ -257,7 +260,7 @@ void expectRefusedByDecode(const Bytes& bytes, const std::string& why) {
 
 Bytes ack() { return encode({.type = FrameType::kAck, .seq = 1, .qpn = 2}); }
 
-TEST(WireTest, LanedFlagOnlyOnAWriteLongerThanItsPayload) {
+TEST(WireTest, LanedFlagOnlyOnAWriteLongerThanItsPayloadOrARead) {
   // A laned WRITE: 8 KiB in all, the first 4 KiB in this frame, the rest on the lane.
   FrameHeader laned{.type = FrameType::kWrite, .flags = kFlagLaned, .payloadLen = 4096, .qpn = 3,
                     .remoteAddr = 0x10000, .rkey = 9, .length = 8192};
@@ -274,12 +277,20 @@ TEST(WireTest, LanedFlagOnlyOnAWriteLongerThanItsPayload) {
   FrameHeader wraps = laned;
   wraps.remoteAddr = ~uint64_t{0} - 6000;  // its frame fits, the whole WRITE does not
   expectRefusedByDecode(encode(wraps), "a laned WRITE that wraps around");
-  for (FrameType other : {FrameType::kWriteImm, FrameType::kReadReq}) {  // (other types ignore the bit)
-    FrameHeader h = laned;
-    h.type = other;
-    if (other == FrameType::kReadReq) h.payloadLen = 0;
-    expectRefusedByDecode(encode(h), "a laned flag on type " + std::to_string(static_cast<int>(other)));
-  }
+  FrameHeader writeImm = laned;  // (types with no extended header ignore the bit)
+  writeImm.type = FrameType::kWriteImm;
+  expectRefusedByDecode(encode(writeImm), "a laned flag on a WRITE_WITH_IMM");
+  // A laned READ: any length but none (the response comes in two parts).
+  FrameHeader read{.type = FrameType::kReadReq, .flags = kFlagLaned, .qpn = 3, .remoteAddr = 0x10000, .rkey = 9,
+                   .length = 8192};
+  ASSERT_TRUE(decodeHeader(encode(read), &back).isOk());
+  EXPECT_EQ(back.flags & kFlagLaned, kFlagLaned);
+  FrameHeader empty = read;
+  empty.length = 0;
+  expectRefusedByDecode(encode(empty), "a laned READ of nothing");
+  FrameHeader readWraps = read;
+  readWraps.remoteAddr = ~uint64_t{0} - 6000;
+  expectRefusedByDecode(encode(readWraps), "a laned READ that wraps around");
 }
 
 TEST(WireTest, HelloReplyCarriesALaneTicketWithOrWithoutTheTable) {
@@ -331,7 +342,7 @@ TEST(WireTest, RefusesOtherVersions) {
 }
 
 TEST(WireTest, RefusesUnknownTypes) {
-  for (uint8_t t : {0, 16, 17, 128, 255}) {
+  for (uint8_t t : {0, 17, 18, 128, 255}) {
     Bytes b = ack();
     b[3] = t;
     expectRefusedByPeek(b, "type " + std::to_string(t));
