@@ -41,7 +41,7 @@ packages=(
   libgtest-dev libgmock-dev
   clang-14 libclang-rt-14-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
-  iproute2 procps
+  iproute2 procps iperf3
   python3 python3-venv
   libssl-dev libhiredis-dev libcurl4-openssl-dev libcli11-dev libcpp-httplib-dev
   redis-server etcd-server etcd-client

@@ -552,6 +552,11 @@ Result<json::Array> VerbsSide::localPaths() {
     t.localPaths.clear();
     for (v::QueuePair& qp : t.qps) {
       v::Path path;
+      // 1.07 s per try, 8.6 s with the 7 retries: a QP over TCP on a link that drops packets
+      // waits out TCP's own recovery (a lost SYN is sent again after 1 s) instead of failing the
+      // run with RETRY_EXC_ERR, as the default 67 ms per try (0.54 s in all) can. A peer that
+      // stops answering is still caught by --timeout. The server takes this from the client's path.
+      path.packetLifeTime = 18;
       FERRY_RETURN_IF_ERROR(v::fillPath(ctx_, qp, path));
       t.localPaths.push_back(path);
       FERRY_ASSIGN_OR_RETURN(json::Value value, json::parse(path.toJson()));
