@@ -265,6 +265,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   };
   std::optional<LaneRefusal> laneRefusal_;
   std::optional<uint32_t> lastAck_;  // the last ACK sendAckFromLoop sent on respConn_
+  bool laneCorked_ = false;  // laneIn_ holds READ parts until respConn_'s input is drained
 };
 
 }  // namespace ferry::soft

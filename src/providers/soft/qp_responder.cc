@@ -165,6 +165,7 @@ void SoftQp::dropLaneInFromLoop() {
   lanePieces_.clear();
   lanePending_ = 0;
   laneRefusal_.reset();
+  laneCorked_ = false;
 }
 
 void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
@@ -433,7 +434,13 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       ackNeeded_ = false;  // the response acknowledges everything before it
       respConn_->send(std::move(frame));
       // (A send that fails closes the connection, and the lane with it.)
-      if (lanePart.headerLen != 0 && laneIn_) laneIn_->send(std::move(lanePart));
+      if (lanePart.headerLen != 0 && laneIn_) {
+        if (!laneCorked_) {
+          laneIn_->cork();  // until this input is drained (onInputDrained)
+          laneCorked_ = true;
+        }
+        laneIn_->send(std::move(lanePart));
+      }
       return;
     }
     case FrameType::kCmpSwap:
@@ -476,8 +483,13 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
 }
 
 void SoftQp::onInputDrained(Conn& conn) {
-  if (&conn != respConn_.get() || !ackNeeded_) return;
-  sendAckFromLoop(conn);
+  if (&conn != respConn_.get()) return;
+  if (laneCorked_) {
+    // The READ parts this input asked for leave together, as the connection's own responses do.
+    laneCorked_ = false;
+    if (laneIn_) laneIn_->uncork();
+  }
+  if (ackNeeded_) sendAckFromLoop(conn);
 }
 
 }  // namespace ferry::soft
