@@ -35,10 +35,13 @@ std::shared_ptr<LaneOut> LaneOut::start(SoftContext* ctx, Reactor* reactor, in_a
   return lane;
 }
 
-void LaneOut::send(OutFrame frame) {
+void LaneOut::send(std::vector<OutFrame> frames) {
   auto self = shared_from_this();
-  reactor_->post([self, frame = std::move(frame)]() mutable {
-    if (self->conn_ && !self->closing_) self->conn_->send(std::move(frame));
+  reactor_->post([self, frames = std::move(frames)]() mutable {
+    if (!self->conn_ || self->closing_) return;
+    self->conn_->cork();
+    for (OutFrame& frame : frames) self->conn_->send(std::move(frame));
+    if (!self->conn_->closed()) self->conn_->uncork();
   });
 }
 

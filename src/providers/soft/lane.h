@@ -51,8 +51,9 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   static std::shared_ptr<LaneOut> start(SoftContext* ctx, Reactor* reactor, in_addr_t ip, uint16_t port,
                                         const wire::FrameHeader& hello, Tell tell);
 
-  // Queues a frame (any thread; it is written on the lane thread, in the order of the calls).
-  void send(OutFrame frame);
+  // Queues frames (any thread; they are written on the lane thread, in the order of the calls,
+  // the frames of one call in one write where the socket takes them).
+  void send(std::vector<OutFrame> frames);
   // The second part of READ seq will come back on the lane (length bytes, placed in segments):
   // said before the READ's request leaves, in the order of the READs (any thread).
   void expectRead(uint32_t seq, uint64_t length, std::vector<Segment> segments);

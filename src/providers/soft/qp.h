@@ -134,6 +134,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   Status onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan);
   void onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
   void dropLaneInFromLoop();
+  // ERR: the lane closes once the READ parts on it have gone.
+  void closeLaneInAfterFlushFromLoop();
+  // Lets the READ parts held on laneIn_ go (laneCorked_).
+  void uncorkLaneFromLoop();
   // A laned WRITE's second half, as the responder expects it on the lane (empty: discard it).
   void expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, std::vector<Segment> segments);
   // Resolves the local SGEs of wqe; the completion status a bad one fails it with, else kSuccess.
@@ -234,6 +238,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool laneReady_ = false;
   bool laneUsed_ = false;
   uint64_t laneTicketHeld_ = 0;  // the hello reply's lane ticket, until a WRITE opens the lane
+  bool laneOutlivesConn_ = false;  // reqConn_ closed with READ parts due on the lane: wait for it
   const uint64_t laneMinBytes_ = config::softTcpLaneMinBytes();  // 0: no lane
 
   // Responder's lane (reactor thread). Each laned WRITE on respConn_ adds the piece the lane must

@@ -158,7 +158,17 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
       // loses a lane ends the connection it belongs to (its laned WRITEs and READs could never
       // finish), and one that closed it on an error (ERR) still has its NAK on the way there.
       FERRY_LOG(kDebug, "QP %u: its lane closed: %s", qpn_, why.toString().c_str());
+      const bool connLost = laneOutlivesConn_;
       dropLaneOutFromLoop();  // laneUsed_ stays: halves are on their way, unsent frames still go
+      if (connLost && state_.load() == QpState::kRts) {
+        // The connection went before the lane; what the lane brought has landed.
+        if (nextToSend_ > 0) {
+          FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight", qpn_);
+          enterErrorFromLoop(WcStatus::kRetryExcErr);
+          return;
+        }
+        scheduleReconnectFromLoop();
+      }
       break;
     }
   }
@@ -169,6 +179,7 @@ void SoftQp::dropLaneOutFromLoop() {
   // that nothing lands in a READ's memory after the READ has completed (with an error).
   if (laneOut_) laneOut_->close(/*wait=*/laneOut_->readsPending());
   laneOut_.reset();
+  laneOutlivesConn_ = false;
   ++laneGen_;
   laneReady_ = false;
 }
@@ -190,6 +201,7 @@ void SoftQp::pumpFromLoop() {
     return;
   }
   if (state != QpState::kRts || sq_.empty()) return;
+  if (laneOutlivesConn_) return;  // the connection is gone; its lane is heard out first
   if (!reqConn_ || !reqReady_) {
     if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
     armTimeoutFromLoop();
@@ -205,6 +217,14 @@ void SoftQp::pumpFromLoop() {
       if (!conn->closed()) conn->uncork();
     }
   } corked(reqConn_);
+  // The lane parts of this pump go to the lane thread together, on leaving (one post, one write).
+  struct LaneBatch {
+    std::shared_ptr<LaneOut> lane;
+    std::vector<OutFrame> frames;
+    ~LaneBatch() {
+      if (lane && !frames.empty()) lane->send(std::move(frames));
+    }
+  } laneBatch{laneOut_, {}};
   while (nextToSend_ < sq_.size()) {
     SendWqe& wqe = sq_[nextToSend_];
     bool rdAtomic = isReadOrAtomic(wqe.opcode);
@@ -240,7 +260,8 @@ void SoftQp::pumpFromLoop() {
     OutFrame frame = buildRequestFrame(wqe, &lanePart);
     if (lanePart.headerLen != 0) {
       wqe.laned = true;
-      laneOut_->send(std::move(lanePart));
+      laneBatch.lane = laneOut_;
+      laneBatch.frames.push_back(std::move(lanePart));
     }
     reqConn_->send(std::move(frame));
     if (state_.load() != QpState::kRts || !reqConn_) return;  // the send failed and closed things
@@ -426,10 +447,13 @@ void SoftQp::onProgress(Conn& conn) {
 
 void SoftQp::onClosed(Conn& conn, const Status& why) {
   if (&conn == laneIn_.get()) {
-    // The lane of our responder connection: the WRITEs it shares with that connection cannot
-    // finish, so the connection ends as well (the requester sees a lost connection).
+    // The lane of our responder connection: the WRITEs and READs it shares with that connection
+    // cannot finish, so the connection ends as well (the requester sees a lost connection). In
+    // ERR the connection is already closing once its NAK is out.
     laneIn_.reset();
-    if (respConn_) respConn_->close(Status(StatusCode::kUnavailable, "its lane closed: " + why.message()));
+    if (respConn_ && state_.load() != QpState::kErr) {
+      respConn_->close(Status(StatusCode::kUnavailable, "its lane closed: " + why.message()));
+    }
     return;
   }
   if (&conn == respConn_.get()) {
@@ -454,6 +478,16 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   reqConn_.reset();
   reqReady_ = false;
   dropFastPath();
+  const bool readPartsDue = std::any_of(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(nextToSend_),
+                                        [](const SendWqe& w) { return w.laned && w.opcode == WrOpcode::kRdmaRead && !w.laneLanded; });
+  if (state_.load() == QpState::kRts && wasReady && readPartsDue && type_ == verbs::QpType::kRc && laneOut_) {
+    // The second parts of READs the responder answered on this connection may still be on the
+    // lane (a responder that refused a request closes both once they are out): hear the lane out
+    // first, up to its close or the transport timeout (onLaneEventFromLoop).
+    laneOutlivesConn_ = true;
+    armTimeoutFromLoop();
+    return;
+  }
   dropLaneOutFromLoop();
   if (state_.load() != QpState::kRts) return;
   if (wasReady && nextToSend_ > 0 && type_ == verbs::QpType::kUc) {
@@ -657,7 +691,15 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
         rnrWaiting_ = false;
         return;
       }
-      SendWqe& front = sq_.front();
+      // What came before is done at the responder, yet a laned READ among it may still wait for
+      // its second part: it stays sent, and the resend starts at the refused request.
+      size_t refused = 0;
+      while (refused < nextToSend_ && sq_[refused].seq != h.seq) ++refused;
+      if (refused == nextToSend_) {
+        enterErrorFromLoop(WcStatus::kBadRespErr);
+        return;
+      }
+      SendWqe& front = sq_[refused];
       if (attr_.rnrRetry != 7) {
         if (front.rnrLeft <= 0) {
           enterErrorFromLoop(WcStatus::kRnrRetryExcErr);
@@ -670,9 +712,11 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       // frame goes (the responder drops those after the refused one, halves too).
       if (reqConn_ && !laneUsed_) reqConn_->dropUnsentFrames();
       nextSeq_ = front.seq;
-      nextToSend_ = 0;
-      rdInFlight_ = 0;
-      for (auto& w : sq_) w.responded = false;
+      nextToSend_ = refused;
+      rdInFlight_ = static_cast<uint32_t>(
+          std::count_if(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(refused),
+                        [](const SendWqe& w) { return isReadOrAtomic(w.opcode); }));
+      for (size_t i = refused; i < sq_.size(); ++i) sq_[i].responded = false;
       rnrWaiting_ = true;
       std::weak_ptr<SoftQp> weak = weak_from_this();
       auto wait = std::chrono::microseconds(verbs::rnrTimerMicros(static_cast<uint8_t>(h.flags & 31)));

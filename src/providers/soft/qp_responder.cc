@@ -158,6 +158,17 @@ void SoftQp::onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
   if (ackNeeded_ && respConn_ && !respConn_->closed()) sendAckFromLoop(*respConn_);
 }
 
+void SoftQp::closeLaneInAfterFlushFromLoop() {
+  // The READ parts already on the lane still go, as a NAK queued on the connection does (it
+  // acknowledges their READs); then the lane closes.
+  uncorkLaneFromLoop();
+  if (laneIn_) laneIn_->closeAfterFlush(/*drain=*/true);
+  laneTicket_ = 0;
+  lanePieces_.clear();
+  lanePending_ = 0;
+  laneRefusal_.reset();
+}
+
 void SoftQp::dropLaneInFromLoop() {
   if (laneIn_) laneIn_->close(Status::ok(), true);
   laneIn_.reset();
@@ -436,8 +447,14 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       // (A send that fails closes the connection, and the lane with it.)
       if (lanePart.headerLen != 0 && laneIn_) {
         if (!laneCorked_) {
-          laneIn_->cork();  // until this input is drained (onInputDrained)
+          // The READ parts this input asks for leave together, as the connection's own responses
+          // do: when the input is drained, or at the latest once this step of the loop is over.
+          laneIn_->cork();
           laneCorked_ = true;
+          std::weak_ptr<SoftQp> weak = weak_from_this();
+          ctx_->reactor().post([weak] {
+            if (auto self = weak.lock()) self->uncorkLaneFromLoop();
+          });
         }
         laneIn_->send(std::move(lanePart));
       }
@@ -484,12 +501,14 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
 
 void SoftQp::onInputDrained(Conn& conn) {
   if (&conn != respConn_.get()) return;
-  if (laneCorked_) {
-    // The READ parts this input asked for leave together, as the connection's own responses do.
-    laneCorked_ = false;
-    if (laneIn_) laneIn_->uncork();
-  }
+  uncorkLaneFromLoop();
   if (ackNeeded_) sendAckFromLoop(conn);
+}
+
+void SoftQp::uncorkLaneFromLoop() {
+  if (!laneCorked_) return;
+  laneCorked_ = false;
+  if (laneIn_) laneIn_->uncork();
 }
 
 }  // namespace ferry::soft

@@ -387,6 +387,45 @@ TEST_P(LanePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
   EXPECT_EQ(soft::laneBytesPlaced(), placedBefore);
 }
 
+// A SEND refused for want of a receive (an RNR NAK) right behind a laned READ: the NAK says the
+// READ is done at the responder while its second part may still be on the lane. The READ completes
+// whole, only once that part landed, and is not sent again; the SEND goes once a receive is there.
+TEST_P(LanePath, AReadBeforeAnRnrRefusedSendCompletesWholeAndIsNotSentAgain) {
+  constexpr size_t kSize = 2 << 20;
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kAll, 140 + round));
+    ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kSize, v::access::kAll, 150 + round));
+    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 160 + round));
+    ASSERT_OK_AND_ASSIGN(auto inbox, registerBuffer(pair->b.pd, 4096, v::access::kLocalWrite, 170));
+    ASSERT_TRUE(laneCarries(*pair, src, remote));
+    const std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
+    const uint64_t placedBefore = soft::laneBytesPlaced();
+    ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaRead,
+                                    .wrId = 1,
+                                    .sges = {sgeOf(local, 0, kSize)},
+                                    .remoteAddr = remote.address(),
+                                    .rkey = remote.mr.rkey()},
+                                   {.opcode = v::WrOpcode::kSend, .wrId = 2, .sges = {sgeOf(src, 0, 64)}}}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 2));
+    ASSERT_OK(postReceive(pair->b.qp, 20, {sgeOf(inbox, 0, 4096)}));
+    std::vector<v::WorkCompletion> completions;
+    ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
+    EXPECT_EQ(completions[0].wrId, 1u);
+    EXPECT_EQ(completions[0].status, v::WcStatus::kSuccess) << describe(completions[0]);
+    EXPECT_EQ(completions[1].wrId, 2u);
+    EXPECT_EQ(completions[1].status, v::WcStatus::kSuccess) << describe(completions[1]);
+    EXPECT_TRUE(bytesEqual(bytesOf(local), expected));
+    v::WorkCompletion wc;
+    ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+    // Once only: the READ's second part crossed the lane one time.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
+  }
+}
+
 // Posts a READ of all of `remote` into `local`, runs `act` after `delayUs`, and waits for the
 // READ's completion.
 ::testing::AssertionResult readWhile(ConnectedPair& pair, RegisteredBuffer& local, RegisteredBuffer& remote, int delayUs,
