@@ -55,6 +55,11 @@ bool LaneOut::readsPending() const {
   return !reads_.empty();
 }
 
+void LaneOut::forgetReadsFrom(uint32_t seq) {
+  std::lock_guard<std::mutex> lock(readsMu_);
+  while (!reads_.empty() && static_cast<int32_t>(reads_.back().seq - seq) >= 0) reads_.pop_back();
+}
+
 void LaneOut::close(bool wait) {
   const bool first = !closing_.exchange(true);
   auto self = shared_from_this();
@@ -82,10 +87,9 @@ Status LaneOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan* plan) {
     return Status(StatusCode::kProtocolError, "a lane carries nothing back but its hello reply and READ data");
   }
   std::lock_guard<std::mutex> lock(readsMu_);
-  // The responder answers laned READs in order, and one it refused sends nothing here: parts
-  // expected before this one belong to READs that failed (and took the QP to ERR with them).
-  while (!reads_.empty() && reads_.front().seq != h.seq) reads_.pop_front();
-  if (reads_.empty() || reads_.front().length != h.payloadLen) {
+  // The responder answers laned READs in order, each with its part here (a READ it refuses takes
+  // the QP to ERR, which closes the lane; those an RNR NAK made it drop are forgotten).
+  if (reads_.empty() || reads_.front().seq != h.seq || reads_.front().length != h.payloadLen) {
     return Status(StatusCode::kProtocolError, "READ data on the lane that is not a laned READ's second part");
   }
   plan->segments = reads_.front().segments;

@@ -59,6 +59,9 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   void expectRead(uint32_t seq, uint64_t length, std::vector<Segment> segments);
   // READ parts expected and not yet landed (any thread).
   bool readsPending() const;
+  // Forgets the READ parts expected from READ seq on (an RNR NAK: the responder answers none of
+  // them, and they are sent, and expected, again).
+  void forgetReadsFrom(uint32_t seq);
   // Closes the connection (any thread); nothing more is told. With wait (not on the lane thread),
   // returns only once the lane thread has closed it: no READ part lands after that.
   void close(bool wait = false);

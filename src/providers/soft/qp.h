@@ -130,6 +130,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool sourceRevoked(const SendWqe& wqe) const;  // a source region of wqe was deregistered
   void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why);
   void dropLaneOutFromLoop();
+  // A sent laned READ whose second part has not landed yet.
+  bool readPartsDueFromLoop() const;
+  // The QP's connection is gone (its lane too, now): what is in flight fails, or it reconnects.
+  void connectionLostFromLoop();
   // The responder's lane: its frames, and its end with the connection it belongs to.
   Status onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan);
   void onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan);

@@ -146,6 +146,7 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
         completeFromLoop();
         break;
       }
+      if (laneOutlivesConn_ && !readPartsDueFromLoop()) connectionLostFromLoop();  // heard out
       break;
     case LaneOut::Event::kReady:
       laneReady_ = true;
@@ -158,20 +159,48 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
       // loses a lane ends the connection it belongs to (its laned WRITEs and READs could never
       // finish), and one that closed it on an error (ERR) still has its NAK on the way there.
       FERRY_LOG(kDebug, "QP %u: its lane closed: %s", qpn_, why.toString().c_str());
-      const bool connLost = laneOutlivesConn_;
+      if (laneOutlivesConn_) {
+        connectionLostFromLoop();  // the connection went before the lane: both are gone now
+        break;
+      }
       dropLaneOutFromLoop();  // laneUsed_ stays: halves are on their way, unsent frames still go
-      if (connLost && state_.load() == QpState::kRts) {
-        // The connection went before the lane; what the lane brought has landed.
-        if (nextToSend_ > 0) {
-          FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight", qpn_);
-          enterErrorFromLoop(WcStatus::kRetryExcErr);
-          return;
-        }
-        scheduleReconnectFromLoop();
+      if (state_.load() == QpState::kRts && readPartsDueFromLoop()) {
+        // Lane events come in order, so every part that landed was told before this: the rest
+        // never will. A responder that closed the lane on a refusal has its NAK on the way on the
+        // connection, and closes that too; short of that, the READs fail after the transport
+        // timeout (whatever else the connection brings meanwhile).
+        const uint64_t gen = laneGen_;
+        const auto grace = attr_.timeout == 0 ? std::chrono::seconds(2)
+                                              : std::max<Clock::duration>(transportBudget(), std::chrono::milliseconds(100));
+        std::weak_ptr<SoftQp> weak = weak_from_this();
+        ctx_->reactor().addTimer(Clock::now() + grace, [weak, gen] {
+          auto self = weak.lock();
+          if (!self || gen != self->laneGen_ || self->state_.load() != QpState::kRts || !self->readPartsDueFromLoop()) {
+            return;
+          }
+          FERRY_LOG(kInfo, "QP %u: its lane closed with READ parts due", self->qpn_);
+          self->enterErrorFromLoop(WcStatus::kRetryExcErr);
+        });
       }
       break;
     }
   }
+}
+
+bool SoftQp::readPartsDueFromLoop() const {
+  return std::any_of(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(nextToSend_),
+                     [](const SendWqe& w) { return w.laned && w.opcode == WrOpcode::kRdmaRead && !w.laneLanded; });
+}
+
+void SoftQp::connectionLostFromLoop() {
+  dropLaneOutFromLoop();
+  if (state_.load() != QpState::kRts) return;
+  if (nextToSend_ > 0) {
+    FERRY_LOG(kInfo, "QP %u: connection to the peer lost with requests in flight", qpn_);
+    enterErrorFromLoop(WcStatus::kRetryExcErr);
+    return;
+  }
+  scheduleReconnectFromLoop();
 }
 
 void SoftQp::dropLaneOutFromLoop() {
@@ -201,7 +230,10 @@ void SoftQp::pumpFromLoop() {
     return;
   }
   if (state != QpState::kRts || sq_.empty()) return;
-  if (laneOutlivesConn_) return;  // the connection is gone; its lane is heard out first
+  if (laneOutlivesConn_) {  // the connection is gone; its lane is heard out first
+    armTimeoutFromLoop();
+    return;
+  }
   if (!reqConn_ || !reqReady_) {
     if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
     armTimeoutFromLoop();
@@ -478,9 +510,8 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   reqConn_.reset();
   reqReady_ = false;
   dropFastPath();
-  const bool readPartsDue = std::any_of(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(nextToSend_),
-                                        [](const SendWqe& w) { return w.laned && w.opcode == WrOpcode::kRdmaRead && !w.laneLanded; });
-  if (state_.load() == QpState::kRts && wasReady && readPartsDue && type_ == verbs::QpType::kRc && laneOut_) {
+  if (state_.load() == QpState::kRts && wasReady && type_ == verbs::QpType::kRc && laneOut_ &&
+      readPartsDueFromLoop()) {
     // The second parts of READs the responder answered on this connection may still be on the
     // lane (a responder that refused a request closes both once they are out): hear the lane out
     // first, up to its close or the transport timeout (onLaneEventFromLoop).
@@ -711,6 +742,9 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       // second half is on the lane already, and the responder matches halves in order, so every
       // frame goes (the responder drops those after the refused one, halves too).
       if (reqConn_ && !laneUsed_) reqConn_->dropUnsentFrames();
+      // The responder answers none of the READs from the refused request on: their parts will
+      // not come, and the resend expects them anew.
+      if (laneOut_) laneOut_->forgetReadsFrom(front.seq);
       nextSeq_ = front.seq;
       nextToSend_ = refused;
       rdInFlight_ = static_cast<uint32_t>(

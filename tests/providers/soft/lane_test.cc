@@ -426,6 +426,43 @@ TEST_P(LanePath, AReadBeforeAnRnrRefusedSendCompletesWholeAndIsNotSentAgain) {
   }
 }
 
+// A WRITE the responder refuses right behind a laned READ: the responder's NAK and its closing
+// connection may reach the requester before the READ's second part on the lane, yet the READ
+// completes whole and the WRITE fails with REM_ACCESS_ERR.
+TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused) {
+  constexpr size_t kSize = 2 << 20;
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+    ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kAll, 180));
+    ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kSize, v::access::kAll, 181 + round));
+    ASSERT_OK_AND_ASSIGN(auto readOnly, registerBuffer(pair->b.pd, 4096, v::access::kLocalWrite | v::access::kRemoteRead, 190));
+    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 191));
+    ASSERT_TRUE(laneCarries(*pair, src, remote));
+    const std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
+    const uint64_t placedBefore = soft::laneBytesPlaced();
+    ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaRead,
+                                    .wrId = 1,
+                                    .sges = {sgeOf(local, 0, kSize)},
+                                    .remoteAddr = remote.address(),
+                                    .rkey = remote.mr.rkey()},
+                                   {.opcode = v::WrOpcode::kRdmaWrite,
+                                    .wrId = 2,
+                                    .sges = {sgeOf(src, 0, 64)},
+                                    .remoteAddr = readOnly.address(),
+                                    .rkey = readOnly.mr.rkey()}}));
+    std::vector<v::WorkCompletion> completions;
+    ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
+    EXPECT_EQ(completions[0].wrId, 1u);
+    EXPECT_EQ(completions[0].status, v::WcStatus::kSuccess) << describe(completions[0]);
+    EXPECT_EQ(completions[1].wrId, 2u);
+    EXPECT_EQ(completions[1].status, v::WcStatus::kRemAccessErr) << describe(completions[1]);
+    EXPECT_TRUE(bytesEqual(bytesOf(local), expected));
+    EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
+    EXPECT_TRUE(matchesPattern(bytesOf(readOnly), 190));
+  }
+}
+
 // Posts a READ of all of `remote` into `local`, runs `act` after `delayUs`, and waits for the
 // READ's completion.
 ::testing::AssertionResult readWhile(ConnectedPair& pair, RegisteredBuffer& local, RegisteredBuffer& remote, int delayUs,
@@ -459,6 +496,7 @@ TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwa
     ASSERT_TRUE(laneCarries(*pair, probe, remote));
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
+    const uint64_t placedBefore = soft::laneBytesPlaced();
     ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] {
       local.mr.close();  // the memory stays allocated
       atClose.assign(bytesOf(local).begin(), bytesOf(local).end());
@@ -466,6 +504,8 @@ TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwa
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
+      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
+          << "the READ's second part came over the lane";
     }
     EXPECT_TRUE(nothingLandsLater(local, atClose)) << "bytes landed after the region was deregistered";
   }
@@ -481,10 +521,13 @@ TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsI
     ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 123));
     ASSERT_TRUE(laneCarries(*pair, probe, dst));
     v::WorkCompletion wc;
+    const uint64_t placedBefore = soft::laneBytesPlaced();
     ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
+      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
+          << "the READ's second part came over the lane";
     }
     if (wc.status == v::WcStatus::kRemAccessErr) {
       EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout)) << "a failed request leaves the QP in ERR";
@@ -503,6 +546,7 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 132));
     ASSERT_TRUE(laneCarries(*pair, probe, remote));
     v::WorkCompletion wc;
+    const uint64_t placedBefore = soft::laneBytesPlaced();
     ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] {
       v::QpAttr attr;
       attr.state = v::QpState::kErr;
@@ -511,6 +555,8 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kWrFlushErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
+      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
+          << "the READ's second part came over the lane";
     }
     const std::vector<uint8_t> atCompletion(bytesOf(local).begin(), bytesOf(local).end());
     EXPECT_TRUE(nothingLandsLater(local, atCompletion)) << "bytes landed after the READ completed";
