@@ -74,6 +74,9 @@ void Conn::continueAfterPause() {
   }
   if (!closed() && !paused_) consumeStaged();
   if (closed()) return;
+  // Paused again: this step is over, as onReadable's is when it pauses (and it says so the same way).
+  if (paused_ && delegate_) delegate_->onInputDrained(*this);
+  if (closed()) return;
   uncork();
   if (!closed() && !paused_) takeInput();
 }

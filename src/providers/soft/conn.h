@@ -55,7 +55,8 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
     // The whole frame (payload and trailer) arrived.
     virtual void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan,
                          uint32_t trailer) = 0;
-    // Everything readable was consumed (a good moment to send a coalesced acknowledgement).
+    // Everything readable was consumed, or input paused (a good moment to send a coalesced
+    // acknowledgement).
     virtual void onInputDrained(Conn& conn) {}
     // A queued frame lost payload bytes to a deregistration (they went out as zeros).
     virtual void onPayloadRevoked(Conn& conn, const OutFrame& frame) {}

@@ -92,7 +92,7 @@ Status LaneOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan* plan) {
   if (reads_.empty() || reads_.front().seq != h.seq || reads_.front().length != h.payloadLen) {
     return Status(StatusCode::kProtocolError, "READ data on the lane that is not a laned READ's second part");
   }
-  plan->segments = reads_.front().segments;
+  plan->segments = std::move(reads_.front().segments);  // the entry stays (readsPending) until placed
   return Status::ok();
 }
 
@@ -142,13 +142,13 @@ void splitSegments(const std::vector<Segment>& segs, uint64_t at, std::vector<Se
   uint64_t offset = 0;
   for (const Segment& seg : segs) {
     if (offset + seg.length <= at) {
-      head->push_back(seg);
+      if (head) head->push_back(seg);
     } else if (offset >= at) {
-      tail->push_back(seg);
+      if (tail) tail->push_back(seg);
     } else {
       const uint64_t first = at - offset;
-      head->push_back(Segment{seg.ptr, first, seg.entry});
-      tail->push_back(Segment{seg.ptr ? seg.ptr + first : nullptr, seg.length - first, seg.entry});
+      if (head) head->push_back(Segment{seg.ptr, first, seg.entry});
+      if (tail) tail->push_back(Segment{seg.ptr ? seg.ptr + first : nullptr, seg.length - first, seg.entry});
     }
     offset += seg.length;
   }

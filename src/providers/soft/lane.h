@@ -106,7 +106,8 @@ void countLaneBytesPlaced(uint64_t bytes);
 // the bytes below this 4 KiB boundary near the middle, the second part (on the lane) the rest.
 inline uint64_t laneSplitAt(uint64_t length) { return (length / 2) & ~uint64_t{0xfff}; }
 
-// Splits segs at byte `at`: the segments (and piece of one) before it into head, the rest into tail.
+// Splits segs at byte `at`: the segments (and piece of one) before it into head, the rest into tail
+// (either may be null: that side is not wanted).
 void splitSegments(const std::vector<Segment>& segs, uint64_t at, std::vector<Segment>* head,
                    std::vector<Segment>* tail);
 

@@ -394,7 +394,7 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
     if (reqConn_) reqConn_->close(Status::ok(), true);
     reqConn_.reset();
     reqReady_ = false;
-    closeLaneInAfterFlushFromLoop();
+    dropLaneInFromLoop(/*afterFlush=*/true);
     if (respConn_) respConn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
     for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
       if (*timer) ctx_->reactor().cancelTimer(*timer);

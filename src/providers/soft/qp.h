@@ -137,9 +137,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // The responder's lane: its frames, and its end with the connection it belongs to.
   Status onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan);
   void onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
-  void dropLaneInFromLoop();
-  // ERR: the lane closes once the READ parts on it have gone.
-  void closeLaneInAfterFlushFromLoop();
+  // Ends the responder's lane: at once, or (afterFlush, in ERR) once the READ parts on it have gone.
+  void dropLaneInFromLoop(bool afterFlush = false);
   // Lets the READ parts held on laneIn_ go (laneCorked_).
   void uncorkLaneFromLoop();
   // A laned WRITE's second half, as the responder expects it on the lane (empty: discard it).

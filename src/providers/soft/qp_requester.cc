@@ -282,9 +282,9 @@ void SoftQp::pumpFromLoop() {
     if (laneReady_ && laneable && wqe.opcode == WrOpcode::kRdmaRead) {
       // The response's second part comes back on the lane, placed by the lane thread: it knows
       // where before the request leaves.
-      std::vector<Segment> head, tail;
+      std::vector<Segment> tail;
       const uint64_t first = laneSplitAt(wqe.length);
-      splitSegments(wqe.local, first, &head, &tail);
+      splitSegments(wqe.local, first, nullptr, &tail);
       laneOut_->expectRead(wqe.seq, wqe.length - first, std::move(tail));
       wqe.laned = true;
     }
@@ -598,8 +598,7 @@ Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
           return Status(StatusCode::kProtocolError, "READ response does not match the oldest READ");
         }
         if (wqe.laned) {
-          std::vector<Segment> tail;
-          splitSegments(wqe.local, here, &plan->segments, &tail);
+          splitSegments(wqe.local, here, &plan->segments, nullptr);
         } else {
           plan->segments = wqe.local;
         }

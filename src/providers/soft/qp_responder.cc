@@ -158,20 +158,16 @@ void SoftQp::onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
   if (ackNeeded_ && respConn_ && !respConn_->closed()) sendAckFromLoop(*respConn_);
 }
 
-void SoftQp::closeLaneInAfterFlushFromLoop() {
-  // The READ parts already on the lane still go, as a NAK queued on the connection does (it
-  // acknowledges their READs); then the lane closes.
-  uncorkLaneFromLoop();
-  if (laneIn_) laneIn_->closeAfterFlush(/*drain=*/true);
-  laneTicket_ = 0;
-  lanePieces_.clear();
-  lanePending_ = 0;
-  laneRefusal_.reset();
-}
-
-void SoftQp::dropLaneInFromLoop() {
-  if (laneIn_) laneIn_->close(Status::ok(), true);
-  laneIn_.reset();
+void SoftQp::dropLaneInFromLoop(bool afterFlush) {
+  if (afterFlush) {
+    // The READ parts already on the lane still go, as a NAK queued on the connection does (it
+    // acknowledges their READs); the lane closes after them, and laneIn_ holds it until then.
+    uncorkLaneFromLoop();
+    if (laneIn_) laneIn_->closeAfterFlush(/*drain=*/true);
+  } else {
+    if (laneIn_) laneIn_->close(Status::ok(), true);
+    laneIn_.reset();
+  }
   laneTicket_ = 0;
   lanePieces_.clear();
   lanePending_ = 0;
@@ -448,13 +444,9 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       if (lanePart.headerLen != 0 && laneIn_) {
         if (!laneCorked_) {
           // The READ parts this input asks for leave together, as the connection's own responses
-          // do: when the input is drained, or at the latest once this step of the loop is over.
+          // do: when the input is drained or pauses (onInputDrained).
           laneIn_->cork();
           laneCorked_ = true;
-          std::weak_ptr<SoftQp> weak = weak_from_this();
-          ctx_->reactor().post([weak] {
-            if (auto self = weak.lock()) self->uncorkLaneFromLoop();
-          });
         }
         laneIn_->send(std::move(lanePart));
       }

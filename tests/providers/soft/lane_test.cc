@@ -231,21 +231,21 @@ TEST_P(LanePath, ARefusalBehindHalvesStillOnTheLaneWaitsForThem) {
 constexpr size_t kDeregisteredSize = 32 << 20;
 constexpr int kDeregisterAfterUs[] = {0, 500, 1000, 2000, 4000};
 
-// Posts a WRITE of all of src to dst, runs `deregister` after `delayUs`, and waits for the WRITE's
-// completion.
-::testing::AssertionResult writeWhileDeregistering(ConnectedPair& pair, RegisteredBuffer& src, RegisteredBuffer& dst,
-                                                   int delayUs, const std::function<void()>& deregister,
-                                                   v::WorkCompletion* wc) {
-  Status st = post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+// Posts a WRITE (or READ) of all of `local` to (from) `remote`, runs `act` after `delayUs`, and
+// waits for the request's completion.
+::testing::AssertionResult transferWhile(ConnectedPair& pair, v::WrOpcode opcode, RegisteredBuffer& local,
+                                         RegisteredBuffer& remote, int delayUs, const std::function<void()>& act,
+                                         v::WorkCompletion* wc) {
+  Status st = post(pair.a.qp, {.opcode = opcode,
                                .wrId = 1,
-                               .sges = {sgeOf(src, 0, static_cast<uint32_t>(src.size()))},
-                               .remoteAddr = dst.address(),
-                               .rkey = dst.mr.rkey()});
+                               .sges = {sgeOf(local, 0, static_cast<uint32_t>(local.size()))},
+                               .remoteAddr = remote.address(),
+                               .rkey = remote.mr.rkey()});
   if (!st.isOk()) return ::testing::AssertionFailure() << st.toString();
   std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
-  deregister();
-  if (!pollOne(pair.a.sendCq, wc)) return ::testing::AssertionFailure() << "the WRITE never completed";
-  if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the WRITE's completion: " << describe(*wc);
+  act();
+  if (!pollOne(pair.a.sendCq, wc)) return ::testing::AssertionFailure() << "the request never completed";
+  if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the request's completion: " << describe(*wc);
   return ::testing::AssertionSuccess();
 }
 
@@ -259,7 +259,7 @@ TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
     fillPattern(src.memory.bytes(), 72);
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
-    ASSERT_TRUE(writeWhileDeregistering(*pair, src, dst, delayUs, [&] {
+    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs, [&] {
       dst.mr.close();  // the memory stays allocated
       atClose.assign(bytesOf(dst).begin(), bytesOf(dst).end());
     }, &wc));
@@ -280,7 +280,7 @@ TEST_P(LanePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItW
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 82));
     ASSERT_TRUE(laneCarries(*pair, probe, dst));
     v::WorkCompletion wc;
-    ASSERT_TRUE(writeWhileDeregistering(*pair, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
+    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
@@ -463,23 +463,6 @@ TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused
   }
 }
 
-// Posts a READ of all of `remote` into `local`, runs `act` after `delayUs`, and waits for the
-// READ's completion.
-::testing::AssertionResult readWhile(ConnectedPair& pair, RegisteredBuffer& local, RegisteredBuffer& remote, int delayUs,
-                                     const std::function<void()>& act, v::WorkCompletion* wc) {
-  Status st = post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaRead,
-                               .wrId = 1,
-                               .sges = {sgeOf(local, 0, static_cast<uint32_t>(local.size()))},
-                               .remoteAddr = remote.address(),
-                               .rkey = remote.mr.rkey()});
-  if (!st.isOk()) return ::testing::AssertionFailure() << st.toString();
-  std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
-  act();
-  if (!pollOne(pair.a.sendCq, wc)) return ::testing::AssertionFailure() << "the READ never completed";
-  if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the READ's completion: " << describe(*wc);
-  return ::testing::AssertionSuccess();
-}
-
 // Waits a while, then says whether `buffer` still holds `before`: nothing landed meanwhile.
 ::testing::AssertionResult nothingLandsLater(RegisteredBuffer& buffer, const std::vector<uint8_t>& before) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -497,7 +480,7 @@ TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwa
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
     const uint64_t placedBefore = soft::laneBytesPlaced();
-    ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] {
+    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] {
       local.mr.close();  // the memory stays allocated
       atClose.assign(bytesOf(local).begin(), bytesOf(local).end());
     }, &wc));
@@ -522,7 +505,7 @@ TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsI
     ASSERT_TRUE(laneCarries(*pair, probe, dst));
     v::WorkCompletion wc;
     const uint64_t placedBefore = soft::laneBytesPlaced();
-    ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
+    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
@@ -547,7 +530,7 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     ASSERT_TRUE(laneCarries(*pair, probe, remote));
     v::WorkCompletion wc;
     const uint64_t placedBefore = soft::laneBytesPlaced();
-    ASSERT_TRUE(readWhile(*pair, local, remote, delayUs, [&] {
+    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] {
       v::QpAttr attr;
       attr.state = v::QpState::kErr;
       ASSERT_OK(pair->a.qp.modify(attr, v::qp_attr_mask::kState));
