@@ -205,9 +205,9 @@ const std::vector<Variable>& variables() {
        "the "
        "peers on this host write into its rings without waking its progress thread, and its polls take the "
        "frames. "
-       "Arming a completion queue ends it at once; otherwise a frame waits at most this long when the "
-       "application "
-       "stops polling (0: peers always wake the thread). Needs FERRY_SOFT_CALLER_PROGRESS.",
+       "Arming a completion queue ends it at once; otherwise a frame, or an acknowledgement its polls owe "
+       "a peer, waits at most this long when the application stops polling (0: peers always wake the "
+       "thread). Needs FERRY_SOFT_CALLER_PROGRESS.",
        "1000", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftAttendUs>},
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "

@@ -224,7 +224,7 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
     (*cb)(events[i].events);
   }
   // Timers due now.
-  const auto now = timers_.empty() ? Clock::time_point() : Clock::now();
+  const auto now = timers_.empty() ? Clock::time_point() : runNow();
   while (!timers_.empty() && timers_.begin()->first <= now) {
     TimerId id = timers_.begin()->second;
     timers_.erase(timers_.begin());
@@ -271,6 +271,7 @@ bool Reactor::runHere(const std::function<void()>& fn) {
   if (!lock.owns_lock() || closed_ || epollFd_ < 0 || stopping_) return false;
   ++progressed_;
   running_ = this;
+  runNow_ = Clock::time_point();
   fn();
   running_ = nullptr;
   // A timer fn added that falls due before the thread's own wake-up: the thread must sleep less.
@@ -320,6 +321,7 @@ void Reactor::loop() {
       FERRY_LOG(kError, "epoll_wait failed: errno %d", err);
       break;
     }
+    runNow_ = Clock::time_point();
     dispatchLocked(events, n);
     // The work the callers were to find, when they stopped coming: after a quiet sleep, and once
     // for every lease that has ended, however late the thread comes (a lease may begin and end

@@ -50,6 +50,9 @@ class Reactor {
   // Returns kClosed (without running fn) once the reactor is stopped.
   Status runSync(const std::function<void()>& fn);
   bool inLoop() const { return std::this_thread::get_id() == threadId_.load() || running_ == this; }
+  // Whether the calling thread runs the loop as a caller (runHere(), progressOnce()), not as the
+  // reactor's own thread.
+  bool inCallersRun() const { return running_ == this; }
   // Runs the loop once on the calling thread, without waiting: the pollers, the fds that are
   // ready, the timers that are due, the work posted. `vouches`: the caller says it goes on calling
   // (an application polling a queue it has not armed); the pollers are told. Does nothing (false)
@@ -62,6 +65,15 @@ class Reactor {
   bool runHere(const std::function<void()>& fn);
 
   // The following run on the reactor thread only (or in a caller's runHere()/progressOnce()).
+  // The clock of the current run (the thread's pass over what is ready, or a caller's runHere()):
+  // read when first asked and shared by whatever asks later in the same run, so that a run's
+  // pollers and its timers cost one reading. Behind the clock by at most the run's length so far:
+  // for deadlines and leases that may come a run early or late, never to time a spin or to tell
+  // whether another thread's lease still holds.
+  Clock::time_point runNow() {
+    if (runNow_ == Clock::time_point()) runNow_ = Clock::now();
+    return runNow_;
+  }
   Status addFd(int fd, uint32_t events, FdCb cb);
   Status modFd(int fd, uint32_t events);
   void removeFd(int fd);
@@ -85,6 +97,11 @@ class Reactor {
   // so that a socket's readiness wakes no thread; it looks at the fds again, and runs the pollers,
   // at `until`, or at once when a later call moves `until` earlier (Clock::time_point() ends it).
   void attendUntil(Clock::time_point until);
+  // Whether the thread is still to run the pollers for the current lease: one is set and the
+  // thread has not run them since it ended (it does at the latest then). Loop only.
+  bool leaseSweepAhead() const {
+    return attendedUntil_ != Clock::time_point() && sweptLease_ != attendedUntil_;
+  }
 
  private:
   void loop();
@@ -119,6 +136,7 @@ class Reactor {
   Clock::time_point threadSleepsUntil_ = Clock::time_point::max();
   Clock::time_point attendedUntil_{};  // guarded by loopMu_
   Clock::time_point sweptLease_{};     // guarded by loopMu_: the last ended lease the thread swept
+  Clock::time_point runNow_{};         // guarded by loopMu_: runNow()'s reading (zero: none yet)
   bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 

@@ -315,9 +315,37 @@ void SoftContext::removeAttendedLinkFromLoop(const Conn* conn) {
   });
 }
 
+namespace {
+std::atomic<uint64_t> deferredAckCount{0};
+}  // namespace
+
+uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed); }
+
+bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
+  // Under a lease the thread has yet to sweep: its end's run of the pollers sends the ACK if no
+  // caller's run comes first.
+  if (attendNs_ == 0 || !reactor_.inCallersRun() || !reactor_.leaseSweepAhead()) return false;
+  deferredAcks_.push_back(std::move(qp));
+  deferredAckCount.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void SoftContext::sendDeferredAcksFromLoop() {
+  // Swapped out first: sending may close a connection, and its QP's callbacks may defer again.
+  acksSending_.swap(deferredAcks_);
+  for (const auto& w : acksSending_) {
+    if (auto qp = w.lock()) qp->sendDeferredAckFromLoop();
+  }
+  acksSending_.clear();
+}
+
 bool SoftContext::attendFromLoop(bool vouches) {
+  if (!deferredAcks_.empty()) sendDeferredAcksFromLoop();
   if (vouches) {
-    const int64_t now = steadyNs();
+    // The run's clock: the lease it gives ends no later than one measured now would, and the
+    // timers this run looks at after the fds share the reading.
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(reactor_.runNow().time_since_epoch()).count();
     if (attendedUntilNs_.load() - now < attendNs_ / 2) {
       // One reading for the rings and the thread (steadyNs() is the reactor's clock): a
       // producer that saw the lease hold wrote its frame before the lease's end, and the thread
@@ -346,6 +374,7 @@ bool SoftContext::pollAttendedLinksFromLoop() {
 }
 
 void SoftContext::endLeaseFromLoop() {
+  if (!deferredAcks_.empty()) sendDeferredAcksFromLoop();
   attendedUntilNs_.store(0);
   reactor_.attendUntil(Reactor::Clock::time_point());
   // First the producers are told (a sequentially consistent store in each ring), then the rings are

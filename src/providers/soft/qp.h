@@ -66,6 +66,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
   void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan, uint32_t trailer) override;
   void onInputDrained(Conn& conn) override;
+  // The ACK onInputDrained left to the next run (SoftContext::deferAckFromLoop), when one is due.
+  void sendDeferredAckFromLoop();
   void onPayloadRevoked(Conn& conn, const OutFrame& frame) override;
   void onProgress(Conn& conn) override;
   void onConnected(Conn& conn) override;
@@ -272,6 +274,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
     verbs::AsyncEventType event = verbs::AsyncEventType::kQpAccessErr;
   };
   std::optional<LaneRefusal> laneRefusal_;
+  bool ackDeferred_ = false;  // an ACK waits in SoftContext's list for the next run
   std::optional<uint32_t> lastAck_;  // the last ACK sendAckFromLoop sent on respConn_
   bool laneCorked_ = false;  // laneIn_ holds READ parts until respConn_'s input is drained
 };

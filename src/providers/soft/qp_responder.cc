@@ -191,7 +191,11 @@ void SoftQp::noReceiveFromLoop(uint32_t seq) {
     dropMessageFromLoop();  // UC drops the message
     return;
   }
-  if (ackNeeded_) onInputDrained(*respConn_);
+  if (ackNeeded_) {
+    // Now, before the NAK, which stands for everything before the refused request.
+    uncorkLaneFromLoop();
+    sendAckFromLoop(*respConn_);
+  }
   sendNakFromLoop(seq, wire::Syndrome::kRnr);
   respNakPending_ = true;
   respSkip_ = true;
@@ -494,7 +498,21 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
 void SoftQp::onInputDrained(Conn& conn) {
   if (&conn != respConn_.get()) return;
   uncorkLaneFromLoop();
-  if (ackNeeded_) sendAckFromLoop(conn);
+  if (!ackNeeded_) return;
+  // In an application's poll, the ACK goes at the start of the next run: the poll that took a
+  // request returns its completion without writing the ACK first (on TCP a system call), and the
+  // application's next call, or the thread once the lease ends, sends it.
+  if (ackDeferred_) return;
+  if (ctx_->deferAckFromLoop(weak_from_this())) {
+    ackDeferred_ = true;
+    return;
+  }
+  sendAckFromLoop(conn);
+}
+
+void SoftQp::sendDeferredAckFromLoop() {
+  ackDeferred_ = false;
+  if (ackNeeded_ && respConn_ && !respConn_->closed()) sendAckFromLoop(*respConn_);
 }
 
 void SoftQp::uncorkLaneFromLoop() {

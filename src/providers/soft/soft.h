@@ -70,6 +70,9 @@ bool parseSoftGid(const verbs::Gid& gid, in_addr_t* ipv4, uint16_t* port);
 // bits from the kernel's generator. 0 means no ticket: the generator failed (or, once in 2^64,
 // drew 0), and the connection it was for is not offered.
 uint64_t randomTicket();
+// How many ACKs a responder of this process left to the next run of its loop because an
+// application's poll took their requests (SoftContext::deferAckFromLoop): what tests read.
+uint64_t acksDeferred();
 
 // ---- registered memory ----
 // One registration. Immutable but for `revoked`, which changes under the context's memory lock.
@@ -157,6 +160,12 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // vouches (the CQ is not armed), it renews the lease.
   bool progressFromPoll(bool vouches);
   void removeAttendedLinkFromLoop(const Conn* conn);
+  // A responder's ACK, when the run is an application's poll under the lease: it is sent at the
+  // start of the next run's pollers (the application's next poll of any of this device's CQs or
+  // its next post's run, or the thread when the lease ends, as for a ring's frames), so the poll
+  // that took the request returns first. False (send it now) in the thread's runs and without a
+  // lease. Loop only.
+  bool deferAckFromLoop(std::weak_ptr<SoftQp> qp);
   // The application is about to sleep (it arms a CQ): the lease ends now, the producers wake the
   // progress thread again, and what they left meanwhile is taken. Any thread.
   void stopAttending();
@@ -218,6 +227,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   bool attendFromLoop(bool vouches);
   bool pollAttendedLinksFromLoop();  // whether a link held frames
   void endLeaseFromLoop();
+  void sendDeferredAcksFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
 
   SoftDeviceInfo device_;
@@ -228,6 +238,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only
   std::vector<std::shared_ptr<Conn>> linksPolled_;  // loop only: the links one poll goes through
+  std::vector<std::weak_ptr<SoftQp>> deferredAcks_;  // loop only: QPs whose ACK waits for the next run
+  std::vector<std::weak_ptr<SoftQp>> acksSending_;   // loop only: the list being sent
   // steadyNs() until which the lease holds, 0 when ended; written in the loop only.
   std::atomic<int64_t> attendedUntilNs_{0};
   int listenFd_ = -1;

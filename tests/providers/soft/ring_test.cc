@@ -33,6 +33,7 @@
 
 #include "ferry/common/config.h"
 #include "providers/soft/share.h"
+#include "providers/soft/soft.h"
 #include "support/verbs_fixture.h"
 
 namespace ferry::test {
@@ -241,6 +242,13 @@ class RingPath : public VerbsTest {
     }
   }
   bool ringsExpected() const { return providerPath().name != "soft_tcp"; }
+  // A pair whose contexts give leases of 10 ms (FERRY_SOFT_ATTEND_US), so that a test's pauses
+  // of 30 ms decide which side holds one.
+  Result<std::unique_ptr<ConnectedPair>> makePairWithLeasesOf10Ms() const {
+    ScopedEnv env;
+    env.set("FERRY_SOFT_ATTEND_US", "10000");
+    return makePair();
+  }
 };
 
 TEST_P(RingPath, SameHostConnectionsMoveToRingsAndTcpOnlyOnesNever) {
@@ -381,13 +389,7 @@ bool hungUpWithin(int sock, std::chrono::milliseconds limit) {
 TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   if (!ringsExpected()) GTEST_SKIP() << "no rings on this path";
   if (!ferry::config::softCallerProgress()) GTEST_SKIP() << "no leases without FERRY_SOFT_CALLER_PROGRESS";
-  const char* was = std::getenv("FERRY_SOFT_ATTEND_US");
-  const std::string previous = was ? was : "";
-  ::setenv("FERRY_SOFT_ATTEND_US", "10000", 1);
-  auto made = makePair();
-  if (was) ::setenv("FERRY_SOFT_ATTEND_US", previous.c_str(), 1);
-  else ::unsetenv("FERRY_SOFT_ATTEND_US");
-  ASSERT_OK_AND_ASSIGN(auto pair, std::move(made));
+  ASSERT_OK_AND_ASSIGN(auto pair, makePairWithLeasesOf10Ms());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, v::access::kLocalWrite, 21));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, v::access::kAll, 22));
   ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 64)}));
@@ -446,6 +448,45 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
   EXPECT_EQ(wc.wrId, 3u);
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 128, 64), bytesOf(src, 64, 64)));
+}
+
+// A poll of b's CQ that takes a's SEND returns its completion before b acknowledges it: the ACK
+// goes at the start of b's next run. Here b never runs its loop again (it neither polls nor
+// arms): its thread must send the ACK when b's lease ends, or a's SEND never completes (a's own
+// polls do not progress b). On rings and on TCP alike. An attempt whose frame b's thread took
+// (the test held off the core past b's lease) defers nothing and is tried again; every attempt's
+// SEND completes and lands.
+TEST_P(RingPath, AnAckAPollLeftIsSentWhenThePollsStop) {
+  if (!ferry::config::softCallerProgress()) GTEST_SKIP() << "no leases without FERRY_SOFT_CALLER_PROGRESS";
+  ASSERT_OK_AND_ASSIGN(auto pair, makePairWithLeasesOf10Ms());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, v::access::kLocalWrite, 23));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, v::access::kAll, 24));
+  v::WorkCompletion wc;
+  // A first SEND, both sides polling, sets the connections up.
+  ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 64)}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 6, .sges = {sgeOf(src, 128, 64)}}));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  bool deferred = false;
+  for (uint64_t attempt = 0; attempt < 5 && !deferred; ++attempt) {
+    const uint64_t recvId = 10 + attempt;
+    const size_t from = 1024 + 64 * attempt;
+    ASSERT_OK(postReceive(pair->b.qp, recvId, {sgeOf(dst, 64, 64)}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));                  // every lease runs out
+    ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
+    const uint64_t before = soft::acksDeferred();
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 20 + attempt, .sges = {sgeOf(src, from, 64)}}));
+    ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));  // b's poll takes the SEND; then b stops
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+    EXPECT_EQ(wc.wrId, recvId);
+    deferred = soft::acksDeferred() > before;
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)))
+        << "b's ACK never left: the run after the poll that deferred it never came";
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+    EXPECT_EQ(wc.wrId, 20 + attempt);
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, 64, 64), bytesOf(src, from, 64)));
+  }
+  EXPECT_TRUE(deferred) << "in five attempts, no poll of b took the SEND itself";
 }
 
 // The listener answers only after a hello reply named it, but its name can be found on the host:
