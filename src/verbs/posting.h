@@ -17,6 +17,21 @@ namespace ferry::verbs {
 // remote address.
 Status checkSendWr(QpType type, const QpCap& cap, const SendWr& wr);
 
+// True for a request checkSendWr passes that is quick to tell (no inline data, no atomic, an
+// opcode the QP type carries, few enough SGEs), so that a batch of plain WRITEs, READs and SENDs
+// builds no Status per request; false says nothing (checkSendWr decides).
+inline bool plainSendWr(QpType type, const QpCap& cap, const SendWr& wr) {
+  if ((wr.sendFlags & send_flags::kInline) != 0 || wr.sgList.size() > cap.maxSendSge) return false;
+  switch (wr.opcode) {
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm: return true;
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm: return type != QpType::kUd;
+    case WrOpcode::kRdmaRead: return type == QpType::kRc;
+    default: return false;
+  }
+}
+
 // A receive request on a queue taking at most maxSge SGEs; `what` names the call in the error
 // ("post recv", "post SRQ recv").
 Status checkRecvWr(uint32_t maxSge, const RecvWr& wr, const char* what);

@@ -216,9 +216,10 @@ namespace {
 // Hands wrs to the provider up to the first request `check` refuses, then returns that refusal
 // with *badIndex at it: the requests before it are posted, as with any refusal (a provider's own
 // refusal among them comes first).
-template <typename Wr, typename Check, typename Post>
-Status postChecked(std::span<const Wr> wrs, size_t* badIndex, Check check, Post post) {
+template <typename Wr, typename Quick, typename Check, typename Post>
+Status postChecked(std::span<const Wr> wrs, size_t* badIndex, Quick quick, Check check, Post post) {
   for (size_t i = 0; i < wrs.size(); ++i) {
+    if (quick(wrs[i])) continue;
     Status refusal = check(wrs[i]);
     if (refusal.isOk()) continue;
     if (i > 0) {
@@ -244,7 +245,8 @@ Status QueuePair::postSend(std::span<const SendWr> wrs, size_t* badIndex) {
   const QpType type = impl_->type();
   const QpCap cap = impl_->cap();
   return postChecked(
-      wrs, badIndex, [&](const SendWr& wr) { return checkSendWr(type, cap, wr); },
+      wrs, badIndex, [&](const SendWr& wr) { return plainSendWr(type, cap, wr); },
+      [&](const SendWr& wr) { return checkSendWr(type, cap, wr); },
       [&](std::span<const SendWr> some, size_t* bad) { return impl_->postSend(some, bad); });
 }
 Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {
@@ -254,7 +256,8 @@ Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {
   }
   const uint32_t maxSge = impl_->cap().maxRecvSge;
   return postChecked(
-      wrs, badIndex, [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post recv"); },
+      wrs, badIndex, [&](const RecvWr& wr) { return wr.sgList.size() <= maxSge; },
+      [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post recv"); },
       [&](std::span<const RecvWr> some, size_t* bad) { return impl_->postRecv(some, bad); });
 }
 
@@ -347,7 +350,8 @@ Status SharedReceiveQueue::postRecv(std::span<const RecvWr> wrs, size_t* badInde
   }
   const uint32_t maxSge = impl_->maxSge();
   return postChecked(
-      wrs, badIndex, [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post SRQ recv"); },
+      wrs, badIndex, [&](const RecvWr& wr) { return wr.sgList.size() <= maxSge; },
+      [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post SRQ recv"); },
       [&](std::span<const RecvWr> some, size_t* bad) { return impl_->postRecv(some, bad); });
 }
 Status SharedReceiveQueue::armLimit(uint32_t limit) {

@@ -685,6 +685,22 @@ uint64_t SharePeer::Slot::atomic(bool cmpSwap, uint64_t remote, uint64_t compare
 
 bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const {
   if (viaMap_) {
+    // One local piece for each remote one, of its length (a batch of one-SGE WRITEs or READs, the
+    // common case): straight copies.
+    bool paired = local.size() == remote.size();
+    for (size_t i = 0; paired && i < local.size(); ++i) paired = local[i].iov_len == remote[i].iov_len;
+    if (paired) {
+      DeviceAccess device;
+      for (size_t i = 0; i < local.size(); ++i) {
+        auto* at = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(remote[i].iov_base) + bias_);
+        if (toRemote) {
+          std::memcpy(at, local[i].iov_base, local[i].iov_len);
+        } else {
+          std::memcpy(local[i].iov_base, at, local[i].iov_len);
+        }
+      }
+      return true;
+    }
     // Each remote piece takes the next bytes of the local pieces, in order.
     size_t li = 0, lo = 0;
     for (const iovec& r : remote) {
