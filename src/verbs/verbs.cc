@@ -213,15 +213,14 @@ Result<QpAttr> QueuePair::query() const {
 }
 namespace {
 
-// Hands wrs to the provider up to the first request `check` refuses, then returns that refusal
-// with *badIndex at it: the requests before it are posted, as with any refusal (a provider's own
-// refusal among them comes first).
-template <typename Wr, typename Quick, typename Check, typename Post>
-Status postChecked(std::span<const Wr> wrs, size_t* badIndex, Quick quick, Check check, Post post) {
+// Hands wrs to the provider up to the first request `fine` refuses, then returns that request's
+// refusal (`check` words it) with *badIndex at it: the requests before it are posted, as with any
+// refusal (a provider's own refusal among them comes first).
+template <typename Wr, typename Fine, typename Check, typename Post>
+Status postChecked(std::span<const Wr> wrs, size_t* badIndex, Fine fine, Check check, Post post) {
   for (size_t i = 0; i < wrs.size(); ++i) {
-    if (quick(wrs[i])) continue;
+    if (fine(wrs[i])) continue;
     Status refusal = check(wrs[i]);
-    if (refusal.isOk()) continue;
     if (i > 0) {
       size_t inner = 0;
       if (Status st = post(wrs.first(i), &inner); !st.isOk()) {
@@ -245,7 +244,7 @@ Status QueuePair::postSend(std::span<const SendWr> wrs, size_t* badIndex) {
   const QpType type = impl_->type();
   const QpCap cap = impl_->cap();
   return postChecked(
-      wrs, badIndex, [&](const SendWr& wr) { return plainSendWr(type, cap, wr); },
+      wrs, badIndex, [&](const SendWr& wr) { return sendWrFault(type, cap, wr) == SendWrFault::kNone; },
       [&](const SendWr& wr) { return checkSendWr(type, cap, wr); },
       [&](std::span<const SendWr> some, size_t* bad) { return impl_->postSend(some, bad); });
 }
@@ -256,7 +255,7 @@ Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {
   }
   const uint32_t maxSge = impl_->cap().maxRecvSge;
   return postChecked(
-      wrs, badIndex, [&](const RecvWr& wr) { return wr.sgList.size() <= maxSge; },
+      wrs, badIndex, [&](const RecvWr& wr) { return recvWrFits(maxSge, wr); },
       [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post recv"); },
       [&](std::span<const RecvWr> some, size_t* bad) { return impl_->postRecv(some, bad); });
 }
@@ -350,7 +349,7 @@ Status SharedReceiveQueue::postRecv(std::span<const RecvWr> wrs, size_t* badInde
   }
   const uint32_t maxSge = impl_->maxSge();
   return postChecked(
-      wrs, badIndex, [&](const RecvWr& wr) { return wr.sgList.size() <= maxSge; },
+      wrs, badIndex, [&](const RecvWr& wr) { return recvWrFits(maxSge, wr); },
       [&](const RecvWr& wr) { return checkRecvWr(maxSge, wr, "post SRQ recv"); },
       [&](std::span<const RecvWr> some, size_t* bad) { return impl_->postRecv(some, bad); });
 }
