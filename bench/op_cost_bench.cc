@@ -18,6 +18,9 @@
 //             tcp-send      the same over TCP on loopback (FERRY_SOFT_SAME_HOST=0)
 //             tcp-write     a WRITE ping-pong over TCP: each side polls its CQ (its progress) until
 //                           the peer's WRITE has landed its last byte, then WRITEs back
+//             empty-poll    one poll of a CQ that holds nothing, on a context with a ring connection
+//                           (set up by a few SENDs): what a waiting application pays per look, and
+//                           so how late, on average, it sees a message that came in meanwhile
 //   --iters   operations per round (default 20000); --rounds rounds per op (default 11), the ops
 //             interleaved round by round so drift hits each alike
 //   --size    message bytes (default 8)
@@ -55,7 +58,8 @@ constexpr uint32_t kAccess = v::access::kAll;
 constexpr std::chrono::seconds kWaitLimit{10};
 
 struct Options {
-  std::vector<std::string> ops{"mapped-write", "heap-write", "mapped-atomic", "ring-send", "tcp-send", "tcp-write"};
+  std::vector<std::string> ops{"mapped-write", "heap-write", "mapped-atomic", "ring-send",
+                               "tcp-send",     "tcp-write",  "empty-poll"};
   uint64_t iters = 20000;
   int rounds = 11;
   uint32_t size = 8;
@@ -146,7 +150,7 @@ class Deadline {
 // One operation kind, set up once, run in rounds.
 class Op {
  public:
-  enum class Shape { kPostAndPoll, kSendPingPong, kWritePingPong };
+  enum class Shape { kPostAndPoll, kSendPingPong, kWritePingPong, kEmptyPoll };
   Op(std::string name, std::string sameHost, bool mapped, v::WrOpcode opcode, Shape shape)
       : name_(std::move(name)), sameHost_(std::move(sameHost)), mapped_(mapped), opcode_(opcode), shape_(shape) {}
 
@@ -163,14 +167,20 @@ class Op {
     FERRY_RETURN_IF_ERROR(openEnd(b_, mapped_));
     FERRY_RETURN_IF_ERROR(connect(a_, b_));
     ::unsetenv("FERRY_SOFT_SAME_HOST");
-    if (shape_ == Shape::kSendPingPong) {
+    if (shape_ == Shape::kSendPingPong || shape_ == Shape::kEmptyPoll) {
       for (int i = 0; i < 16; ++i) {
         FERRY_RETURN_IF_ERROR(postRecv(a_));
         FERRY_RETURN_IF_ERROR(postRecv(b_));
       }
     }
     // The first operations open connections and map memory: not part of any round.
-    for (int i = 0; i < 200; ++i) FERRY_RETURN_IF_ERROR(once());
+    for (int i = 0; i < 200; ++i) {
+      FERRY_RETURN_IF_ERROR(shape_ == Shape::kEmptyPoll ? sendRoundTrip() : once());
+    }
+    if (shape_ == Shape::kEmptyPoll) {  // nothing left to complete: b's polls find nothing
+      FERRY_RETURN_IF_ERROR(settle(a_, 1));
+      FERRY_RETURN_IF_ERROR(settle(b_, 1));
+    }
     return Status::ok();
   }
 
@@ -244,7 +254,7 @@ class Op {
       Reaped got;
       FERRY_RETURN_IF_ERROR(take(to.cq, &got));
       to.outstanding -= got.sends;
-      if (shape_ == Shape::kSendPingPong && got.receives > 0) {
+      if ((shape_ == Shape::kSendPingPong || shape_ == Shape::kEmptyPoll) && got.receives > 0) {
         if (got.receives > 1) return Status(StatusCode::kInternal, "more receives than SENDs");
         return postRecv(to);
       }
@@ -274,8 +284,18 @@ class Op {
       FERRY_RETURN_IF_ERROR(post(a_, b_));
       return settle(a_, 1);
     }
-    // A round trip; each side's completions are taken as its polls come upon them, and its send
-    // queue never holds more than a few.
+    if (shape_ == Shape::kEmptyPoll) {
+      Reaped got;
+      FERRY_RETURN_IF_ERROR(take(b_.cq, &got));
+      if (got.receives + got.sends != 0) return Status(StatusCode::kInternal, "a completion nothing was posted for");
+      return Status::ok();
+    }
+    return sendRoundTrip();
+  }
+
+  // A round trip; each side's completions are taken as its polls come upon them, and its send
+  // queue never holds more than a few.
+  Status sendRoundTrip() {
     FERRY_RETURN_IF_ERROR(pass(a_, b_));
     FERRY_RETURN_IF_ERROR(pass(b_, a_));
     FERRY_RETURN_IF_ERROR(settle(a_, 8));
@@ -302,6 +322,7 @@ std::unique_ptr<Op> makeOp(const std::string& name) {
   if (name == "ring-send") return std::make_unique<Op>(name, "", false, v::WrOpcode::kSend, S::kSendPingPong);
   if (name == "tcp-send") return std::make_unique<Op>(name, "0", false, v::WrOpcode::kSend, S::kSendPingPong);
   if (name == "tcp-write") return std::make_unique<Op>(name, "0", false, v::WrOpcode::kRdmaWrite, S::kWritePingPong);
+  if (name == "empty-poll") return std::make_unique<Op>(name, "", false, v::WrOpcode::kSend, S::kEmptyPoll);
   return nullptr;
 }
 

@@ -61,6 +61,7 @@ void Reactor::stop() {
   std::lock_guard<std::mutex> loopLock(loopMu_);  // a caller's progressOnce() ends first
   closed_ = true;
   fds_.clear();
+  controlFds_.clear();
   timers_.clear();
   timerCbs_.clear();
   pollers_.clear();
@@ -119,13 +120,23 @@ Status Reactor::runSync(const std::function<void()>& fn) {
   return Status::ok();
 }
 
-Status Reactor::addFd(int fd, uint32_t events, FdCb cb) {
+Status Reactor::addFd(int fd, uint32_t events, FdCb cb, FdUse use) {
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
   if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) return ioError("epoll_ctl(add)");
   fds_[fd] = std::make_shared<FdCb>(std::move(cb));
+  setFdUse(fd, use);
   return Status::ok();
+}
+
+void Reactor::setFdUse(int fd, FdUse use) {
+  if (!fds_.contains(fd)) return;
+  if (use == FdUse::kControl) {
+    controlFds_.insert(fd);
+  } else {
+    controlFds_.erase(fd);
+  }
 }
 
 Status Reactor::modFd(int fd, uint32_t events) {
@@ -137,6 +148,7 @@ Status Reactor::modFd(int fd, uint32_t events) {
 }
 
 void Reactor::removeFd(int fd) {
+  controlFds_.erase(fd);
   if (fds_.erase(fd) > 0) epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
@@ -247,8 +259,12 @@ bool Reactor::progressOnce(bool vouches) {
     constexpr int kMaxEvents = 64;
     epoll_event events[kMaxEvents];
     int n = 0;
-    // Work the pollers found is what the caller polls for: the fds can wait for the next run.
-    if (!runPollersLocked(vouches) || ++runsWithoutFds_ >= kFdsAfterRuns) {
+    // Work the pollers found is what the caller polls for: the fds can wait for the next run. So
+    // can fds none of which brings data (FdUse): the pollers find what this loop's peers send
+    // (with no poller, every fd is looked at as data).
+    const bool found = runPollersLocked(vouches);
+    const bool dataFds = pollers_.empty() || fds_.size() > controlFds_.size();
+    if ((!found && dataFds) || ++runsWithoutFds_ >= kFdsAfterRuns) {
       runsWithoutFds_ = 0;
       n = epoll_wait(epollFd_, events, kMaxEvents, 0);
     }
@@ -329,6 +345,7 @@ void Reactor::loop() {
     const auto after = Clock::now();
     const bool ended = attendedUntil_ != Clock::time_point() && attendedUntil_ <= after;
     if (quiet || (ended && sweptLease_ != attendedUntil_)) {
+      runNow_ = after;  // a reading from before the lease's end would have the pollers see it hold
       (void)runPollersLocked(false);
       if (ended) sweptLease_ = attendedUntil_;
     }

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ferry/common/status.h"
@@ -74,7 +75,17 @@ class Reactor {
     if (runNow_ == Clock::time_point()) runNow_ = Clock::now();
     return runNow_;
   }
-  Status addFd(int fd, uint32_t events, FdCb cb);
+  // What a watched fd brings, for callers' runs (progressOnce) to know how soon to look at it.
+  //   kData     input that only its event announces (a socket's frames): a caller's run whose
+  //             pollers found nothing looks at the fds, for as long as one such fd is watched.
+  //   kControl  events that may wait a few runs (a listener; a ring's wake-up eventfd and hang-up
+  //             socket, whose frames the pollers find): every kFdsAfterRuns-th caller's run looks.
+  //             A loop without pollers looks at every fd as data.
+  // The thread, when it does not sleep on the quiet set (attendUntil), watches both alike.
+  enum class FdUse { kData, kControl };
+  Status addFd(int fd, uint32_t events, FdCb cb, FdUse use = FdUse::kData);
+  // Changes what a watched fd brings (a UDP socket is data while a QP reads it, else control).
+  void setFdUse(int fd, FdUse use);
   Status modFd(int fd, uint32_t events);
   void removeFd(int fd);
   TimerId addTimer(Clock::time_point when, std::function<void()> cb);
@@ -82,8 +93,10 @@ class Reactor {
   // A poller runs in every caller's progressOnce(), first: it looks for work that raises no event
   // (a ring whose producer was told not to wake this process, because its application polls),
   // returns whether it found some, and is told whether the caller vouches (progressOnce). A run
-  // whose pollers found work leaves the fds to a later run, so that a poll whose frame waits in a
-  // ring makes no system call; every kFdsAfterRuns-th run in a row looks at them all the same. The
+  // whose pollers found work, or that watches no fd of FdUse::kData, leaves the fds to a later run,
+  // so that a poll whose frame waits in a ring, or that finds nothing on a context whose
+  // connections are all rings, makes no system call; every kFdsAfterRuns-th run in a row looks at
+  // them all the same. The
   // thread runs the pollers (vouching for no one) when it wakes from a sleep while attended
   // (attendUntil), which it does at the latest when the lease ends, and once after every lease
   // that ended, however late it comes to run: what the callers left is taken.
@@ -145,6 +158,7 @@ class Reactor {
   bool stopped_ = false;  // guarded by postMu_
 
   std::unordered_map<int, std::shared_ptr<FdCb>> fds_;
+  std::unordered_set<int> controlFds_;  // the fds of fds_ that are FdUse::kControl
   std::multimap<Clock::time_point, TimerId> timers_;
   std::unordered_map<TimerId, std::pair<Clock::time_point, std::function<void()>>> timerCbs_;
   TimerId nextTimerId_ = 1;

@@ -36,15 +36,19 @@ struct CountedFd {
   const std::thread::id caller = std::this_thread::get_id();
 
   ~CountedFd() { close(fd); }
-  bool addTo(Reactor& r) {
+  bool addTo(Reactor& r, Reactor::FdUse use = Reactor::FdUse::kData) {
     bool added = false;
     bool ran = r.runSync([&] {
-                  added = r.addFd(fd, EPOLLIN, [this](uint32_t) {
-                                uint64_t v;
-                                if (read(fd, &v, sizeof v) != sizeof v) return;
-                                if (std::this_thread::get_id() == caller) ++byCaller;
-                                else ++byThread;
-                              }).isOk();
+                  added = r.addFd(
+                               fd, EPOLLIN,
+                               [this](uint32_t) {
+                                 uint64_t v;
+                                 if (read(fd, &v, sizeof v) != sizeof v) return;
+                                 if (std::this_thread::get_id() == caller) ++byCaller;
+                                 else ++byThread;
+                               },
+                               use)
+                              .isOk();
                 }).isOk();
     return fd >= 0 && ran && added;
   }
@@ -234,6 +238,61 @@ TEST(Reactor, APollThatFindsWorkLeavesTheFdsToALaterRunForAFewRunsAtMost) {
   run(true);
   if (efd.byThread.load() == thread) {
     EXPECT_EQ(efd.byCaller.load(), before + 1) << "a run whose pollers found nothing left the fds";
+  }
+  r.stop();
+}
+
+// With only control fds watched (Reactor::FdUse: a listener, a ring's eventfd), a caller's run
+// whose pollers found nothing leaves them too, to every kFdsAfterRuns-th run in a row: an empty poll
+// on a context whose connections are all rings makes no system call. A data fd is looked at in
+// the first run again, and so is a control fd on a loop without pollers.
+TEST(Reactor, ControlFdsWaitAFewRunsEvenWhenThePollersFindNothing) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  CountedFd control;
+  ASSERT_TRUE(control.addTo(r, Reactor::FdUse::kControl));
+  auto run = [&] {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!r.progressOnce(true) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
+  };
+  // No poller yet: the control fd is looked at in the first run (the thread may take it first).
+  ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 60s); }));
+  std::this_thread::sleep_for(20ms);
+  {
+    const int before = control.byCaller.load(), thread = control.byThread.load();
+    control.signal();
+    run();
+    if (control.byThread.load() == thread) {
+      EXPECT_EQ(control.byCaller.load(), before + 1) << "a loop without pollers left its fds";
+    }
+  }
+  ASSERT_TRUE(r.runSync([&] { r.addPoller([](bool) { return false; }); }).isOk());
+  bool checked = false;
+  for (int attempt = 1; attempt <= 5 && !checked; ++attempt) {
+    std::this_thread::sleep_for(attempt * 20ms);
+    // Runs until one looks at the fds, so that the count of runs that left them starts again.
+    control.signal();
+    const int seen = control.byCaller.load() + control.byThread.load();
+    for (int i = 0; i < Reactor::kFdsAfterRuns && control.byCaller.load() + control.byThread.load() == seen; ++i) run();
+    const int before = control.byCaller.load(), thread = control.byThread.load();
+    control.signal();
+    for (int i = 1; i < Reactor::kFdsAfterRuns; ++i) run();
+    const int afterSkipping = control.byCaller.load();
+    run();
+    const int afterLooking = control.byCaller.load();
+    if (control.byThread.load() != thread) continue;  // the thread took it: not attended yet
+    EXPECT_EQ(afterSkipping, before) << "an empty run looked at control fds";
+    EXPECT_EQ(afterLooking, before + 1) << "control fds waited more than kFdsAfterRuns runs";
+    checked = true;
+  }
+  ASSERT_TRUE(checked) << "the thread woke for an fd while attended, five times";
+  // The same fd as data: looked at in the first empty run.
+  ASSERT_TRUE(r.runSync([&] { r.setFdUse(control.fd, Reactor::FdUse::kData); }).isOk());
+  const int before = control.byCaller.load(), thread = control.byThread.load();
+  control.signal();
+  run();
+  if (control.byThread.load() == thread) {
+    EXPECT_EQ(control.byCaller.load(), before + 1) << "a run whose pollers found nothing left a data fd";
   }
   r.stop();
 }

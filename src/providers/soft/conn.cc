@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <utility>
 
 #include "common/device_access.h"
 #include "common/log.h"
@@ -112,7 +113,7 @@ void Conn::attend(int64_t untilNs) {
 }
 
 bool Conn::pollInput() {
-  if (closed() || !link_->pending()) return false;
+  if (closed() || (!link_->pending() && !link_->prepareToSleep())) return false;
   takeInput();
   return true;
 }
@@ -146,6 +147,7 @@ void Conn::close(const Status& why, bool quiet) {
   link_->close();
   closed_ = true;
   out_.clear();
+  if (closeTimer_ != 0) reactor_->cancelTimer(std::exchange(closeTimer_, 0));  // `self` keeps us meanwhile
   if (!quiet && delegate_) delegate_->onClosed(*this, why);
 }
 
@@ -153,6 +155,11 @@ void Conn::closeAfterFlush(bool drain) {
   if (closed()) return;
   drainOnClose_ = drainOnClose_ || drain;
   closeAfterFlush_ = true;
+  if (closeTimer_ == 0) {
+    // A peer that neither reads what is queued nor closes its side is given up on.
+    closeTimer_ = reactor_->addTimer(Reactor::Clock::now() + std::chrono::seconds(5),
+                                     [self = shared_from_this()] { self->close(Status::ok(), true); });
+  }
   if (out_.empty()) {
     if (drainOnClose_) {
       startDrain();

@@ -92,13 +92,16 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // Closes once the queued output is written. With drain, it then half-closes (FIN) and discards
   // what the peer still sends until the peer closes too (or drainTimeout passes), so the peer reads
   // everything queued before (a close with unread input would reset the connection and lose it).
+  // The connection keeps itself until then, for 5 s at most: its owner may let it go at once.
   void closeAfterFlush(bool drain = false);
   bool closed() const { return closed_; }
   // The byte stream under this connection (which kind, whose address).
   const Link& link() const { return *link_; }
   // For a link the application's polls may take (Link::pollable): our application polls until
   // untilNs (Link::attend), and a poll of its own takes what the link holds, as the progress
-  // thread's wake-up would (loop only; whether it held any).
+  // thread's wake-up would (loop only; whether it held any). A poll that finds the link empty
+  // still tells it so (Link::prepareToSleep): a ring drained under a lease is left awake for its
+  // producer, and the first poll after the lease's end (the thread's sweep) must put it to sleep.
   void attend(int64_t untilNs);
   bool pollInput();
   bool connected() const { return !link_->connecting() && !closed_; }
@@ -147,6 +150,9 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   bool closeAfterFlush_ = false;
   bool drainOnClose_ = false;
   bool draining_ = false;
+  // From closeAfterFlush: the timer that closes us at the latest after kCloseAfterFlushLimit. It
+  // holds us (the owner may let us go at once); close() cancels it, a stopped loop drops it.
+  Reactor::TimerId closeTimer_ = 0;
   void startDrain();
   bool wantWrite_ = false;
   int corks_ = 0;

@@ -238,10 +238,15 @@ Status SoftContext::start() {
   gate_->forget = [this](Conn* conn) { pendingConns_.erase(conn); };
   Status added;
   FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
-    added = reactor_.addFd(listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); });
-    if (added.isOk()) added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); });
+    // A connection can wait a few of the callers' runs to be accepted; datagrams can too until a
+    // UD QP reads them (updateUdpFdUseFromLoop).
+    using Use = Reactor::FdUse;
+    added = reactor_.addFd(listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); }, Use::kControl);
+    if (added.isOk()) {
+      added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); }, Use::kControl);
+    }
     if (added.isOk() && ringListenFd_ >= 0) {
-      added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); });
+      added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); }, Use::kControl);
     }
     if (attendNs_ > 0) reactor_.addPoller([this](bool vouches) { return attendFromLoop(vouches); });
   }));
@@ -764,16 +769,34 @@ Result<uint32_t> SoftContext::addQp(const std::shared_ptr<SoftQp>& qp) {
 }
 
 Result<uint32_t> SoftContext::addUdQp(const std::shared_ptr<SoftUdQp>& qp) {
-  std::lock_guard<std::mutex> lock(qpMu_);
-  FERRY_ASSIGN_OR_RETURN(uint32_t qpn, allocQpnLocked());
-  udQps_[qpn] = qp;
+  uint32_t qpn = 0;
+  {
+    std::lock_guard<std::mutex> lock(qpMu_);
+    FERRY_ASSIGN_OR_RETURN(qpn, allocQpnLocked());
+    udQps_[qpn] = qp;
+  }
+  (void)reactor_.runSync([this] { updateUdpFdUseFromLoop(); });  // a stopped loop reads nothing
   return qpn;
 }
 
 void SoftContext::removeQp(uint32_t qpn) {
-  std::lock_guard<std::mutex> lock(qpMu_);
-  qps_.erase(qpn);
-  udQps_.erase(qpn);
+  bool wasUd = false;
+  {
+    std::lock_guard<std::mutex> lock(qpMu_);
+    qps_.erase(qpn);
+    wasUd = udQps_.erase(qpn) > 0;
+  }
+  if (wasUd) (void)reactor_.runSync([this] { updateUdpFdUseFromLoop(); });
+}
+
+void SoftContext::updateUdpFdUseFromLoop() {
+  // Looked up when it runs, not when asked: calls from several threads may run in any order.
+  bool reading = false;
+  {
+    std::lock_guard<std::mutex> lock(qpMu_);
+    reading = !udQps_.empty();
+  }
+  if (udpFd_ >= 0) reactor_.setFdUse(udpFd_, reading ? Reactor::FdUse::kData : Reactor::FdUse::kControl);
 }
 
 std::shared_ptr<SoftUdQp> SoftContext::findUdQp(uint32_t qpn) {

@@ -218,7 +218,7 @@ void SoftQp::pumpFromLoop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (fastBusy_) return;  // the post copying on the same-host path schedules us when it ends
-    if (sq_.empty() && !posted_.empty()) lastProgress_ = Clock::now();
+    if (sq_.empty() && !posted_.empty()) lastProgress_ = ctx_->reactor().runNow();
     while (!posted_.empty()) {
       sq_.push_back(std::move(posted_.front()));
       posted_.pop_front();
@@ -329,7 +329,7 @@ void SoftQp::completeFromLoop() {
     sq_.pop_front();
     --nextToSend_;
     pushSendCompletion(done, WcStatus::kSuccess);
-    lastProgress_ = Clock::now();
+    lastProgress_ = ctx_->reactor().runNow();
   }
   // The transport timer stays when the queue empties: it lapses when it fires with nothing sent,
   // and one that fires after the queue filled again re-arms from the progress made since. So a
@@ -474,7 +474,7 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t tic
 }
 
 void SoftQp::onProgress(Conn& conn) {
-  if (&conn == reqConn_.get() && reqReady_) lastProgress_ = Clock::now();
+  if (&conn == reqConn_.get() && reqReady_) lastProgress_ = ctx_->reactor().runNow();
 }
 
 void SoftQp::onClosed(Conn& conn, const Status& why) {

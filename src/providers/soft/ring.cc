@@ -25,12 +25,18 @@ namespace ring_layout {
 
 // One ring's indices. head: bytes the producer has published; tail: bytes the consumer has taken.
 // Each on its own cache line, so producer and consumer do not share one.
+constexpr uint32_t kConsumerAwake = 0;
+constexpr uint32_t kConsumerAsleep = 1;
+constexpr uint32_t kConsumerAttended = 2;
+
 struct alignas(64) Control {
   std::atomic<uint64_t> head{0};
   uint8_t pad0[56];
   std::atomic<uint64_t> tail{0};
   uint8_t pad1[56];
-  std::atomic<uint32_t> consumerSleeping{1};  // set by the consumer before it waits on its eventfd
+  // The consumer's state, which it sets: kConsumerAwake, kConsumerAsleep (before it waits on its
+  // eventfd) or kConsumerAttended (awake, and its application polls: leave what you write).
+  std::atomic<uint32_t> consumerSleeping{1};
   std::atomic<uint32_t> producerWaiting{0};   // set by the producer when it waits for room
   // CLOCK_MONOTONIC ns until which the consumer's application polls (and progresses this ring
   // itself): a producer does not wake a sleeping consumer before then. Written by the consumer.
@@ -58,6 +64,9 @@ namespace {
 using ring_layout::Control;
 using ring_layout::kDataOffset;
 using ring_layout::Segment;
+using ring_layout::kConsumerAsleep;
+using ring_layout::kConsumerAttended;
+using ring_layout::kConsumerAwake;
 
 std::atomic<uint64_t> linksMade{0};
 std::atomic<uint64_t> bytesWritten{0};
@@ -374,11 +383,14 @@ ssize_t RingPair::writev(const iovec* iov, int count) {
   bytesWritten.fetch_add(n, std::memory_order_relaxed);
   // A sleeping consumer is woken, unless its application polls the ring meanwhile (it said until
   // when); then its own timer at that moment takes what it left.
-  if (ctl.consumerSleeping.load(std::memory_order_seq_cst) != 0) {
+  // A consumer whose application polls (attend) said so itself: nothing to weigh.
+  if (const uint32_t consumer = ctl.consumerSleeping.load(std::memory_order_seq_cst); consumer == kConsumerAttended) {
+    wakesSpared.fetch_add(1, std::memory_order_relaxed);
+  } else if (consumer != kConsumerAwake) {
     const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_seq_cst);
     if (attended != 0 && attended > steadyNs()) {
       wakesSpared.fetch_add(1, std::memory_order_relaxed);
-    } else if (ctl.consumerSleeping.exchange(0, std::memory_order_seq_cst) != 0) {
+    } else if (ctl.consumerSleeping.exchange(kConsumerAwake, std::memory_order_seq_cst) != kConsumerAwake) {
       wakePeer();
     }
   }
@@ -417,13 +429,21 @@ ssize_t RingPair::readv(const iovec* iov, int count) {
   return static_cast<ssize_t>(n);
 }
 
-bool RingPair::prepareToSleep() {
+bool RingPair::prepareToSleep(int64_t nowNs) {
   Control& ctl = inCtl();
   if (readable()) return true;
   // While our application polls the ring (a lease), its polls take what comes: no spin here,
-  // which would hold the poll that just took a frame from returning it.
+  // which would hold the poll that just took a frame from returning it, and no sleep. A reading of
+  // the clock older than now may see a lease that has just ended: the thread that sweeps after
+  // the lease's end (under the loop this caller holds, so after it) arms the ring then.
   const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_relaxed);
-  const int64_t maxSpin = attended != 0 && attended > steadyNs() ? 0 : maxSpinNs();
+  if (attended != 0 && attended > nowNs) {
+    if (ctl.consumerSleeping.load(std::memory_order_relaxed) != kConsumerAttended) {
+      ctl.consumerSleeping.store(kConsumerAttended, std::memory_order_seq_cst);
+    }
+    return false;
+  }
+  const int64_t maxSpin = maxSpinNs();
   if (maxSpin > 0) {
     int64_t budget = spinNs_ > 0 ? spinNs_ : 0;
     if (budget == 0 && ++idleSleeps_ >= 64) {
@@ -443,9 +463,9 @@ bool RingPair::prepareToSleep() {
       spinNs_ = budget / 2 < 500 ? 0 : budget / 2;
     }
   }
-  ctl.consumerSleeping.store(1, std::memory_order_seq_cst);
+  ctl.consumerSleeping.store(kConsumerAsleep, std::memory_order_seq_cst);
   if (ctl.head.load(std::memory_order_seq_cst) != inTail_) {
-    ctl.consumerSleeping.store(0, std::memory_order_relaxed);
+    ctl.consumerSleeping.store(kConsumerAwake, std::memory_order_relaxed);
     return true;
   }
   return false;

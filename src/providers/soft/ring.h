@@ -96,8 +96,12 @@ class RingPair {
     return readv(&v, 1);
   }
   // Consumer, with the input drained: polls briefly (the adaptive spin), then tells the producer we
-  // sleep. Returns true when bytes arrived meanwhile (keep reading; we are not asleep).
-  bool prepareToSleep();
+  // sleep. Returns true when bytes arrived meanwhile (keep reading; we are not asleep). nowNs is
+  // the caller's reading of steadyNs(), possibly a run's (Reactor::runNow): while our lease
+  // (attend) holds at nowNs, the producer is told we are attended, so that it neither wakes us
+  // nor reads the clock to see the lease; the first drained poll after the lease's end (the
+  // thread's sweep) puts us to sleep, and takes what was left before.
+  bool prepareToSleep(int64_t nowNs);
   // Consumer: bytes are waiting in the incoming ring.
   bool readable() const;
   // Consumer: our application polls this ring itself until untilNs (steadyNs()): the producer

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/clock.h"
 #include "common/reactor.h"
 #include "providers/soft/link.h"
 #include "providers/soft/ring.h"
@@ -27,12 +28,22 @@ class RingLink final : public Link {
   RingLink(int fd, std::unique_ptr<RingPair> rings) : Link(fd), rings_(std::move(rings)) {}
 
   Status attach(Reactor& reactor, std::weak_ptr<Events> events) override {
-    FERRY_RETURN_IF_ERROR(reactor.addFd(rings_->ownWakeFd(), EPOLLIN, [this, events](uint32_t) {
-      if (auto owner = events.lock()) onWake(*owner);
-    }));
-    Status st = reactor.addFd(fd_, EPOLLIN | EPOLLRDHUP, [this, events](uint32_t ev) {
-      if (auto owner = events.lock()) onSocket(*owner, ev);
-    });
+    // Control, not data (Reactor::FdUse): the context's poller takes the frames of a ring its
+    // application polls, and its producer writes the eventfd only when that application sleeps;
+    // the socket tells of a hang-up.
+    using Use = Reactor::FdUse;
+    FERRY_RETURN_IF_ERROR(reactor.addFd(
+        rings_->ownWakeFd(), EPOLLIN,
+        [this, events](uint32_t) {
+          if (auto owner = events.lock()) onWake(*owner);
+        },
+        Use::kControl));
+    Status st = reactor.addFd(
+        fd_, EPOLLIN | EPOLLRDHUP,
+        [this, events](uint32_t ev) {
+          if (auto owner = events.lock()) onSocket(*owner, ev);
+        },
+        Use::kControl);
     if (!st.isOk()) {
       reactor.removeFd(rings_->ownWakeFd());
       return st;
@@ -68,7 +79,14 @@ class RingLink final : public Link {
   // Nothing else would bring the loop back: the peer writes our eventfd only when we said we sleep.
   void resumeReadingLater() override { rings_->wakeSelf(); }
 
-  bool prepareToSleep() override { return !peerHungUp_ && rings_->prepareToSleep(); }
+  bool prepareToSleep() override {
+    if (peerHungUp_) return false;
+    // The run's clock: the loop's pollers read it already, so a drained poll reads it no more.
+    const int64_t now =
+        reactor_ ? std::chrono::duration_cast<std::chrono::nanoseconds>(reactor_->runNow().time_since_epoch()).count()
+                 : steadyNs();
+    return rings_->prepareToSleep(now);
+  }
 
   bool pollable() const override { return true; }
   void attend(int64_t untilNs) override {

@@ -192,6 +192,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // QP table (RC and UD QPs share the number space).
   Result<uint32_t> addQp(const std::shared_ptr<SoftQp>& qp);
   Result<uint32_t> addUdQp(const std::shared_ptr<SoftUdQp>& qp);
+  // The UDP socket is data for the callers' runs (Reactor::FdUse) while a UD QP reads it.
+  void updateUdpFdUseFromLoop();
   void removeQp(uint32_t qpn);
   std::shared_ptr<SoftQp> findQp(uint32_t qpn);
   std::shared_ptr<SoftUdQp> findUdQp(uint32_t qpn);

@@ -1,28 +1,49 @@
 #include "providers/soft/wire.h"
 
+#include <bit>
 #include <cstring>
 #include <string>
 
 namespace ferry::soft::wire {
 namespace {
 
-void put16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
+// Little-endian fields: one store each on this little-endian host, byte by byte elsewhere.
+template <typename T>
+void putLe(uint8_t* p, T v) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    for (size_t i = 0; i < sizeof v; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  }
 }
-void put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+void put16(uint8_t* p, uint16_t v) { putLe(p, v); }
+void put32(uint8_t* p, uint32_t v) { putLe(p, v); }
+void put64(uint8_t* p, uint64_t v) { putLe(p, v); }
+// And their loads.
+uint16_t get16(const uint8_t* p) {
+  if constexpr (std::endian::native == std::endian::little) {
+    uint16_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
 }
-void put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint32_t get32(const uint8_t* p) {
+  if constexpr (std::endian::native == std::endian::little) {
+    uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
   uint32_t v = 0;
   for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
   return v;
 }
 uint64_t get64(const uint8_t* p) {
+  if constexpr (std::endian::native == std::endian::little) {
+    uint64_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
@@ -82,35 +103,67 @@ bool carriesPayload(FrameType type) {
   }
 }
 
+namespace {
+
+// The common header's first fault (kNone: none, and *headerLen is set). Kept apart from the words
+// of the refusal, so that a frame that passes builds no Status.
+enum class CommonFault : uint8_t { kNone, kTruncated, kMagic, kVersion, kType, kHeaderLen, kPayloadOnType, kPayloadLen };
+
+CommonFault checkCommon(const uint8_t* p, size_t size, size_t* headerLen) {
+  if (size < kCommonHeaderLen) return CommonFault::kTruncated;
+  if (get16(p) != kMagic) return CommonFault::kMagic;
+  if (p[2] != kVersion) return CommonFault::kVersion;
+  const auto type = static_cast<FrameType>(p[3]);
+  const size_t minLen = headerLenFor(type);
+  if (minLen == 0) return CommonFault::kType;
+  const size_t len = get16(p + 4);
+  if (len < minLen || len > kMaxHeaderLen) return CommonFault::kHeaderLen;
+  const uint32_t payloadLen = get32(p + 8);
+  if (payloadLen != 0 && !carriesPayload(type)) return CommonFault::kPayloadOnType;
+  if (payloadLen > kMaxMessage) return CommonFault::kPayloadLen;
+  *headerLen = len;
+  return CommonFault::kNone;
+}
+
+Status refuseCommon(CommonFault fault, const uint8_t* p) {
+  switch (fault) {
+    case CommonFault::kNone: break;
+    case CommonFault::kTruncated: return protocolError("frame header truncated");
+    case CommonFault::kMagic: return protocolError("bad frame magic");
+    case CommonFault::kVersion: return protocolError("unsupported wire version " + std::to_string(p[2]));
+    case CommonFault::kType: return protocolError("unknown frame type " + std::to_string(p[3]));
+    case CommonFault::kHeaderLen:
+      return protocolError("bad header length " + std::to_string(get16(p + 4)) + " for frame type " +
+                           std::to_string(p[3]));
+    case CommonFault::kPayloadOnType:
+      return protocolError("frame type " + std::to_string(p[3]) + " cannot carry a payload");
+    case CommonFault::kPayloadLen: return protocolError("payload length above the message limit");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<size_t> peekHeaderLen(std::span<const uint8_t> prefix) {
-  if (prefix.size() < kCommonHeaderLen) return protocolError("frame header truncated");
-  const uint8_t* p = prefix.data();
-  if (get16(p) != kMagic) return protocolError("bad frame magic");
-  if (p[2] != kVersion) return protocolError("unsupported wire version " + std::to_string(p[2]));
-  auto type = static_cast<FrameType>(p[3]);
-  size_t minLen = headerLenFor(type);
-  if (minLen == 0) return protocolError("unknown frame type " + std::to_string(p[3]));
-  size_t headerLen = get16(p + 4);
-  if (headerLen < minLen || headerLen > kMaxHeaderLen) {
-    return protocolError("bad header length " + std::to_string(headerLen) + " for frame type " +
-                         std::to_string(p[3]));
+  size_t len = 0;
+  if (CommonFault fault = checkCommon(prefix.data(), prefix.size(), &len); fault != CommonFault::kNone) {
+    return refuseCommon(fault, prefix.data());
   }
-  uint32_t payloadLen = get32(p + 8);
-  if (payloadLen != 0 && !carriesPayload(type)) {
-    return protocolError("frame type " + std::to_string(p[3]) + " cannot carry a payload");
-  }
-  if (payloadLen > kMaxMessage) return protocolError("payload length above the message limit");
-  return headerLen;
+  return len;
 }
 
 Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
-  auto len = peekHeaderLen(bytes);
-  if (!len.isOk()) return len.status();
-  if (*len != bytes.size()) return protocolError("header length does not match the bytes given");
   const uint8_t* p = bytes.data();
+  size_t len = 0;
+  if (CommonFault fault = checkCommon(p, bytes.size(), &len); fault != CommonFault::kNone) {
+    return refuseCommon(fault, p);
+  }
+  if (len != bytes.size()) return protocolError("header length does not match the bytes given");
+  // Into a copy: a refused header leaves *out as it was.
   FrameHeader h;
+  auto refuse = [](const char* what) { return protocolError(what); };
   h.type = static_cast<FrameType>(p[3]);
-  h.headerLen = static_cast<uint16_t>(*len);
+  h.headerLen = static_cast<uint16_t>(len);
   h.flags = get16(p + 6);
   h.payloadLen = get32(p + 8);
   h.seq = get32(p + 12);
@@ -126,7 +179,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       std::memcpy(h.srcGid.data(), x + 16, 16);
       h.nonce = get64(x + 32);
       if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24) || h.psn >= (1u << 24)) {
-        return protocolError("hello with a QP number or PSN above 24 bits");
+        return refuse("hello with a QP number or PSN above 24 bits");
       }
       break;
     case FrameType::kWrite:
@@ -136,27 +189,27 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       h.rkey = get32(x + 8);
       h.length = get32(x + 12);
       if (h.type == FrameType::kReadReq && h.length > kMaxMessage) {
-        return protocolError("read request above the message limit");
+        return refuse("read request above the message limit");
       }
       if (h.flags & kFlagPlaced) {
         if (h.type != FrameType::kWriteImm || h.payloadLen != 0 || h.length > kMaxMessage) {
-          return protocolError("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
+          return refuse("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
         }
       }
       if (h.flags & kFlagLaned) {
         const bool laneableWrite = h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= kMaxMessage;
         const bool laneableRead = h.type == FrameType::kReadReq && h.length > 0;
         if (!laneableWrite && !laneableRead) {
-          return protocolError("a laned-data flag on a frame that is not a WRITE of more than its payload or a READ");
+          return refuse("a laned-data flag on a frame that is not a WRITE of more than its payload or a READ");
         }
       }
       // A laned WRITE's range is its whole length, the rest of it on the lane.
       if (h.type != FrameType::kReadReq &&
           h.remoteAddr + ((h.flags & kFlagLaned) ? h.length : h.payloadLen) < h.remoteAddr) {
-        return protocolError("write range wraps around the address space");
+        return refuse("write range wraps around the address space");
       }
       if (h.type == FrameType::kReadReq && h.remoteAddr + h.length < h.remoteAddr) {
-        return protocolError("read range wraps around the address space");
+        return refuse("read range wraps around the address space");
       }
       break;
     case FrameType::kCmpSwap:
@@ -173,25 +226,25 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       h.srcQpn = get32(x);
       h.qkey = get32(x + 4);
       std::memcpy(h.srcGid.data(), x + 8, 16);
-      if (h.payloadLen > kMaxDatagram) return protocolError("datagram above the MTU");
-      if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24)) return protocolError("datagram QP number above 24 bits");
+      if (h.payloadLen > kMaxDatagram) return refuse("datagram above the MTU");
+      if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24)) return refuse("datagram QP number above 24 bits");
       break;
     case FrameType::kNak:
       if (h.aux < static_cast<uint32_t>(Syndrome::kRnr) || h.aux > static_cast<uint32_t>(Syndrome::kRemOp)) {
-        return protocolError("NAK with an unknown syndrome");
+        return refuse("NAK with an unknown syndrome");
       }
       break;
     case FrameType::kHelloReply:
       if (h.aux > static_cast<uint32_t>(HelloResult::kUseRing)) {
-        return protocolError("hello reply with an unknown result");
+        return refuse("hello reply with an unknown result");
       }
-      if (*len >= kCommonHeaderLen + kHelloReplyShareLen && get32(x) != 0) {  // pid 0: no table
+      if (len >= kCommonHeaderLen + kHelloReplyShareLen && get32(x) != 0) {  // pid 0: no table
         h.sharePid = get32(x);
         h.shareFd = get32(x + 4);
         h.shareCookie = get64(x + 8);
-        if (*len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
+        if (len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
       }
-      if (*len >= kCommonHeaderLen + kHelloReplyLaneLen) h.laneTicket = get64(x + 24);
+      if (len >= kCommonHeaderLen + kHelloReplyLaneLen) h.laneTicket = get64(x + 24);
       break;
     default:
       break;

@@ -126,7 +126,7 @@ TEST(RingPair, AFullRingPushesBackAndWakesItsProducerWhenDrained) {
 TEST(RingPair, ASleepingConsumerIsWokenOnceNotPerWrite) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
-  EXPECT_FALSE(p.responder->prepareToSleep()) << "nothing to read: it sleeps";
+  EXPECT_FALSE(p.responder->prepareToSleep(steadyNs())) << "nothing to read: it sleeps";
   uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   ASSERT_EQ(p.requester->writev(std::array<iovec, 1>{iovec{msg, 8}}.data(), 1), 8);
   EXPECT_TRUE(fdReadable(p.responder->ownWakeFd())) << "the sleeping consumer is woken";
@@ -134,13 +134,13 @@ TEST(RingPair, ASleepingConsumerIsWokenOnceNotPerWrite) {
   ASSERT_EQ(p.requester->writev(std::array<iovec, 1>{iovec{msg, 8}}.data(), 1), 8);
   EXPECT_FALSE(fdReadable(p.responder->ownWakeFd())) << "an awake consumer costs its producer no system call";
   EXPECT_TRUE(p.responder->readable());
-  EXPECT_TRUE(p.responder->prepareToSleep()) << "bytes are waiting: it must not sleep";
+  EXPECT_TRUE(p.responder->prepareToSleep(steadyNs())) << "bytes are waiting: it must not sleep";
 }
 
 TEST(RingPair, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
   LinkPair p;
   ASSERT_NO_FATAL_FAILURE(makeLinks(p));
-  EXPECT_FALSE(p.responder->prepareToSleep());
+  EXPECT_FALSE(p.responder->prepareToSleep(steadyNs()));
   uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   iovec v{msg, 8};
   // Its application polls for the next ten seconds: the producer leaves the bytes unannounced.
@@ -155,14 +155,38 @@ TEST(RingPair, AnAttendedConsumerIsNotWokenUntilItsLeaseEnds) {
   ASSERT_EQ(p.requester->writev(&v, 1), 8);
   EXPECT_TRUE(fdReadable(p.responder->ownWakeFd())) << "a consumer whose lease ended is woken";
   p.responder->clearWake();
-  EXPECT_TRUE(p.responder->prepareToSleep()) << "16 bytes wait";
+  EXPECT_TRUE(p.responder->prepareToSleep(steadyNs())) << "16 bytes wait";
   uint8_t in[16];
   EXPECT_EQ(p.responder->read(in, sizeof in), 16);
   // Lease 0 (ended at once, as when the application arms a CQ): woken.
-  EXPECT_FALSE(p.responder->prepareToSleep());
+  EXPECT_FALSE(p.responder->prepareToSleep(steadyNs()));
   p.responder->attend(0);
   ASSERT_EQ(p.requester->writev(&v, 1), 8);
   EXPECT_TRUE(fdReadable(p.responder->ownWakeFd()));
+}
+
+TEST(RingPair, AConsumerDrainedUnderItsLeaseTellsItsProducerSo) {
+  LinkPair p;
+  ASSERT_NO_FATAL_FAILURE(makeLinks(p));
+  EXPECT_FALSE(p.responder->prepareToSleep(steadyNs())) << "nothing to read: it sleeps";
+  uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  iovec v{msg, 8};
+  const int64_t now = steadyNs();
+  p.responder->attend(now + 10'000'000'000);
+  // Drained under the lease: not asleep but attended, so the producer has no lease to weigh.
+  EXPECT_FALSE(p.responder->prepareToSleep(now)) << "nothing to read";
+  const uint64_t spared = soft::ringWakesSpared();
+  ASSERT_EQ(p.requester->writev(&v, 1), 8);
+  EXPECT_FALSE(fdReadable(p.responder->ownWakeFd())) << "an attended consumer is not woken";
+  EXPECT_EQ(soft::ringWakesSpared(), spared + 1);
+  EXPECT_TRUE(p.responder->prepareToSleep(now)) << "8 bytes wait";
+  uint8_t in[8];
+  EXPECT_EQ(p.responder->read(in, sizeof in), 8);
+  // Once the lease has ended, the next drained poll (the thread's sweep) sleeps: woken again.
+  p.responder->attend(steadyNs() - 1);
+  EXPECT_FALSE(p.responder->prepareToSleep(steadyNs()));
+  ASSERT_EQ(p.requester->writev(&v, 1), 8);
+  EXPECT_TRUE(fdReadable(p.responder->ownWakeFd())) << "a consumer that slept after its lease is woken";
 }
 
 TEST(RingPair, AdoptRefusesWhatItCannotTrust) {
