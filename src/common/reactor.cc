@@ -91,6 +91,7 @@ void Reactor::post(std::function<void()> fn) {
     std::lock_guard<std::mutex> lock(postMu_);
     if (stopped_) return;
     posted_.push_back(std::move(fn));
+    postedPending_.store(true);
   }
   wake();
 }
@@ -112,6 +113,7 @@ Status Reactor::runSync(const std::function<void()>& fn) {
       done = true;
       cv.notify_one();
     });
+    postedPending_.store(true);
   }
   wake();
   std::unique_lock<std::mutex> lock(mu);
@@ -246,9 +248,10 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
     timerCbs_.erase(it);
     cb();
   }
-  {
+  if (postedPending_.load()) {
     std::lock_guard<std::mutex> lock(postMu_);
     work_.swap(posted_);
+    postedPending_.store(false);
   }
   for (auto& fn : work_) fn();
   work_.clear();

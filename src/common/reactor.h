@@ -68,12 +68,25 @@ class Reactor {
   // The following run on the reactor thread only (or in a caller's runHere()/progressOnce()).
   // The clock of the current run (the thread's pass over what is ready, or a caller's runHere()):
   // read when first asked and shared by whatever asks later in the same run, so that a run's
-  // pollers and its timers cost one reading. Behind the clock by at most the run's length so far:
-  // for deadlines and leases that may come a run early or late, never to time a spin or to tell
-  // whether another thread's lease still holds.
+  // pollers, its timers and the progress stamps of its connections cost one reading. Read again
+  // once the run has done kWorkBeforeNow of work since (noteWork), so it is behind the clock by a
+  // fraction of a millisecond at most, however long the run: for deadlines and leases that may
+  // come that much early or late, never to time a spin or to tell whether another thread's lease
+  // still holds.
   Clock::time_point runNow() {
-    if (runNow_ == Clock::time_point()) runNow_ = Clock::now();
+    if (runNow_ == Clock::time_point()) {
+      runNow_ = Clock::now();
+      workSinceNow_ = 0;
+    }
     return runNow_;
+  }
+  // The run moved `bytes` (a read or a write of a connection): what runNow() is behind by grows
+  // with it. Each call counts kWorkPerCall more, for the work around the bytes.
+  static constexpr size_t kWorkPerCall = 1024;
+  static constexpr size_t kWorkBeforeNow = 256 * 1024;
+  void noteWork(size_t bytes) {
+    workSinceNow_ += bytes + kWorkPerCall;
+    if (workSinceNow_ >= kWorkBeforeNow) runNow_ = Clock::time_point();
   }
   // What a watched fd brings, for callers' runs (progressOnce) to know how soon to look at it.
   //   kData     input that only its event announces (a socket's frames): a caller's run whose
@@ -150,11 +163,15 @@ class Reactor {
   Clock::time_point attendedUntil_{};  // guarded by loopMu_
   Clock::time_point sweptLease_{};     // guarded by loopMu_: the last ended lease the thread swept
   Clock::time_point runNow_{};         // guarded by loopMu_: runNow()'s reading (zero: none yet)
+  size_t workSinceNow_ = 0;           // guarded by loopMu_: noteWork() since that reading
   bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 
   std::mutex postMu_;
   std::vector<std::function<void()>> posted_;
+  // Whether posted_ may hold work: set under postMu_ with each post, cleared by the run that takes
+  // it, so that a run with nothing posted (a caller's poll, most of them) takes no lock for it.
+  std::atomic<bool> postedPending_{false};
   bool stopped_ = false;  // guarded by postMu_
 
   std::unordered_map<int, std::shared_ptr<FdCb>> fds_;

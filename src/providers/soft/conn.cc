@@ -22,6 +22,34 @@ const uint8_t kZeros[kZeroBytes] = {};
 
 }  // namespace
 
+OutFrame& OutFrame::operator=(OutFrame&& o) noexcept {
+  if (this == &o) return *this;
+  headerLen = o.headerLen;
+  std::memcpy(header, o.header, headerLen);
+  payload = std::move(o.payload);
+  ownedPayload = std::move(o.ownedPayload);
+  hasTrailer = o.hasTrailer;
+  trailer = o.trailer;
+  revoked = o.revoked;
+  seq = o.seq;
+  sent = o.sent;
+  return *this;
+}
+
+OutFrame& OutFrame::operator=(const OutFrame& o) {
+  if (this == &o) return *this;
+  headerLen = o.headerLen;
+  std::memcpy(header, o.header, headerLen);
+  payload = o.payload;
+  ownedPayload = o.ownedPayload;
+  hasTrailer = o.hasTrailer;
+  trailer = o.trailer;
+  revoked = o.revoked;
+  seq = o.seq;
+  sent = o.sent;
+  return *this;
+}
+
 size_t OutFrame::total() const {
   size_t payloadBytes = ownedPayload.size();
   for (const auto& s : payload) payloadBytes += s.length;
@@ -254,6 +282,7 @@ void Conn::flush() {
       close(ioError("send"));
       return;
     }
+    if (n > 0) reactor_->noteWork(static_cast<size_t>(n));
     if (n > 0 && delegate_) delegate_->onProgress(*this);
     size_t left = static_cast<size_t>(n);
     while (!out_.empty()) {
@@ -331,6 +360,7 @@ readMore:
         segIndex_ < plan_.segments.size()) {
       ssize_t n = readDirect();
       if (n > 0) {
+        reactor_->noteWork(static_cast<size_t>(n));
         if (delegate_) delegate_->onProgress(*this);
         if (payloadLeft_ == 0) finishPayload();
         continue;
@@ -360,6 +390,7 @@ readMore:
     ssize_t n = link_->read(staged_.get() + stagedEnd_, kStagingBytes - stagedEnd_);
     if (n > 0) {
       stagedEnd_ += static_cast<size_t>(n);
+      reactor_->noteWork(static_cast<size_t>(n));
       if (delegate_) delegate_->onProgress(*this);
       if (!consumeStaged()) return;
       continue;

@@ -14,10 +14,10 @@
 
 #include <sys/uio.h>
 
-#include <deque>
 #include <memory>
 #include <vector>
 
+#include "common/ring_deque.h"
 #include "providers/soft/link.h"
 #include "providers/soft/soft.h"
 #include "providers/soft/wire.h"
@@ -26,14 +26,22 @@ namespace ferry::soft {
 
 // Where the payload of an incoming frame goes.
 struct PayloadPlan {
-  std::vector<Segment> segments;  // empty: discard the payload
+  Segments segments;  // empty: discard the payload
   bool revoked = false;           // a destination region was deregistered while bytes arrived
 };
 
 struct OutFrame {
+  OutFrame() = default;
+  // Moves and copies take the header's headerLen bytes, not the whole buffer (an implicit move
+  // copies all of it, byte by byte as compiled here, at every queueing of a frame).
+  OutFrame(OutFrame&& o) noexcept { *this = std::move(o); }
+  OutFrame& operator=(OutFrame&& o) noexcept;
+  OutFrame(const OutFrame& o) { *this = o; }
+  OutFrame& operator=(const OutFrame& o);
+
   uint8_t header[wire::kMaxHeaderLen];
   uint16_t headerLen = 0;
-  std::vector<Segment> payload;      // from registered memory (checked at each write)
+  Segments payload;                  // from registered memory (checked at each write)
   std::vector<uint8_t> ownedPayload; // or bytes ferry owns (inline data)
   bool hasTrailer = false;
   uint32_t trailer = 0;              // READ_RESP status; becomes kRemAccess if payload was revoked
@@ -177,7 +185,7 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   size_t trailerHave_ = 0;
 
   // Output state.
-  std::deque<OutFrame> out_;
+  RingDeque<OutFrame> out_;
 };
 
 }  // namespace ferry::soft

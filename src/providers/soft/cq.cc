@@ -20,26 +20,26 @@ Result<verbs::CqEvent> SoftCompChannel::getEvent(int timeoutMs) {
 
 Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {
   if (closed_) return closedError("poll CQ: the CQ is closed");
-  bool vouches = false;
   for (int round = 0;; ++round) {
-    {
+    int n = 0;
+    if (maybeReady_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(mu_);
       if (overflowed_) return Status(StatusCode::kIoError, "poll CQ: the CQ overflowed", EOVERFLOW);
-      int n = 0;
       while (n < static_cast<int>(out.size()) && !entries_.empty()) {
         Entry& e = entries_.front();
         out[n++] = e.wc;
         if (e.held) e.held->fetch_sub(std::min(e.slots, e.held->load()));
         entries_.pop_front();
       }
-      if (n > 0 || round > 0 || out.empty() || !ctx_->callerProgress()) return n;
-      vouches = armed_ == 0;
+      if (entries_.empty()) maybeReady_.store(false, std::memory_order_relaxed);
     }
+    if (n > 0 || round > 0 || out.empty() || !ctx_->callerProgress()) return n;
     // Nothing yet: progress where the application is. When the progress thread is not running the
     // device's loop (it sleeps, or has not woken up yet), this thread runs it once itself: the
     // frames that arrived, the posts handed over, the timers due. Outside the CQ's lock, which
-    // the loop's completions take.
-    if (!ctx_->progressFromPoll(vouches)) return 0;
+    // the loop's completions take. Only a poll of a CQ that is not armed vouches that the
+    // application goes on polling.
+    if (!ctx_->progressFromPoll(armed_.load(std::memory_order_relaxed) == 0)) return 0;
   }
 }
 
@@ -48,7 +48,7 @@ Status SoftCq::reqNotify(bool solicitedOnly) {
   if (!channel_) return invalidArgument("request notification: the CQ has no completion channel");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    armed_ = solicitedOnly ? (armed_ == 1 ? 1 : 2) : 1;
+    armed_.store(solicitedOnly ? (armed_.load() == 1 ? 1 : 2) : 1);
   }
   ctx_->stopAttending();  // the application means to sleep: its peers must wake the thread again
   return Status::ok();
@@ -85,11 +85,13 @@ void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited, std::shared_p
       overflow = true;
     } else {
       entries_.push_back(Entry{wc, std::move(held), slots});
-      if (armed_ == 1 || (armed_ == 2 && (solicited || wc.status != verbs::WcStatus::kSuccess))) {
-        armed_ = 0;
+      const int armed = armed_.load(std::memory_order_relaxed);
+      if (armed == 1 || (armed == 2 && (solicited || wc.status != verbs::WcStatus::kSuccess))) {
+        armed_.store(0, std::memory_order_relaxed);
         fire = true;
       }
     }
+    maybeReady_.store(true, std::memory_order_release);
   }
   if (overflow) {
     FERRY_LOG(kWarn, "a completion queue of %s overflowed", ctx_->info().name.c_str());

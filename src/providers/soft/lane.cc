@@ -45,7 +45,7 @@ void LaneOut::send(std::vector<OutFrame> frames) {
   });
 }
 
-void LaneOut::expectRead(uint32_t seq, uint64_t length, std::vector<Segment> segments) {
+void LaneOut::expectRead(uint32_t seq, uint64_t length, Segments segments) {
   std::lock_guard<std::mutex> lock(readsMu_);
   reads_.push_back(ReadPart{seq, length, std::move(segments)});
 }
@@ -137,8 +137,7 @@ void LaneOut::tellClosed(const Status& why) {
   if (!closing_) tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
 }
 
-void splitSegments(const std::vector<Segment>& segs, uint64_t at, std::vector<Segment>* head,
-                   std::vector<Segment>* tail) {
+void splitSegments(const Segments& segs, uint64_t at, Segments* head, Segments* tail) {
   uint64_t offset = 0;
   for (const Segment& seg : segs) {
     if (offset + seg.length <= at) {

@@ -56,7 +56,7 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   void send(std::vector<OutFrame> frames);
   // The second part of READ seq will come back on the lane (length bytes, placed in segments):
   // said before the READ's request leaves, in the order of the READs (any thread).
-  void expectRead(uint32_t seq, uint64_t length, std::vector<Segment> segments);
+  void expectRead(uint32_t seq, uint64_t length, Segments segments);
   // READ parts expected and not yet landed (any thread).
   bool readsPending() const;
   // Forgets the READ parts expected from READ seq on (an RNR NAK: the responder answers none of
@@ -83,7 +83,7 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   struct ReadPart {
     uint32_t seq = 0;
     uint64_t length = 0;
-    std::vector<Segment> segments;
+    Segments segments;
   };
 
   Reactor* reactor_;
@@ -108,7 +108,6 @@ inline uint64_t laneSplitAt(uint64_t length) { return (length / 2) & ~uint64_t{0
 
 // Splits segs at byte `at`: the segments (and piece of one) before it into head, the rest into tail
 // (either may be null: that side is not wanted).
-void splitSegments(const std::vector<Segment>& segs, uint64_t at, std::vector<Segment>* head,
-                   std::vector<Segment>* tail);
+void splitSegments(const Segments& segs, uint64_t at, Segments* head, Segments* tail);
 
 }  // namespace ferry::soft

@@ -239,7 +239,7 @@ Status SoftQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
         status = resourceExhausted("post recv: receive queue full");
         break;
       }
-      rq_.push_back(RecvWqe{wr.wrId, std::vector<verbs::Sge>(wr.sgList.begin(), wr.sgList.end())});
+      rq_.push_back(RecvWqe{wr.wrId, Sges(wr.sgList.begin(), wr.sgList.end())});
     }
     flush = state_.load() == QpState::kErr && posted > 0;
   }

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 
+#include "common/ring_deque.h"
 #include "providers/soft/conn.h"
 #include "providers/soft/lane.h"
 #include "providers/soft/soft.h"
@@ -144,7 +145,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // Lets the READ parts held on laneIn_ go (laneCorked_).
   void uncorkLaneFromLoop();
   // A laned WRITE's second half, as the responder expects it on the lane (empty: discard it).
-  void expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, std::vector<Segment> segments);
+  void expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments);
   // Resolves the local SGEs of wqe; the completion status a bad one fails it with, else kSuccess.
   verbs::WcStatus resolveLocalFromLoop(SendWqe& wqe);
 
@@ -202,13 +203,13 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // Guarded by mu_: attributes, posted sends not yet taken by the reactor, the receive queue.
   mutable std::mutex mu_;
   verbs::QpAttr attr_;
-  std::deque<SendWqe> posted_;
+  RingDeque<SendWqe> posted_;
   std::deque<RecvWqe> rq_;
   std::shared_ptr<FastPath> fast_;
   bool fastBusy_ = false;  // a post is copying on the same-host path: posted_ waits behind it
 
   // Reactor thread only.
-  std::deque<SendWqe> sq_;        // [0, nextToSend_) sent and waiting; the rest not sent yet
+  RingDeque<SendWqe> sq_;         // [0, nextToSend_) sent and waiting; the rest not sent yet
   size_t nextToSend_ = 0;
   uint32_t nextSeq_ = 0;
   uint32_t ackedThrough_ = 0;     // every request up to here is done at the responder
@@ -256,7 +257,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
     uint32_t seq = 0;
     uint64_t addr = 0;
     uint64_t length = 0;
-    std::vector<Segment> segments;  // empty: the bytes are discarded
+    Segments segments;  // empty: the bytes are discarded
   };
   // Whether respConn_ may take request h now, with lane pieces pending.
   bool mayPassPendingLanes(const wire::FrameHeader& h);

@@ -219,9 +219,13 @@ void SoftQp::pumpFromLoop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (fastBusy_) return;  // the post copying on the same-host path schedules us when it ends
     if (sq_.empty() && !posted_.empty()) lastProgress_ = ctx_->reactor().runNow();
-    while (!posted_.empty()) {
-      sq_.push_back(std::move(posted_.front()));
-      posted_.pop_front();
+    if (sq_.empty()) {
+      sq_.swap(posted_);  // the whole list at once, no request moved
+    } else {
+      while (!posted_.empty()) {
+        sq_.push_back(std::move(posted_.front()));
+        posted_.pop_front();
+      }
     }
   }
   QpState state = state_.load();
@@ -282,7 +286,7 @@ void SoftQp::pumpFromLoop() {
     if (laneReady_ && laneable && wqe.opcode == WrOpcode::kRdmaRead) {
       // The response's second part comes back on the lane, placed by the lane thread: it knows
       // where before the request leaves.
-      std::vector<Segment> tail;
+      Segments tail;
       const uint64_t first = laneSplitAt(wqe.length);
       splitSegments(wqe.local, first, nullptr, &tail);
       laneOut_->expectRead(wqe.seq, wqe.length - first, std::move(tail));
@@ -329,8 +333,10 @@ void SoftQp::completeFromLoop() {
     sq_.pop_front();
     --nextToSend_;
     pushSendCompletion(done, WcStatus::kSuccess);
-    lastProgress_ = ctx_->reactor().runNow();
   }
+  // No progress stamp here: the frames that complete requests (ACKs, responses) came on reqConn_,
+  // whose every read stamped it (onProgress) just before; a laned READ's part is the lane's
+  // progress, which the transport timer asks the lane for.
   // The transport timer stays when the queue empties: it lapses when it fires with nothing sent,
   // and one that fires after the queue filled again re-arms from the progress made since. So a
   // message costs no timer of its own, which a caller's post would have to wake the progress thread
@@ -474,7 +480,11 @@ bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t tic
 }
 
 void SoftQp::onProgress(Conn& conn) {
-  if (&conn == reqConn_.get() && reqReady_) lastProgress_ = ctx_->reactor().runNow();
+  if (&conn == reqConn_.get() && reqReady_) {
+    // The run's clock: the connection told the loop of the bytes it moved (Reactor::noteWork), so
+    // the reading is close enough for the transport timer.
+    lastProgress_ = ctx_->reactor().runNow();
+  }
 }
 
 void SoftQp::onClosed(Conn& conn, const Status& why) {

@@ -75,7 +75,7 @@ wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, 
   return wire::HelloResult::kAccepted;
 }
 
-void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, std::vector<Segment> segments) {
+void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments) {
   if (!segments.empty()) ++lanePending_;
   lanePieces_.push_back(LanePiece{seq, addr, length, std::move(segments)});
   if (laneIn_) laneIn_->resumeInput();  // a lane paused ahead of the WRITEs has its next one now
@@ -278,7 +278,7 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
         return Status::ok();
       }
       uint64_t room = 0;
-      std::vector<Segment> segs;
+      Segments segs;
       bool bad = false;
       {
         std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
@@ -425,7 +425,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       if ((h.flags & wire::kFlagLaned) && laneIn_) {
         // The requester asked for it in two parts: the second goes back on the lane.
         const uint64_t first = laneSplitAt(h.length);
-        std::vector<Segment> whole = std::move(frame.payload);
+        Segments whole = std::move(frame.payload);
         frame.payload.clear();
         splitSegments(whole, first, &frame.payload, &lanePart.payload);
         resp.payloadLen = static_cast<uint32_t>(first);

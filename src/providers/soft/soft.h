@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/event_queue.h"
+#include "common/inline_vec.h"
 #include "ferry/common/config.h"
 #include "common/reactor.h"
 #include "ferry/verbs/provider.h"
@@ -91,6 +92,10 @@ struct Segment {
   size_t length = 0;
   std::shared_ptr<MrEntry> entry;
 };
+// A request's or a frame's pieces, and a request's scatter/gather list: one or two almost always,
+// kept without a heap allocation (InlineVec).
+using Segments = InlineVec<Segment, 2>;
+using Sges = InlineVec<verbs::Sge, 2>;
 
 // ---- work requests as the QP keeps them ----
 struct SendWqe {
@@ -98,7 +103,7 @@ struct SendWqe {
   verbs::WrOpcode opcode = verbs::WrOpcode::kSend;
   uint32_t flags = 0;
   bool signaled = false;
-  std::vector<verbs::Sge> sges;
+  Sges sges;
   std::vector<uint8_t> inlineData;
   uint64_t length = 0;
   uint32_t immData = 0;
@@ -115,12 +120,12 @@ struct SendWqe {
   bool laneLanded = false;       // a laned READ: that second part landed
   verbs::WcStatus error = verbs::WcStatus::kSuccess;  // set when the WR failed locally or remotely
   int rnrLeft = -1;               // RNR retries left (-1: not sent yet)
-  std::vector<Segment> local;    // resolved local SGEs
+  Segments local;                 // resolved local SGEs
 };
 
 struct RecvWqe {
   uint64_t wrId = 0;
-  std::vector<verbs::Sge> sges;
+  Sges sges;
 };
 
 // ---- objects ----
@@ -383,7 +388,11 @@ class SoftCq final : public verbs::CqImpl {
   std::deque<Entry> entries_;
   int capacity_;
   bool overflowed_ = false;
-  int armed_ = 0;  // 0 not armed, 1 next completion, 2 next solicited or error completion
+  // Written under mu_, read without it by a poll: whether entries_ holds completions or the CQ
+  // overflowed (a poll that finds neither takes no lock), and whether it is armed (0 not armed, 1
+  // next completion, 2 next solicited or error completion).
+  std::atomic<bool> maybeReady_{false};
+  std::atomic<int> armed_{0};
   std::shared_ptr<SoftCompChannel> channel_;
   void* userContext_;
   std::atomic<bool> closed_{false};

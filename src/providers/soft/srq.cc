@@ -24,7 +24,7 @@ Status SoftSrq::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
       if (badIndex) *badIndex = i;
       return st;
     }
-    queue_.push_back(RecvWqe{wrs[i].wrId, std::vector<verbs::Sge>(wrs[i].sgList.begin(), wrs[i].sgList.end())});
+    queue_.push_back(RecvWqe{wrs[i].wrId, Sges(wrs[i].sgList.begin(), wrs[i].sgList.end())});
   }
   return Status::ok();
 }

@@ -209,7 +209,7 @@ Status SoftUdQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) 
         if (badIndex) *badIndex = i;
         return status;
       }
-      rq_.push_back(RecvWqe{wrs[i].wrId, std::vector<verbs::Sge>(wrs[i].sgList.begin(), wrs[i].sgList.end())});
+      rq_.push_back(RecvWqe{wrs[i].wrId, Sges(wrs[i].sgList.begin(), wrs[i].sgList.end())});
     }
     flush = state_ == QpState::kErr;
   }
