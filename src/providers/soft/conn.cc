@@ -22,31 +22,26 @@ const uint8_t kZeros[kZeroBytes] = {};
 
 }  // namespace
 
-OutFrame& OutFrame::operator=(OutFrame&& o) noexcept {
-  if (this == &o) return *this;
+template <typename Other>
+void OutFrame::assignFrom(Other&& o) {
   headerLen = o.headerLen;
   std::memcpy(header, o.header, headerLen);
-  payload = std::move(o.payload);
-  ownedPayload = std::move(o.ownedPayload);
+  payload = std::forward<Other>(o).payload;
+  ownedPayload = std::forward<Other>(o).ownedPayload;
   hasTrailer = o.hasTrailer;
   trailer = o.trailer;
   revoked = o.revoked;
   seq = o.seq;
   sent = o.sent;
+}
+
+OutFrame& OutFrame::operator=(OutFrame&& o) noexcept {
+  if (this != &o) assignFrom(std::move(o));
   return *this;
 }
 
 OutFrame& OutFrame::operator=(const OutFrame& o) {
-  if (this == &o) return *this;
-  headerLen = o.headerLen;
-  std::memcpy(header, o.header, headerLen);
-  payload = o.payload;
-  ownedPayload = o.ownedPayload;
-  hasTrailer = o.hasTrailer;
-  trailer = o.trailer;
-  revoked = o.revoked;
-  seq = o.seq;
-  sent = o.sent;
+  if (this != &o) assignFrom(o);
   return *this;
 }
 

@@ -50,6 +50,10 @@ struct OutFrame {
   // Progress.
   size_t sent = 0;
   size_t total() const;
+
+ private:
+  template <typename Other>
+  void assignFrom(Other&& o);  // a copy or a move (Other: const OutFrame& or OutFrame)
 };
 
 class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
