@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -113,7 +114,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       iovec v{buf.data(), want};
       ssize_t n = (data[at] & 1) ? (*link)->readv(&v, 1) : (*link)->writev(&v, 1);
       check(n < 0 || static_cast<size_t>(n) <= want, "moved more bytes than asked");
-      if (data[at] & 2) (void)(*link)->prepareToSleep();
+      // A reading of the clock before any lease the segment may claim (0), or after every one.
+      if (data[at] & 2) (void)(*link)->prepareToSleep((data[at] & 8) ? 0 : INT64_MAX);
       if (data[at] & 4) (*link)->clearWake();
       (void)(*link)->readable();
     }
