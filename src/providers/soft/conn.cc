@@ -136,7 +136,7 @@ void Conn::attend(int64_t untilNs) {
 }
 
 bool Conn::pollInput() {
-  if (closed() || (!link_->pending() && !link_->prepareToSleep())) return false;
+  if (closed() || (!link_->pending() && !link_->prepareToSleep(/*spin=*/false))) return false;
   takeInput();
   return true;
 }

@@ -82,8 +82,9 @@ class Link {
   // make sure onLinkReadable comes again.
   virtual void resumeReadingLater() = 0;
   // The input is drained: poll briefly for more before waiting for onLinkReadable. True when bytes
-  // arrived meanwhile (read on).
-  virtual bool prepareToSleep() { return false; }
+  // arrived meanwhile (read on). spin false: no polling first (a look from a poll that found the
+  // link empty, which must not hold its caller).
+  virtual bool prepareToSleep(bool spin = true) { return false; }
   // The connection can do nothing with fewer than n more bytes (the rest of a large payload it
   // reads straight into place): the link may hold onLinkReadable back until that many wait, or
   // the peer's stream ends. 0: tell it of any byte (the default).

@@ -429,7 +429,7 @@ ssize_t RingPair::readv(const iovec* iov, int count) {
   return static_cast<ssize_t>(n);
 }
 
-bool RingPair::prepareToSleep(int64_t nowNs) {
+bool RingPair::prepareToSleep(int64_t nowNs, bool spin) {
   Control& ctl = inCtl();
   if (readable()) return true;
   // While our application polls the ring (a lease), its polls take what comes: no spin here,
@@ -443,7 +443,7 @@ bool RingPair::prepareToSleep(int64_t nowNs) {
     }
     return false;
   }
-  const int64_t maxSpin = maxSpinNs();
+  const int64_t maxSpin = spin ? maxSpinNs() : 0;
   if (maxSpin > 0) {
     int64_t budget = spinNs_ > 0 ? spinNs_ : 0;
     if (budget == 0 && ++idleSleeps_ >= 64) {

@@ -101,7 +101,8 @@ class RingPair {
   // (attend) holds at nowNs, the producer is told we are attended, so that it neither wakes us
   // nor reads the clock to see the lease; the first drained poll after the lease's end (the
   // thread's sweep) puts us to sleep, and takes what was left before.
-  bool prepareToSleep(int64_t nowNs);
+  // spin false: no adaptive spin first.
+  bool prepareToSleep(int64_t nowNs, bool spin = true);
   // Consumer: bytes are waiting in the incoming ring.
   bool readable() const;
   // Consumer: our application polls this ring itself until untilNs (steadyNs()): the producer

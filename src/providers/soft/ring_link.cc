@@ -79,13 +79,13 @@ class RingLink final : public Link {
   // Nothing else would bring the loop back: the peer writes our eventfd only when we said we sleep.
   void resumeReadingLater() override { rings_->wakeSelf(); }
 
-  bool prepareToSleep() override {
+  bool prepareToSleep(bool spin) override {
     if (peerHungUp_) return false;
     // The run's clock: the loop's pollers read it already, so a drained poll reads it no more.
     const int64_t now =
         reactor_ ? std::chrono::duration_cast<std::chrono::nanoseconds>(reactor_->runNow().time_since_epoch()).count()
                  : steadyNs();
-    return rings_->prepareToSleep(now);
+    return rings_->prepareToSleep(now, spin);
   }
 
   bool pollable() const override { return true; }
