@@ -61,7 +61,7 @@ void Reactor::stop() {
   std::lock_guard<std::mutex> loopLock(loopMu_);  // a caller's progressOnce() ends first
   closed_ = true;
   fds_.clear();
-  controlFds_.clear();
+  dataFds_ = 0;
   timers_.clear();
   timerCbs_.clear();
   pollers_.clear();
@@ -127,17 +127,23 @@ Status Reactor::addFd(int fd, uint32_t events, FdCb cb, FdUse use) {
   ev.events = events;
   ev.data.fd = fd;
   if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) return ioError("epoll_ctl(add)");
-  fds_[fd] = std::make_shared<FdCb>(std::move(cb));
-  setFdUse(fd, use);
+  WatchedFd& watched = fds_[fd];
+  // An entry there already is stale (the epoll set accepted the fd, so that one was closed
+  // without removeFd): the new one replaces it.
+  if (watched.cb && watched.use == FdUse::kData) --dataFds_;
+  watched = WatchedFd{std::make_shared<FdCb>(std::move(cb)), use};
+  if (use == FdUse::kData) ++dataFds_;
   return Status::ok();
 }
 
 void Reactor::setFdUse(int fd, FdUse use) {
-  if (!fds_.contains(fd)) return;
-  if (use == FdUse::kControl) {
-    controlFds_.insert(fd);
+  auto it = fds_.find(fd);
+  if (it == fds_.end() || it->second.use == use) return;
+  it->second.use = use;
+  if (use == FdUse::kData) {
+    ++dataFds_;
   } else {
-    controlFds_.erase(fd);
+    --dataFds_;
   }
 }
 
@@ -150,8 +156,11 @@ Status Reactor::modFd(int fd, uint32_t events) {
 }
 
 void Reactor::removeFd(int fd) {
-  controlFds_.erase(fd);
-  if (fds_.erase(fd) > 0) epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
+  auto it = fds_.find(fd);
+  if (it == fds_.end()) return;
+  if (it->second.use == FdUse::kData) --dataFds_;
+  fds_.erase(it);
+  epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
 Reactor::TimerId Reactor::addTimer(Clock::time_point when, std::function<void()> cb) {
@@ -234,7 +243,7 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
     }
     auto it = fds_.find(fd);
     if (it == fds_.end()) continue;
-    std::shared_ptr<FdCb> cb = it->second;  // keeps the callback alive if it removes itself
+    std::shared_ptr<FdCb> cb = it->second.cb;  // keeps the callback alive if it removes itself
     (*cb)(events[i].events);
   }
   // Timers due now.
@@ -266,7 +275,7 @@ bool Reactor::progressOnce(bool vouches) {
     // can fds none of which brings data (FdUse): the pollers find what this loop's peers send
     // (with no poller, every fd is looked at as data).
     const bool found = runPollersLocked(vouches);
-    const bool dataFds = pollers_.empty() || fds_.size() > controlFds_.size();
+    const bool dataFds = pollers_.empty() || dataFds_ > 0;
     if ((!found && dataFds) || ++runsWithoutFds_ >= kFdsAfterRuns) {
       runsWithoutFds_ = 0;
       n = epoll_wait(epollFd_, events, kMaxEvents, 0);

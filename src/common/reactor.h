@@ -20,7 +20,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "ferry/common/status.h"
@@ -80,6 +79,10 @@ class Reactor {
     }
     return runNow_;
   }
+  // runNow() in nanoseconds of the steady clock (steadyNs()'s unit and epoch).
+  int64_t runNowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(runNow().time_since_epoch()).count();
+  }
   // The run moved `bytes` (a read or a write of a connection): what runNow() is behind by grows
   // with it. Each call counts kWorkPerCall more, for the work around the bytes.
   static constexpr size_t kWorkPerCall = 1024;
@@ -99,6 +102,8 @@ class Reactor {
   Status addFd(int fd, uint32_t events, FdCb cb, FdUse use = FdUse::kData);
   // Changes what a watched fd brings (a UDP socket is data while a QP reads it, else control).
   void setFdUse(int fd, FdUse use);
+  // How many watched fds are FdUse::kData (for diagnostics and tests).
+  size_t dataFds() const { return dataFds_; }
   Status modFd(int fd, uint32_t events);
   void removeFd(int fd);
   TimerId addTimer(Clock::time_point when, std::function<void()> cb);
@@ -174,8 +179,12 @@ class Reactor {
   std::atomic<bool> postedPending_{false};
   bool stopped_ = false;  // guarded by postMu_
 
-  std::unordered_map<int, std::shared_ptr<FdCb>> fds_;
-  std::unordered_set<int> controlFds_;  // the fds of fds_ that are FdUse::kControl
+  struct WatchedFd {
+    std::shared_ptr<FdCb> cb;  // shared: a run keeps the callback alive if it removes its fd
+    FdUse use = FdUse::kData;
+  };
+  std::unordered_map<int, WatchedFd> fds_;
+  size_t dataFds_ = 0;  // the fds of fds_ that are FdUse::kData
   std::multimap<Clock::time_point, TimerId> timers_;
   std::unordered_map<TimerId, std::pair<Clock::time_point, std::function<void()>>> timerCbs_;
   TimerId nextTimerId_ = 1;

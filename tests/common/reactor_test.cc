@@ -301,6 +301,33 @@ TEST(Reactor, ControlFdsWaitAFewRunsEvenWhenThePollersFindNothing) {
 // thread, which sleeps on the fds with no timeout: the caller's own look at the fds, right after,
 // does not take that wake-up. So when the caller stops, the thread runs the pollers at the lease's
 // end (a ring's unannounced frame is taken). Several leases, each from a fresh sleep.
+// A run's clock is read once and shared, until the run has done kWorkBeforeNow of work since
+// (noteWork): then it is read again, so a long run does not leave it far behind. The next run reads
+// it afresh.
+TEST(Reactor, TheRunsClockIsReadAgainAfterEnoughWork) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  Reactor::Clock::time_point first, unchanged, belowLimit, afterLimit;
+  ASSERT_TRUE(r.runSync([&] {
+                 r.noteWork(Reactor::kWorkBeforeNow);  // whatever the run did before: a fresh reading next
+                 first = r.runNow();
+                 std::this_thread::sleep_for(2ms);
+                 unchanged = r.runNow();
+                 // With the call's own kWorkPerCall: kWorkBeforeNow - kWorkPerCall, short of it.
+                 r.noteWork(Reactor::kWorkBeforeNow - 2 * Reactor::kWorkPerCall);
+                 belowLimit = r.runNow();
+                 r.noteWork(0);  // kWorkPerCall more: reaches it
+                 afterLimit = r.runNow();
+               }).isOk());
+  EXPECT_EQ(unchanged, first) << "one reading per run";
+  EXPECT_EQ(belowLimit, first) << "read again before kWorkBeforeNow of work";
+  EXPECT_GE(afterLimit - first, 2ms) << "not read again after kWorkBeforeNow of work";
+  Reactor::Clock::time_point next;
+  std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(r.runSync([&] { next = r.runNow(); }).isOk());
+  EXPECT_GE(next - afterLimit, 2ms) << "a new run kept the last one's reading";
+}
+
 TEST(Reactor, ALeaseBegunInACallersRunWakesTheThreadItself) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());

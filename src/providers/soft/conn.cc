@@ -58,7 +58,13 @@ Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate, Rea
       delegate_(delegate),
       staged_(new uint8_t[kStagingBytes]) {}
 
-Conn::~Conn() = default;
+Conn::~Conn() {
+  // An owner that lets an open connection go on the loop: the link stops being watched before its
+  // descriptors close (an fd left in the reactor's set would keep a caller's polls waking it, and
+  // a later fd of that number would find the stale entry). Anywhere else the loop is stopped, and
+  // its set gone with it, or the owner closed us first.
+  if (!closed_ && reactor_->inLoop()) link_->detach();
+}
 
 Status Conn::attach() {
   FERRY_RETURN_IF_ERROR(link_->attach(*reactor_, weak_from_this()));
@@ -180,7 +186,7 @@ void Conn::closeAfterFlush(bool drain) {
   closeAfterFlush_ = true;
   if (closeTimer_ == 0) {
     // A peer that neither reads what is queued nor closes its side is given up on.
-    closeTimer_ = reactor_->addTimer(Reactor::Clock::now() + std::chrono::seconds(5),
+    closeTimer_ = reactor_->addTimer(Reactor::Clock::now() + kCloseAfterFlushLimit,
                                      [self = shared_from_this()] { self->close(Status::ok(), true); });
   }
   if (out_.empty()) {
@@ -200,10 +206,7 @@ void Conn::startDrain() {
     link_->pauseReading(false);
   }
   link_->shutdownWrite();
-  std::weak_ptr<Conn> weak = weak_from_this();
-  reactor_->addTimer(Reactor::Clock::now() + std::chrono::seconds(5), [weak] {
-    if (auto self = weak.lock()) self->close(Status::ok(), true);
-  });
+  // The drain ends when the peer closes, or at the latest with closeAfterFlush's timer.
 }
 
 void Conn::flush() {

@@ -102,9 +102,10 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // Closes at once (queued output is dropped). Calls onClosed(why) unless quiet.
   void close(const Status& why, bool quiet = false);
   // Closes once the queued output is written. With drain, it then half-closes (FIN) and discards
-  // what the peer still sends until the peer closes too (or drainTimeout passes), so the peer reads
-  // everything queued before (a close with unread input would reset the connection and lose it).
-  // The connection keeps itself until then, for 5 s at most: its owner may let it go at once.
+  // what the peer still sends until the peer closes too, so the peer reads everything queued before (a
+  // close with unread input would reset the connection and lose it). The connection keeps itself
+  // until then, for kCloseAfterFlushLimit (5 s) at most, flushing and draining together: its owner
+  // may let it go at once.
   void closeAfterFlush(bool drain = false);
   bool closed() const { return closed_; }
   // The byte stream under this connection (which kind, whose address).
@@ -162,8 +163,10 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   bool closeAfterFlush_ = false;
   bool drainOnClose_ = false;
   bool draining_ = false;
-  // From closeAfterFlush: the timer that closes us at the latest after kCloseAfterFlushLimit. It
-  // holds us (the owner may let us go at once); close() cancels it, a stopped loop drops it.
+  // From closeAfterFlush: the timer that closes us at the latest after kCloseAfterFlushLimit,
+  // flushing and draining together. It holds us (the owner may let us go at once); close()
+  // cancels it, a stopped loop drops it.
+  static constexpr std::chrono::seconds kCloseAfterFlushLimit{5};
   Reactor::TimerId closeTimer_ = 0;
   void startDrain();
   bool wantWrite_ = false;

@@ -349,8 +349,7 @@ bool SoftContext::attendFromLoop(bool vouches) {
   if (vouches) {
     // The run's clock: the lease it gives ends no later than one measured now would, and the
     // timers this run looks at after the fds share the reading.
-    const int64_t now =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(reactor_.runNow().time_since_epoch()).count();
+    const int64_t now = reactor_.runNowNs();
     if (attendedUntilNs_.load() - now < attendNs_ / 2) {
       // One reading for the rings and the thread (steadyNs() is the reactor's clock): a
       // producer that saw the lease hold wrote its frame before the lease's end, and the thread

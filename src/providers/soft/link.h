@@ -48,7 +48,8 @@ class Link {
 
   // Every link has one socket (takes fd): the TCP connection, or the AF_UNIX socket whose hang-up
   // says a ring's peer is gone. The destructor closes only the descriptors: the reactor may be
-  // gone by then (a link that was closed was detached on the loop already).
+  // gone by then. Whoever attached it detaches it first (Conn's close, or its destructor on the
+  // loop).
   explicit Link(int fd) : fd_(fd) {}
   virtual ~Link();
   Link(const Link&) = delete;

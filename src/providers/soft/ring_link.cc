@@ -82,9 +82,7 @@ class RingLink final : public Link {
   bool prepareToSleep(bool spin) override {
     if (peerHungUp_) return false;
     // The run's clock: the loop's pollers read it already, so a drained poll reads it no more.
-    const int64_t now =
-        reactor_ ? std::chrono::duration_cast<std::chrono::nanoseconds>(reactor_->runNow().time_since_epoch()).count()
-                 : steadyNs();
+    const int64_t now = reactor_ ? reactor_->runNowNs() : steadyNs();
     return rings_->prepareToSleep(now, spin);
   }
 

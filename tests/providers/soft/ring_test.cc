@@ -344,6 +344,68 @@ TEST_P(RingPath, SameHostConnectionsMoveToRingsAndTcpOnlyOnesNever) {
   }
 }
 
+// How many fds ctx's loop watches as data (Reactor::FdUse::kData), read on the loop.
+size_t dataFdsOf(verbs::Context& ctx) {
+  auto* soft = dynamic_cast<soft::SoftContext*>(ctx.impl().get());
+  if (soft == nullptr) return SIZE_MAX;
+  size_t count = SIZE_MAX;
+  if (!soft->reactor().runSync([&] { count = soft->reactor().dataFds(); }).isOk()) return SIZE_MAX;
+  return count;
+}
+
+// Waits until ctx's loop watches `want` data fds (within 10 s); the count last seen.
+size_t awaitDataFds(verbs::Context& ctx, size_t want) {
+  const int64_t until = steadyNs() + 10'000'000'000;
+  size_t count = dataFdsOf(ctx);
+  while (count != want && steadyNs() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    count = dataFdsOf(ctx);
+  }
+  return count;
+}
+
+// A context whose connections all moved to rings watches no data fd, so that a caller's empty poll
+// makes no system call: the TCP connection that carried the hello and its ring reply is gone at
+// both ends (the responder's drains until the requester closes it, 5 s at most).
+TEST_P(RingPath, AContextWhoseConnectionsAreRingsWatchesNoDataFd) {
+  if (!ringsExpected()) GTEST_SKIP() << "FERRY_SOFT_SAME_HOST=0: every connection is a TCP socket";
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, v::access::kLocalWrite, 21));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, v::access::kAll, 22));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 2,
+                              .sges = {sgeOf(src, 0, 4096)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  EXPECT_EQ(awaitDataFds(*pair->a.context, 0), 0u) << "the requester's context";
+  EXPECT_EQ(awaitDataFds(*pair->b.context, 0), 0u) << "the responder's context";
+}
+
+// The UDP socket's datagrams wait a few of the callers' runs while no UD QP reads them, and are
+// data while one does.
+TEST_P(RingPath, TheUdpSocketIsDataOnlyWhileAUdQpReadsIt) {
+  Side side;
+  ASSERT_OK(openSide(side, nullptr, 64));
+  EXPECT_EQ(dataFdsOf(*side.context), 0u) << "a context without connections or UD QPs";
+  const v::QpInit ud{.type = v::QpType::kUd,
+                     .sendCq = &side.sendCq,
+                     .recvCq = &side.recvCq,
+                     .cap = {.maxSendWr = 8, .maxRecvWr = 8, .maxSendSge = 1, .maxRecvSge = 1}};
+  {
+    auto first = side.pd.createQp(ud);
+    ASSERT_OK(first.status());
+    EXPECT_EQ(dataFdsOf(*side.context), 1u) << "the UDP socket, while the UD QP exists";
+    auto second = side.pd.createQp(ud);
+    ASSERT_OK(second.status());
+    EXPECT_EQ(dataFdsOf(*side.context), 1u) << "one socket, however many UD QPs read it";
+  }
+  EXPECT_EQ(dataFdsOf(*side.context), 0u) << "control again once no UD QP reads it";
+}
+
 // Every abstract socket name of a ring listener of this process (from /proc/net/unix).
 std::vector<std::string> ringListeners() {
   std::vector<std::string> names;
