@@ -207,7 +207,9 @@ const std::vector<Variable>& variables() {
        "frames. "
        "Arming a completion queue ends it at once; otherwise a frame, or an acknowledgement its polls owe "
        "a peer, waits at most this long when the application stops polling (0: peers always wake the "
-       "thread). Needs FERRY_SOFT_CALLER_PROGRESS.",
+       "thread). Also how long a `getEvent` on a completion channel sleeps on the device's sockets and "
+       "rings itself, running the device's loop when they bring something, before it leaves them to the "
+       "progress thread (0: never). Needs FERRY_SOFT_CALLER_PROGRESS.",
        "1000", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftAttendUs>},
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "

@@ -1,5 +1,6 @@
 #include "common/reactor.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <ctime>
 
 #include "common/cpu_relax.h"
 #include "common/log.h"
@@ -284,6 +286,37 @@ bool Reactor::progressOnce(bool vouches) {
   });
 }
 
+Reactor::WaitHere Reactor::waitHere(int alsoFd, int timeoutMs, Clock::duration lease) {
+  int epollFd = -1;
+  Clock::time_point until;
+  const bool leased = runHere([&] {
+    const auto now = Clock::now();
+    if (attendedUntil_ - now < lease / 2) attendUntil(now + lease);
+    until = attendedUntil_;
+    epollFd = epollFd_;
+  });
+  if (!leased) return WaitHere::kRefused;
+  auto left = until - Clock::now();
+  if (timeoutMs >= 0) left = std::min<Clock::duration>(left, std::chrono::milliseconds(timeoutMs));
+  left = std::max<Clock::duration>(left, Clock::duration::zero());
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  const timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  // An epoll set is readable while one of its fds is ready. (Were the reactor stopped meanwhile and
+  // the number reused, the run below is refused: no worse than a spurious wake-up.)
+  pollfd fds[2] = {{epollFd, POLLIN, 0}, {alsoFd, POLLIN, 0}};
+  const int ready = ::ppoll(fds, 2, &ts, nullptr);
+  if (ready <= 0) return ready == 0 ? WaitHere::kIdle : WaitHere::kReady;  // EINTR: look again
+  if (fds[0].revents != 0) {
+    (void)runHere([this] {
+      constexpr int kMaxEvents = 64;
+      epoll_event events[kMaxEvents];
+      const int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+      dispatchLocked(events, n);
+    });
+  }
+  return WaitHere::kReady;
+}
+
 bool Reactor::runPollersLocked(bool vouches) {
   bool found = false;
   for (size_t i = 0; i < pollers_.size(); ++i) {
@@ -331,9 +364,12 @@ void Reactor::loop() {
     int n = epoll_wait(quiet ? quietFd_ : epollFd_, events, kMaxEvents, timeoutMs);
     int err = errno;
     // A caller running the loop holds it for a few microseconds: wait for it without sleeping on
-    // the lock at first, so that its unlock wakes no one (a futex system call on its thread).
+    // the lock at first, so that its unlock wakes no one (a futex system call on its thread). Not
+    // after a quiet sleep: the callers run the loop over and over while their lease holds (a caller
+    // waiting on a completion channel holds it across most of its waits), and a spin for each of
+    // the thread's look at the lease took a core's worth from them.
     for (int spin = 0; !lock.try_lock(); ++spin) {
-      if (spin >= 2000) {
+      if (quiet || spin >= 2000) {
         lock.lock();
         break;
       }

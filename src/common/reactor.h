@@ -128,6 +128,20 @@ class Reactor {
   // so that a socket's readiness wakes no thread; it looks at the fds again, and runs the pollers,
   // at `until`, or at once when a later call moves `until` earlier (Clock::time_point() ends it).
   void attendUntil(Clock::time_point until);
+  // For a caller about to sleep on `alsoFd` (a completion channel's) until what the loop does next
+  // makes it ready: the caller sleeps on the loop's fds as well, and runs the loop itself when they
+  // are ready, so that a peer's frame wakes one thread (the caller) instead of the thread, which
+  // then wakes the caller. Meanwhile the thread sleeps on the quiet set (attendUntil(now + lease),
+  // renewed when less than half of it is left); the thread keeps the timers. Sleeps at most
+  // timeoutMs (-1: no limit) and until the lease's end. Thread-safe; never from inside the loop.
+  //   kReady    the loop's fds were ready and the caller ran the loop (or the thread took them
+  //             first), or alsoFd is ready: look at alsoFd.
+  //   kIdle     neither was ready before the lease's end or timeoutMs: a caller that still waits
+  //             should leave the loop to the thread and sleep on alsoFd alone, so that an idle
+  //             wait costs no CPU.
+  //   kRefused  the thread (or another caller) runs the loop, or the reactor is stopped.
+  enum class WaitHere { kReady, kIdle, kRefused };
+  WaitHere waitHere(int alsoFd, int timeoutMs, Clock::duration lease);
   // Whether the thread is still to run the pollers for the current lease: one is set and the
   // thread has not run them since it ended (it does at the latest then). Loop only.
   bool leaseSweepAhead() const {

@@ -328,6 +328,63 @@ TEST(Reactor, TheRunsClockIsReadAgainAfterEnoughWork) {
   EXPECT_GE(next - afterLimit, 2ms) << "a new run kept the last one's reading";
 }
 
+// A caller about to sleep on an fd of its own (a completion channel's) sleeps on the loop's fds
+// too (waitHere): what they bring, it takes itself, while the thread sleeps on the quiet set.
+TEST(Reactor, AWaitingCallerTakesWhatTheLoopsFdsBringItself) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  CountedFd watched;
+  ASSERT_TRUE(watched.addTo(r));
+  const int own = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(own, 0);
+  using Wait = Reactor::WaitHere;
+  // Waits until something was taken or the own fd is ready; what the last wait said.
+  auto waitUntil = [&](auto done) {
+    Wait last = Wait::kRefused;
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      last = r.waitHere(own, 100, 10s);
+      if (last == Wait::kRefused) std::this_thread::sleep_for(100us);
+    }
+    return last;
+  };
+  bool checked = false;
+  for (int attempt = 1; attempt <= 5 && !checked; ++attempt) {
+    const int caller = watched.byCaller.load(), thread = watched.byThread.load();
+    std::thread signaler([&] {
+      std::this_thread::sleep_for(attempt * 10ms);  // the caller sleeps by then, the thread is quiet
+      watched.signal();
+    });
+    const Wait last = waitUntil([&] { return watched.byCaller.load() + watched.byThread.load() > caller + thread; });
+    signaler.join();
+    if (watched.byThread.load() != thread) continue;  // the thread took it before it went quiet
+    EXPECT_EQ(watched.byCaller.load(), caller + 1) << "the waiting caller did not take the fd's event";
+    EXPECT_EQ(last, Wait::kReady);
+    checked = true;
+  }
+  ASSERT_TRUE(checked) << "the thread took the event from a waiting caller, five times";
+  // Its own fd ready: the wait ends at once, and says so.
+  uint64_t one = 1;
+  ASSERT_EQ(write(own, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  Wait ownReady = Wait::kRefused;
+  for (int i = 0; i < 1000 && ownReady == Wait::kRefused; ++i) ownReady = r.waitHere(own, 10000, 10s);
+  EXPECT_EQ(ownReady, Wait::kReady) << "the own fd's readiness did not end the wait";
+  uint64_t value;
+  ASSERT_EQ(read(own, &value, sizeof value), static_cast<ssize_t>(sizeof value));
+  // Nothing ready before the lease's end or the timeout: idle (the caller then sleeps on its own
+  // fd alone).
+  Wait idle = Wait::kRefused;
+  for (int i = 0; i < 1000 && idle == Wait::kRefused; ++i) idle = r.waitHere(own, 20, 10s);
+  EXPECT_EQ(idle, Wait::kIdle);
+  // Refused inside the loop, and once the reactor is stopped.
+  Wait inside = Wait::kReady;
+  ASSERT_TRUE(r.runSync([&] { inside = r.waitHere(own, 0, 10s); }).isOk());
+  EXPECT_EQ(inside, Wait::kRefused);
+  r.stop();
+  EXPECT_EQ(r.waitHere(own, 0, 10s), Wait::kRefused);
+  close(own);
+}
+
 TEST(Reactor, ALeaseBegunInACallersRunWakesTheThreadItself) {
   Reactor r;
   ASSERT_TRUE(r.start("test-reactor").isOk());

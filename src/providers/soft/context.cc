@@ -308,6 +308,11 @@ Reactor* SoftContext::laneReactorFromLoop() {
 // arming is the last before a sleep).
 bool SoftContext::progressFromPoll(bool vouches) { return reactor_.progressOnce(vouches); }
 
+Reactor::WaitHere SoftContext::waitFromChannel(int channelFd, int timeoutMs) {
+  if (attendNs_ == 0) return Reactor::WaitHere::kRefused;
+  return reactor_.waitHere(channelFd, timeoutMs, std::chrono::nanoseconds(attendNs_));
+}
+
 void SoftContext::addAttendedLinkFromLoop(const std::shared_ptr<Conn>& conn) {
   attendedLinks_.push_back(conn);
   if (const int64_t until = attendedUntilNs_.load(); until != 0) conn->attend(until);
@@ -659,7 +664,7 @@ Result<std::shared_ptr<verbs::PdImpl>> SoftContext::allocPd() {
 
 Result<std::shared_ptr<verbs::CompChannelImpl>> SoftContext::createCompChannel() {
   if (closed_) return closedError("create completion channel: the context is closed");
-  auto channel = std::make_shared<SoftCompChannel>();
+  auto channel = std::make_shared<SoftCompChannel>(weak_from_this());
   if (channel->fd() < 0) return ioError("eventfd");
   children_.add(channel);
   return std::shared_ptr<verbs::CompChannelImpl>(channel);

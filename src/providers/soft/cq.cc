@@ -1,6 +1,7 @@
 // Completion queues and channels of the soft provider. A poll that finds nothing runs the
 // device's progress loop in the caller when the progress thread is not running it.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -15,7 +16,22 @@ using verbs::AsyncEventType;
 
 Result<verbs::CqEvent> SoftCompChannel::getEvent(int timeoutMs) {
   if (closed_) return closedError("get CQ event: the completion channel is closed");
-  return events_.take(timeoutMs);
+  auto ctx = ctx_.lock();
+  if (!ctx || !ctx->callerProgress() || timeoutMs <= 0) return events_.take(timeoutMs);
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
+  // What is left of the timeout in ms, rounded up (a wait never ends early); 0 once it passed.
+  auto left = [&] {
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return static_cast<int>(std::max<int64_t>(0, ms));
+  };
+  for (;;) {
+    auto event = events_.take(0);
+    if (event.isOk() || event.status().code() != StatusCode::kTimedOut) return event;
+    const int ms = left();
+    if (ms == 0) return event;
+    if (ctx->waitFromChannel(events_.fd(), ms) != Reactor::WaitHere::kReady) return events_.take(left());
+  }
 }
 
 Result<int> SoftCq::poll(std::span<verbs::WorkCompletion> out) {

@@ -164,6 +164,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // An empty poll's run of the loop on the caller's thread (false when the thread runs it). With
   // vouches (the CQ is not armed), it renews the lease.
   bool progressFromPoll(bool vouches);
+  // A thread about to sleep on a completion channel's fd sleeps on the loop's fds as well, and runs
+  // the loop when they are ready (Reactor::waitHere, for one lease of attendNs_).
+  Reactor::WaitHere waitFromChannel(int channelFd, int timeoutMs);
   void removeAttendedLinkFromLoop(const Conn* conn);
   // A responder's ACK, when the run is an application's poll under the lease: it is sent at the
   // start of the next run's pollers (the application's next poll of any of this device's CQs or
@@ -345,7 +348,13 @@ class SoftMr final : public verbs::MrImpl {
 
 class SoftCompChannel final : public verbs::CompChannelImpl {
  public:
+  explicit SoftCompChannel(std::weak_ptr<SoftContext> ctx) : ctx_(std::move(ctx)) {}
   int fd() const override { return events_.fd(); }
+  // Waits for an event. With progress in the caller, the waiting thread sleeps on its context's
+  // connections too and takes their frames itself (Reactor::waitHere), for one lease
+  // (FERRY_SOFT_ATTEND_US); then it leaves them to the progress thread and sleeps on the channel
+  // alone. A frame that completes a request then wakes one thread, not the progress thread and
+  // then the application's.
   Result<verbs::CqEvent> getEvent(int timeoutMs) override;
   void close() override { closed_ = true; }
   void notify(verbs::CqEvent event) {
@@ -353,6 +362,7 @@ class SoftCompChannel final : public verbs::CompChannelImpl {
   }
 
  private:
+  std::weak_ptr<SoftContext> ctx_;
   std::atomic<bool> closed_{false};
   EventQueue<verbs::CqEvent> events_;
 };
