@@ -46,7 +46,8 @@ class EventQueue {
       {
         std::lock_guard<std::mutex> lock(mu_);
         uint64_t value;
-        if (::read(fd_, &value, sizeof value) == sizeof value) {
+        // The fd counts the events (push writes it under this lock): an empty queue needs no read.
+        if (!events_.empty() && ::read(fd_, &value, sizeof value) == sizeof value) {
           T event = std::move(events_.front());
           events_.pop_front();
           return event;

@@ -131,8 +131,11 @@ Status Reactor::addFd(int fd, uint32_t events, FdCb cb, FdUse use) {
   if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) return ioError("epoll_ctl(add)");
   WatchedFd& watched = fds_[fd];
   // An entry there already is stale (the epoll set accepted the fd, so that one was closed
-  // without removeFd): the new one replaces it.
-  if (watched.cb && watched.use == FdUse::kData) --dataFds_;
+  // without removeFd, which its owner should have called): the new one replaces it.
+  if (watched.cb) {
+    FERRY_LOG(kWarn, "fd %d was closed while watched: its old entry is replaced", fd);
+    if (watched.use == FdUse::kData) --dataFds_;
+  }
   watched = WatchedFd{std::make_shared<FdCb>(std::move(cb)), use};
   if (use == FdUse::kData) ++dataFds_;
   return Status::ok();
@@ -221,7 +224,8 @@ int Reactor::timeoutMsLocked() {
   return timeoutMs;
 }
 
-void Reactor::dispatchLocked(const epoll_event* events, int n) {
+int Reactor::dispatchLocked(const epoll_event* events, int n) {
+  int ran = 0;
   for (int i = 0; i < n; ++i) {  // n < 0 (a failed or interrupted wait): no events
     int fd = events[i].data.fd;
     if (fd == wakeFd_) {
@@ -247,6 +251,7 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
     if (it == fds_.end()) continue;
     std::shared_ptr<FdCb> cb = it->second.cb;  // keeps the callback alive if it removes itself
     (*cb)(events[i].events);
+    ++ran;
   }
   // Timers due now.
   const auto now = timers_.empty() ? Clock::time_point() : runNow();
@@ -266,13 +271,12 @@ void Reactor::dispatchLocked(const epoll_event* events, int n) {
   }
   for (auto& fn : work_) fn();
   work_.clear();
+  return ran;
 }
 
 bool Reactor::progressOnce(bool vouches) {
   return runHere([this, vouches] {
-    constexpr int kMaxEvents = 64;
-    epoll_event events[kMaxEvents];
-    int n = 0;
+    pollRun_ = true;
     // Work the pollers found is what the caller polls for: the fds can wait for the next run. So
     // can fds none of which brings data (FdUse): the pollers find what this loop's peers send
     // (with no poller, every fd is looked at as data).
@@ -280,22 +284,42 @@ bool Reactor::progressOnce(bool vouches) {
     const bool dataFds = pollers_.empty() || dataFds_ > 0;
     if ((!found && dataFds) || ++runsWithoutFds_ >= kFdsAfterRuns) {
       runsWithoutFds_ = 0;
-      n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+      (void)runReadyFdsLocked();
+    } else {
+      dispatchLocked(nullptr, 0);
     }
-    dispatchLocked(events, n);
+    pollRun_ = false;
   });
 }
 
+int Reactor::runReadyFdsLocked() {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  const int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+  return dispatchLocked(events, n);
+}
+
 Reactor::WaitHere Reactor::waitHere(int alsoFd, int timeoutMs, Clock::duration lease) {
+  if (inLoop()) return WaitHere::kRefused;
   int epollFd = -1;
   Clock::time_point until;
-  const bool leased = runHere([&] {
+  {
+    // Blocking: whoever runs the loop holds it for one pass. A wait that gave up here would sleep
+    // on alsoFd alone while its lease, if it holds, keeps the thread off the fds.
+    std::lock_guard<std::mutex> lock(loopMu_);
+    if (closed_ || epollFd_ < 0 || stopping_) return WaitHere::kRefused;
+    // The pollers first, as a caller's run: what an earlier run left for the next one (an ACK it
+    // deferred) goes now, and what they find (a ring's frame) ends the wait at once.
+    if (runLocked([this] { return runPollersLocked(false) ? 1 : 0; }) != 0) return WaitHere::kReady;
     const auto now = Clock::now();
-    if (attendedUntil_ - now < lease / 2) attendUntil(now + lease);
+    // Renewed, never moved sooner: the thread need not be woken. Asleep on the fds, it sees the
+    // lease when it next wakes (a frame this caller may take as well) and sleeps quiet from then
+    // on. Woken now, it would make the fds' set readable (its wake-up fd is in it) until it ran,
+    // and this caller spin on it.
+    if (attendedUntil_ - now < lease / 2) attendedUntil_ = now + lease;
     until = attendedUntil_;
     epollFd = epollFd_;
-  });
-  if (!leased) return WaitHere::kRefused;
+  }
   auto left = until - Clock::now();
   if (timeoutMs >= 0) left = std::min<Clock::duration>(left, std::chrono::milliseconds(timeoutMs));
   left = std::max<Clock::duration>(left, Clock::duration::zero());
@@ -307,12 +331,11 @@ Reactor::WaitHere Reactor::waitHere(int alsoFd, int timeoutMs, Clock::duration l
   const int ready = ::ppoll(fds, 2, &ts, nullptr);
   if (ready <= 0) return ready == 0 ? WaitHere::kIdle : WaitHere::kReady;  // EINTR: look again
   if (fds[0].revents != 0) {
-    (void)runHere([this] {
-      constexpr int kMaxEvents = 64;
-      epoll_event events[kMaxEvents];
-      const int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
-      dispatchLocked(events, n);
-    });
+    std::unique_lock<std::mutex> lock(loopMu_);  // the thread may be taking them too: after it
+    if (!closed_ && epollFd_ >= 0 && !stopping_) {
+      const int taken = runLocked([this] { return runReadyFdsLocked(); });
+      if (taken > 0) fdsTakenByWaiters_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   return WaitHere::kReady;
 }
@@ -330,14 +353,23 @@ bool Reactor::runHere(const std::function<void()>& fn) {
   if (inLoop()) return false;
   std::unique_lock<std::mutex> lock(loopMu_, std::try_to_lock);
   if (!lock.owns_lock() || closed_ || epollFd_ < 0 || stopping_) return false;
+  runLocked([&fn] {
+    fn();
+    return 0;
+  });
+  return true;
+}
+
+template <typename Fn>
+int Reactor::runLocked(Fn fn) {
   ++progressed_;
   running_ = this;
   runNow_ = Clock::time_point();
-  fn();
+  const int result = fn();
   running_ = nullptr;
   // A timer fn added that falls due before the thread's own wake-up: the thread must sleep less.
   if (!timers_.empty() && timers_.begin()->first < threadSleepsUntil_) wakeThread();
-  return true;
+  return result;
 }
 
 void Reactor::loop() {

@@ -50,9 +50,12 @@ class Reactor {
   // Returns kClosed (without running fn) once the reactor is stopped.
   Status runSync(const std::function<void()>& fn);
   bool inLoop() const { return std::this_thread::get_id() == threadId_.load() || running_ == this; }
-  // Whether the calling thread runs the loop as a caller (runHere(), progressOnce()), not as the
-  // reactor's own thread.
+  // Whether the calling thread runs the loop as a caller (runHere(), progressOnce(), waitHere()),
+  // not as the reactor's own thread.
   bool inCallersRun() const { return running_ == this; }
+  // Whether the calling thread runs the loop in progressOnce(): a poll, whose caller comes back
+  // (waitHere()'s caller goes away with what the run brought).
+  bool inCallersPoll() const { return running_ == this && pollRun_; }
   // Runs the loop once on the calling thread, without waiting: the pollers, the fds that are
   // ready, the timers that are due, the work posted. `vouches`: the caller says it goes on calling
   // (an application polling a queue it has not armed); the pollers are told. Does nothing (false)
@@ -102,7 +105,7 @@ class Reactor {
   Status addFd(int fd, uint32_t events, FdCb cb, FdUse use = FdUse::kData);
   // Changes what a watched fd brings (a UDP socket is data while a QP reads it, else control).
   void setFdUse(int fd, FdUse use);
-  // How many watched fds are FdUse::kData (for diagnostics and tests).
+  // How many watched fds are FdUse::kData (for diagnostics and tests). Loop only.
   size_t dataFds() const { return dataFds_; }
   Status modFd(int fd, uint32_t events);
   void removeFd(int fd);
@@ -131,21 +134,28 @@ class Reactor {
   // For a caller about to sleep on `alsoFd` (a completion channel's) until what the loop does next
   // makes it ready: the caller sleeps on the loop's fds as well, and runs the loop itself when they
   // are ready, so that a peer's frame wakes one thread (the caller) instead of the thread, which
-  // then wakes the caller. Meanwhile the thread sleeps on the quiet set (attendUntil(now + lease),
-  // renewed when less than half of it is left); the thread keeps the timers. Sleeps at most
-  // timeoutMs (-1: no limit) and until the lease's end. Thread-safe; never from inside the loop.
+  // then wakes the caller. Meanwhile the thread sleeps on the quiet set (a lease of `lease`,
+  // renewed when less than half of it is left; the thread goes quiet when it next wakes, and
+  // keeps the timers). The lease outlives the wait: for the rest of it, the fds' events wait for
+  // the next caller or the lease's end (the thread looks then). Sleeps at most timeoutMs (-1: no
+  // limit) and until the lease's end. Waits for a run of the loop by another thread to end (the
+  // caller must hold no lock the loop's callbacks take). Thread-safe; never from inside the loop.
   //   kReady    the loop's fds were ready and the caller ran the loop (or the thread took them
   //             first), or alsoFd is ready: look at alsoFd.
   //   kIdle     neither was ready before the lease's end or timeoutMs: a caller that still waits
   //             should leave the loop to the thread and sleep on alsoFd alone, so that an idle
   //             wait costs no CPU.
-  //   kRefused  the thread (or another caller) runs the loop, or the reactor is stopped.
+  //   kRefused  called from inside the loop, or the reactor is stopped.
   enum class WaitHere { kReady, kIdle, kRefused };
   WaitHere waitHere(int alsoFd, int timeoutMs, Clock::duration lease);
-  // Whether the thread is still to run the pollers for the current lease: one is set and the
-  // thread has not run them since it ended (it does at the latest then). Loop only.
+  // How many of waitHere()'s runs took a watched fd's event (for diagnostics and tests).
+  uint64_t fdsTakenByWaiters() const { return fdsTakenByWaiters_.load(std::memory_order_relaxed); }
+  // Whether the thread is still to run the pollers for the current lease: one is set, the thread
+  // sleeps on the quiet set (it runs them when it wakes, at the lease's end at the latest) and
+  // has not run them since the lease ended. A lease a waiter began (waitHere) does not wake the
+  // thread: until the thread next wakes, it runs no pollers for it. Loop only.
   bool leaseSweepAhead() const {
-    return attendedUntil_ != Clock::time_point() && sweptLease_ != attendedUntil_;
+    return attendedUntil_ != Clock::time_point() && threadQuiet_ && sweptLease_ != attendedUntil_;
   }
 
  private:
@@ -155,8 +165,14 @@ class Reactor {
   // Wakes the thread itself (a caller's run does not take this one): it must stop, or sleep less,
   // or go over to the other epoll set.
   void wakeThread();
-  // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted.
-  void dispatchLocked(const ::epoll_event* events, int n);
+  // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted;
+  // returns how many fds' callbacks ran.
+  int dispatchLocked(const ::epoll_event* events, int n);
+  // Under loopMu_: dispatchLocked() over the fds ready now.
+  int runReadyFdsLocked();
+  // Under loopMu_, on a caller's thread: runs fn (returning int) as a run of the loop.
+  template <typename Fn>
+  int runLocked(Fn fn);
   bool runPollersLocked(bool vouches);  // whether a poller found work
   int timeoutMsLocked();
 
@@ -169,6 +185,7 @@ class Reactor {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> wakePending_{false};
   std::atomic<bool> threadWakePending_{false};
+  std::atomic<uint64_t> fdsTakenByWaiters_{0};
   // Held by whoever runs the loop (the thread, or a caller of progressOnce()); guards fds_ and the
   // timers. progressed_ counts the callers' runs: events the thread's epoll_wait returned before one
   // may be stale (their fd read, or closed and its number reused), so the thread polls again.
@@ -184,6 +201,7 @@ class Reactor {
   Clock::time_point runNow_{};         // guarded by loopMu_: runNow()'s reading (zero: none yet)
   size_t workSinceNow_ = 0;           // guarded by loopMu_: noteWork() since that reading
   bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
+  bool pollRun_ = false;               // guarded by loopMu_: the run is a progressOnce()
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 
   std::mutex postMu_;

@@ -328,16 +328,27 @@ TEST(Reactor, TheRunsClockIsReadAgainAfterEnoughWork) {
   EXPECT_GE(next - afterLimit, 2ms) << "a new run kept the last one's reading";
 }
 
+// A started reactor watching a counted fd, and an fd of the caller's own to wait on beside it.
+class ReactorWait : public ::testing::Test {
+ protected:
+  using Wait = Reactor::WaitHere;
+  void SetUp() override {
+    ASSERT_GE(own, 0);
+    ASSERT_TRUE(r.start("test-reactor").isOk());
+    ASSERT_TRUE(watched.addTo(r));
+  }
+  void TearDown() override {
+    r.stop();
+    if (own >= 0) close(own);
+  }
+  Reactor r;
+  CountedFd watched;
+  const int own = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+};
+
 // A caller about to sleep on an fd of its own (a completion channel's) sleeps on the loop's fds
 // too (waitHere): what they bring, it takes itself, while the thread sleeps on the quiet set.
-TEST(Reactor, AWaitingCallerTakesWhatTheLoopsFdsBringItself) {
-  Reactor r;
-  ASSERT_TRUE(r.start("test-reactor").isOk());
-  CountedFd watched;
-  ASSERT_TRUE(watched.addTo(r));
-  const int own = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  ASSERT_GE(own, 0);
-  using Wait = Reactor::WaitHere;
+TEST_F(ReactorWait, AWaitingCallerTakesWhatTheLoopsFdsBringItself) {
   // Waits until something was taken or the own fd is ready; what the last wait said.
   auto waitUntil = [&](auto done) {
     Wait last = Wait::kRefused;
@@ -382,7 +393,69 @@ TEST(Reactor, AWaitingCallerTakesWhatTheLoopsFdsBringItself) {
   EXPECT_EQ(inside, Wait::kRefused);
   r.stop();
   EXPECT_EQ(r.waitHere(own, 0, 10s), Wait::kRefused);
-  close(own);
+}
+
+// A wait whose lease ends with nothing ready is idle, however long its timeout, and the thread
+// watches the fds again from then on: the next event is its, with no caller left to take it.
+TEST_F(ReactorWait, AWaitIdleAtItsLeasesEndLeavesTheFdsToTheThread) {
+  // First the thread goes quiet: an event in a waiter's lease wakes it (it sees the lease then),
+  // unless the waiter takes it first; after the thread's, the waiter takes the next.
+  for (int i = 0; i < 5 && watched.byCaller.load() == 0; ++i) {
+    std::thread signaler([&] {
+      std::this_thread::sleep_for(10ms);
+      watched.signal();
+    });
+    const int before = watched.byCaller.load() + watched.byThread.load();
+    for (int w = 0; w < 1000 && watched.byCaller.load() + watched.byThread.load() == before; ++w) {
+      (void)r.waitHere(own, 1000, 200ms);
+    }
+    signaler.join();
+  }
+  ASSERT_GT(watched.byCaller.load(), 0) << "the waiting caller never took an event";
+  // A wait of 10 s in a lease of 50 ms: idle at the lease's end.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(r.waitHere(own, 10000, 50ms), Wait::kIdle);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the wait outlived its lease";
+  // No caller waits now: the thread takes the next event once the lease is over.
+  const int thread = watched.byThread.load();
+  watched.signal();
+  for (int i = 0; i < 10000 && watched.byThread.load() == thread; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(watched.byThread.load(), thread + 1) << "the thread did not take the fds back";
+}
+
+// An fd closed while watched (no removeFd) and its number reused: the new watch replaces the stale
+// entry, counted once, and the new callback is the one that runs.
+TEST(Reactor, AWatchOfAReusedFdNumberReplacesTheStaleEntry) {
+  Reactor r;
+  ASSERT_TRUE(r.start("test-reactor").isOk());
+  const int first = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(first, 0);
+  std::atomic<int> oldRan{0}, newRan{0};
+  size_t data = 0;
+  ASSERT_TRUE(r.runSync([&] { ASSERT_TRUE(r.addFd(first, EPOLLIN, [&](uint32_t) { ++oldRan; }).isOk()); }).isOk());
+  close(first);  // the epoll set forgets a closed fd; fds_ still holds it
+  const int second = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_EQ(second, first) << "the number was not reused (the test needs it)";
+  ASSERT_TRUE(r.runSync([&] {
+                 ASSERT_TRUE(r.addFd(second, EPOLLIN, [&](uint32_t) {
+                                uint64_t v;
+                                if (read(second, &v, sizeof v) == sizeof v) ++newRan;
+                              }).isOk());
+                 data = r.dataFds();
+               }).isOk());
+  EXPECT_EQ(data, 1u) << "the stale entry was counted as well";
+  uint64_t one = 1;
+  ASSERT_EQ(write(second, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  for (int i = 0; i < 10000 && newRan.load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(newRan.load(), 1);
+  EXPECT_EQ(oldRan.load(), 0);
+  ASSERT_TRUE(r.runSync([&] {
+                 r.removeFd(second);
+                 data = r.dataFds();
+               }).isOk());
+  EXPECT_EQ(data, 0u);
+  r.stop();
+  close(second);
 }
 
 TEST(Reactor, ALeaseBegunInACallersRunWakesTheThreadItself) {

@@ -59,11 +59,14 @@ Conn::Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate, Rea
       staged_(new uint8_t[kStagingBytes]) {}
 
 Conn::~Conn() {
-  // An owner that lets an open connection go on the loop: the link stops being watched before its
-  // descriptors close (an fd left in the reactor's set would keep a caller's polls waking it, and
-  // a later fd of that number would find the stale entry). Anywhere else the loop is stopped, and
-  // its set gone with it, or the owner closed us first.
-  if (!closed_ && reactor_->inLoop()) link_->detach();
+  // Every owner closes its connections before it lets them go. One that let an open connection go
+  // on the loop would leave its link watched after its descriptors close (a caller's polls kept
+  // waking, and a later fd of that number finding the stale entry): the link is detached, and the
+  // slip said. Anywhere else the loop is stopped, and its set gone with it.
+  if (!closed_ && reactor_->inLoop()) {
+    FERRY_LOG(kWarn, "a connection was let go while open on its loop: its link is detached");
+    link_->detach();
+  }
 }
 
 Status Conn::attach() {

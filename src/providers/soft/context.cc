@@ -332,8 +332,9 @@ std::atomic<uint64_t> deferredAckCount{0};
 uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed); }
 
 bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
-  // Under a lease the thread has yet to sweep: its end's run of the pollers sends the ACK if no
-  // caller's run comes first.
+  // In a caller's poll (it comes back: its next run sends the ACK), under a lease the thread has
+  // yet to sweep: its end's run of the pollers sends the ACK if no caller's run comes first. Not in
+  // a waiting caller's run: it leaves with the completion and may not come back.
   if (attendNs_ == 0 || !reactor_.inCallersRun() || !reactor_.leaseSweepAhead()) return false;
   deferredAcks_.push_back(std::move(qp));
   deferredAckCount.fetch_add(1, std::memory_order_relaxed);

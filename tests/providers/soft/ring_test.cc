@@ -507,7 +507,9 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
     const size_t from = 1024 + 64 * attempt;  // each attempt's bytes differ from the last one's
     ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 7, .sges = {sgeOf(src, from, 64)}}));
     leaseHeld = std::chrono::steady_clock::now() - polled < std::chrono::milliseconds(5);
-    if (leaseHeld) EXPECT_GT(sparedAfter(spared), 0u) << "the SEND woke b's thread: b held no lease";
+    if (leaseHeld) {
+      EXPECT_GT(sparedAfter(spared), 0u) << "the SEND woke b's thread: b held no lease";
+    }
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)))
         << "b's thread never took the frame its peer left unannounced";
     EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
@@ -573,6 +575,55 @@ TEST_P(RingPath, AnAckAPollLeftIsSentWhenThePollsStop) {
     EXPECT_TRUE(bytesEqual(bytesOf(dst, 64, 64), bytesOf(src, from, 64)));
   }
   EXPECT_TRUE(deferred) << "in five attempts, no poll of b took the SEND itself";
+}
+
+// An application blocked on its completion channel takes its peer's frames itself: the waiting
+// thread sleeps on the device's sockets and rings too and runs the loop when they bring something
+// (Reactor::waitHere), instead of the progress thread taking the frame and then waking it. Each
+// SEND here comes while b waits; the first may find b's thread still watching (it goes quiet when
+// it next wakes), so the test asks for most of them, not all. Every SEND lands whole.
+TEST_P(RingPath, AFrameForAnApplicationWaitingOnItsChannelIsTakenByTheWaitingThread) {
+  if (!ferry::config::softCallerProgress()) {
+    GTEST_SKIP() << "the waiting thread runs no loop without FERRY_SOFT_CALLER_PROGRESS";
+  }
+  ASSERT_OK_AND_ASSIGN(auto pair, makePairWithLeasesOf10Ms());
+  Side b;
+  b.context = pair->b.context;
+  ASSERT_OK_AND_ASSIGN(v::CompletionChannel channel, b.context->createCompChannel());
+  ASSERT_OK_AND_ASSIGN(b.pd, b.context->allocPd());
+  ASSERT_OK_AND_ASSIGN(b.sendCq, b.context->createCq({.cqe = 64}));
+  ASSERT_OK_AND_ASSIGN(b.recvCq, b.context->createCq({.cqe = 64, .channel = &channel}));
+  ASSERT_OK(createQp(b, {}));
+  Side& a = pair->a;
+  ASSERT_OK_AND_ASSIGN(v::QueuePair qpA, a.pd.createQp({.sendCq = &a.sendCq, .recvCq = &a.recvCq, .cap = QpOptions{}.cap}));
+  ASSERT_OK(connectQps(*a.context, qpA, *b.context, b.qp));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(a.pd, 4096, v::access::kLocalWrite, 25));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(b.pd, 4096, v::access::kAll, 26));
+  auto* softB = dynamic_cast<soft::SoftContext*>(b.context->impl().get());
+  ASSERT_NE(softB, nullptr);
+  constexpr int kSends = 20;
+  const uint64_t before = softB->reactor().fdsTakenByWaiters();
+  for (int i = 0; i < kSends; ++i) {
+    ASSERT_OK(postReceive(b.qp, 100 + i, {sgeOf(dst, 64 * (i % 8), 64)}));
+    ASSERT_OK(b.recvCq.reqNotify());
+    std::thread sender([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // b waits by then, in its lease
+      ASSERT_OK(post(qpA, {.opcode = v::WrOpcode::kSend, .wrId = 200u + i, .sges = {sgeOf(src, 64 * i, 64)}}));
+    });
+    auto event = channel.getEvent(10000);
+    sender.join();
+    ASSERT_OK(event.status()) << "SEND " << i;
+    EXPECT_EQ(event->cqId, b.recvCq.id());
+    v::WorkCompletion wc;
+    ASSERT_TRUE(pollOne(b.recvCq, &wc));
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+    EXPECT_EQ(wc.wrId, 100u + i);
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, 64 * (i % 8), 64), bytesOf(src, 64 * i, 64)));
+    ASSERT_TRUE(pollOne(a.sendCq, &wc));
+    EXPECT_EQ(wc.wrId, 200u + i);
+  }
+  EXPECT_GE(softB->reactor().fdsTakenByWaiters() - before, static_cast<uint64_t>(kSends / 2))
+      << "the progress thread took the frames the waiting application was to take";
 }
 
 // The listener answers only after a hello reply named it, but its name can be found on the host:
