@@ -1,0 +1,78 @@
+"""bench/compare's rounds: every figure of several rounds merged into its median, and a --rounds
+outside 1..100 refused before anything is measured.
+
+    python -m pytest bench/tests/compare_test.py
+"""
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMPARE = os.path.join(BENCH, "compare")
+
+
+def load_compare():
+    loader = importlib.machinery.SourceFileLoader("bench_compare", COMPARE)
+    spec = importlib.util.spec_from_loader("bench_compare", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+compare = load_compare()
+
+
+def lat_row(size, median, iterations):
+    return {"size": size, "lat_us": {"median": median, "p99": median * 3}, "iterations": iterations}
+
+
+def test_numbers_are_the_median_of_their_rounds_and_sizes_stay_as_they_were():
+    rounds = [
+        {"ferry_default_send_lat": {"results": [lat_row(8, 1.2, 5000), lat_row(4096, 3.0, 4000)], "tool": "ferry"}},
+        {"ferry_default_send_lat": {"results": [lat_row(8, 0.9, 5001), lat_row(4096, 9.0, 4002)], "tool": "ferry"}},
+        {"ferry_default_send_lat": {"results": [lat_row(8, 1.0, 4999), lat_row(4096, 3.5, 4001)], "tool": "ferry"}},
+    ]
+    merged = compare.merge_rounds(rounds)["ferry_default_send_lat"]
+    assert merged["tool"] == "ferry"
+    rows = merged["results"]
+    assert [r["size"] for r in rows] == [8, 4096]
+    assert [r["lat_us"]["median"] for r in rows] == [1.0, 3.5]
+    assert [r["lat_us"]["p99"] for r in rows] == [3.0, 10.5]
+    assert [r["iterations"] for r in rows] == [5000, 4001]
+    assert all(isinstance(r["iterations"], int) and isinstance(r["size"], int) for r in rows)
+
+
+def test_a_figure_or_size_one_round_lacks_is_the_median_of_the_rounds_that_have_it():
+    rounds = [
+        {"iperf3": [{"size": 8, "gbps": 1.0}, {"size": 1024, "gbps": 4.0}], "sockperf": [{"size": 8, "median_us": 20.0}]},
+        {"iperf3": [{"size": 8, "gbps": 3.0}]},
+    ]
+    merged = compare.merge_rounds(rounds)
+    assert merged["iperf3"] == [{"size": 8, "gbps": 2.0}, {"size": 1024, "gbps": 4.0}]
+    assert merged["sockperf"] == [{"size": 8, "median_us": 20.0}]
+    # Two rounds of whole numbers: the lower median, still whole.
+    assert compare.median_merge([3, 8]) == 3
+    assert compare.median_merge([None, None]) is None
+    assert compare.median_merge([True, False]) is True
+
+
+def run(*args):
+    return subprocess.run([sys.executable, COMPARE, *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_rounds_are_in_the_settings_and_out_of_range_is_refused():
+    r = run("--rounds", "3", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rounds"] == 3
+    for bad in ("0", "101", "-2"):
+        r = run("--rounds", bad, "--dry-run")
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == "bench/compare: error: --rounds must be 1..100, not %s" % bad
+        assert r.stdout == ""
+    r = run("--rounds", "two", "--dry-run")
+    assert r.returncode == 2 and "--rounds" in r.stderr and "Traceback" not in r.stderr, r.stderr
