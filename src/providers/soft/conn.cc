@@ -1,6 +1,7 @@
 #include "providers/soft/conn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -16,11 +17,16 @@ namespace {
 constexpr size_t kStagingBytes = 256 * 1024;
 // Payloads at least this large (beyond what is staged) are read straight into place.
 constexpr size_t kDirectReadMin = 16 * 1024;
+// What a read takes after a frame whose payload was large: a header, and the start of what follows.
+constexpr size_t kHeaderWindowBytes = 4 * 1024;
 constexpr int kMaxIov = 64;
 constexpr size_t kZeroBytes = 64 * 1024;
 const uint8_t kZeros[kZeroBytes] = {};
+std::atomic<uint64_t> largeStagedCount{0};
 
 }  // namespace
+
+uint64_t largePayloadBytesStaged() { return largeStagedCount.load(std::memory_order_relaxed); }
 
 template <typename Other>
 void OutFrame::assignFrom(Other&& o) {
@@ -388,7 +394,10 @@ readMore:
       stagedEnd_ -= stagedBegin_;
       stagedBegin_ = 0;
     }
-    ssize_t n = link_->read(staged_.get() + stagedEnd_, kStagingBytes - stagedEnd_);
+    // After a large payload the next frame is likely large too: a small read takes its header and
+    // the direct read above its payload. After small ones, a read takes as many as fit.
+    const size_t room = kStagingBytes - stagedEnd_;
+    ssize_t n = link_->read(staged_.get() + stagedEnd_, lastPayloadDirect_ ? std::min(room, kHeaderWindowBytes) : room);
     if (n > 0) {
       stagedEnd_ += static_cast<size_t>(n);
       reactor_->noteWork(static_cast<size_t>(n));
@@ -529,6 +538,7 @@ void Conn::finishPayload() {
   headerHave_ = 0;
   headerNeed_ = wire::kCommonHeaderLen;
   trailerHave_ = 0;
+  lastPayloadDirect_ = header_.payloadLen >= kDirectReadMin;
   PayloadPlan plan = std::move(plan_);
   plan_ = PayloadPlan{};
   wire::FrameHeader header = header_;
@@ -567,6 +577,7 @@ bool Conn::consumeStaged() {
       }
       case InState::kPayload: {
         size_t take = std::min(avail, payloadLeft_);
+        if (header_.payloadLen >= kDirectReadMin) largeStagedCount.fetch_add(take, std::memory_order_relaxed);
         placeFromBuffer(src, take);
         stagedBegin_ += take;
         payloadLeft_ -= take;

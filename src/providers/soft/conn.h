@@ -180,6 +180,9 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   std::unique_ptr<uint8_t[]> staged_;
   size_t stagedBegin_ = 0;
   size_t stagedEnd_ = 0;
+  // The last frame's payload was read straight into place: the next header is read in a small
+  // window, so that the next large payload is not staged (and copied again) a quarter MiB at a time.
+  bool lastPayloadDirect_ = false;
   uint8_t headerBuf_[wire::kMaxHeaderLen];
   size_t headerHave_ = 0;
   size_t headerNeed_ = wire::kCommonHeaderLen;

@@ -74,6 +74,10 @@ uint64_t randomTicket();
 // How many ACKs a responder of this process left to the next run of its loop because an
 // application's poll took their requests (SoftContext::deferAckFromLoop): what tests read.
 uint64_t acksDeferred();
+// How many bytes of payloads of 16 KiB or more (the ones read straight into place) a TCP
+// connection of this process read into its staging buffer first and copied from there: what the
+// read that took their header brought along. What tests read.
+uint64_t largePayloadBytesStaged();
 
 // ---- registered memory ----
 // One registration. Immutable but for `revoked`, which changes under the context's memory lock.

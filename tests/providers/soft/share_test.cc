@@ -736,6 +736,31 @@ TEST_P(ForcedTcpPath, WritesAndReadsNeverTakeTheSameHostPath) {
   EXPECT_EQ(soft::sameHostOpsDone(), before) << "a request took the same-host path with FERRY_SOFT_SAME_HOST=0";
 }
 
+// Large WRITEs back to back: after the first, each frame's header is read in a small window, and
+// its payload straight into place, not a quarter MiB of it into the staging buffer and copied again.
+TEST_P(ForcedTcpPath, LargeWritesBackToBackAreReadIntoPlaceNotStaged) {
+  constexpr size_t kMiB = 1024 * 1024;
+  constexpr uint64_t kWrites = 16;
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair());
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kWrites * kMiB, v::access::kLocalWrite, 100));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kWrites * kMiB, v::access::kAll, 101));
+  const uint64_t before = soft::largePayloadBytesStaged();
+  for (uint64_t id = 0; id < kWrites; ++id) {
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = id, .sges = {sgeOf(src, id * kMiB, kMiB)},
+                                .remoteAddr = dst.address() + id * kMiB, .rkey = dst.mr.rkey()}));
+  }
+  for (uint64_t id = 0; id < kWrites; ++id) {
+    v::WorkCompletion wc;
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  }
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  // The first frame's header read may bring up to the staging buffer's 256 KiB; each later one a
+  // window of 4 KiB. Staged as before, the 16 MiB would bring several MiB.
+  EXPECT_LE(soft::largePayloadBytesStaged() - before, 256 * 1024 + kWrites * 4096)
+      << "large payloads went through the staging buffer";
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, ForcedTcpPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
 
 INSTANTIATE_TEST_SUITE_P(Providers, SameHostPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
