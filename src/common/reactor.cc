@@ -276,7 +276,6 @@ int Reactor::dispatchLocked(const epoll_event* events, int n) {
 
 bool Reactor::progressOnce(bool vouches) {
   return runHere([this, vouches] {
-    pollRun_ = true;
     // Work the pollers found is what the caller polls for: the fds can wait for the next run. So
     // can fds none of which brings data (FdUse): the pollers find what this loop's peers send
     // (with no poller, every fd is looked at as data).
@@ -288,7 +287,6 @@ bool Reactor::progressOnce(bool vouches) {
     } else {
       dispatchLocked(nullptr, 0);
     }
-    pollRun_ = false;
   });
 }
 

@@ -53,9 +53,6 @@ class Reactor {
   // Whether the calling thread runs the loop as a caller (runHere(), progressOnce(), waitHere()),
   // not as the reactor's own thread.
   bool inCallersRun() const { return running_ == this; }
-  // Whether the calling thread runs the loop in progressOnce(): a poll, whose caller comes back
-  // (waitHere()'s caller goes away with what the run brought).
-  bool inCallersPoll() const { return running_ == this && pollRun_; }
   // Runs the loop once on the calling thread, without waiting: the pollers, the fds that are
   // ready, the timers that are due, the work posted. `vouches`: the caller says it goes on calling
   // (an application polling a queue it has not armed); the pollers are told. Does nothing (false)
@@ -201,7 +198,6 @@ class Reactor {
   Clock::time_point runNow_{};         // guarded by loopMu_: runNow()'s reading (zero: none yet)
   size_t workSinceNow_ = 0;           // guarded by loopMu_: noteWork() since that reading
   bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
-  bool pollRun_ = false;               // guarded by loopMu_: the run is a progressOnce()
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 
   std::mutex postMu_;

@@ -432,7 +432,8 @@ TEST(Reactor, AWatchOfAReusedFdNumberReplacesTheStaleEntry) {
   ASSERT_GE(first, 0);
   std::atomic<int> oldRan{0}, newRan{0};
   size_t data = 0;
-  ASSERT_TRUE(r.runSync([&] { ASSERT_TRUE(r.addFd(first, EPOLLIN, [&](uint32_t) { ++oldRan; }).isOk()); }).isOk());
+  ASSERT_TRUE(
+      r.runSync([&] { ASSERT_TRUE(r.addFd(first, EPOLLIN, [&](uint32_t) { ++oldRan; }).isOk()); }).isOk());
   close(first);  // the epoll set forgets a closed fd; fds_ still holds it
   const int second = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   ASSERT_EQ(second, first) << "the number was not reused (the test needs it)";

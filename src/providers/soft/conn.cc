@@ -397,7 +397,8 @@ readMore:
     // After a large payload the next frame is likely large too: a small read takes its header and
     // the direct read above its payload. After small ones, a read takes as many as fit.
     const size_t room = kStagingBytes - stagedEnd_;
-    ssize_t n = link_->read(staged_.get() + stagedEnd_, lastPayloadDirect_ ? std::min(room, kHeaderWindowBytes) : room);
+    ssize_t n = link_->read(staged_.get() + stagedEnd_,
+                            lastPayloadDirect_ ? std::min(room, kHeaderWindowBytes) : room);
     if (n > 0) {
       stagedEnd_ += static_cast<size_t>(n);
       reactor_->noteWork(static_cast<size_t>(n));

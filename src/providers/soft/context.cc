@@ -332,9 +332,9 @@ std::atomic<uint64_t> deferredAckCount{0};
 uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed); }
 
 bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
-  // In a caller's poll (it comes back: its next run sends the ACK), under a lease the thread has
-  // yet to sweep: its end's run of the pollers sends the ACK if no caller's run comes first. Not in
-  // a waiting caller's run: it leaves with the completion and may not come back.
+  // In a caller's run (a poll, or a wait: the next one sends the ACK first, after what the
+  // application sent in reply), under a lease the thread sleeps quiet on and has yet to sweep: its
+  // end's run of the pollers sends the ACK if no caller's run comes first.
   if (attendNs_ == 0 || !reactor_.inCallersRun() || !reactor_.leaseSweepAhead()) return false;
   deferredAcks_.push_back(std::move(qp));
   deferredAckCount.fetch_add(1, std::memory_order_relaxed);

@@ -595,7 +595,8 @@ TEST_P(RingPath, AFrameForAnApplicationWaitingOnItsChannelIsTakenByTheWaitingThr
   ASSERT_OK_AND_ASSIGN(b.recvCq, b.context->createCq({.cqe = 64, .channel = &channel}));
   ASSERT_OK(createQp(b, {}));
   Side& a = pair->a;
-  ASSERT_OK_AND_ASSIGN(v::QueuePair qpA, a.pd.createQp({.sendCq = &a.sendCq, .recvCq = &a.recvCq, .cap = QpOptions{}.cap}));
+  ASSERT_OK_AND_ASSIGN(v::QueuePair qpA,
+                       a.pd.createQp({.sendCq = &a.sendCq, .recvCq = &a.recvCq, .cap = QpOptions{}.cap}));
   ASSERT_OK(connectQps(*a.context, qpA, *b.context, b.qp));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(a.pd, 4096, v::access::kLocalWrite, 25));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(b.pd, 4096, v::access::kAll, 26));
@@ -608,7 +609,8 @@ TEST_P(RingPath, AFrameForAnApplicationWaitingOnItsChannelIsTakenByTheWaitingThr
     ASSERT_OK(b.recvCq.reqNotify());
     std::thread sender([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));  // b waits by then, in its lease
-      ASSERT_OK(post(qpA, {.opcode = v::WrOpcode::kSend, .wrId = 200u + i, .sges = {sgeOf(src, 64 * i, 64)}}));
+      ASSERT_OK(
+          post(qpA, {.opcode = v::WrOpcode::kSend, .wrId = 200u + i, .sges = {sgeOf(src, 64 * i, 64)}}));
     });
     auto event = channel.getEvent(10000);
     sender.join();

@@ -746,8 +746,11 @@ TEST_P(ForcedTcpPath, LargeWritesBackToBackAreReadIntoPlaceNotStaged) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kWrites * kMiB, v::access::kAll, 101));
   const uint64_t before = soft::largePayloadBytesStaged();
   for (uint64_t id = 0; id < kWrites; ++id) {
-    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = id, .sges = {sgeOf(src, id * kMiB, kMiB)},
-                                .remoteAddr = dst.address() + id * kMiB, .rkey = dst.mr.rkey()}));
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                                .wrId = id,
+                                .sges = {sgeOf(src, id * kMiB, kMiB)},
+                                .remoteAddr = dst.address() + id * kMiB,
+                                .rkey = dst.mr.rkey()}));
   }
   for (uint64_t id = 0; id < kWrites; ++id) {
     v::WorkCompletion wc;
