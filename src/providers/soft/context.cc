@@ -327,9 +327,11 @@ void SoftContext::removeAttendedLinkFromLoop(const Conn* conn) {
 
 namespace {
 std::atomic<uint64_t> deferredAckCount{0};
+std::atomic<uint64_t> linkPollsCutShortCount{0};
 }  // namespace
 
 uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed); }
+uint64_t linkPollsCutShort() { return linkPollsCutShortCount.load(std::memory_order_relaxed); }
 
 bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
   // In a caller's run (a poll, or a wait: the next one sends the ACK first, after what the
@@ -368,17 +370,32 @@ bool SoftContext::attendFromLoop(bool vouches) {
       }
     }
   }
-  return pollAttendedLinksFromLoop();
+  // A caller's poll returns with the first link's frames: what it takes there is, in a ping-pong,
+  // the request its application waits for, and the ACK that the peer wrote on another link right
+  // after that request can wait for the next poll, made while the peer waits for the reply. The
+  // next poll starts at the link after it, so that a busy link starves none behind it. The
+  // thread's runs (a lease's end) take from every link.
+  return pollAttendedLinksFromLoop(reactor_.inCallersRun());
 }
 
-bool SoftContext::pollAttendedLinksFromLoop() {
+bool SoftContext::pollAttendedLinksFromLoop(bool firstOnly) {
   // A snapshot: taking a ring's frames may close connections (and so change the list).
   linksPolled_.clear();
-  for (const auto& w : attendedLinks_) {
-    if (auto c = w.lock()) linksPolled_.push_back(std::move(c));
+  const size_t count = attendedLinks_.size();
+  const size_t start = firstOnly && count > 0 ? linksPollStart_ % count : 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (auto c = attendedLinks_[(start + i) % count].lock()) linksPolled_.push_back(std::move(c));
   }
   bool found = false;
-  for (const auto& c : linksPolled_) found = c->pollInput() || found;
+  for (size_t i = 0; i < linksPolled_.size(); ++i) {
+    if (!linksPolled_[i]->pollInput()) continue;
+    found = true;
+    if (firstOnly) {
+      linksPollStart_ = start + i + 1;  // the links' own order, give or take a link that went
+      if (i + 1 < linksPolled_.size()) linkPollsCutShortCount.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+  }
   linksPolled_.clear();
   return found;
 }

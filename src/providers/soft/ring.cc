@@ -313,6 +313,7 @@ Result<std::unique_ptr<RingPair>> RingPair::adopt(const RingSetupMessage& msg, i
   rings->inData_ = rings->base_ + kDataOffset;
   // The indices start where the requester left them (zero unless it is hostile; checked on use).
   rings->outHead_ = rings->outCtl().head.load(std::memory_order_acquire);
+  rings->outTailSeen_ = rings->outHead_;  // an empty ring; a tail the peer set otherwise is refused on use
   rings->inTail_ = rings->inCtl().tail.load(std::memory_order_acquire);
   rings->spinNs_ = maxSpinNs() / 4;
   linksMade.fetch_add(1, std::memory_order_relaxed);
@@ -355,20 +356,25 @@ ssize_t RingPair::writev(const iovec* iov, int count) {
   Control& ctl = outCtl();
   size_t want = 0;
   for (int i = 0; i < count; ++i) want += iov[i].iov_len;
-  uint64_t tail = ctl.tail.load(std::memory_order_acquire);
-  if (outHead_ - tail > ringBytes_) {
-    errno = EPROTO;
-    return -1;
-  }
-  size_t room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
-  if (room == 0) {
-    // Ask for a wake-up, then look again: the consumer may have made room in between.
-    ctl.producerWaiting.store(1, std::memory_order_seq_cst);
-    tail = ctl.tail.load(std::memory_order_seq_cst);
-    if (outHead_ - tail > ringBytes_) {
+  size_t room = ringBytes_ - static_cast<size_t>(outHead_ - outTailSeen_);
+  if (room < want) {
+    const uint64_t tail = ctl.tail.load(std::memory_order_acquire);
+    if (tail - outTailSeen_ > outHead_ - outTailSeen_) {  // before what we saw, or past our head
       errno = EPROTO;
       return -1;
     }
+    outTailSeen_ = tail;
+    room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
+  }
+  if (room == 0) {
+    // Ask for a wake-up, then look again: the consumer may have made room in between.
+    ctl.producerWaiting.store(1, std::memory_order_seq_cst);
+    const uint64_t tail = ctl.tail.load(std::memory_order_seq_cst);
+    if (tail - outTailSeen_ > outHead_ - outTailSeen_) {
+      errno = EPROTO;
+      return -1;
+    }
+    outTailSeen_ = tail;
     room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
     if (room == 0) {
       errno = EAGAIN;

@@ -130,6 +130,12 @@ class RingPair {
   uint8_t* outData_ = nullptr;
   uint8_t* inData_ = nullptr;
   uint64_t outHead_ = 0;  // ours: bytes produced (the shared copy is only published)
+  // The consumer's tail as we last read it. Room is counted from it, and the shared tail is read
+  // again only when that room is short: the line the consumer writes at every read then stays in
+  // its cache, where reading it at every write would pull it over (a cache miss on each side per
+  // frame). The consumer only moves its tail on, so the room counted from an old tail is never
+  // more than there is.
+  uint64_t outTailSeen_ = 0;
   uint64_t inTail_ = 0;   // ours: bytes consumed
   int64_t spinNs_ = 0;    // the current spin budget (adapts between 0 and the maximum)
   int idleSleeps_ = 0;    // sleeps since the budget fell to 0

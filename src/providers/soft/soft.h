@@ -74,6 +74,9 @@ uint64_t randomTicket();
 // How many ACKs a responder of this process left to the next run of its loop because an
 // application's poll took their requests (SoftContext::deferAckFromLoop): what tests read.
 uint64_t acksDeferred();
+// How many polls of an application returned with the frames of one link while other links of
+// its device were left for the next poll (SoftContext::attendFromLoop): what tests read.
+uint64_t linkPollsCutShort();
 // How many bytes of payloads of 16 KiB or more (the ones read straight into place) a TCP
 // connection of this process read into its staging buffer first and copied from there: what the
 // read that took their header brought along. What tests read.
@@ -239,7 +242,9 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   void onDatagramsFromLoop();
   // The attended rings (loop only): a caller's poll renews the lease and takes what the rings hold.
   bool attendFromLoop(bool vouches);
-  bool pollAttendedLinksFromLoop();  // whether a link held frames
+  // Whether a link held frames. firstOnly: stop at the first link that held some (a caller's
+  // poll), the next such poll starting at the link after it.
+  bool pollAttendedLinksFromLoop(bool firstOnly = false);
   void endLeaseFromLoop();
   void sendDeferredAcksFromLoop();
   void onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello);
@@ -252,6 +257,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only
   std::vector<std::shared_ptr<Conn>> linksPolled_;  // loop only: the links one poll goes through
+  size_t linksPollStart_ = 0;  // loop only: where a caller's next poll of the links starts
   std::vector<std::weak_ptr<SoftQp>> deferredAcks_;  // loop only: QPs whose ACK waits for the next run
   std::vector<std::weak_ptr<SoftQp>> acksSending_;   // loop only: the list being sent
   // steadyNs() until which the lease holds, 0 when ended; written in the loop only.

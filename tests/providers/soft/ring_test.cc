@@ -577,6 +577,85 @@ TEST_P(RingPath, AnAckAPollLeftIsSentWhenThePollsStop) {
   EXPECT_TRUE(deferred) << "in five attempts, no poll of b took the SEND itself";
 }
 
+// A poll of b's that finds frames on two links returns with the first link's: in a ping-pong
+// that is the request its application waits for, and the ACK a's poll wrote on the other link
+// right after it waits for b's next poll. The next poll starts at the link after that one, so each
+// of the two completions comes with one poll, whichever link came first. Frames left in a link
+// under b's lease are taken by b's polls (no wake-up needed). An attempt whose frames b's thread
+// took (the test held off the core past b's 10 ms lease) proves nothing and is tried again;
+// every attempt's SENDs complete and land.
+TEST_P(RingPath, ACallersPollReturnsWithOneLinksFramesAndTheNextTakesTheOthers) {
+  if (!ringsExpected()) GTEST_SKIP() << "no rings on this path: a poll takes what the sockets bring";
+  if (!ferry::config::softCallerProgress()) GTEST_SKIP() << "no leases without FERRY_SOFT_CALLER_PROGRESS";
+  ASSERT_OK_AND_ASSIGN(auto pair, makePairWithLeasesOf10Ms());
+  ASSERT_OK_AND_ASSIGN(auto srcA, registerBuffer(pair->a.pd, 4096, v::access::kAll, 25));
+  ASSERT_OK_AND_ASSIGN(auto srcB, registerBuffer(pair->b.pd, 4096, v::access::kAll, 26));
+  v::WorkCompletion wc;
+  // Both ways once, both sides polling: the two connections are set up.
+  ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(srcB, 0, 64)}));
+  ASSERT_OK(postReceive(pair->a.qp, 2, {sgeOf(srcA, 0, 64)}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(srcA, 128, 64)}}));
+  ASSERT_OK(post(pair->b.qp, {.opcode = v::WrOpcode::kSend, .wrId = 4, .sges = {sgeOf(srcB, 128, 64)}}));
+  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+  ASSERT_TRUE(pollOne(pair->a.recvCq, &wc));
+  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(pollOne(pair->b.sendCq, &wc));
+  auto pollOnce = [](v::CompletionQueue& cq, v::WorkCompletion* out) {
+    auto got = cq.poll(std::span<v::WorkCompletion>(out, 1));
+    return got.isOk() ? *got : -1;
+  };
+  bool cutShort = false;
+  for (uint64_t attempt = 0; attempt < 5 && !cutShort; ++attempt) {
+    const uint64_t recvB = 10 + attempt, recvA = 20 + attempt, sendA = 30 + attempt, sendB = 40 + attempt;
+    const size_t from = 1024 + 64 * attempt;  // each attempt's bytes differ from the last one's
+    ASSERT_OK(postReceive(pair->b.qp, recvB, {sgeOf(srcB, 256, 64)}));
+    ASSERT_OK(postReceive(pair->a.qp, recvA, {sgeOf(srcA, 256, 64)}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));                  // every lease runs out
+    ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
+    const auto leased = std::chrono::steady_clock::now();
+    // b's SEND to a, which a takes; a's SEND to b on the other link, then a's poll, which sends its
+    // ACK of b's SEND (if the poll that took it deferred it). b's two links both hold frames now.
+    ASSERT_OK(
+        post(pair->b.qp, {.opcode = v::WrOpcode::kSend, .wrId = sendB, .sges = {sgeOf(srcB, from, 64)}}));
+    ASSERT_TRUE(pollOne(pair->a.recvCq, &wc));
+    EXPECT_EQ(wc.wrId, recvA);
+    ASSERT_OK(
+        post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = sendA, .sges = {sgeOf(srcA, from, 64)}}));
+    ASSERT_EQ(pollOnce(pair->a.recvCq, &wc), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a post handed to a's thread is out
+    const uint64_t before = soft::linkPollsCutShort();
+    const int first = pollOnce(pair->b.recvCq, &wc);
+    ASSERT_GE(first, 0);
+    const bool inLease = std::chrono::steady_clock::now() - leased < std::chrono::milliseconds(8);
+    cutShort = inLease && soft::linkPollsCutShort() == before + 1;
+    if (cutShort) {
+      // One link's frames came with that poll; the other's come with the next poll of either CQ.
+      if (first == 1) {
+        EXPECT_EQ(wc.wrId, recvB);
+        ASSERT_EQ(pollOnce(pair->b.sendCq, &wc), 1) << "the next poll did not take the ACK's link";
+        EXPECT_EQ(wc.wrId, sendB);
+      } else {
+        ASSERT_EQ(pollOnce(pair->b.sendCq, &wc), 1) << "the poll took neither link's frames";
+        EXPECT_EQ(wc.wrId, sendB);
+        ASSERT_EQ(pollOnce(pair->b.recvCq, &wc), 1) << "the next poll did not take the SEND's link";
+        EXPECT_EQ(wc.wrId, recvB);
+      }
+      EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+    } else {
+      if (first == 0) ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
+      EXPECT_EQ(wc.wrId, recvB);
+      ASSERT_TRUE(pollOne(pair->b.sendCq, &wc));
+      EXPECT_EQ(wc.wrId, sendB);
+    }
+    EXPECT_TRUE(bytesEqual(bytesOf(srcB, 256, 64), bytesOf(srcA, from, 64)));
+    EXPECT_TRUE(bytesEqual(bytesOf(srcA, 256, 64), bytesOf(srcB, from, 64)));
+    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)));
+    EXPECT_EQ(wc.wrId, sendA);
+    EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
+  }
+  EXPECT_TRUE(cutShort) << "in five attempts, no poll of b found both links holding frames under its lease";
+}
+
 // An application blocked on its completion channel takes its peer's frames itself: the waiting
 // thread sleeps on the device's sockets and rings too and runs the loop when they bring something
 // (Reactor::waitHere), instead of the progress thread taking the frame and then waking it. Each
