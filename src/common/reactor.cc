@@ -305,7 +305,7 @@ Reactor::WaitHere Reactor::waitHere(int alsoFd, int timeoutMs, Clock::duration l
     // Blocking: whoever runs the loop holds it for one pass. A wait that gave up here would sleep
     // on alsoFd alone while its lease, if it holds, keeps the thread off the fds.
     std::lock_guard<std::mutex> lock(loopMu_);
-    if (closed_ || epollFd_ < 0 || stopping_) return WaitHere::kRefused;
+    if (!openLocked()) return WaitHere::kRefused;
     // The pollers first, as a caller's run: what an earlier run left for the next one (an ACK it
     // deferred) goes now, and what they find (a ring's frame) ends the wait at once.
     if (runLocked([this] { return runPollersLocked(false) ? 1 : 0; }) != 0) return WaitHere::kReady;
@@ -330,7 +330,7 @@ Reactor::WaitHere Reactor::waitHere(int alsoFd, int timeoutMs, Clock::duration l
   if (ready <= 0) return ready == 0 ? WaitHere::kIdle : WaitHere::kReady;  // EINTR: look again
   if (fds[0].revents != 0) {
     std::unique_lock<std::mutex> lock(loopMu_);  // the thread may be taking them too: after it
-    if (!closed_ && epollFd_ >= 0 && !stopping_) {
+    if (openLocked()) {
       const int taken = runLocked([this] { return runReadyFdsLocked(); });
       if (taken > 0) fdsTakenByWaiters_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -350,7 +350,7 @@ bool Reactor::runPollersLocked(bool vouches) {
 bool Reactor::runHere(const std::function<void()>& fn) {
   if (inLoop()) return false;
   std::unique_lock<std::mutex> lock(loopMu_, std::try_to_lock);
-  if (!lock.owns_lock() || closed_ || epollFd_ < 0 || stopping_) return false;
+  if (!lock.owns_lock() || !openLocked()) return false;
   runLocked([&fn] {
     fn();
     return 0;

@@ -165,6 +165,8 @@ class Reactor {
   // Under loopMu_: runs the callbacks of n ready events, the timers due and the work posted;
   // returns how many fds' callbacks ran.
   int dispatchLocked(const ::epoll_event* events, int n);
+  // Under loopMu_: whether the loop may run (the reactor is neither stopping nor stopped).
+  bool openLocked() const { return !closed_ && epollFd_ >= 0 && !stopping_; }
   // Under loopMu_: dispatchLocked() over the fds ready now.
   int runReadyFdsLocked();
   // Under loopMu_, on a caller's thread: runs fn (returning int) as a run of the loop.
