@@ -81,6 +81,21 @@ Status Conn::attach() {
   return Status::ok();
 }
 
+void Conn::moveTo(Reactor* to) {
+  if (closed() || to == reactor_) return;
+  detachLink();
+  reactor_ = to;
+  to->post([self = shared_from_this()] {
+    if (self->closed()) return;
+    if (Status st = self->link_->attach(*self->reactor_, self); !st.isOk()) {
+      self->close(st);
+      return;
+    }
+    self->resumeInput();
+    if (!self->out_.empty()) self->flush();
+  });
+}
+
 void Conn::detachLink() {
   if (link_->pollable() && reactor_ == &ctx_->reactor()) ctx_->removeAttendedLinkFromLoop(this);
   link_->detach();

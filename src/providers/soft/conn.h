@@ -89,6 +89,12 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
 
   // Registers with the reactor (reactor thread).
   Status attach();
+  // Hands an attached connection over to another loop: called on its loop between steps, with its
+  // input paused and no close under way. The link stops being watched here at once and is watched
+  // on `to` from the first task `to` runs, which also resumes the input; everything from then on
+  // (the delegate's calls too) happens on `to`. TCP links only (a ring's may be polled by the
+  // application's calls, which run this loop).
+  void moveTo(Reactor* to);
   void setDelegate(Delegate* delegate) { delegate_ = delegate; }
   // Queues a frame and writes what the link takes now (unless corked).
   void send(OutFrame frame);

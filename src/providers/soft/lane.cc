@@ -7,9 +7,11 @@
 namespace ferry::soft {
 namespace {
 std::atomic<uint64_t> bytesPlaced{0};
+std::atomic<uint64_t> bytesPlacedByLaneThread{0};
 }  // namespace
 
 uint64_t laneBytesPlaced() { return bytesPlaced.load(std::memory_order_relaxed); }
+uint64_t laneBytesPlacedByLaneThread() { return bytesPlacedByLaneThread.load(std::memory_order_relaxed); }
 void countLaneBytesPlaced(uint64_t bytes) { bytesPlaced.fetch_add(bytes, std::memory_order_relaxed); }
 
 LaneOut::LaneOut(Reactor* reactor, const wire::FrameHeader& hello, Tell tell)
@@ -135,6 +137,134 @@ void LaneOut::tellClosed(const Status& why) {
   if (toldClosed_) return;
   toldClosed_ = true;
   if (!closing_) tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
+}
+
+LaneIn::LaneIn(std::shared_ptr<Conn> conn, Reactor* reactor, Tell tell)
+    : conn_(std::move(conn)), reactor_(reactor), tell_(std::move(tell)) {}
+
+std::shared_ptr<LaneIn> LaneIn::adopt(SoftContext* ctx, std::shared_ptr<Conn> conn, Reactor* reactor,
+                                      Tell tell) {
+  std::shared_ptr<LaneIn> lane(new LaneIn(std::move(conn), reactor, std::move(tell)));
+  lane->home_ = &ctx->reactor();
+  lane->conn_->setDelegate(lane.get());
+  // Its input waits from this frame on (the hello is being answered in this step): after the step,
+  // it goes on where the lane is read.
+  lane->conn_->pauseInput();
+  lane->home_->post([lane] {
+    lane->moved_ = true;
+    if (lane->closing_ || lane->conn_->closed()) return;
+    if (lane->reactor_ == lane->home_) {
+      lane->conn_->resumeInput();
+    } else {
+      lane->conn_->moveTo(lane->reactor_);  // resumes its input there
+    }
+  });
+  return lane;
+}
+
+void LaneIn::onLane(std::function<void()> fn) {
+  if (moved_) {
+    reactor_->post(std::move(fn));
+  } else {
+    fn();  // the connection is still on this loop
+  }
+}
+
+void LaneIn::expect(uint32_t seq, uint64_t length, Segments segments) {
+  bool resume = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pieces_.push_back(Piece{seq, length, std::move(segments)});
+    resume = std::exchange(waiting_, false);
+  }
+  // A lane paused ahead of the WRITEs has its next one now.
+  if (resume) onLane([self = shared_from_this()] { self->conn_->resumeInput(); });
+}
+
+void LaneIn::send(std::vector<OutFrame> frames) {
+  if (frames.empty()) return;
+  onLane([self = shared_from_this(), frames = std::move(frames)]() mutable {
+    Conn& conn = *self->conn_;
+    if (conn.closed()) return;
+    conn.cork();
+    for (OutFrame& frame : frames) conn.send(std::move(frame));
+    if (!conn.closed()) conn.uncork();
+  });
+}
+
+void LaneIn::close(bool wait) {
+  closing_ = true;
+  auto closeConn = [self = shared_from_this()] {
+    self->conn_->close(Status::ok(), true);
+    self->conn_->setDelegate(nullptr);
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->pieces_.clear();
+  };
+  if (!moved_ || reactor_->inLoop()) {
+    closeConn();
+  } else if (wait) {
+    // The lane thread never waits for the QP's loop, so this wait ends; a reactor already stopped
+    // runs nothing more, which is as good.
+    (void)reactor_->runSync(closeConn);
+  } else {
+    reactor_->post(closeConn);
+  }
+}
+
+void LaneIn::closeAfterFlush() {
+  closing_ = true;
+  onLane([self = shared_from_this()] {
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->pieces_.clear();
+    }
+    self->conn_->closeAfterFlush(/*drain=*/true);
+  });
+}
+
+Status LaneIn::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
+  if (h.type != wire::FrameType::kLaneData) {
+    return Status(StatusCode::kProtocolError, "a lane carries lane data only");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pieces_.empty()) {
+    // Ahead of the WRITEs: this part is placed once its WRITE's own frame has been checked
+    // (expect resumes the lane; this header is asked about again then).
+    waiting_ = true;
+    conn.pauseInput();
+    return Status::ok();
+  }
+  const Piece& piece = pieces_.front();
+  if (piece.seq != h.seq || piece.length != h.payloadLen) {
+    return Status(StatusCode::kProtocolError, "lane data that is not the next laned WRITE's second half");
+  }
+  plan->segments = piece.segments;
+  return Status::ok();
+}
+
+void LaneIn::onFrame(Conn&, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t) {
+  bool placed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pieces_.empty() || pieces_.front().seq != h.seq) return;  // cleared by a close meanwhile
+    placed = !pieces_.front().segments.empty();
+    pieces_.pop_front();
+  }
+  if (placed && !plan.revoked) {
+    countLaneBytesPlaced(h.payloadLen);
+    if (reactor_ != home_ && reactor_->inLoop()) {
+      bytesPlacedByLaneThread.fetch_add(h.payloadLen, std::memory_order_relaxed);
+    }
+  }
+  if (!closing_) tell_(Event::kLanded, h.seq, placed && plan.revoked, Status::ok());
+}
+
+void LaneIn::onClosed(Conn&, const Status& why) {
+  if (toldClosed_) return;
+  toldClosed_ = true;
+  if (!closing_) {
+    tell_(Event::kClosed, 0, false, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
+  }
 }
 
 void splitSegments(const Segments& segs, uint64_t at, Segments* head, Segments* tail) {

@@ -6,13 +6,14 @@
 // window of its own (a link that loses packets bounds each stream, not their sum), and the
 // context's lane thread (SoftContext::laneReactor), which writes the WRITE parts and places the
 // READ parts, so two cores copy one large transfer where one did. The responder places a lane's
-// WRITE bytes on its own loop, in the order of the WRITEs its connection carries, and acknowledges
-// a laned WRITE only once both parts have landed (qp_responder.cc); the requester completes a laned
-// READ only once both parts of its response have landed. The QP's ordering and completion rules do
-// not change.
+// WRITE bytes on its lane thread (LaneIn), in the order of the WRITEs its connection carries, and
+// acknowledges a laned WRITE only once both parts have landed (qp_responder.cc); the requester
+// completes a laned READ only once both parts of its response have landed. The QP's ordering and
+// completion rules do not change.
 //
 // Everything of the lane's connection runs on the lane thread; the QP, on its own loop, hears of it
-// through `tell` (which the QP makes post to its loop).
+// through `tell` (which the QP makes post to its loop). The responder's side (LaneIn, below) reads
+// its lane on its own context's lane thread the same way.
 #pragma once
 
 #include <netinet/in.h>
@@ -98,8 +99,79 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   std::atomic<int64_t> progressNs_{0};
 };
 
-// How many bytes lanes brought into this process's registered memory (responders' side).
+// LaneIn: the responder's side of a QP's lane, the connection a LaneOut dialled. It reads the lane
+// on the context's lane thread, as LaneOut writes it there on the requester's side: the two
+// connections of a QP are read by two threads, each of which may share a core with the thread
+// that writes its connection (on loopback the reader then copies from a cache the writer just
+// filled). The QP, on its own loop, says which piece each laned WRITE leaves to the lane (expect)
+// and hands over the second parts of laned READ responses (send); the lane thread places the
+// pieces, in the order of the WRITEs, and tells the QP of each through `tell` (which the QP makes
+// post to its loop), which acknowledges a laned WRITE once both its parts have landed.
+//
+// The connection is accepted on the QP's loop, where its hello is answered; adopt() moves it to
+// the lane thread once that step is over.
+class LaneIn final : public Conn::Delegate, public std::enable_shared_from_this<LaneIn> {
+ public:
+  enum class Event {
+    kLanded,  // the piece of WRITE seq is placed (revoked: its region went while it arrived, the
+              // bytes were dropped); a discarded piece is told too
+    kClosed,  // the lane is gone (why)
+  };
+  using Tell = std::function<void(Event event, uint32_t seq, bool revoked, const Status& why)>;
+
+  // Takes conn, whose hello the QP's loop is answering in this step (its input is paused here),
+  // and moves it to `reactor` (the lane thread; the QP's own loop when there is none) once the
+  // step is over. Loop only, as every call below but the Delegate's.
+  static std::shared_ptr<LaneIn> adopt(SoftContext* ctx, std::shared_ptr<Conn> conn, Reactor* reactor,
+                                       Tell tell);
+
+  // The lane's next piece is the second part of WRITE seq: length bytes, placed in segments (empty:
+  // discarded, its WRITE was refused or dropped). Said in the order of the WRITEs.
+  void expect(uint32_t seq, uint64_t length, Segments segments);
+  // Queues the second parts of laned READ responses, written together, in the order of the calls.
+  void send(std::vector<OutFrame> frames);
+  // Closes the lane; nothing more is told. With wait, returns only once the connection is closed
+  // where it runs: no byte lands after that.
+  void close(bool wait = false);
+  // Writes what is queued, then closes (draining what the peer still sends, as Conn does); nothing
+  // more is told.
+  void closeAfterFlush();
+  bool closing() const { return closing_.load(std::memory_order_relaxed); }
+
+  // Conn::Delegate (the lane's loop).
+  Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
+  void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan,
+               uint32_t trailer) override;
+  void onClosed(Conn& conn, const Status& why) override;
+
+ private:
+  LaneIn(std::shared_ptr<Conn> conn, Reactor* reactor, Tell tell);
+  // Runs fn where the connection is: on this (the QP's) loop until the move, on the lane's after.
+  void onLane(std::function<void()> fn);
+
+  struct Piece {
+    uint32_t seq = 0;
+    uint64_t length = 0;
+    Segments segments;
+  };
+
+  std::shared_ptr<Conn> conn_;
+  Reactor* reactor_;    // the lane's loop
+  Reactor* home_;       // the QP's loop
+  bool moved_ = false;  // QP's loop only: the connection left it (onLane posts to reactor_)
+  Tell tell_;
+  std::mutex mu_;
+  std::deque<Piece> pieces_;  // under mu_: expected, in the order of the WRITEs
+  bool waiting_ = false;      // under mu_: the lane paused ahead of every WRITE
+  bool toldClosed_ = false;   // the lane's loop only
+  std::atomic<bool> closing_{false};
+};
+
+// How many bytes lanes brought into this process's registered memory (responders' side), and how
+// many of them a lane thread placed while the QP's loop was elsewhere (a context without a lane
+// thread reads its lanes on its loop).
 uint64_t laneBytesPlaced();
+uint64_t laneBytesPlacedByLaneThread();
 void countLaneBytesPlaced(uint64_t bytes);
 
 // Where a laned transfer of `length` bytes splits: the first part (on the QP's own connection) is

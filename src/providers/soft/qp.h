@@ -137,12 +137,12 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool readPartsDueFromLoop() const;
   // The QP's connection is gone (its lane too, now): what is in flight fails, or it reconnects.
   void connectionLostFromLoop();
-  // The responder's lane: its frames, and its end with the connection it belongs to.
-  Status onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan);
-  void onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
+  // The responder's lane (LaneIn, on the lane thread) tells of a piece placed, or of its end.
+  void onLaneInEventFromLoop(uint64_t gen, LaneIn::Event event, uint32_t seq, bool revoked,
+                             const Status& why);
   // Ends the responder's lane: at once, or (afterFlush, in ERR) once the READ parts on it have gone.
   void dropLaneInFromLoop(bool afterFlush = false);
-  // Lets the READ parts held on laneIn_ go (laneCorked_).
+  // Lets the READ parts held for laneIn_ go (laneReadParts_).
   void uncorkLaneFromLoop();
   // A laned WRITE's second half, as the responder expects it on the lane (empty: discard it).
   void expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments);
@@ -247,26 +247,29 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool laneOutlivesConn_ = false;  // reqConn_ closed with READ parts due on the lane: wait for it
   const uint64_t laneMinBytes_ = config::softTcpLaneMinBytes();  // 0: no lane
 
-  // Responder's lane (reactor thread). Each laned WRITE on respConn_ adds the piece the lane must
-  // carry next, in the order of the WRITEs (a piece with no segments is discarded: its WRITE was
-  // refused or dropped). While real pieces are pending, respConn_ goes on only with WRITEs that
-  // are valid and land clear of every pending piece; anything else waits (respConn_ paused at its
-  // header) until they have landed, a refusal too (laneRefusal_), and acknowledgements stop short
-  // of the oldest pending one. The lane pauses when it is ahead of every WRITE.
+  // Responder's lane (reactor thread; LaneIn reads it on the lane thread). Each laned WRITE on
+  // respConn_ adds the piece the lane must carry next, in the order of the WRITEs (a piece not
+  // placed is discarded: its WRITE was refused or dropped), here and at laneIn_; a piece leaves
+  // lanePieces_ when laneIn_ tells it landed. While placed pieces are pending, respConn_ goes on
+  // only with WRITEs that are valid and land clear of every pending piece; anything else waits
+  // (respConn_ paused at its header) until they have landed, a refusal too (laneRefusal_), and
+  // acknowledgements stop short of the oldest pending one. The lane pauses when it is ahead of
+  // every WRITE.
   struct LanePiece {
     uint32_t seq = 0;
     uint64_t addr = 0;
     uint64_t length = 0;
-    Segments segments;  // empty: the bytes are discarded
+    bool placed = false;  // false: the bytes are discarded
   };
   // Whether respConn_ may take request h now, with lane pieces pending.
   bool mayPassPendingLanes(const wire::FrameHeader& h);
   // Acknowledges what is done and landed (onInputDrained, and when a lane piece lands).
   void sendAckFromLoop(Conn& conn);
-  std::shared_ptr<Conn> laneIn_;
+  std::shared_ptr<LaneIn> laneIn_;
+  uint64_t laneInGen_ = 0;  // events of lanes since dropped are ignored
   uint64_t laneTicket_ = 0;
   std::deque<LanePiece> lanePieces_;
-  size_t lanePending_ = 0;    // pieces in lanePieces_ with segments
+  size_t lanePending_ = 0;    // pieces in lanePieces_ to be placed
   bool lanePlanned_ = false;  // the laned header being checked has its piece
   // A refusal that waits for the pieces pending before it (a NAK acknowledges everything earlier).
   struct LaneRefusal {
@@ -277,7 +280,9 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   std::optional<LaneRefusal> laneRefusal_;
   bool ackDeferred_ = false;  // an ACK waits in SoftContext's list for the next run
   std::optional<uint32_t> lastAck_;  // the last ACK sendAckFromLoop sent on respConn_
-  bool laneCorked_ = false;  // laneIn_ holds READ parts until respConn_'s input is drained
+  // The second parts of the READ responses respConn_'s input asked for: they go to laneIn_
+  // together, once the input is drained or pauses (onInputDrained).
+  std::vector<OutFrame> laneReadParts_;
 };
 
 }  // namespace ferry::soft

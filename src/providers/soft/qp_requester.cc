@@ -488,16 +488,6 @@ void SoftQp::onProgress(Conn& conn) {
 }
 
 void SoftQp::onClosed(Conn& conn, const Status& why) {
-  if (&conn == laneIn_.get()) {
-    // The lane of our responder connection: the WRITEs and READs it shares with that connection
-    // cannot finish, so the connection ends as well (the requester sees a lost connection). In
-    // ERR the connection is already closing once its NAK is out.
-    laneIn_.reset();
-    if (respConn_ && state_.load() != QpState::kErr) {
-      respConn_->close(Status(StatusCode::kUnavailable, "its lane closed: " + why.message()));
-    }
-    return;
-  }
   if (&conn == respConn_.get()) {
     // The peer's requester went away; a partly received message gives its receive back.
     if (curRecv_) {
@@ -553,7 +543,6 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
 
 Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
   if (&conn == reqConn_.get()) return onResponseHeader(h, plan);
-  if (&conn == laneIn_.get()) return onLaneHeader(conn, h, plan);
   if (&conn != respConn_.get()) return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
   if (lanePending_ > 0 && !mayPassPendingLanes(h)) {
     conn.pauseInput();  // this request waits for the lane's pending pieces (asked again then)
@@ -581,8 +570,6 @@ void SoftQp::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& 
     onResponseFrame(h, plan, trailer);
   } else if (&conn == respConn_.get()) {
     onRequestFrame(h, plan);
-  } else if (&conn == laneIn_.get()) {
-    onLaneFrame(h, plan);
   }
 }
 

@@ -68,17 +68,31 @@ wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, 
   if (laneTicket_ == 0 || hello.nonce != laneTicket_ || !respConn_ || respConn_->closed()) {
     return wire::HelloResult::kMismatch;
   }
-  if (laneIn_ && !laneIn_->closed()) return wire::HelloResult::kBusy;
+  if (laneIn_ && !laneIn_->closing()) return wire::HelloResult::kBusy;
   laneTicket_ = 0;  // one lane per connection
-  laneIn_ = conn;
-  conn->setDelegate(this);
+  // Read on the lane thread (where this process's lanes are written too); on this loop when there
+  // is none.
+  Reactor* laneReactor = ctx_->laneReactorFromLoop();
+  const uint64_t gen = ++laneInGen_;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  Reactor* loop = &ctx_->reactor();
+  laneIn_ =
+      LaneIn::adopt(ctx_.get(), conn, laneReactor ? laneReactor : loop,
+                    [weak, loop, gen](LaneIn::Event event, uint32_t seq, bool revoked, const Status& why) {
+                      loop->post([weak, gen, event, seq, revoked, why] {
+                        if (auto self = weak.lock()) {
+                          self->onLaneInEventFromLoop(gen, event, seq, revoked, why);
+                        }
+                      });
+                    });
   return wire::HelloResult::kAccepted;
 }
 
 void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments) {
-  if (!segments.empty()) ++lanePending_;
-  lanePieces_.push_back(LanePiece{seq, addr, length, std::move(segments)});
-  if (laneIn_) laneIn_->resumeInput();  // a lane paused ahead of the WRITEs has its next one now
+  const bool placed = !segments.empty();
+  if (placed) ++lanePending_;
+  lanePieces_.push_back(LanePiece{seq, addr, length, placed});
+  if (laneIn_) laneIn_->expect(seq, length, std::move(segments));
 }
 
 bool SoftQp::mayPassPendingLanes(const wire::FrameHeader& h) {
@@ -98,7 +112,7 @@ bool SoftQp::mayPassPendingLanes(const wire::FrameHeader& h) {
   const uint64_t lo = h.remoteAddr;
   const uint64_t hi = h.remoteAddr + h.payloadLen;  // its own piece, if any, lands after theirs
   for (const LanePiece& piece : lanePieces_) {
-    if (!piece.segments.empty() && lo < piece.addr + piece.length && piece.addr < hi) return false;
+    if (piece.placed && lo < piece.addr + piece.length && piece.addr < hi) return false;
   }
   return true;
 }
@@ -106,7 +120,7 @@ bool SoftQp::mayPassPendingLanes(const wire::FrameHeader& h) {
 void SoftQp::sendAckFromLoop(Conn& conn) {
   uint32_t through = expectedSeq_ - 1;
   for (const LanePiece& piece : lanePieces_) {
-    if (piece.segments.empty()) continue;
+    if (!piece.placed) continue;
     if (seqLe(piece.seq, through)) through = piece.seq - 1;  // done, but not all of it landed yet
     break;
   }
@@ -120,33 +134,29 @@ void SoftQp::sendAckFromLoop(Conn& conn) {
   conn.sendHeader(ack);
 }
 
-Status SoftQp::onLaneHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
-  if (h.type != wire::FrameType::kLaneData) return Status(StatusCode::kProtocolError, "a lane carries lane data only");
-  if (lanePieces_.empty()) {
-    // Ahead of the WRITEs: this half is placed once its WRITE's own frame has been checked.
-    conn.pauseInput();
-    return Status::ok();
+void SoftQp::onLaneInEventFromLoop(uint64_t gen, LaneIn::Event event, uint32_t seq, bool revoked,
+                                   const Status& why) {
+  if (gen != laneInGen_ || !laneIn_) return;  // a lane since dropped
+  if (event == LaneIn::Event::kClosed) {
+    // The lane of our responder connection: the WRITEs and READs it shares with that connection
+    // cannot finish, so the connection ends as well (the requester sees a lost connection). In
+    // ERR the connection is already closing once its NAK is out.
+    dropLaneInFromLoop();
+    if (respConn_ && state_.load() != QpState::kErr) {
+      respConn_->close(Status(StatusCode::kUnavailable, "its lane closed: " + why.message()));
+    }
+    return;
   }
-  const LanePiece& piece = lanePieces_.front();
-  if (piece.seq != h.seq || piece.length != h.payloadLen) {
-    return Status(StatusCode::kProtocolError, "lane data that is not the next laned WRITE's second half");
-  }
-  plan->segments = piece.segments;
-  return Status::ok();
-}
-
-void SoftQp::onLaneFrame(const wire::FrameHeader& h, const PayloadPlan& plan) {
-  if (lanePieces_.empty()) return;
-  const LanePiece piece = std::move(lanePieces_.front());
+  // Pieces land in the order they were expected.
+  if (lanePieces_.empty() || lanePieces_.front().seq != seq) return;
+  const LanePiece piece = lanePieces_.front();
   lanePieces_.pop_front();
-  if (piece.segments.empty()) return;  // discarded: its WRITE was refused or dropped
+  if (!piece.placed) return;  // discarded: its WRITE was refused or dropped
   --lanePending_;
-  if (plan.revoked) {
+  if (revoked) {
     // The region went while its bytes arrived: the WRITE fails, as one whose own frame lost them.
     responderErrorFromLoop(piece.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
     if (state_.load() == QpState::kErr) return;
-  } else {
-    countLaneBytesPlaced(piece.length);
   }
   if (lanePending_ == 0 && laneRefusal_) {
     const LaneRefusal refusal = *laneRefusal_;
@@ -163,16 +173,19 @@ void SoftQp::dropLaneInFromLoop(bool afterFlush) {
     // The READ parts already on the lane still go, as a NAK queued on the connection does (it
     // acknowledges their READs); the lane closes after them, and laneIn_ holds it until then.
     uncorkLaneFromLoop();
-    if (laneIn_) laneIn_->closeAfterFlush(/*drain=*/true);
+    if (laneIn_) laneIn_->closeAfterFlush();
   } else {
-    if (laneIn_) laneIn_->close(Status::ok(), true);
+    // With pieces pending, the lane thread may be placing one: wait until it has stopped, so that
+    // nothing lands after the QP has let the WRITE go.
+    if (laneIn_) laneIn_->close(/*wait=*/lanePending_ > 0);
     laneIn_.reset();
+    ++laneInGen_;
   }
   laneTicket_ = 0;
   lanePieces_.clear();
   lanePending_ = 0;
   laneRefusal_.reset();
-  laneCorked_ = false;
+  laneReadParts_.clear();
 }
 
 void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
@@ -444,16 +457,10 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       ++expectedSeq_;
       ackNeeded_ = false;  // the response acknowledges everything before it
       respConn_->send(std::move(frame));
-      // (A send that fails closes the connection, and the lane with it.)
-      if (lanePart.headerLen != 0 && laneIn_) {
-        if (!laneCorked_) {
-          // The READ parts this input asks for leave together, as the connection's own responses
-          // do: when the input is drained or pauses (onInputDrained).
-          laneIn_->cork();
-          laneCorked_ = true;
-        }
-        laneIn_->send(std::move(lanePart));
-      }
+      // (A send that fails closes the connection, and the lane with it.) The READ parts this input
+      // asks for leave together, as the connection's own responses do: when the input is drained
+      // or pauses (onInputDrained).
+      if (lanePart.headerLen != 0 && laneIn_) laneReadParts_.push_back(std::move(lanePart));
       return;
     }
     case FrameType::kCmpSwap:
@@ -516,9 +523,9 @@ void SoftQp::sendDeferredAckFromLoop() {
 }
 
 void SoftQp::uncorkLaneFromLoop() {
-  if (!laneCorked_) return;
-  laneCorked_ = false;
-  if (laneIn_) laneIn_->uncork();
+  if (laneReadParts_.empty()) return;
+  if (laneIn_) laneIn_->send(std::exchange(laneReadParts_, {}));
+  laneReadParts_.clear();
 }
 
 }  // namespace ferry::soft

@@ -1,14 +1,14 @@
-// A QP's lane (FERRY_SOFT_TCP_LANE, lane.h): large WRITEs and READs share their bytes with a
-// second connection, yet every rule of the QP holds as on one connection. WRITEs land whole and in
-// post order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them
-// finds them in place, a WRITE refused by the responder fails as on one connection and its half on
-// the lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the
-// lane carried them. WRITEs clear of a half still on the lane go on meanwhile, but nothing is
-// acknowledged, and nothing refused, before that half has landed; a region deregistered while
-// halves are on their way fails the WRITE and takes no byte after. READs come back whole in two
-// parts, see the WRITEs before them, fail as on one connection when refused or when a region goes,
-// and take no byte after their completion. The suite's other tests run over the lane too, on the
-// soft_tcp_lane path.
+// A QP's lane (FERRY_SOFT_TCP_LANE, lane.h): large WRITEs and READs share their bytes with a second
+// connection, yet every rule of the QP holds as on one connection. WRITEs land whole and in post
+// order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them finds
+// them in place, a WRITE refused by the responder fails as on one connection and its half on the
+// lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the lane
+// carried them (and that the responder's lane thread placed them). WRITEs clear of a half still on
+// the lane go on meanwhile, but nothing is acknowledged, and nothing refused, before that half has
+// landed; a region deregistered while halves are on their way fails the WRITE and takes no byte
+// after. READs come back whole in two parts, see the WRITEs before them, fail as on one connection
+// when refused or when a region goes, and take no byte after their completion. The suite's other
+// tests run over the lane too, on the soft_tcp_lane path.
 #include "providers/soft/lane.h"
 
 #include <gtest/gtest.h>
@@ -79,6 +79,7 @@ TEST_P(LanePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
   const size_t lengths[3] = {kSize, 2 << 20, (1 << 20) + 5};
   ASSERT_OK(postReceive(pair->b.qp, 20, {sgeOf(inbox, 0, 4096)}));
   const uint64_t placedBefore = soft::laneBytesPlaced();
+  const uint64_t byLaneThreadBefore = soft::laneBytesPlacedByLaneThread();
   std::vector<SendOp> ops;
   for (int i = 0; i < 3; ++i) {
     ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
@@ -108,6 +109,9 @@ TEST_P(LanePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
   uint64_t laned = 0;
   for (size_t len : lengths) laned += len - ((len / 2) & ~size_t{0xfff});
   EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, laned);
+  // The responder's lane thread read the lane and placed them, not its progress thread (which
+  // read the QP's own connection meanwhile).
+  EXPECT_EQ(soft::laneBytesPlacedByLaneThread() - byLaneThreadBefore, laned);
 }
 
 TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) {
