@@ -352,30 +352,27 @@ void RingPair::clearWake() {
   (void)n;
 }
 
+bool RingPair::refreshOutTail(Control& ctl, std::memory_order order, size_t* room) {
+  const uint64_t tail = ctl.tail.load(order);
+  if (tail - outTailSeen_ > outHead_ - outTailSeen_) {  // before what we saw, or past our head
+    errno = EPROTO;
+    return false;
+  }
+  outTailSeen_ = tail;
+  *room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
+  return true;
+}
+
 ssize_t RingPair::writev(const iovec* iov, int count) {
   Control& ctl = outCtl();
   size_t want = 0;
   for (int i = 0; i < count; ++i) want += iov[i].iov_len;
   size_t room = ringBytes_ - static_cast<size_t>(outHead_ - outTailSeen_);
-  if (room < want) {
-    const uint64_t tail = ctl.tail.load(std::memory_order_acquire);
-    if (tail - outTailSeen_ > outHead_ - outTailSeen_) {  // before what we saw, or past our head
-      errno = EPROTO;
-      return -1;
-    }
-    outTailSeen_ = tail;
-    room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
-  }
+  if (room < want && !refreshOutTail(ctl, std::memory_order_acquire, &room)) return -1;
   if (room == 0) {
     // Ask for a wake-up, then look again: the consumer may have made room in between.
     ctl.producerWaiting.store(1, std::memory_order_seq_cst);
-    const uint64_t tail = ctl.tail.load(std::memory_order_seq_cst);
-    if (tail - outTailSeen_ > outHead_ - outTailSeen_) {
-      errno = EPROTO;
-      return -1;
-    }
-    outTailSeen_ = tail;
-    room = ringBytes_ - static_cast<size_t>(outHead_ - tail);
+    if (!refreshOutTail(ctl, std::memory_order_seq_cst, &room)) return -1;
     if (room == 0) {
       errno = EAGAIN;
       return -1;

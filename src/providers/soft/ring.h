@@ -33,6 +33,7 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -119,6 +120,9 @@ class RingPair {
   ring_layout::Control& outCtl() const;
   ring_layout::Control& inCtl() const;
   void wakePeer();
+  // Reads the consumer's tail again (with order) into outTailSeen_ and *room; false, with errno
+  // EPROTO, when it is outside what we saw and our head (a peer breaking the rings' rules).
+  bool refreshOutTail(ring_layout::Control& ctl, std::memory_order order, size_t* room);
 
   bool requester_ = false;
   int memfd_ = -1;
