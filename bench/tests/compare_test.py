@@ -1,5 +1,5 @@
 """bench/compare's rounds: every figure of several rounds merged into its median, and a --rounds
-outside 1..100 refused before anything is measured.
+outside 1..100 refused before anything is measured; iperf3 pairs run at once summed.
 
     python -m pytest bench/tests/compare_test.py
 """
@@ -76,3 +76,16 @@ def test_rounds_are_in_the_settings_and_out_of_range_is_refused():
         assert r.stdout == ""
     r = run("--rounds", "two", "--dry-run")
     assert r.returncode == 2 and "--rounds" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def iperf3_doc(bits_per_second, sender_cpu, receiver_cpu):
+    return {"end": {"sum_received": {"bits_per_second": bits_per_second},
+                    "cpu_utilization_percent": {"host_total": sender_cpu, "remote_total": receiver_cpu}}}
+
+
+def test_iperf3_pairs_at_once_are_summed_and_one_stream_keeps_its_cpu_figures():
+    one = compare.iperf3_row(1 << 20, 1 << 20, [iperf3_doc(24e9, 90.0, 70.0)])
+    assert one == {"size": 1 << 20, "block": 1 << 20, "gbps": 3.0, "cpu_sender_percent": 90.0,
+                   "cpu_receiver_percent": 70.0}
+    two = compare.iperf3_row(16 << 20, 1 << 20, [iperf3_doc(24e9, 90.0, 70.0), iperf3_doc(16e9, 80.0, 60.0)])
+    assert two == {"size": 16 << 20, "block": 1 << 20, "gbps": 5.0, "pairs": 2}
