@@ -246,12 +246,14 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   Status measured;
   std::atomic<bool> finished{false};
   double cpu0 = processCpuSeconds(), cpu1 = 0;
+  MachineCpu machine0 = machineCpu(), machine1;
   const auto warm0 = Clock::now();  // the threads set up and warm up from here until wall0
   auto wall0 = warm0, wall1 = wall0;
   std::thread worker([&] {
     measured = side.measure(spec, control, &m);
     // The measured window ends here, not when the watching loop below notices.
     cpu1 = processCpuSeconds();
+    machine1 = machineCpu();
     wall1 = Clock::now();
     finished.store(true);
   });
@@ -263,6 +265,7 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   while (!finished.load()) {
     if (!started && control.warmedUp.load() == shape.threads) {
       cpu0 = processCpuSeconds();
+      machine0 = machineCpu();
       wall0 = Clock::now();
       watch = ch.send("start", json::Value::emptyObject(), o.timeout);
       control.go.store(true);
@@ -314,6 +317,7 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   }
   out->clientCpuSeconds = cpu;
   out->clientWallSeconds = wall;
+  out->machineBusyPercent = machineBusyPercent(machine0, machine1);
   out->warmupSeconds = started ? std::chrono::duration<double>(wall0 - warm0).count() : 0;
   out->serverCpuSeconds = serverCpu;
   out->serverWallSeconds = serverWall;

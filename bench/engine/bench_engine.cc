@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 
@@ -468,6 +469,26 @@ double processCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+MachineCpu machineCpu() {
+  MachineCpu m;
+  std::ifstream stat("/proc/stat");
+  std::string label;
+  if (!(stat >> label) || label != "cpu") return m;
+  // user nice system idle iowait irq softirq steal (guest time is counted within user already)
+  uint64_t v[8] = {};
+  for (uint64_t& x : v) {
+    if (!(stat >> x)) return MachineCpu{};
+  }
+  for (uint64_t x : v) m.total += x;
+  m.busy = m.total - v[3] - v[4];
+  return m;
+}
+
+double machineBusyPercent(const MachineCpu& from, const MachineCpu& to) {
+  if (to.total <= from.total || to.busy < from.busy) return -1;
+  return 100.0 * static_cast<double>(to.busy - from.busy) / static_cast<double>(to.total - from.total);
 }
 
 Result<std::unique_ptr<BenchSide>> BenchSide::create(const std::string& device, const RunShape& shape) {

@@ -179,4 +179,17 @@ class VerbsSide final : public BenchSide {
 // Process CPU time (all threads, including the devices' progress threads), in seconds.
 double processCpuSeconds();
 
+// The whole machine's CPU time from /proc/stat's first line, in clock ticks: busy (everything but
+// idle and iowait, so softirq work too, which a process's own CPU time leaves out: on loopback TCP
+// that is the protocol's receive path) and total, over every core. Zeros where /proc is missing.
+struct MachineCpu {
+  uint64_t busy = 0;
+  uint64_t total = 0;
+};
+MachineCpu machineCpu();
+
+// The share of the machine that was busy between two readings, in percent of all its cores
+// (100 = every core busy throughout); -1 when the readings are missing or equal.
+double machineBusyPercent(const MachineCpu& from, const MachineCpu& to);
+
 }  // namespace ferry::cli::bench

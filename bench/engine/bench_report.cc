@@ -186,6 +186,7 @@ json::Value reportJson(const BenchReport& rep) {
     o.set("client_cpu_percent", percentOf(r.clientCpuSeconds, r.clientWallSeconds));
     o.set("server_cpu_seconds", r.serverCpuSeconds);
     o.set("server_cpu_percent", percentOf(r.serverCpuSeconds, r.serverWallSeconds));
+    if (r.machineBusyPercent >= 0) o.set("machine_busy_percent", r.machineBusyPercent);
     results.push_back(std::move(o));
   }
   doc.set("results", std::move(results));

@@ -25,6 +25,9 @@ struct SizeResult {
   double clientCpuSeconds = 0, clientWallSeconds = 0;
   double warmupSeconds = 0;  // from the run's start to every thread warmed up (set-up included)
   double serverCpuSeconds = 0, serverWallSeconds = 0;
+  // The whole machine's busy share during the measured part, in percent of all its cores (-1:
+  // unknown). With --local both processes run here, so this is what the transfer cost the machine.
+  double machineBusyPercent = -1;
   // Endpoint API: the messages of the timed operations (operations x batch), the mean time inside
   // the call that issues one operation, the wall time per message, and the bytes checked after
   // the run on the side they landed on.

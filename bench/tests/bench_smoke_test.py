@@ -48,6 +48,15 @@ def check_doc(doc, op, mode, sizes):
                     "server_cpu_seconds", "client_cpu_percent", "server_cpu_percent"):
             if not isinstance(r.get(key), (int, float)) or not r[key] > 0:
                 fail("%s: %r is %r, expected a positive number" % (where, key, r.get(key)))
+        # The machine's busy share: absent only when the run was shorter than a clock tick (10 ms
+        # where the kernel counts 100 a second), and above zero in a longer one (the run itself).
+        busy = r.get("machine_busy_percent")
+        if busy is None and r["seconds"] >= 0.1:
+            fail("%s: no machine_busy_percent in a run of %.3f s" % (where, r["seconds"]))
+        if busy is not None and not (isinstance(busy, (int, float)) and 0 <= busy <= 100):
+            fail("%s: machine_busy_percent is %r, expected 0-100" % (where, busy))
+        if busy is not None and r["seconds"] >= 0.1 and not busy > 0:
+            fail("%s: machine_busy_percent is 0 in a run of %.3f s" % (where, r["seconds"]))
         # Every run warms up for 50 ms at least, however few iterations it asks for (the
         # threads settle on their cores first).
         if not isinstance(r.get("warmup_seconds"), float) or r["warmup_seconds"] < 0.05:

@@ -89,3 +89,15 @@ def test_iperf3_pairs_at_once_are_summed_and_one_stream_keeps_its_cpu_figures():
                    "cpu_receiver_percent": 70.0}
     two = compare.iperf3_row(16 << 20, 1 << 20, [iperf3_doc(24e9, 90.0, 70.0), iperf3_doc(16e9, 80.0, 60.0)])
     assert two == {"size": 16 << 20, "block": 1 << 20, "gbps": 5.0, "pairs": 2}
+
+
+def test_the_machine_busy_share_and_what_a_whole_machine_would_move():
+    assert compare.busy_percent((100, 400), (250, 600)) == 75.0
+    assert compare.busy_percent(None, (250, 600)) is None
+    assert compare.busy_percent((100, 400), (100, 400)) is None  # shorter than a clock tick
+    busy, total = compare.machine_cpu()
+    assert 0 <= busy <= total and total > 0
+    # GB/s over the busy share; a size with no share is left out.
+    assert compare.per_machine({1: 6.0, 2: 3.0}, {1: 75.0}) == {1: 8.0}
+    row = compare.iperf3_row(1 << 20, 1 << 20, [iperf3_doc(48e9, 90.0, 70.0)], busy=80.0)
+    assert row["machine_busy_percent"] == 80.0 and row["gbps"] == 6.0
