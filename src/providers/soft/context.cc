@@ -296,6 +296,18 @@ Reactor* SoftContext::laneReactorFromLoop() {
   return laneThread_ == LaneThread::kRunning ? &laneReactor_ : nullptr;
 }
 
+Status SoftContext::withoutLaneThreadForTests() {
+  Status st;
+  FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
+    if (laneThread_ == LaneThread::kRunning) {
+      st = Status(StatusCode::kBusy, "the lane thread already runs");
+    } else {
+      laneThread_ = LaneThread::kFailed;
+    }
+  }));
+  return st;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rings the application polls. A lease says until when the application vouches that it polls;
 // producers on this host do not wake the progress thread before then (RingPair::attend), and the

@@ -158,6 +158,10 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   Reactor& reactor() { return reactor_; }
   // The lane thread (lane.h): started on first use (loop only); null when it cannot start.
   Reactor* laneReactorFromLoop();
+  // For tests: this context behaves from now on as one whose lane thread could not start (its QPs
+  // open no lanes, and lanes it accepts are read on its progress thread). Refused once the thread
+  // runs.
+  Status withoutLaneThreadForTests();
   // FERRY_SOFT_CALLER_PROGRESS: whether posts and empty CQ polls run the loop on the caller's
   // thread when the progress thread is not running it.
   bool callerProgress() const { return callerProgress_; }

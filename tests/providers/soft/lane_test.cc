@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "providers/soft/soft.h"
 #include "support/verbs_fixture.h"
 
 namespace ferry::test {
@@ -548,6 +549,69 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     const std::vector<uint8_t> atCompletion(bytesOf(local).begin(), bytesOf(local).end());
     EXPECT_TRUE(nothingLandsLater(local, atCompletion)) << "bytes landed after the READ completed";
   }
+}
+
+// A context whose lane thread could not start reads the lanes it accepts on its progress thread,
+// and opens none itself: a's WRITEs and READs to it still share their bytes with a lane, which its
+// progress thread places and answers, and its own WRITEs to a go whole on one connection.
+TEST_P(LanePath, AContextWithoutALaneThreadReadsTheLanesItAcceptsOnItsProgressThreadAndOpensNone) {
+  ConnectedPair pair;
+  ASSERT_OK(openSide(pair.a, nullptr, 64));
+  ASSERT_OK(openSide(pair.b, nullptr, 64));
+  auto* softB = dynamic_cast<soft::SoftContext*>(pair.b.context->impl().get());
+  ASSERT_NE(softB, nullptr);
+  ASSERT_OK(softB->withoutLaneThreadForTests());
+  ASSERT_OK(createQp(pair.a, {}));
+  ASSERT_OK(createQp(pair.b, {}));
+  ASSERT_OK(connectQps(*pair.a.context, pair.a.qp, *pair.b.context, pair.b.qp));
+  constexpr size_t kSize = 4 << 20;
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair.a.pd, kSize, v::access::kAll, 140));
+  ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair.b.pd, kSize, v::access::kAll, 141));
+  ASSERT_OK_AND_ASSIGN(auto back, registerBuffer(pair.a.pd, kSize, v::access::kLocalWrite, 142));
+  ASSERT_TRUE(laneCarries(pair, src, dst));
+
+  // a's WRITE of the whole region: b's progress thread places the lane's half.
+  const uint64_t byLaneThreadBefore = soft::laneBytesPlacedByLaneThread();
+  uint64_t placedBefore = soft::laneBytesPlaced();
+  ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                             .wrId = 1,
+                             .sges = {sgeOf(src, 0, kSize)},
+                             .remoteAddr = dst.address(),
+                             .rkey = dst.mr.rkey()}));
+  v::WorkCompletion wc;
+  ASSERT_TRUE(pollOne(pair.a.sendCq, &wc));
+  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
+  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
+
+  // a's READ of it back: b's progress thread writes the second part of the response on the lane.
+  placedBefore = soft::laneBytesPlaced();
+  ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaRead,
+                             .wrId = 2,
+                             .sges = {sgeOf(back, 0, kSize)},
+                             .remoteAddr = dst.address(),
+                             .rkey = dst.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair.a.sendCq, &wc));
+  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  EXPECT_TRUE(bytesEqual(bytesOf(back), bytesOf(src)));
+  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize))
+      << "the READ's second part came over the lane";
+  // Nothing was placed by a lane thread at b (a's lane thread placed the READ's part at a, which
+  // this counter leaves out: it counts lane data at a responder).
+  EXPECT_EQ(soft::laneBytesPlacedByLaneThread(), byLaneThreadBefore);
+
+  // b's WRITE to a: b opened no lane, so it goes whole on its one connection.
+  fillPattern(dst.memory.bytes(), 143);
+  placedBefore = soft::laneBytesPlaced();
+  ASSERT_OK(post(pair.b.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                             .wrId = 3,
+                             .sges = {sgeOf(dst, 0, kSize)},
+                             .remoteAddr = src.address(),
+                             .rkey = src.mr.rkey()}));
+  ASSERT_TRUE(pollOne(pair.b.sendCq, &wc));
+  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  EXPECT_TRUE(bytesEqual(bytesOf(src), bytesOf(dst)));
+  EXPECT_EQ(soft::laneBytesPlaced(), placedBefore) << "a context without a lane thread opened a lane";
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LanePath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
