@@ -255,6 +255,16 @@ TEST(RingPair, AnImpossibleIndexEndsTheLink) {
 
 uint64_t linksNow() { return soft::ringLinksMade(); }
 
+// With leases of 10 ms: waits 30 ms, so that every lease runs out, then polls `cq` once and finds
+// nothing, so that its context holds a lease from that poll on. *at: when the poll returned.
+::testing::AssertionResult leaseFromAPollOf(v::CompletionQueue& cq,
+                                            std::chrono::steady_clock::time_point* at = nullptr) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ::testing::AssertionResult quiet = noCompletionFor(cq, std::chrono::milliseconds(1));
+  if (at) *at = std::chrono::steady_clock::now();
+  return quiet;
+}
+
 class RingPath : public VerbsTest {
  protected:
   void SetUp() override {
@@ -500,9 +510,8 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   for (uint64_t attempt = 0; attempt < 5 && !leaseHeld; ++attempt) {
     const uint64_t recvId = 10 + attempt;
     ASSERT_OK(postReceive(pair->b.qp, recvId, {sgeOf(dst, 64, 64)}));
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));                  // every lease runs out
-    ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
-    const auto polled = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point polled;
+    ASSERT_TRUE(leaseFromAPollOf(pair->b.recvCq, &polled));
     const uint64_t spared = soft::ringWakesSpared();
     const size_t from = 1024 + 64 * attempt;  // each attempt's bytes differ from the last one's
     ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 7, .sges = {sgeOf(src, from, 64)}}));
@@ -521,8 +530,7 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
 
   // a's lease (its polls above) runs out; b renews its own, then arms a CQ of its context to sleep
   // on its channel: b's lease ends at once, and the next SEND wakes b's thread.
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));
+  ASSERT_TRUE(leaseFromAPollOf(pair->b.recvCq));
   ASSERT_OK_AND_ASSIGN(auto channel, pair->b.context->createCompChannel());
   ASSERT_OK_AND_ASSIGN(auto armed, pair->b.context->createCq({.cqe = 4, .channel = &channel}));
   ASSERT_OK(armed.reqNotify(false));
@@ -560,8 +568,7 @@ TEST_P(RingPath, AnAckAPollLeftIsSentWhenThePollsStop) {
     const uint64_t recvId = 10 + attempt;
     const size_t from = 1024 + 64 * attempt;
     ASSERT_OK(postReceive(pair->b.qp, recvId, {sgeOf(dst, 64, 64)}));
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));                  // every lease runs out
-    ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
+    ASSERT_TRUE(leaseFromAPollOf(pair->b.recvCq));
     const uint64_t before = soft::acksDeferred();
     ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 20 + attempt, .sges = {sgeOf(src, from, 64)}}));
     ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));  // b's poll takes the SEND; then b stops
@@ -610,9 +617,8 @@ TEST_P(RingPath, ACallersPollReturnsWithOneLinksFramesAndTheNextTakesTheOthers) 
     const size_t from = 1024 + 64 * attempt;  // each attempt's bytes differ from the last one's
     ASSERT_OK(postReceive(pair->b.qp, recvB, {sgeOf(srcB, 256, 64)}));
     ASSERT_OK(postReceive(pair->a.qp, recvA, {sgeOf(srcA, 256, 64)}));
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));                  // every lease runs out
-    ASSERT_TRUE(noCompletionFor(pair->b.recvCq, std::chrono::milliseconds(1)));  // b polls: a lease
-    const auto leased = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point leased;
+    ASSERT_TRUE(leaseFromAPollOf(pair->b.recvCq, &leased));
     // b's SEND to a, which a takes; a's SEND to b on the other link, then a's poll, which sends its
     // ACK of b's SEND (if the poll that took it deferred it). b's two links both hold frames now.
     ASSERT_OK(
