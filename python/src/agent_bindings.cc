@@ -351,6 +351,7 @@ void bindAgent(py::module_& m) {
              d["peers_gone"] = s.peersGone;
              d["operations_queued"] = s.operationsQueued;
              d["messages_refused"] = s.messagesRefused;
+             d["connections_refused"] = s.connectionsRefused;
              return d;
            })
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>());

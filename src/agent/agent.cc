@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -205,9 +206,11 @@ Status AgentImpl::openDevices() {
 }
 
 Status AgentImpl::listen() {
+  FERRY_RETURN_IF_ERROR(openAdmission());
   bool v6 = true;
   int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  std::string host = opts_.listenHost;
+  // Protected mode (no secret) serves this host only, so it listens where only this host reaches.
+  std::string host = opts_.listenHost.empty() && protectedMode() ? std::string("127.0.0.1") : opts_.listenHost;
   in6_addr host6{};
   in_addr host4{};
   bool hostIs4 = !host.empty() && inet_pton(AF_INET, host.c_str(), &host4) == 1;
@@ -362,7 +365,7 @@ void AgentImpl::registerInStore() {
     for (auto& [name, r] : regions_) names.push_back(name);
   }
   for (auto& name : names) {
-    std::string info = regionInfoJson(name);
+    std::string info = publishedRegionJson(name);
     if (!info.empty()) (void)store_->set(storeKey("regions", self_.alias + "/" + name), info, lease_);
   }
 }
@@ -467,18 +470,18 @@ void AgentImpl::retire(const std::shared_ptr<PeerImpl>& peer) {
 // ---------------------------------------------------------------------------------------------
 // Wireup (loop thread)
 
-void AgentImpl::armDeadline(const std::shared_ptr<PeerImpl>& peer) {
-  peer->deadline = Clock::now() + opts_.connectTimeout;
+void AgentImpl::armDeadline(const std::shared_ptr<PeerImpl>& peer, std::chrono::milliseconds timeout) {
+  peer->deadline = Clock::now() + timeout;
   std::weak_ptr<PeerImpl> weakPeer = peer;
   std::weak_ptr<AgentImpl> weak = weak_from_this();
-  peer->deadlineTimer = loop_.addTimer(peer->deadline, [weak, weakPeer] {
+  peer->deadlineTimer = loop_.addTimer(peer->deadline, [weak, weakPeer, timeout] {
     auto a = weak.lock();
     auto p = weakPeer.lock();
     if (!a || !p) return;
     p->deadlineTimer = 0;
     PeerImpl::State st = p->state();
     if (st == PeerImpl::State::kReady || st == PeerImpl::State::kFailed) return;
-    double secs = std::chrono::duration<double>(a->opts_.connectTimeout).count();
+    double secs = std::chrono::duration<double>(timeout).count();
     std::string what;
     if (st == PeerImpl::State::kResolving) {
       what = "'" + p->alias() + "' is not registered in " + a->opts_.store +
@@ -693,6 +696,7 @@ void AgentImpl::sendLine(const WorkerAddress& to, const std::string& line) {
     }
   }
   auto& link = links_[to.uuid];
+  if (link) link->lastValid = Clock::now();  // for the sweep of links no connection uses (guard.cc)
   if (!link || !link->open()) {
     // Same host: loopback first. Another host: never loopback (it would reach this host).
     std::vector<ControlEndpoint> targets;
@@ -714,30 +718,9 @@ void AgentImpl::sendLine(const WorkerAddress& to, const std::string& line) {
     link->owner = to.uuid;
     link->hasOwner = true;
     link->setDeadPeerTimeout(opts_.peerTimeout);
+    link->lastValid = Clock::now();
   }
   link->send(line);
-}
-
-void AgentImpl::onAccept() {
-  for (;;) {
-    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    if (inbound_.size() >= 4096) {
-      ::close(fd);  // a flood: innocent peers retry their wireup
-      continue;
-    }
-    std::weak_ptr<AgentImpl> weak = weak_from_this();
-    auto link = Link::adopt(
-        loop_, fd, kMaxWireupLine,
-        [weak](Link& l, std::string_view text) {
-          if (auto a = weak.lock()) a->onLine(l, text);
-        },
-        [weak](Link& l, const Status& why, bool connected) {
-          if (auto a = weak.lock()) a->onLinkClosed(l, why, connected);
-        });
-    link->setDeadPeerTimeout(opts_.peerTimeout);
-    inbound_.insert(link);
-  }
 }
 
 void AgentImpl::onLinkClosed(Link& link, const Status& why, bool connected) {
@@ -762,13 +745,16 @@ void AgentImpl::onLinkClosed(Link& link, const Status& why, bool connected) {
   auto peer = findUuid(link.owner);
   if (!peer) return;
   PeerImpl::State st = peer->state();
-  // A peer named by its address is one life of one agent: when every listener of that address
-  // refuses, that life is over (an address exists only once its agent listens), and waiting for
-  // the deadline would only delay the error. Peers named by alias keep retrying: the store may
-  // still hold a stale address while the alias restarts.
-  if (st == PeerImpl::State::kRequesting && outgoing && !connected && !peer->addressBytes.empty() &&
-      why.cause() == ECONNREFUSED) {
-    peerGone(peer, "no agent listens at its address any more (" + why.message() + ")");
+  // An address is one life of one agent: when every listener of it refuses, that life is over
+  // (an address exists only once its agent listens), and waiting for the deadline would only
+  // delay the error. For a peer named by alias the address is the one its store entry holds: the
+  // operation fails at once, and the next one looks the alias up again (a restarted life
+  // registers its new address).
+  if (st == PeerImpl::State::kRequesting && outgoing && !connected && why.cause() == ECONNREFUSED) {
+    peerGone(peer, peer->addressBytes.empty()
+                       ? "no agent listens at the address registered for '" + peer->alias() + "' (" +
+                             why.message() + ")"
+                       : "no agent listens at its address any more (" + why.message() + ")");
     return;
   }
   if (st != PeerImpl::State::kReady && st != PeerImpl::State::kAwaitAck) return;  // wireup retries
@@ -792,13 +778,13 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
       std::lock_guard<std::mutex> lock(statsMu_);
       ++stats_.messagesRefused;
     }
-    FERRY_LOG(kWarn, "agent '%s': refused a wireup message: %s", self_.alias.c_str(),
-              decoded.status().toString().c_str());
+    logRefused(Status(decoded.status().code(), "refused a wireup message: " + decoded.status().toString()));
     // A peer that sends garbage loses its connection; others are not affected.
     if (decoded.status().code() == StatusCode::kProtocolError) link.close();
     return;
   }
   const WireupMessage& m = *decoded;
+  link.lastValid = Clock::now();
   if (!link.hasOwner) {
     link.owner = m.from;
     link.hasOwner = true;
@@ -815,7 +801,10 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
     }
     return;
   }
-  if (auto peer = findUuid(m.from)) peer->lastHeard = Clock::now();
+  if (auto peer = findUuid(m.from)) {
+    if (!acceptOnLink(link, peer, m, line)) return;
+    peer->lastHeard = Clock::now();
+  }
   switch (m.type) {
     case WireupType::kRequest: {
       auto from = WorkerAddress::decode(m.fromAddress);
@@ -824,20 +813,24 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
         ++stats_.messagesRefused;
         return;
       }
-      onRequest(m, *from);
+      onRequest(link, m, *from);
       break;
     }
-    case WireupType::kReply: onReply(m); break;
-    case WireupType::kAck: onAck(m); break;
+    case WireupType::kReply: onReply(link, m); break;
+    case WireupType::kAck: onAck(link, m); break;
     case WireupType::kReject: onReject(m); break;
     case WireupType::kPing: {
       auto peer = findUuid(m.from);
       if (!peer) return;
       auto remote = peer->remote();
-      if (remote) sendLine(*remote, encodeWireup(wireupHeader(WireupType::kPong, self_.uuid, m.from), secret_));
+      if (remote) {
+        WireupMessage pong = wireupHeader(WireupType::kPong, self_.uuid, m.from);
+        pong.echo = m.nonce;
+        sendLine(*remote, encodeWireup(pong, secret_));
+      }
       break;
     }
-    case WireupType::kPong: break;
+    case WireupType::kPong: onPong(link, m); break;
     case WireupType::kMrQuery: onMrQuery(m); break;
     case WireupType::kMrInfo: onMrInfo(m); break;
     case WireupType::kBye: {
@@ -888,7 +881,7 @@ void AgentImpl::sendMessage(const WorkerAddress& to, std::string_view channel, s
   });
 }
 
-void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
+void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from) {
   if (!secret_.empty()) {
     // A REQUEST is authenticated by its MAC; a copy of it replayed later is refused by its nonce
     // and time stamp.
@@ -940,7 +933,15 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
       }
     } else if (st == PeerImpl::State::kReady || st == PeerImpl::State::kAwaitAck) {
       if (m.conn < peer->remoteConn) return;  // an old, delayed REQUEST
-      // The peer wires up anew (its side of our connection failed): this one is over.
+      // The peer wires up anew (its side of our connection failed): this one is over, once the
+      // REQUEST is known to be the peer's (without a secret: it came on the peer's link).
+      if (secret_.empty()) {
+        auto auth = peer->authLink.lock();
+        if (auth && auth.get() != &link) {
+          probe(peer, "a REQUEST for a new connection on another link");
+          return;  // its next resend, on a link the probe authenticated, counts
+        }
+      }
       peerGone(peer, "it connected again");
       peer = nullptr;
     }
@@ -953,12 +954,27 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
         peer = byAlias;  // we were still looking it up: this REQUEST tells us where it is
       } else if (known->uuid != from.uuid) {
         if (from.startNs < known->startNs) return;  // from an older life than the one we know
+        // A new life of a connected alias: the old one must be gone first. A dead process closed
+        // its links, so it is found gone at once; one that still holds its link is asked, and
+        // the new life's REQUEST (resent until answered) counts once the old one did not answer.
+        if (secret_.empty() && byAlias->state() == PeerImpl::State::kReady) {
+          auto held = byAlias->authLink.lock();
+          if (held && held->open() && !byAlias->probeMissed) {
+            if (byAlias->probeNonce.empty()) probe(byAlias, "a REQUEST from another life of its alias");
+            logRefused(Status(StatusCode::kPermissionDenied,
+                              "held a REQUEST from another life of '" + from.alias +
+                                  "' while its connected life holds its link (it is asked whether it is alive)"));
+            return;
+          }
+        }
         peerGone(byAlias, "it restarted");
       }
     }
+    if (!peer && !admitHandshake(link, from)) return;
     if (!peer) {
       peer = std::make_shared<PeerImpl>(weak_from_this(), from.alias, m.numQp);
-      armDeadline(peer);
+      peer->origin = link.shared_from_this();
+      armDeadline(peer, handshakeTimeout(opts_.connectTimeout));
     }
     std::lock_guard<std::mutex> lock(mu_);
     byUuid_[from.uuid] = peer;
@@ -1021,7 +1037,7 @@ void AgentImpl::onRequest(const WireupMessage& m, const WorkerAddress& from) {
   armRetry(peer);
 }
 
-void AgentImpl::onReply(const WireupMessage& m) {
+void AgentImpl::onReply(Link& link, const WireupMessage& m) {
   auto peer = findUuid(m.from);
   if (!peer) return;
   PeerImpl::State st = peer->state();
@@ -1047,6 +1063,7 @@ void AgentImpl::onReply(const WireupMessage& m) {
     peer->fail(connected);
     return;
   }
+  authenticate(link, *peer);  // it answered our nonce, which went to its own address
   if (m.abandoned != 0) peer->ignoredConn = m.abandoned;
   if (peer->retryTimer != 0) loop_.cancelTimer(peer->retryTimer);
   peer->retryTimer = 0;
@@ -1065,7 +1082,7 @@ void AgentImpl::onReply(const WireupMessage& m) {
             laneText(*peer->lanes()).c_str());
 }
 
-void AgentImpl::onAck(const WireupMessage& m) {
+void AgentImpl::onAck(Link& link, const WireupMessage& m) {
   auto peer = findUuid(m.from);
   if (!peer || peer->state() != PeerImpl::State::kAwaitAck || m.conn != peer->remoteConn) return;
   if (m.echo != peer->nonce) {
@@ -1073,6 +1090,7 @@ void AgentImpl::onAck(const WireupMessage& m) {
     ++stats_.messagesRefused;
     return;
   }
+  authenticate(link, *peer);  // it answered our REPLY's nonce, which went to its own address
   if (peer->retryTimer != 0) loop_.cancelTimer(peer->retryTimer);
   peer->retryTimer = 0;
   if (peer->deadlineTimer != 0) loop_.cancelTimer(peer->deadlineTimer);
@@ -1107,6 +1125,17 @@ std::string AgentImpl::regionInfoJson(const std::string& name) const {
   return out.object()->empty() ? std::string() : json::serialize(out);
 }
 
+std::string AgentImpl::publishedRegionJson(const std::string& name) const {
+  // What anyone who reads the store may know: that the region exists, and its size. Never its
+  // address or keys, which grant access (docs/security.md).
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(name);
+  if (it == regions_.end()) return {};
+  json::Value out = json::Value::emptyObject();
+  out.set("length", static_cast<int64_t>(it->second.length));
+  return json::serialize(out);
+}
+
 Result<std::map<std::string, ep::RegionView>> AgentImpl::regionKeys(std::string_view name) const {
   std::map<std::string, ep::RegionView> out;
   std::lock_guard<std::mutex> lock(mu_);
@@ -1135,6 +1164,12 @@ void AgentImpl::onMrQuery(const WireupMessage& m) {
 }
 
 void AgentImpl::onMrInfo(const WireupMessage& m) {
+  auto waiter = infoWaiters_.find(m.query);
+  if (waiter != infoWaiters_.end()) {  // get_mr_info's question
+    waiter->second->set_value(m.info);
+    infoWaiters_.erase(waiter);
+    return;
+  }
   auto peer = findUuid(m.from);
   if (peer) peer->regionAnswered(m.name, m.info);
 }
@@ -1259,7 +1294,7 @@ Status AgentImpl::registerRegion(std::string_view name, void* addr, uint64_t len
     regions_[std::string(name)] = Region{.addr = addr, .length = length, .options = options};
   }
   if (store_ && options.published) {
-    std::string info = regionInfoJson(std::string(name));
+    std::string info = publishedRegionJson(std::string(name));
     std::string key = storeKey("regions", self_.alias + "/" + std::string(name));
     std::weak_ptr<AgentImpl> weak = weak_from_this();
     storeLoop_.post([weak, key, info] {
@@ -1308,31 +1343,50 @@ Status AgentImpl::checkLocalRange(const RegionRef& ref, uint64_t offset, uint64_
 }
 
 Result<std::string> AgentImpl::getMrInfo(std::string_view alias, std::string_view name) {
-  auto peer = findAlias(alias);
-  std::string device;
-  if (peer) {
-    auto lanes = peer->lanes();
-    if (lanes) device = lanes->of(OpClass::kRma).remoteDevice;
-  }
-  if (!store_) {
-    return Status(StatusCode::kUnavailable, "get_mr_info: this agent has no store (regions of connected peers are "
-                                            "looked up when an operation names them)");
-  }
-  Result<std::string> value = Status(StatusCode::kInternal, "");
-  Status ran = storeLoop_.runSync([&] { value = store_->get(storeKey("regions", std::string(alias) + "/" + std::string(name))); });
-  if (!ran.isOk()) return ran;
-  if (!value.isOk()) {
-    if (value.status().code() == StatusCode::kNotFound) {
-      return notFound("agent '" + std::string(alias) + "' has published no memory region named '" + std::string(name) + "'");
+  // A region's keys are never in the store (docs/security.md): the peer is asked over the link
+  // its wireup authenticated, connecting first when it is not connected yet.
+  std::shared_ptr<PeerImpl> peer = findAlias(alias);
+  if (!peer || peer->retired()) {
+    if (!store_) {
+      return Status(StatusCode::kUnavailable, "get_mr_info: '" + std::string(alias) +
+                                                  "' is not connected and this agent has no store to look it up");
     }
-    return value.status();
+    FERRY_ASSIGN_OR_RETURN(peer, peerByAlias(alias, 1, /*create=*/true));
   }
-  auto parsed = json::parse(*value);
+  auto deadline = Clock::now() + opts_.connectTimeout;
+  FERRY_RETURN_IF_ERROR(peer->readyOp()->waitUntil(deadline));
+  auto answer = std::make_shared<std::promise<std::optional<std::string>>>();
+  auto answered = answer->get_future();
+  std::weak_ptr<AgentImpl> weak = weak_from_this();
+  loop_.post([weak, peer, name = std::string(name), answer] {
+    auto a = weak.lock();
+    if (!a) return;
+    auto remote = peer->remote();
+    if (!remote) {
+      answer->set_value(std::nullopt);
+      return;
+    }
+    WireupMessage q = wireupHeader(WireupType::kMrQuery, a->self_.uuid, remote->uuid);
+    q.name = name;
+    q.query = a->nextQuery_++;
+    a->infoWaiters_[q.query] = answer;
+    a->sendLine(*remote, encodeWireup(q, a->secret_));
+  });
+  if (answered.wait_until(deadline) != std::future_status::ready) {
+    return Status(StatusCode::kTimedOut, "get_mr_info: '" + std::string(alias) + "' did not answer for region '" +
+                                             std::string(name) + "'");
+  }
+  std::optional<std::string> info = answered.get();
+  if (!info) {
+    return notFound("agent '" + std::string(alias) + "' has no memory region named '" + std::string(name) + "'");
+  }
+  auto parsed = json::parse(*info);
   if (!parsed.isOk() || !parsed->isObject() || parsed->object()->empty()) {
-    return Status(StatusCode::kProtocolError, "get_mr_info: the store's entry is malformed");
+    return Status(StatusCode::kProtocolError, "get_mr_info: the peer's answer is malformed");
   }
-  if (!device.empty()) {
-    if (const json::Value* entry = parsed->find(device)) return json::serialize(*entry);
+  auto lanes = peer->lanes();
+  if (lanes) {
+    if (const json::Value* entry = parsed->find(lanes->of(OpClass::kRma).remoteDevice)) return json::serialize(*entry);
   }
   return json::serialize(parsed->object()->front().second);
 }

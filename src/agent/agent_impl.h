@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,10 @@
 namespace ferry::agent {
 
 using Clock = std::chrono::steady_clock;
+
+// How long a connection that a peer's REQUEST made waits for its ACK (guard.cc): the shorter of
+// connectTimeout and a few seconds, so that unfinished handshakes do not hold endpoints for long.
+std::chrono::milliseconds handshakeTimeout(std::chrono::milliseconds connectTimeout);
 
 // An operation as the caller gave it (views of its batch or chunks, valid during the call).
 struct OpRequest {
@@ -104,6 +109,14 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Clock::time_point lastPing;
   std::string lookupError;     // why the alias could not be resolved yet
   std::string addressBytes;    // set when connected by address
+  // The inbound link the peer's wireup authenticated (its REPLY or ACK came on it, or it echoed a
+  // probe): without a secret, messages that change this connection's state count only there.
+  std::weak_ptr<Link> authLink;
+  std::weak_ptr<Link> origin;  // the inbound link whose REQUEST made this connection (responder)
+  std::string probeNonce;      // the probe in flight (empty: none)
+  Clock::time_point probeSent;
+  Reactor::TimerId probeTimer = 0;
+  bool probeMissed = false;    // the last probe went unanswered for peerTimeout
   uint64_t queryId = 0;        // the region query in flight (0: none)
   std::string queryName;
 
@@ -197,10 +210,28 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void startResolve(const std::shared_ptr<PeerImpl>& peer);
   void startWireup(const std::shared_ptr<PeerImpl>& peer);
   void armRetry(const std::shared_ptr<PeerImpl>& peer);
-  void armDeadline(const std::shared_ptr<PeerImpl>& peer);
-  void onRequest(const WireupMessage& m, const WorkerAddress& from);
-  void onReply(const WireupMessage& m);
-  void onAck(const WireupMessage& m);
+  void armDeadline(const std::shared_ptr<PeerImpl>& peer, std::chrono::milliseconds timeout);
+  void armDeadline(const std::shared_ptr<PeerImpl>& peer) { armDeadline(peer, opts_.connectTimeout); }
+  // guard.cc: what an unauthenticated peer can reach, and what it can cost.
+  Status openAdmission();
+  void sweepInboundLinks();
+  // Closes the unauthenticated inbound link silent the longest; false when there is none.
+  bool evictIdlestLink();
+  // Whether `m`, from a known peer, may change that peer's state when it came on `link`; false: it
+  // was held (or dropped) and the link is being probed.
+  bool acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m, std::string_view line);
+  // Sends a ping with a nonce to the peer; a pong that echoes it authenticates the link it comes on.
+  void probe(const std::shared_ptr<PeerImpl>& peer, const char* why);
+  void onPong(Link& link, const WireupMessage& m);
+  // Whether one more REQUEST may make a connection now (the caps on handshakes not finished).
+  bool admitHandshake(Link& link, const WorkerAddress& from);
+  void logRefused(const Status& why);
+  bool protectedMode() const { return secret_.empty() && !allowRemote_; }
+  void onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from);
+  void onReply(Link& link, const WireupMessage& m);
+  void onAck(Link& link, const WireupMessage& m);
+  // Marks `link` as the one `peer`'s wireup authenticated (an inbound link; ours need nothing).
+  void authenticate(Link& link, PeerImpl& peer);
   void onReject(const WireupMessage& m);
   void onMrQuery(const WireupMessage& m);
   void onMrInfo(const WireupMessage& m);
@@ -214,10 +245,15 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   std::shared_ptr<PeerImpl> findUuid(const Uuid& uuid) const;
   void forget(const std::shared_ptr<PeerImpl>& peer);
   std::string regionInfoJson(const std::string& name) const;
+  // A region's store entry: its length only.
+  std::string publishedRegionJson(const std::string& name) const;
   std::string storeKey(std::string_view kind, std::string_view name) const;
 
   const AgentOptions opts_;
   std::string secret_;
+  bool allowRemote_ = false;
+  std::shared_ptr<net::Admission> admission_;
+  net::LogLimiter refusalLog_;
   LaneOverrides lanes_;
   WorkerAddress self_;
   std::string selfBytes_;
@@ -252,7 +288,10 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   std::map<Uuid, std::shared_ptr<Link>> links_;   // outgoing, by peer uuid
   std::set<std::shared_ptr<Link>> inbound_;
   std::map<std::string, int> dropped_;            // test hook counters
+  // get_mr_info's questions in flight, by query number.
+  std::map<uint64_t, std::shared_ptr<std::promise<std::optional<std::string>>>> infoWaiters_;
   Reactor::TimerId sweepTimer_ = 0;
+  Reactor::TimerId linkSweepTimer_ = 0;
 };
 
 }  // namespace ferry::agent

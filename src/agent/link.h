@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/net/admission.h"
 #include "common/reactor.h"
 #include "ferry/agent/address.h"
 #include "ferry/common/status.h"
@@ -46,6 +47,14 @@ class Link : public std::enable_shared_from_this<Link> {
   // Who this link belongs to, for the agent (the peer's uuid once known).
   Uuid owner{};
   bool hasOwner = false;
+  // An accepted link: its slot in the listener's admission (released with the link), when it last
+  // carried a message that decoded, and whether a peer's wireup authenticated it (its REPLY or ACK
+  // came on it, or it echoed a probe): an unauthenticated link is closed when idle (guard.cc).
+  net::Admission::Ticket ticket;
+  std::chrono::steady_clock::time_point lastValid{};
+  bool authenticated = false;
+  // Lines that change a peer's state, held while the link is being probed (guard.cc).
+  std::vector<std::string> held;
 
  private:
   Link(Reactor& reactor, size_t maxLine, LineCb onLine, CloseCb onClose)

@@ -122,7 +122,11 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
       v.set("body", m.body);
       break;
     case WireupType::kPing:
-    case WireupType::kPong: break;
+      if (!m.nonce.empty()) v.set("nonce", m.nonce);
+      break;
+    case WireupType::kPong:
+      if (!m.echo.empty()) v.set("echo", m.echo);
+      break;
   }
   std::string line = json::serialize(v);
   if (!secret.empty()) {
@@ -242,8 +246,19 @@ Result<WireupMessage> decodeWireup(std::string_view line, const std::string& sec
       FERRY_ASSIGN_OR_RETURN(m.body, text(v, "body", kMaxWireupLine));
       break;
     }
-    case WireupType::kPing:
-    case WireupType::kPong: break;
+    case WireupType::kPing: {
+      // A liveness probe of a link carries a nonce that the pong echoes (docs/security.md).
+      if (v.find("nonce") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      }
+      break;
+    }
+    case WireupType::kPong: {
+      if (v.find("echo") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      }
+      break;
+    }
   }
   return m;
 }

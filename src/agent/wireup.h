@@ -35,8 +35,8 @@ struct WireupMessage {
   uint32_t numQp = 1;         // request
   std::string lanes;          // request: "messages=KIND,rma=KIND,atomics=KIND" as the initiator chose
   json::Value endpoints;      // request, reply: {"<device>": <endpoint metadata>, ...}
-  std::string nonce;          // request, reply: 32 hex digits
-  std::string echo;           // reply, ack: the nonce being answered
+  std::string nonce;          // request, reply, and a ping that probes a link: 32 hex digits
+  std::string echo;           // reply, ack, and the pong of a probe: the nonce being answered
   int64_t time = 0;           // request: the sender's clock (seconds since the epoch)
   uint64_t abandoned = 0;     // reply: the responder's own connection number it gave up (0: none)
   std::string name;           // mr_query, mr_info: the region

@@ -56,6 +56,12 @@ Result<std::string> parseSameHost(std::string_view raw) {
   return refuse("FERRY_SOFT_SAME_HOST", raw, "expected 0 (TCP only), ring (rings, no cross-memory attach) or auto");
 }
 
+Result<std::string> parseAllowRemote(std::string_view raw) {
+  if (raw == "0" || raw == "off") return std::string("0");
+  if (raw == "1" || raw == "on") return std::string("1");
+  return refuse("FERRY_AGENT_ALLOW_REMOTE", raw, "expected 1 (on) or 0 (off)");
+}
+
 Result<std::string> parseCallerProgress(std::string_view raw) {
   if (raw == "0" || raw == "off") return std::string("0");
   if (raw == "1" || raw == "on") return std::string("1");
@@ -240,6 +246,11 @@ const std::vector<Variable>& variables() {
        "memory://NAME, ferry://HOST:PORT, redis://HOST:PORT, etcd://HOST:PORT", parseStore},
       {"FERRY_AGENT_SECRET", "A shared secret: every agent wireup message carries an HMAC-SHA256 of it.",
        "none (no challenge)", "any text (it is never printed)", parseSecret},
+      {"FERRY_AGENT_ALLOW_REMOTE",
+       "Whether an agent without a secret serves peers of other hosts: it then listens on every address and "
+       "accepts any peer that reaches it, unauthenticated (docs/security.md). Without it, an agent without a "
+       "secret listens on loopback and refuses peers of other hosts.",
+       "0 (this host only)", "1 (or on), 0 (or off)", parseAllowRemote},
       {"FERRY_AGENT_LANES", "Overrides the agent's lane choice per operation class.", "chosen per peer",
        "CLASS=KIND,... with CLASS messages, rma, atomics and KIND same_host, rdma, tcp", parseLanes},
       {"FERRY_OBJECTS_TOKEN_TTL",
@@ -363,6 +374,7 @@ std::string agentSecret() {
   const char* raw = rawValue("FERRY_AGENT_SECRET");
   return raw != nullptr && parsed("FERRY_AGENT_SECRET") ? raw : "";
 }
+bool agentAllowRemote() { return parsed("FERRY_AGENT_ALLOW_REMOTE").value_or("0") == "1"; }
 std::string agentLanes() { return parsed("FERRY_AGENT_LANES").value_or(""); }
 std::string store() { return parsed("FERRY_STORE").value_or(""); }
 

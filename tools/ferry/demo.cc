@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "ferry/common/config.h"
 #include "agent/store/ferry_store_server.h"
+#include "agent/wireup.h"
 #include "ferry/agent/agent.h"
 #include "ferry/devices.h"
 
@@ -184,13 +185,22 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return runTarget(device, store, alias, size);
   }
 
+  // The two agents share a secret: this run's own unless FERRY_AGENT_SECRET gives one. The target
+  // inherits it, and with it the two may be on different hosts (an agent without a secret serves
+  // its own host only: docs/security.md).
+  if (config::agentSecret().empty()) {
+    std::string secret = agent::newNonce();
+    ::setenv("FERRY_AGENT_SECRET", secret.c_str(), 1);
+  }
   // The two processes find each other through a store: an embedded one (ferry's own, served from
   // this process) unless --store names one.
   agent::StoreServer embedded;
   if (store.empty()) {
     std::string host = deviceAddress(device);
     if (host.empty()) host = "127.0.0.1";
-    Status st = embedded.start(host, 0);
+    // A target started through a launcher may be another host (a network namespace): the store
+    // serves it too.
+    Status st = embedded.start(host, 0, {.allowRemote = !via.empty()});
     if (!st.isOk()) return fail("initiator", st), 1;
     store = "ferry://" + host + ":" + std::to_string(embedded.port());
   }

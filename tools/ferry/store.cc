@@ -32,6 +32,10 @@ int runStore(const std::vector<std::string>& args) {
                "ferry store");
   app.add_option("--host", host, "The address to listen on")->capture_default_str();
   app.add_option("--port", portText, "The port (0 picks a free one)")->capture_default_str();
+  bool allowRemote = false;
+  app.add_flag("--allow-remote", allowRemote,
+               "Serve clients of other hosts too (the store has no authentication: docs/security.md); "
+               "without it, clients of other hosts are refused");
   if (auto code = parseCommand(app, "store", args)) return *code;
   if (host.empty()) return usageError("--host needs an address");
   unsigned n = 0;
@@ -50,7 +54,7 @@ int runStore(const std::vector<std::string>& args) {
   pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
 
   agent::StoreServer server;
-  Status st = server.start(host, port);
+  Status st = server.start(host, port, {.allowRemote = allowRemote});
   if (!st.isOk()) {
     std::fprintf(stderr, "ferry store: %s\n", st.toString().c_str());
     return st.code() == StatusCode::kInvalidArgument ? 2 : 1;

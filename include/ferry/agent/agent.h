@@ -37,8 +37,13 @@
 // Access: with a shared secret (AgentOptions::secret or FERRY_AGENT_SECRET) every wireup message
 // carries an HMAC-SHA256: REQUEST is authenticated with a nonce and a time stamp (replays refused),
 // REPLY answers the initiator's nonce with one of its own, ACK answers that: a mutual challenge.
-// Without a secret any agent that reaches the port may connect; memory is still only reachable
-// through the regions an agent registered.
+// Without a secret the agent is in protected mode: it listens on loopback and accepts peers of
+// this host only, refusing others with a line that says why (allowRemoteWithoutSecret or
+// FERRY_AGENT_ALLOW_REMOTE=1 opens it, unauthenticated). Either way, inbound links are capped per
+// source and in all, a link that has not carried a wireup within a few seconds is closed, the
+// handshakes not finished are capped, and messages that change a peer's state (bye, a restart,
+// region queries, upper layers' messages) count only on the link that peer's wireup authenticated
+// (docs/security.md).
 //
 // Discovery (with a store): the agent registers its address under /ferry/<scope>/agents/<alias>
 // with a lease it keeps alive, and each region under /ferry/<scope>/regions/<alias>/<name>. The
@@ -77,7 +82,9 @@ struct AgentOptions {
   std::string scope = "default";  // agents see only the agents of their scope in the store
   // Devices to offer (names as listDevices() gives them); empty: every visible device.
   std::vector<std::string> devices;
-  std::string listenHost;   // the wireup listener's address; "" : every interface (IPv4 and IPv6)
+  // The wireup listener's address; "" : loopback (127.0.0.1) for an agent without a secret, which
+  // serves this host only (docs/security.md), else every interface (IPv4 and IPv6).
+  std::string listenHost;
   uint16_t listenPort = 0;  // 0: the kernel picks one
   std::chrono::milliseconds connectTimeout{30000};  // the wireup's deadline
   std::chrono::milliseconds peerTimeout{5000};      // silence after which a peer is gone
@@ -89,6 +96,9 @@ struct AgentOptions {
   std::chrono::milliseconds retryInterval{250};     // first resend of an unanswered wireup message
   std::chrono::seconds leaseTtl{10};                // the store lease of the agent's entries
   std::string secret;       // "" : FERRY_AGENT_SECRET, else none
+  // Without a secret, serve peers of other hosts too (unauthenticated): the explicit opt-out of
+  // protected mode; also FERRY_AGENT_ALLOW_REMOTE=1. docs/security.md says what it opens.
+  bool allowRemoteWithoutSecret = false;
   LaneOverrides lanes;      // empty: FERRY_AGENT_LANES, else the rules of lanes.h
   // Endpoint options of the agent's endpoints (numQp is set per connection).
   uint32_t sendDepth = 256;
@@ -188,6 +198,9 @@ struct AgentStats {
   uint64_t peersGone = 0;
   uint64_t operationsQueued = 0;  // operations that waited for a wireup
   uint64_t messagesRefused = 0;   // malformed or unauthenticated wireup messages
+  // Inbound wireup links refused or closed: another host's peer in protected mode, a source or the
+  // listener at its cap, a link idle or without a wireup for 10 s (docs/security.md).
+  uint64_t connectionsRefused = 0;
 };
 
 class Agent {

@@ -81,6 +81,8 @@ int logLevel();
 // FERRY_AGENT_SECRET, FERRY_AGENT_LANES, FERRY_STORE: the raw value, empty when unset.
 std::string agentSecret();
 std::string agentLanes();
+// FERRY_AGENT_ALLOW_REMOTE: whether an agent without a secret serves other hosts (default false).
+bool agentAllowRemote();
 std::string store();
 // FERRY_OBJECTS_TOKEN_TTL: seconds an object client's descriptor stays valid (default 300).
 int objectsTokenTtlSeconds();

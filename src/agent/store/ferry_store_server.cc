@@ -16,6 +16,8 @@
 
 #include "agent/store/store_table.h"
 #include "common/base64.h"
+#include "common/net/admission.h"
+#include "ferry/common/config.h"
 #include "common/log.h"
 #include "common/reactor.h"
 
@@ -199,7 +201,7 @@ json::Value storeRequestBody(const StoreRequest& request) {
 class StoreServer::Impl {
  public:
   ~Impl() { stop(); }
-  Status start(const std::string& host, uint16_t port);
+  Status start(const std::string& host, uint16_t port, StoreServerOptions options);
   void stop();
   uint16_t port() const { return port_; }
 
@@ -212,9 +214,16 @@ class StoreServer::Impl {
     bool writeArmed = false;  // EPOLLOUT is in the reactor's interest set
     bool watching = false;
     std::string prefix;
+    Clock::time_point lastRequest;  // connected, or its last whole request
+    bool answered = false;          // it sent a whole request
+    net::Admission::Ticket ticket;
   };
 
   void acceptFromLoop();
+  // Makes room for one more connection: closes the one idle the longest (a watch excepted).
+  bool evictIdlestFromLoop();
+  // Closes connections past kStoreFirstRequestTimeout / kStoreIdleTimeout.
+  void closeIdleFromLoop();
   void onConnFromLoop(int fd, uint32_t events);
   // Handles one line; false when the connection was dropped.
   bool handleLineFromLoop(Conn& conn, std::string_view line);
@@ -235,6 +244,7 @@ class StoreServer::Impl {
   bool started_ = false;
   int listenFd_ = -1;
   uint16_t port_ = 0;
+  std::shared_ptr<net::Admission> admission_;
   StoreTable table_;
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;
   Reactor::TimerId expiryTimer_ = 0;
@@ -242,8 +252,12 @@ class StoreServer::Impl {
   Reactor::TimerId pingTimer_ = 0;
 };
 
-Status StoreServer::Impl::start(const std::string& host, uint16_t port) {
+Status StoreServer::Impl::start(const std::string& host, uint16_t port, StoreServerOptions options) {
   if (started_) return Status(StatusCode::kBusy, "the store server is already started");
+  bool remote = options.allowRemote || config::agentAllowRemote();
+  admission_ = net::Admission::create(
+      {.thisHostOnly = !remote, .maxPerSource = kMaxStoreConnections, .maxTotal = kMaxStoreConnections},
+      "ferry store");
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -323,11 +337,16 @@ void StoreServer::Impl::acceptFromLoop() {
       // EAGAIN: all taken. EMFILE and the like: the client waits in the backlog until fds free up.
       return;
     }
-    if (conns_.size() >= kMaxStoreConnections) {
-      static const std::string full =
-          "{\"ferry_store\":1,\"type\":\"error\",\"message\":\"the store serves " +
-          std::to_string(kMaxStoreConnections) + " connections already\"}\n";
-      (void)::send(fd, full.data(), full.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (conns_.size() >= kMaxStoreConnections) (void)evictIdlestFromLoop();
+    auto ticket = admission_->admit(net::peerOf(fd));
+    if (!ticket.isOk()) {
+      admission_->logRefusal(ticket.status());
+      json::Value why = json::Value::emptyObject();
+      why.set("ferry_store", kStoreProtocolVersion);
+      why.set("type", "error");
+      why.set("message", ticket.status().message());
+      std::string line = json::serialize(why) + "\n";
+      (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       ::close(fd);
       continue;
     }
@@ -335,6 +354,8 @@ void StoreServer::Impl::acceptFromLoop() {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     auto conn = std::make_unique<Conn>();
     conn->fd = fd;
+    conn->lastRequest = Clock::now();
+    conn->ticket = std::move(*ticket);
     Status st = reactor_->addFd(fd, EPOLLIN | EPOLLRDHUP,
                                 [this, fd](uint32_t events) { onConnFromLoop(fd, events); });
     if (!st.isOk()) {
@@ -384,6 +405,8 @@ bool StoreServer::Impl::handleLineFromLoop(Conn& conn, std::string_view line) {
     return false;
   }
   int fd = conn.fd;
+  conn.lastRequest = Clock::now();
+  conn.answered = true;
   answerFromLoop(conn, *request);
   return conns_.find(fd) != conns_.end();
 }
@@ -552,7 +575,37 @@ void StoreServer::Impl::armExpiryFromLoop() {
   expiryTimer_ = reactor_->addTimer(*next, [this] { sweepFromLoop(); });
 }
 
+bool StoreServer::Impl::evictIdlestFromLoop() {
+  Conn* idlest = nullptr;
+  for (auto& [fd, conn] : conns_) {
+    if (conn->watching) continue;
+    if (idlest == nullptr || conn->lastRequest < idlest->lastRequest) idlest = conn.get();
+  }
+  if (idlest == nullptr) return false;
+  admission_->logRefusal(resourceExhausted("ferry store: closed the connection idle the longest to serve a new one (" +
+                                           std::to_string(kMaxStoreConnections) + " held, the cap)"));
+  dropFromLoop(*idlest, "the store holds " + std::to_string(kMaxStoreConnections) +
+                            " connections: this one, idle the longest, makes room for a new one");
+  return true;
+}
+
+void StoreServer::Impl::closeIdleFromLoop() {
+  auto now = Clock::now();
+  std::vector<Conn*> idle;
+  for (auto& [fd, conn] : conns_) {
+    if (conn->watching) continue;
+    auto limit = conn->answered ? std::chrono::duration_cast<Clock::duration>(kStoreIdleTimeout)
+                                : std::chrono::duration_cast<Clock::duration>(kStoreFirstRequestTimeout);
+    if (now - conn->lastRequest > limit) idle.push_back(conn.get());
+  }
+  for (Conn* conn : idle) {
+    admission_->logRefusal(Status(StatusCode::kTimedOut, "ferry store: closed a connection idle too long"));
+    dropFromLoop(*conn, conn->answered ? "idle for too long" : "no request within the first seconds");
+  }
+}
+
 void StoreServer::Impl::pingFromLoop() {
+  closeIdleFromLoop();
   std::vector<int> watchers;
   for (auto& [fd, conn] : conns_) {
     if (conn->watching) watchers.push_back(fd);
@@ -566,7 +619,9 @@ void StoreServer::Impl::pingFromLoop() {
 
 StoreServer::StoreServer() : impl_(std::make_unique<Impl>()) {}
 StoreServer::~StoreServer() { stop(); }
-Status StoreServer::start(const std::string& host, uint16_t port) { return impl_->start(host, port); }
+Status StoreServer::start(const std::string& host, uint16_t port, StoreServerOptions options) {
+  return impl_->start(host, port, options);
+}
 uint16_t StoreServer::port() const { return impl_->port(); }
 void StoreServer::stop() { impl_->stop(); }
 

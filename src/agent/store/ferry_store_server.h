@@ -72,6 +72,19 @@ Result<StoreRequest> decodeStoreRequest(std::string_view line);
 // decodeStoreRequest reads back exactly this.
 json::Value storeRequestBody(const StoreRequest& request);
 
+// How long a connection may hold the server without a whole request: one that sent none within
+// kStoreFirstRequestTimeout of connecting, or none for kStoreIdleTimeout since its last (a watch
+// excepted), is closed.
+inline constexpr std::chrono::seconds kStoreFirstRequestTimeout{10};
+inline constexpr std::chrono::seconds kStoreIdleTimeout{60};
+
+struct StoreServerOptions {
+  // Serve clients of other hosts too. Off (protected mode): a client of another host is told why
+  // in one "error" line and closed; also FERRY_AGENT_ALLOW_REMOTE=1. The store has no
+  // authentication: docs/security.md says what opening it exposes.
+  bool allowRemote = false;
+};
+
 class StoreServer {
  public:
   StoreServer();
@@ -82,7 +95,9 @@ class StoreServer {
   // Listens on host:port (port 0: the kernel picks one; see port()) and starts serving. Returns
   // when the socket listens, so a client may connect at once. kInvalidArgument for a host that
   // does not resolve, kIoError when the port cannot be bound (e.g. in use), kBusy when started.
-  Status start(const std::string& host, uint16_t port);
+  // When kMaxStoreConnections are held, a new client takes the place of the one that has been
+  // idle the longest (a watch excepted), so that idle connections cannot lock clients out.
+  Status start(const std::string& host, uint16_t port, StoreServerOptions options = {});
   // The port it listens on; 0 when not started.
   uint16_t port() const;
   // Closes every connection and the listening socket, and forgets every key, lease and watch.

@@ -1,0 +1,260 @@
+// What a peer that has not proved anything can reach through an agent's wireup listener, and what
+// it can cost (docs/security.md):
+//   - admission: protected mode (no secret: peers of this host only) and caps on the links held per
+//     source and in all (common/net/admission.h);
+//   - deadlines: an inbound link that carries no message that decodes for kLinkIdle, or that no
+//     peer's wireup authenticated and stays idle that long, is closed;
+//   - handshakes: the connections a REQUEST makes before its ACK are capped per link and in all,
+//     and each has a short deadline of its own;
+//   - links: without a secret, a message that changes a peer's state counts only on the link that
+//     peer's wireup authenticated. One on another link is held there while the peer is asked, at
+//     its own address, to echo a nonce on the link it uses (a probe); an echo on this link
+//     authenticates it and its held lines run, anything else drops them.
+// Refusals are logged at a bounded rate.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "agent/agent_impl.h"
+#include "common/log.h"
+#include "ferry/common/config.h"
+
+namespace ferry::agent {
+namespace {
+
+// An inbound link with no message that decoded (or, unauthenticated, no message at all) this long
+// is closed.
+constexpr auto kLinkIdle = std::chrono::seconds(10);
+constexpr auto kLinkSweepEvery = std::chrono::seconds(1);
+// A link of ours that no connection uses any more is closed after this long without a line.
+constexpr auto kOrphanLinkIdle = std::chrono::seconds(2);
+// Handshakes (REQUESTs answered, not acknowledged yet) held at once per link and in all, and how
+// long one waits for its ACK.
+constexpr size_t kMaxHandshakesPerLink = 4;
+constexpr size_t kMaxHandshakes = 128;
+constexpr auto kHandshakeTimeout = std::chrono::milliseconds(10000);
+// Lines held on a link while it is probed; beyond them the link is closed.
+constexpr size_t kMaxHeldLines = 64;
+
+bool changesPeerState(WireupType t) {
+  return t == WireupType::kBye || t == WireupType::kMrQuery || t == WireupType::kMrInfo ||
+         t == WireupType::kMessage;
+}
+
+}  // namespace
+
+Status AgentImpl::openAdmission() {
+  allowRemote_ = opts_.allowRemoteWithoutSecret || config::agentAllowRemote();
+  admission_ = net::Admission::create({.thisHostOnly = protectedMode(), .maxPerSource = 256, .maxTotal = 1024},
+                                      "agent '" + self_.alias + "'");
+  std::weak_ptr<AgentImpl> weak = weak_from_this();
+  loop_.post([weak] {
+    if (auto a = weak.lock()) a->sweepInboundLinks();
+  });
+  return Status::ok();
+}
+
+void AgentImpl::logRefused(const Status& why) {
+  uint64_t held = 0;
+  if (!refusalLog_.allow(&held)) return;
+  if (held > 0) {
+    FERRY_LOG(kWarn, "agent '%s': %s (and %llu refusals not logged since the last line)", self_.alias.c_str(),
+              why.message().c_str(), static_cast<unsigned long long>(held));
+  } else {
+    FERRY_LOG(kWarn, "agent '%s': %s", self_.alias.c_str(), why.message().c_str());
+  }
+}
+
+void AgentImpl::onAccept() {
+  for (;;) {
+    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    sockaddr_storage source = net::peerOf(fd);
+    auto ticket = admission_->admit(source);
+    if (!ticket.isOk() && ticket.status().code() == StatusCode::kResourceExhausted && evictIdlestLink()) {
+      ticket = admission_->admit(source);
+    }
+    if (!ticket.isOk()) {
+      {
+        std::lock_guard<std::mutex> lock(statsMu_);
+        ++stats_.connectionsRefused;
+      }
+      admission_->logRefusal(ticket.status());
+      ::close(fd);
+      continue;
+    }
+    std::weak_ptr<AgentImpl> weak = weak_from_this();
+    auto link = Link::adopt(
+        loop_, fd, kMaxWireupLine,
+        [weak](Link& l, std::string_view text) {
+          if (auto a = weak.lock()) a->onLine(l, text);
+        },
+        [weak](Link& l, const Status& why, bool connected) {
+          if (auto a = weak.lock()) a->onLinkClosed(l, why, connected);
+        });
+    link->ticket = std::move(*ticket);
+    link->lastValid = Clock::now();
+    link->setDeadPeerTimeout(opts_.peerTimeout);
+    inbound_.insert(link);
+  }
+}
+
+bool AgentImpl::evictIdlestLink() {
+  // Links no wireup authenticated, the one silent the longest first: at the caps a new link takes
+  // its place, so that idle links cannot lock peers out (a peer's link carries its REQUEST at once).
+  std::shared_ptr<Link> idlest;
+  for (const auto& link : inbound_) {
+    if (link->authenticated) continue;
+    if (!idlest || link->lastValid < idlest->lastValid) idlest = link;
+  }
+  if (!idlest) return false;
+  {
+    std::lock_guard<std::mutex> lock(statsMu_);
+    ++stats_.connectionsRefused;
+  }
+  logRefused(resourceExhausted("closed the unauthenticated wireup link from " + idlest->ticket.source() +
+                               " silent the longest, to admit a new one (the listener is at its cap)"));
+  idlest->close();
+  inbound_.erase(idlest);
+  return true;
+}
+
+void AgentImpl::sweepInboundLinks() {
+  if (shutdown_) return;
+  auto now = Clock::now();
+  std::vector<std::shared_ptr<Link>> idle;
+  for (const auto& link : inbound_) {
+    if (!link->authenticated && now - link->lastValid > kLinkIdle) idle.push_back(link);
+  }
+  for (auto& link : idle) {
+    {
+      std::lock_guard<std::mutex> lock(statsMu_);
+      ++stats_.connectionsRefused;
+    }
+    logRefused(Status(StatusCode::kTimedOut, "closed an inbound wireup link from " + link->ticket.source() +
+                                                 " that carried no wireup for 10 s"));
+    link->close();
+    inbound_.erase(link);
+  }
+  // Links of ours to agents no connection belongs to (a REJECT to a stale or refused REQUEST):
+  // closed once they have been quiet for a while, so forged REQUESTs cannot pile them up.
+  for (auto it = links_.begin(); it != links_.end();) {
+    if (now - it->second->lastValid > kOrphanLinkIdle && !findUuid(it->first)) {
+      it->second->close();
+      it = links_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::weak_ptr<AgentImpl> weak = weak_from_this();
+  linkSweepTimer_ = loop_.addTimer(now + kLinkSweepEvery, [weak] {
+    if (auto a = weak.lock()) a->sweepInboundLinks();
+  });
+}
+
+bool AgentImpl::admitHandshake(Link& link, const WorkerAddress& from) {
+  size_t onLink = 0, all = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [uuid, p] : byUuid_) {
+      if (p->state() != PeerImpl::State::kAwaitAck || p->origin.expired()) continue;
+      ++all;
+      if (p->origin.lock().get() == &link) ++onLink;
+    }
+  }
+  if (onLink < kMaxHandshakesPerLink && all < kMaxHandshakes) return true;
+  {
+    std::lock_guard<std::mutex> lock(statsMu_);
+    ++stats_.messagesRefused;
+  }
+  logRefused(resourceExhausted("refused a REQUEST from '" + from.alias + "': " +
+                               (onLink >= kMaxHandshakesPerLink ? "its link holds " : "the agent holds ") +
+                               std::to_string(onLink >= kMaxHandshakesPerLink ? onLink : all) +
+                               " handshakes not finished, the cap"));
+  return false;
+}
+
+std::chrono::milliseconds handshakeTimeout(std::chrono::milliseconds connectTimeout) {
+  return std::min(connectTimeout, std::chrono::duration_cast<std::chrono::milliseconds>(kHandshakeTimeout));
+}
+
+bool AgentImpl::acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m,
+                             std::string_view line) {
+  // With a secret every line carries its own MAC: any link is as good as another.
+  if (!secret_.empty() || !changesPeerState(m.type)) return true;
+  if (peer->authLink.lock().get() == &link) return true;
+  // Lines on a link of ours (one we dialed) come from whoever we dialed at the peer's own address.
+  auto out = links_.find(peer->remote() ? peer->remote()->uuid : Uuid{});
+  if (out != links_.end() && out->second.get() == &link) return true;
+  if (link.held.size() >= kMaxHeldLines) {
+    logRefused(resourceExhausted("closed a wireup link that claims to be '" + peer->alias() + "': " +
+                                 std::to_string(kMaxHeldLines) + " lines held while it did not echo its probe"));
+    link.close();
+    return false;
+  }
+  link.held.emplace_back(line);
+  if (peer->probeNonce.empty()) probe(peer, "a message on a link its wireup did not authenticate");
+  return false;
+}
+
+void AgentImpl::probe(const std::shared_ptr<PeerImpl>& peer, const char* why) {
+  auto remote = peer->remote();
+  if (!remote || !peer->probeNonce.empty()) return;
+  FERRY_LOG(kDebug, "agent '%s': probing '%s' (%s)", self_.alias.c_str(), peer->alias().c_str(), why);
+  peer->probeNonce = newNonce();
+  peer->probeSent = Clock::now();
+  WireupMessage ping = wireupHeader(WireupType::kPing, self_.uuid, remote->uuid);
+  ping.nonce = peer->probeNonce;
+  sendLine(*remote, encodeWireup(ping, secret_));
+  std::weak_ptr<AgentImpl> weak = weak_from_this();
+  std::weak_ptr<PeerImpl> weakPeer = peer;
+  peer->probeTimer = loop_.addTimer(Clock::now() + opts_.peerTimeout, [weak, weakPeer] {
+    auto a = weak.lock();
+    auto p = weakPeer.lock();
+    if (!a || !p) return;
+    p->probeTimer = 0;
+    if (p->probeNonce.empty()) return;
+    // Unanswered: the lines held for this peer on other links go; the peer itself is not judged by
+    // a probe someone else provoked (its liveness is the links' and the heartbeat's).
+    p->probeNonce.clear();
+    p->probeMissed = true;
+    for (auto& link : a->inbound_) {
+      if (link->hasOwner && p->remote() && link->owner == p->remote()->uuid && !link->authenticated) {
+        link->held.clear();
+      }
+    }
+  });
+}
+
+void AgentImpl::authenticate(Link& link, PeerImpl& peer) {
+  for (const auto& in : inbound_) {
+    if (in.get() != &link) continue;
+    in->authenticated = true;
+    peer.authLink = in;
+    return;
+  }
+}
+
+void AgentImpl::onPong(Link& link, const WireupMessage& m) {
+  auto peer = findUuid(m.from);
+  if (!peer || m.echo.empty() || m.echo != peer->probeNonce) return;
+  peer->probeNonce.clear();
+  peer->probeMissed = false;
+  if (peer->probeTimer != 0) loop_.cancelTimer(peer->probeTimer);
+  peer->probeTimer = 0;
+  // The peer, asked at its own address, answered on this link: it is the peer's.
+  for (const auto& in : inbound_) {
+    if (in.get() != &link) continue;
+    in->authenticated = true;
+    peer->authLink = in;
+    std::vector<std::string> held;
+    held.swap(in->held);
+    auto keep = in;
+    for (const auto& line : held) {
+      if (!keep->open()) break;
+      onLine(*keep, line);
+    }
+    return;
+  }
+}
+
+}  // namespace ferry::agent

@@ -1,0 +1,384 @@
+// The agent's wireup listener against hostile clients on this host (docs/security.md): each attack
+// runs beside real agents that must keep moving byte-checked data, and what the target holds
+// (links, descriptors, connections) is checked from the test. Also the shared admission code
+// (common/net/admission.h) every listener uses.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/wireup.h"
+#include "common/json.h"
+#include "common/net/admission.h"
+#include "ferry/agent/address.h"
+#include "ferry/agent/agent.h"
+#include "ferry/agent/store.h"
+#include "ferry/endpoint/endpoint.h"
+
+namespace ferry::agent {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kWait = 20s;
+
+std::string uniqueStore() {
+  static std::atomic<int> n{0};
+  return "memory://guard-test-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+}
+
+AgentOptions options(const std::string& alias, const std::string& store) {
+  AgentOptions o;
+  o.alias = alias;
+  o.store = store;
+  o.devices = {"soft_lo"};
+  o.connectTimeout = 10s;
+  return o;
+}
+
+std::shared_ptr<Agent> startAgent(AgentOptions o) {
+  auto a = Agent::start(std::move(o));
+  EXPECT_TRUE(a.isOk()) << a.status().toString();
+  return a.isOk() ? *a : nullptr;
+}
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 13 + (i >> 9));
+  return v;
+}
+
+size_t openFds() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+sockaddr_storage v4(const char* ip) {
+  sockaddr_storage s{};
+  auto& a = reinterpret_cast<sockaddr_in&>(s);
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  return s;
+}
+
+// A client of the agent's wireup port that speaks raw lines.
+struct RawClient {
+  int fd = -1;
+  explicit RawClient(uint16_t port) {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ~RawClient() {
+    if (fd >= 0) ::close(fd);
+  }
+  bool send(const std::string& line) {
+    std::string l = line + "\n";
+    return ::send(fd, l.data(), l.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(l.size());
+  }
+  // Whether the agent closed the connection within `within`.
+  bool closedWithin(std::chrono::milliseconds within) {
+    auto end = std::chrono::steady_clock::now() + within;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+};
+
+uint16_t wireupPort(const Agent& a) { return a.workerAddress().control.front().port; }
+
+// A write of `n` bytes from a's "src" to b's "dst", checked on b's side.
+void expectWriteLands(Agent& a, const std::string& peer, std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
+                      uint8_t seed) {
+  auto fill = pattern(src.size(), seed);
+  std::copy(fill.begin(), fill.end(), src.begin());  // in place: the region stays where it was registered
+  auto conn = a.peer(peer);
+  ASSERT_TRUE(conn.isOk()) << conn.status().toString();
+  NamedAssignment w{.local = std::string("src"), .remote = std::string("dst"), .length = src.size()};
+  auto f = (*conn)->write(std::span(&w, 1));
+  ASSERT_TRUE(f.isOk()) << f.status().toString();
+  Status st = f->wait(kWait);
+  ASSERT_TRUE(st.isOk()) << st.toString();
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << "the write did not land";
+}
+
+// Two agents of one store, connected, with 64 KiB regions "src" (a) and "dst" (b).
+struct Pair {
+  std::string store = uniqueStore();
+  std::shared_ptr<Agent> a = startAgent(options("a", store));
+  std::shared_ptr<Agent> b = startAgent(options("b", store));
+  std::vector<uint8_t> src = std::vector<uint8_t>(64 << 10);
+  std::vector<uint8_t> dst = std::vector<uint8_t>(64 << 10);
+  bool ok() {
+    if (!a || !b) return false;
+    if (!a->registerMemoryRegion("src", src.data(), src.size()).isOk()) return false;
+    if (!b->registerMemoryRegion("dst", dst.data(), dst.size()).isOk()) return false;
+    auto c = a->connect("b");
+    return c.isOk() && (*c)->waitReady(kWait).isOk();
+  }
+};
+
+// ---- the shared admission code ----
+
+TEST(Admission, ProtectedModeAdmitsThisHostOnlyAndSaysWhy) {
+  auto admission = net::Admission::create({.thisHostOnly = true}, "test listener");
+  auto local = admission->admit(v4("127.0.0.1"));
+  ASSERT_TRUE(local.isOk()) << local.status().toString();
+  auto far = admission->admit(v4("203.0.113.9"));  // TEST-NET-3: never this host
+  ASSERT_FALSE(far.isOk());
+  EXPECT_EQ(far.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(far.status().message().find("203.0.113.9"), std::string::npos) << far.status().message();
+  EXPECT_NE(far.status().message().find("this host only"), std::string::npos) << far.status().message();
+  EXPECT_EQ(admission->refused(), 1u);
+  auto open = net::Admission::create({.thisHostOnly = false}, "open listener");
+  EXPECT_TRUE(open->admit(v4("203.0.113.9")).isOk());
+}
+
+TEST(Admission, AnAddressOfThisHostsInterfacesIsThisHost) {
+  EXPECT_TRUE(net::isThisHost(v4("127.0.0.1")));
+  EXPECT_TRUE(net::isThisHost(v4("127.3.4.5")));
+  EXPECT_FALSE(net::isThisHost(v4("203.0.113.9")));
+  for (const auto& c : startAgent([] {
+         auto o = options("probe", "");
+         o.allowRemoteWithoutSecret = true;
+         return o;
+       }())->workerAddress().control) {
+    if (c.ipv6) continue;
+    EXPECT_TRUE(net::isThisHost(v4(c.ip.c_str()))) << c.ip;
+  }
+}
+
+TEST(Admission, CapsPerSourceAndInAllAndReleasesWithTheTicket) {
+  auto admission = net::Admission::create({.thisHostOnly = false, .maxPerSource = 2, .maxTotal = 3}, "capped");
+  auto t1 = admission->admit(v4("198.51.100.1"));
+  auto t2 = admission->admit(v4("198.51.100.1"));
+  ASSERT_TRUE(t1.isOk() && t2.isOk());
+  auto t3 = admission->admit(v4("198.51.100.1"));
+  ASSERT_FALSE(t3.isOk());
+  EXPECT_EQ(t3.status().code(), StatusCode::kResourceExhausted);
+  auto other = admission->admit(v4("198.51.100.2"));
+  ASSERT_TRUE(other.isOk());
+  auto fourth = admission->admit(v4("198.51.100.3"));
+  EXPECT_EQ(fourth.status().code(), StatusCode::kResourceExhausted) << "the total cap is 3";
+  EXPECT_EQ(admission->held(), 3u);
+  t1->release();
+  EXPECT_EQ(admission->heldFrom("198.51.100.1"), 1u);
+  { auto moved = std::move(*t2); }  // destroyed: released
+  EXPECT_EQ(admission->heldFrom("198.51.100.1"), 0u);
+  EXPECT_TRUE(admission->admit(v4("198.51.100.1")).isOk());
+}
+
+TEST(Admission, LogLimiterLetsABurstThroughThenOneLineAnIntervalAndCountsTheRest) {
+  net::LogLimiter limiter(200ms, 3);
+  uint64_t held = 0;
+  int allowed = 0;
+  for (int i = 0; i < 100; ++i) allowed += limiter.allow(&held) ? 1 : 0;
+  EXPECT_EQ(allowed, 3);
+  EXPECT_EQ(limiter.suppressedTotal(), 97u);
+  std::this_thread::sleep_for(250ms);
+  ASSERT_TRUE(limiter.allow(&held));
+  EXPECT_EQ(held, 97u) << "the next line says how many were held back";
+}
+
+// ---- the agent's listener ----
+
+TEST(AgentGuard, WithoutASecretTheAgentListensOnLoopbackOnly) {
+  auto a = startAgent(options("solo", ""));
+  ASSERT_TRUE(a);
+  ASSERT_FALSE(a->workerAddress().control.empty());
+  for (const auto& c : a->workerAddress().control) EXPECT_EQ(c.ip, "127.0.0.1");
+  auto withSecret = options("secret", "");
+  withSecret.secret = "s3cret";
+  auto b = startAgent(withSecret);
+  ASSERT_TRUE(b);
+  bool anyOther = false;
+  for (const auto& c : b->workerAddress().control) anyOther |= c.ip != "127.0.0.1";
+  // With a secret every address of the host is offered (where the host has another one).
+  if (!anyOther) GTEST_LOG_(INFO) << "this host has no address but loopback";
+}
+
+TEST(AgentGuard, AnIdleLinkIsClosedAndAFloodOfLinksDoesNotLockPeersOut) {
+  Pair p;
+  ASSERT_TRUE(p.ok());
+  size_t fdsBefore = openFds();
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(std::make_unique<RawClient>(wireupPort(*p.b)));
+  // A third agent connects while the links are held, and a and b keep moving data.
+  auto c = startAgent(options("c", p.store));
+  ASSERT_TRUE(c);
+  std::vector<uint8_t> cs(4096);
+  ASSERT_TRUE(c->registerMemoryRegion("src", cs.data(), cs.size()).isOk());
+  expectWriteLands(*c, "b", cs, p.dst, 3);  // c's 4 KiB land at the front of b's region
+  expectWriteLands(*p.a, "b", p.src, p.dst, 4);
+  // Idle links carry no wireup: each is closed within the deadline (10 s, swept every second).
+  EXPECT_TRUE(idle.back()->closedWithin(13s));
+  for (size_t i = 0; i < idle.size(); i += 37) EXPECT_TRUE(idle[i]->closedWithin(1s)) << "link " << i;
+  EXPECT_GE(p.b->stats().connectionsRefused, 300u);
+  // The test holds its 300 ends; the agent closed its 300 (c and its connection add a few dozen).
+  EXPECT_LT(openFds(), fdsBefore + 300 + 100) << "the agent still holds the idle links";
+  expectWriteLands(*p.a, "b", p.src, p.dst, 5);
+}
+
+TEST(AgentGuard, AByeOrARestartClaimOnAnotherLinkDoesNotDropTheConnection) {
+  Pair p;
+  ASSERT_TRUE(p.ok());
+  const WorkerAddress& b = p.b->workerAddress();
+  const WorkerAddress& a = p.a->workerAddress();
+  {
+    RawClient spoof(wireupPort(*p.a));
+    WireupMessage bye = wireupHeader(WireupType::kBye, b.uuid, a.uuid);
+    bye.reason = "forged";
+    ASSERT_TRUE(spoof.send(encodeWireup(bye, "")));
+    // A REQUEST claiming that b restarted: another uuid, the same alias, a later start.
+    WorkerAddress life = b;
+    life.uuid = newUuid();
+    life.startNs = b.startNs + 1000000000ull;
+    life.control = {{.ipv6 = false, .ip = "127.0.0.1", .port = 1}};
+    WireupMessage req = wireupHeader(WireupType::kRequest, life.uuid, a.uuid, 1);
+    req.fromAddress = life.encode();
+    req.numQp = 1;
+    req.lanes = "";
+    req.endpoints = json::parse("{\"soft_lo\": {}}").value();
+    req.nonce = newNonce();
+    req.time = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    ASSERT_TRUE(spoof.send(encodeWireup(req, "")));
+    std::this_thread::sleep_for(500ms);
+  }
+  EXPECT_EQ(p.a->stats().peersGone, 0u) << "a forged bye or restart dropped the connection";
+  expectWriteLands(*p.a, "b", p.src, p.dst, 7);
+  // b's own goodbye, on its link, still counts.
+  p.b->shutdown();
+  auto until = std::chrono::steady_clock::now() + 5s;
+  while (p.a->stats().peersGone == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(p.a->stats().peersGone, 1u);
+}
+
+TEST(AgentGuard, AFloodOfForgedRequestsHoldsBoundedStateAndPeersStillConnect) {
+  Pair p;
+  ASSERT_TRUE(p.ok());
+  // Each REQUEST carries a real endpoint's metadata, so that b gets as far as it can: it makes
+  // and connects endpoints, replies, and waits for an ACK that never comes.
+  auto target = endpoint::Endpoint::create(endpoint::ContextOptions{.deviceName = "soft_lo", .linkType = ""});
+  ASSERT_TRUE(target.isOk()) << target.status().toString();
+  auto metadata = json::parse((*target)->endpointInfo());
+  ASSERT_TRUE(metadata.isOk());
+  json::Value endpoints = json::Value::emptyObject();
+  endpoints.set("soft_lo", *metadata);
+  // The forged agents' address: a listener that never accepts (the kernel completes connections
+  // into its backlog), so b's REPLYs go out and no ACK ever comes back.
+  int sink = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(sink, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(sink, 1024), 0);
+  socklen_t len = sizeof sa;
+  getsockname(sink, reinterpret_cast<sockaddr*>(&sa), &len);
+  const uint16_t sinkPort = ntohs(sa.sin_port);
+  size_t fdsBefore = openFds();
+  const WorkerAddress& b = p.b->workerAddress();
+  {
+    std::vector<std::unique_ptr<RawClient>> links;
+    for (int l = 0; l < 10; ++l) links.push_back(std::make_unique<RawClient>(wireupPort(*p.b)));
+    for (int i = 0; i < 400; ++i) {
+      WorkerAddress forged = b;  // another agent of this host, with b's devices
+      forged.uuid = newUuid();
+      forged.alias = "forged-" + std::to_string(i);
+      forged.control = {{.ipv6 = false, .ip = "127.0.0.1", .port = sinkPort}};
+      WireupMessage req = wireupHeader(WireupType::kRequest, forged.uuid, b.uuid, 1);
+      req.fromAddress = forged.encode();
+      req.numQp = 1;
+      req.endpoints = endpoints;
+      req.nonce = newNonce();
+      req.time = 0;
+      (void)links[i % links.size()]->send(encodeWireup(req, ""));
+    }
+    std::this_thread::sleep_for(500ms);
+    // Handshakes are capped (4 a link, 128 in all), each with a few descriptors at most.
+    EXPECT_LT(openFds(), fdsBefore + 10 + 4 * 10 * 8) << "descriptors grew with the forged REQUESTs";
+    auto c = startAgent(options("c", p.store));
+    ASSERT_TRUE(c);
+    std::vector<uint8_t> cs(4096);
+    ASSERT_TRUE(c->registerMemoryRegion("src", cs.data(), cs.size()).isOk());
+    expectWriteLands(*c, "b", cs, p.dst, 11);
+    expectWriteLands(*p.a, "b", p.src, p.dst, 12);
+  }
+  EXPECT_GE(p.b->stats().messagesRefused, 400u - 4 * 10)
+      << "the handshake caps refused none; replies sent: " << p.b->stats().repliesSent;
+  ::close(sink);
+}
+
+TEST(AgentGuard, TheStoreHoldsNoRegionKeysAndGetMrInfoAsksThePeer) {
+  Pair p;
+  ASSERT_TRUE(p.ok());
+  auto store = Store::open(p.store);
+  ASSERT_TRUE(store.isOk()) << store.status().toString();
+  auto entry = (*store)->get("/ferry/default/regions/b/dst");
+  ASSERT_TRUE(entry.isOk()) << entry.status().toString();
+  auto parsed = json::parse(*entry);
+  ASSERT_TRUE(parsed.isOk());
+  EXPECT_EQ(parsed->find("rkey"), nullptr) << *entry;
+  EXPECT_EQ(parsed->find("addr"), nullptr) << *entry;
+  EXPECT_EQ(entry->find("rkey"), std::string::npos) << *entry;
+  ASSERT_NE(parsed->find("length"), nullptr) << *entry;
+  auto info = p.a->getMrInfo("b", "dst");
+  ASSERT_TRUE(info.isOk()) << info.status().toString();
+  auto fields = json::parse(*info);
+  ASSERT_TRUE(fields.isOk());
+  EXPECT_NE(fields->find("rkey"), nullptr) << *info;
+  EXPECT_NE(fields->find("addr"), nullptr) << *info;
+  EXPECT_EQ(p.a->getMrInfo("b", "ghost").status().code(), StatusCode::kNotFound);
+}
+
+TEST(AgentGuard, AnAliasWhoseRegisteredAddressRefusesFailsAtOnceWithPeerGone) {
+  std::string url = uniqueStore();
+  auto a = startAgent(options("a", url));
+  auto gone = startAgent(options("ghost-life", ""));
+  ASSERT_TRUE(a && gone);
+  std::string stale = gone->address();
+  gone->shutdown();  // its listener closes: its address refuses
+  auto store = Store::open(url);
+  ASSERT_TRUE(store.isOk());
+  ASSERT_TRUE((*store)->set("/ferry/default/agents/ghost", stale, 0).isOk());
+  std::vector<uint8_t> buf(4096);
+  ASSERT_TRUE(a->registerMemoryRegion("src", buf.data(), buf.size()).isOk());
+  auto conn = a->connect("ghost");
+  ASSERT_TRUE(conn.isOk());
+  NamedAssignment w{.local = std::string("src"), .remote = std::string("dst"), .length = 4096};
+  auto started = std::chrono::steady_clock::now();
+  auto f = (*conn)->write(std::span(&w, 1));
+  ASSERT_TRUE(f.isOk());
+  Status st = f->wait(kWait);
+  auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(st.code(), StatusCode::kPeerGone) << st.toString();
+  EXPECT_NE(st.message().find("no agent listens"), std::string::npos) << st.toString();
+  EXPECT_LT(took, 5s) << "waited for the wireup deadline instead";
+}
+
+}  // namespace
+}  // namespace ferry::agent
