@@ -75,6 +75,16 @@ std::string signature(const std::string& canonicalRequest, std::string_view secr
   return agent::hexOf(hmac(k, toSign));
 }
 
+std::optional<uint64_t> digits(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
 }  // namespace
 
 std::string sha256Hex(std::string_view bytes) {
@@ -108,6 +118,47 @@ std::string uriEncode(std::string_view text, bool keepSlash) {
     }
   }
   return out;
+}
+
+std::optional<int64_t> parseAmzDate(std::string_view text) {
+  if (text.size() != 16 || text[8] != 'T' || text[15] != 'Z') return std::nullopt;
+  auto field = [&](size_t at, size_t n) { return digits(text.substr(at, n)); };
+  auto year = field(0, 4), month = field(4, 2), day = field(6, 2);
+  auto hour = field(9, 2), minute = field(11, 2), second = field(13, 2);
+  if (!year || !month || !day || !hour || !minute || !second) return std::nullopt;
+  if (*month < 1 || *month > 12 || *day < 1 || *day > 31 || *hour > 23 || *minute > 59 || *second > 60)
+    return std::nullopt;
+  tm utc{};
+  utc.tm_year = static_cast<int>(*year) - 1900;
+  utc.tm_mon = static_cast<int>(*month) - 1;
+  utc.tm_mday = static_cast<int>(*day);
+  utc.tm_hour = static_cast<int>(*hour);
+  utc.tm_min = static_cast<int>(*minute);
+  utc.tm_sec = static_cast<int>(*second);
+  return static_cast<int64_t>(timegm(&utc));
+}
+
+Status checkRequestTime(const SignedRequest& r, int64_t nowSeconds) {
+  std::string amzDate;
+  for (const auto& [k, v] : r.headers) {
+    if (lower(k) == "x-amz-date") amzDate = v;
+  }
+  auto when = parseAmzDate(amzDate);
+  if (!when) {
+    return Status(StatusCode::kPermissionDenied,
+                  "x-amz-date is missing or not of the form YYYYMMDDTHHMMSSZ (AccessDenied)");
+  }
+  if (*when < nowSeconds - kRequestTimeWindowSeconds || *when > nowSeconds + kRequestTimeWindowSeconds) {
+    time_t now = static_cast<time_t>(nowSeconds);
+    tm utc{};
+    gmtime_r(&now, &utc);
+    char serverTime[32];
+    strftime(serverTime, sizeof serverTime, "%Y%m%dT%H%M%SZ", &utc);
+    return Status(StatusCode::kPermissionDenied,
+                  "the difference between the request time " + amzDate + " and the server's time " + serverTime +
+                      " is more than 15 minutes (RequestTimeTooSkewed)");
+  }
+  return Status::ok();
 }
 
 std::string amzDateNow() {

@@ -3,7 +3,9 @@
 // encoded once, '/' kept). OpenSSL's SHA-256 and HMAC underneath.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +51,18 @@ std::string signV4(const SignedRequest& r, std::string_view accessKey, std::stri
 // wrong (missing, malformed, another access key, a signature that does not match).
 Status verifyV4(const SignedRequest& r, std::string_view authorization, std::string_view accessKey,
                 std::string_view secretKey);
+
+// How far a signed request's x-amz-date may lie from the server's clock, either way (S3's window).
+constexpr int64_t kRequestTimeWindowSeconds = 15 * 60;
+
+// Whether r's x-amz-date lies within kRequestTimeWindowSeconds of `nowSeconds` (since the epoch),
+// so that a captured request cannot be replayed later: OK, or kPermissionDenied naming the
+// request's time and the server's (S3's RequestTimeTooSkewed) or a missing or malformed date.
+Status checkRequestTime(const SignedRequest& r, int64_t nowSeconds);
+
+// Seconds since the epoch of an x-amz-date value ("20261125T031500Z"), or nullopt for anything
+// else (strictly that form: the signature is computed over it).
+std::optional<int64_t> parseAmzDate(std::string_view text);
 
 // "20261125T031500Z" for now.
 std::string amzDateNow();

@@ -1,7 +1,9 @@
 // The object store (include/ferry/objects/store.h): S3-style HTTP on cpp-httplib (Debian's
 // libcpp-httplib-dev: a maintained server, so ferry carries no HTTP parser of its own), objects in
 // memory registered with a cuObjServer, payloads moved by RDMA when a request carries a descriptor.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,10 +23,14 @@
 #include <thread>
 
 #include "agent/crypto.h"
+#include "common/log.h"
+#include "common/net/admission.h"
 #include "ferry/common/config.h"
 #include "ferry/cuobj_server.h"
 #include "ferry/objects/store.h"
 #include "objects/sigv4.h"
+#include "objects/store_connections.h"
+#include "objects/store_request.h"
 
 namespace fs = std::filesystem;
 
@@ -111,6 +117,66 @@ std::optional<uint64_t> number(const std::string& text) {
   return v;
 }
 
+// Bodies of calls other than an object's PUT (bucket calls, DELETE) are small documents at most.
+constexpr uint64_t kMaxDocumentBytes = 1 << 20;
+// An RDMA upload whose next piece has not come for this long is dropped (its client went away).
+constexpr int64_t kUploadIdleNs = int64_t{60} * 1000000000;
+
+std::vector<std::string_view> headerValues(const httplib::Request& req, const char* name) {
+  std::vector<std::string_view> out;
+  auto range = req.headers.equal_range(name);
+  for (auto it = range.first; it != range.second; ++it) out.emplace_back(it->second);
+  return out;
+}
+
+// cpp-httplib's text form of a peer ("127.0.0.1", "::1") as a socket address; AF_UNSPEC when it
+// is neither.
+sockaddr_storage socketAddress(const std::string& text) {
+  sockaddr_storage out{};
+  out.ss_family = AF_UNSPEC;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&out);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&out);
+  if (inet_pton(AF_INET, text.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+  } else if (inet_pton(AF_INET6, text.substr(0, text.find('%')).c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+  }
+  return out;
+}
+
+// Whether the store serves a client at `remoteAddr` before reading its request further: with
+// credentials every client (each request is then signed); without them, protected mode, only
+// clients of this host unless the deployment opted out.
+bool admitsClient(const StoreOptions& opts, const std::string& remoteAddr) {
+  if (!opts.accessKey.empty() || opts.allowRemoteWithoutCredentials) return true;
+  return net::isThisHost(socketAddress(remoteAddr));
+}
+
+// A share of StoreOptions::maxReceivingBytes, given back when destroyed.
+class ReceivingGrant {
+ public:
+  ReceivingGrant() = default;
+  ReceivingGrant(std::atomic<uint64_t>* pool, uint64_t bytes) : pool_(pool), bytes_(bytes) {}
+  ReceivingGrant(ReceivingGrant&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), bytes_(o.bytes_) {}
+  ReceivingGrant& operator=(ReceivingGrant&& o) noexcept {
+    if (this != &o) {
+      release();
+      pool_ = std::exchange(o.pool_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  ~ReceivingGrant() { release(); }
+  void release() {
+    if (pool_) pool_->fetch_sub(bytes_);
+    pool_ = nullptr;
+  }
+
+ private:
+  std::atomic<uint64_t>* pool_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 }  // namespace
 
 // One object: page-aligned memory registered with the object server.
@@ -123,6 +189,8 @@ struct StoredObject {
   int64_t modifiedNs = 0;
   std::string contentType = "application/octet-stream";
   uint64_t received = 0;  // an upload's bytes so far
+  int64_t touchedNs = 0;  // an upload's last piece
+  ReceivingGrant receiving;  // an RDMA upload's share of the receiving bound, until it completes
   size_t mapped = 0;      // the mapping's length
   ~StoredObject() {
     if (buf) server->deRegisterBuffer(buf);
@@ -134,7 +202,10 @@ using ObjectPtr = std::shared_ptr<StoredObject>;
 struct ObjectStore::Impl {
   StoreOptions opts;
   std::unique_ptr<cuObjServer> rdma;
-  httplib::Server http;
+  std::unique_ptr<StoreHttpServer> http;
+  ConnectionLimits limits;
+  std::atomic<uint64_t> receiving{0};  // declared bytes being received (maxReceivingBytes)
+  net::LogLimiter refusalLog;
   std::thread thread;
   uint16_t port = 0;
   std::atomic<bool> stopped{false};
@@ -150,7 +221,20 @@ struct ObjectStore::Impl {
   StoreStats stats;
 
   // ---- objects ----
-  Result<ObjectPtr> newObject(uint64_t size) {
+  // A share of maxReceivingBytes for `bytes` about to be received, or nullopt when the bound would
+  // be passed.
+  std::optional<ReceivingGrant> reserveReceiving(uint64_t bytes) {
+    uint64_t held = receiving.load();
+    do {
+      if (bytes > opts.maxReceivingBytes || held > opts.maxReceivingBytes - bytes) return std::nullopt;
+    } while (!receiving.compare_exchange_weak(held, held + bytes));
+    return ReceivingGrant(&receiving, bytes);
+  }
+
+  // `registered`: registered with the object server now (an RDMA upload's target must be); else
+  // the caller fills the memory first and registers it with registerObject(). The mapping reserves
+  // address space only: memory is committed page by page as it is written.
+  Result<ObjectPtr> newObject(uint64_t size, bool registered = true) {
     if (size > opts.maxObjectBytes) {
       return Status(StatusCode::kResourceExhausted, "the object is larger than the store's limit of " +
                                                         std::to_string(opts.maxObjectBytes) + " bytes");
@@ -163,18 +247,24 @@ struct ObjectStore::Impl {
       // Anonymous memory in 2 MiB pages where the kernel has them: a fresh object is written once,
       // and 4 KiB page faults would cost more than the copy itself.
       o->mapped = (size + (2u << 20) - 1) & ~size_t{(2u << 20) - 1};
-      void* m = mmap(nullptr, o->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* m =
+          mmap(nullptr, o->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (m == MAP_FAILED) {
         o->mapped = 0;
         return Status(StatusCode::kResourceExhausted, "no memory for the object");
       }
       o->mem = m;
       (void)madvise(m, o->mapped, MADV_HUGEPAGE);
-      o->buf = rdma->registerBuffer(o->mem, size);
-      if (o->buf == nullptr)
-        return Status(StatusCode::kResourceExhausted, "the object's memory did not register");
+      if (registered) FERRY_RETURN_IF_ERROR(registerObject(o));
     }
     return o;
+  }
+
+  Status registerObject(const ObjectPtr& o) {
+    if (o->size == 0 || o->buf != nullptr) return Status::ok();
+    o->buf = rdma->registerBuffer(o->mem, o->size);
+    if (o->buf == nullptr) return Status(StatusCode::kResourceExhausted, "the object's memory did not register");
+    return Status::ok();
   }
 
   std::string etagOf(const ObjectPtr& o) {
@@ -246,6 +336,73 @@ struct ObjectStore::Impl {
                     "application/xml");
   }
 
+  // A refusal of a client's request that an operator may need to see (protected mode, bounds,
+  // framing, credentials): logged at a bounded rate, so that a flood of bad requests cannot flood
+  // the log too.
+  void logRefusal(const httplib::Request& req, int status, const std::string& code, const std::string& message) {
+    uint64_t held = 0;
+    if (!refusalLog.allow(&held)) return;
+    FERRY_LOG(kWarn, "objects serve: refused %s %s from %s: %d %s: %s%s", req.method.c_str(), req.path.c_str(),
+              req.remote_addr.c_str(), status, code.c_str(), message.c_str(),
+              held ? (" (" + std::to_string(held) + " more refusals not logged)").c_str() : "");
+  }
+
+  // Refuses a request whose body was not read, logging why; the connection skips the body or
+  // closes.
+  httplib::Server::HandlerResponse refuse(const httplib::Request& req, httplib::Response& res, int status,
+                                          const std::string& code, const std::string& message,
+                                          uint64_t unreadBody) {
+    error(res, status, code, message, req.path);
+    logRefusal(req, status, code, message);
+    if (StoreConnection* conn = StoreConnection::current()) conn->discardBody(unreadBody);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+
+  // Runs once a request's headers are in, before any of its body is read: every rule that does not
+  // need the body (docs/objects.md, "What the store refuses").
+  httplib::Server::HandlerResponse admit(const httplib::Request& req, httplib::Response& res) {
+    if (StoreConnection* conn = StoreConnection::current()) conn->startBody();
+    // The store answers ranges itself (decideRange): cpp-httplib must not apply one again.
+    const_cast<httplib::Request&>(req).ranges.clear();
+    auto [framing, badFraming] =
+        decideFraming(headerValues(req, "Content-Length"), headerValues(req, "Transfer-Encoding"));
+    if (badFraming) {
+      return refuse(req, res, badFraming->status, badFraming->code, badFraming->message, ~uint64_t{0});
+    }
+    const uint64_t declared = framing.contentLength.value_or(0);
+    if (!admitsClient(opts, req.remote_addr)) {
+      return refuse(req, res, 403, "AccessDenied",
+                    "this store has no credentials, so it serves clients on its own host only (protected "
+                    "mode); to serve " + req.remote_addr +
+                        ", set FERRY_OBJECTS_ACCESS_KEY and FERRY_OBJECTS_SECRET_KEY, or start it with "
+                        "--insecure-allow-remote (anyone who can reach it may then read and replace every object)",
+                    declared);
+    }
+    std::string bucket, key;
+    split(req.path, bucket, key);
+    const StoreCall call = bucket.empty() ? StoreCall::kListBuckets : key.empty() ? StoreCall::kBucket
+                                                                                   : StoreCall::kObject;
+    std::vector<std::pair<std::string, std::string>> params(req.params.begin(), req.params.end());
+    std::vector<std::string> headerNames;
+    for (const auto& [name, value] : req.headers) headerNames.push_back(name);
+    if (auto refusal = refuseUnimplemented(req.method, call, params, headerNames)) {
+      return refuse(req, res, refusal->status, refusal->code, refusal->message, declared);
+    }
+    const bool objectPut = req.method == "PUT" && call == StoreCall::kObject;
+    if ((req.method == "GET" || req.method == "HEAD") && declared > 0)
+      return refuse(req, res, 400, "InvalidRequest", req.method + " carries no body", declared);
+    if (req.method == "PUT" && !framing.contentLength)
+      return refuse(req, res, 411, "MissingContentLength", "PUT needs a Content-Length", 0);
+    const uint64_t limit = objectPut ? opts.maxBodyBytes : kMaxDocumentBytes;
+    if (declared > limit) {
+      return refuse(req, res, 400, objectPut ? "EntityTooLarge" : "MaxMessageLengthExceeded",
+                    "the body declares " + std::to_string(declared) + " bytes; this store takes at most " +
+                        std::to_string(limit) + (objectPut ? " in one PUT (--max-body)" : " here"),
+                    declared);
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
   // Splits the decoded path into bucket and key.
   static void split(const std::string& path, std::string& bucket, std::string& key) {
     std::string p = path.size() > 1 ? path.substr(1) : "";
@@ -286,11 +443,14 @@ struct ObjectStore::Impl {
       return false;
     }
     Status st = verifyV4(r, authorization, opts.accessKey, opts.secretKey);
+    if (st.isOk()) st = checkRequestTime(r, nowNs() / 1000000000);
     if (!st.isOk()) {
-      error(res, 403,
-            st.message().find("SignatureDoesNotMatch") != std::string::npos ? "SignatureDoesNotMatch"
-                                                                            : "AccessDenied",
-            st.message(), req.path);
+      const std::string& why = st.message();
+      const std::string code = why.find("SignatureDoesNotMatch") != std::string::npos  ? "SignatureDoesNotMatch"
+                               : why.find("RequestTimeTooSkewed") != std::string::npos ? "RequestTimeTooSkewed"
+                                                                                       : "AccessDenied";
+      error(res, 403, code, why, req.path);
+      logRefusal(req, 403, code, why);
       return false;
     }
     return true;
@@ -325,15 +485,27 @@ struct ObjectStore::Impl {
     res.set_header("Last-Modified", httpTime(o->modifiedNs));
     res.set_header("x-ferry-object-size", std::to_string(o->size));
     if (req.has_header("x-ferry-rdma-descriptor")) return rdmaGet(req, res, bucket + "/" + key, o);
+    res.set_header("Accept-Ranges", "bytes");
+    const ByteRange range = decideRange(req.get_header_value("Range"), o->size);
+    if (range.kind == ByteRange::kUnsatisfiable) {
+      res.set_header("Content-Range", "bytes */" + std::to_string(o->size));
+      return error(res, 416, "InvalidRange",
+                   "the range '" + req.get_header_value("Range").substr(0, 64) + "' is not satisfiable: the object has " +
+                       std::to_string(o->size) + " bytes",
+                   req.path);
+    }
+    const bool partial = range.kind == ByteRange::kPartial;
+    const uint64_t first = partial ? range.first : 0;
+    const uint64_t n = partial ? range.length : o->size;
+    res.status = partial ? 206 : 200;
+    if (partial) {
+      res.set_header("Content-Range", "bytes " + std::to_string(first) + "-" + std::to_string(first + n - 1) + "/" +
+                                          std::to_string(o->size));
+    }
     if (req.method == "HEAD") {
-      res.set_header("Content-Length", std::to_string(o->size));
-      res.status = 200;
+      res.set_header("Content-Length", std::to_string(n));
       return;
     }
-    // Range requests (206, Content-Range, 416) are cpp-httplib's: it asks the provider for the range.
-    res.status = 200;
-    const uint64_t first = 0;
-    const uint64_t n = o->size;
     {
       std::lock_guard<std::mutex> lock(statsMu);
       ++stats.httpGets;
@@ -401,6 +573,9 @@ struct ObjectStore::Impl {
 
   void listObjects(const httplib::Request& req, httplib::Response& res, const std::string& bucket) {
     const bool v2 = req.get_param_value("list-type") == "2";
+    // encoding-type=url: keys and prefixes are percent-encoded (they may hold bytes XML cannot).
+    const bool urlEncoded = req.get_param_value("encoding-type") == "url";
+    auto text = [&](const std::string& s) { return urlEncoded ? uriEncode(s, true) : xmlEscape(s); };
     const std::string prefix = req.get_param_value("prefix");
     const std::string delimiter = req.get_param_value("delimiter");
     std::string after = v2 ? (req.has_param("continuation-token") ? req.get_param_value("continuation-token")
@@ -438,7 +613,7 @@ struct ObjectStore::Impl {
               break;
             }
             lastPrefix = cp;
-            prefixes += "<CommonPrefixes><Prefix>" + xmlEscape(cp) + "</Prefix></CommonPrefixes>";
+            prefixes += "<CommonPrefixes><Prefix>" + text(cp) + "</Prefix></CommonPrefixes>";
             ++count;
             last = key;
             continue;
@@ -449,7 +624,7 @@ struct ObjectStore::Impl {
           break;
         }
         const ObjectPtr& o = it->second;
-        contents += "<Contents><Key>" + xmlEscape(key) + "</Key><LastModified>" + isoTime(o->modifiedNs) +
+        contents += "<Contents><Key>" + text(key) + "</Key><LastModified>" + isoTime(o->modifiedNs) +
                     "</LastModified><ETag>" + xmlEscape(o->etag) + "</ETag><Size>" + std::to_string(o->size) +
                     "</Size><StorageClass>STANDARD</StorageClass></Contents>";
         ++count;
@@ -457,9 +632,9 @@ struct ObjectStore::Impl {
       }
     }
     std::string xml = std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult xmlns=\"") +
-                      kXmlNs + "\"><Name>" + xmlEscape(bucket) + "</Name><Prefix>" + xmlEscape(prefix) +
-                      "</Prefix>";
-    if (!delimiter.empty()) xml += "<Delimiter>" + xmlEscape(delimiter) + "</Delimiter>";
+                      kXmlNs + "\"><Name>" + xmlEscape(bucket) + "</Name><Prefix>" + text(prefix) + "</Prefix>";
+    if (!delimiter.empty()) xml += "<Delimiter>" + text(delimiter) + "</Delimiter>";
+    if (urlEncoded) xml += "<EncodingType>url</EncodingType>";
     xml += "<MaxKeys>" + std::to_string(maxKeys) + "</MaxKeys><IsTruncated>" +
            (truncated ? "true" : "false") + "</IsTruncated>";
     if (v2) {
@@ -470,18 +645,16 @@ struct ObjectStore::Impl {
       }
       if (truncated) xml += "<NextContinuationToken>" + xmlEscape(last) + "</NextContinuationToken>";
     } else {
-      xml += "<Marker>" + xmlEscape(after) + "</Marker>";
-      if (truncated) xml += "<NextMarker>" + xmlEscape(last) + "</NextMarker>";
+      xml += "<Marker>" + text(after) + "</Marker>";
+      if (truncated) xml += "<NextMarker>" + text(last) + "</NextMarker>";
     }
     xml += contents + prefixes + "</ListBucketResult>";
     res.status = 200;
     res.set_content(xml, "application/xml");
   }
 
-  // A refused PUT still reads its body (up to 16 MiB; past that the connection is dropped), so the
-  // next request on a kept-alive connection starts where it should.
-  void onPutDrained(const httplib::Request& req, httplib::Response& res,
-                    const httplib::ContentReader& reader) {
+  // A PUT whose handler did not read its body (a refusal) has the connection skip it or close.
+  void onPutGuarded(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
     bool read = false;
     httplib::ContentReader tracked(
         [&](httplib::ContentReceiver receiver) {
@@ -493,13 +666,8 @@ struct ObjectStore::Impl {
           return reader(std::move(header), std::move(receiver));
         });
     onPut(req, res, tracked);
-    if (!read) {
-      uint64_t drained = 0;
-      reader([&](const char*, size_t n) {
-        drained += n;
-        return drained <= (uint64_t{16} << 20);
-      });
-    }
+    StoreConnection* conn = StoreConnection::current();
+    if (!read && conn) conn->discardBody(number(req.get_header_value("Content-Length")).value_or(~uint64_t{0}));
   }
 
   void onPut(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
@@ -508,13 +676,16 @@ struct ObjectStore::Impl {
     split(req.path, bucket, key);
     if (bucket.empty())
       return error(res, 400, "InvalidRequest", "PUT needs /bucket or /bucket/key", req.path);
+    const uint64_t declared = number(req.get_header_value("Content-Length")).value_or(0);  // admit() checked it
     if (key.empty()) {
-      std::string body;
-      reader([&](const char* data, size_t n) {
-        if (body.size() + n > (1 << 20)) return false;
-        body.append(data, n);
-        return true;
-      });
+      std::string body;  // at most kMaxDocumentBytes (admit())
+      if (declared > 0) {
+        reader([&](const char* data, size_t n) {
+          if (body.size() + n > kMaxDocumentBytes) return false;
+          body.append(data, n);
+          return true;
+        });
+      }
       if (!payloadMatches(req, res, sha256Hex(body))) return;
       if (!validBucket(bucket)) {
         return error(res, 400, "InvalidBucketName", "'" + bucket + "' is not a valid bucket name", req.path);
@@ -549,32 +720,40 @@ struct ObjectStore::Impl {
       if (!payloadMatches(req, res, sha256Hex(""))) return;  // the payload is not in the body
       return rdmaPut(req, res, bucket, key);
     }
-    // The body: straight into the object's registered memory.
-    const std::string lengthText = req.get_header_value("Content-Length");
-    auto length = number(lengthText.empty() ? std::string("0") : lengthText);
-    if (!length) return error(res, 411, "MissingContentLength", "PUT needs a Content-Length", req.path);
     if (req.get_header_value("Content-Encoding").find("aws-chunked") != std::string::npos) {
       return error(res, 501, "NotImplemented", "aws-chunked bodies are not supported: send the payload whole",
                    req.path);
     }
-    auto o = newObject(*length);
+    // The body: into memory that is committed as its bytes arrive, registered once it is whole.
+    // Its declared length is held against maxReceivingBytes until then.
+    auto grant = reserveReceiving(declared);
+    if (!grant) {
+      res.set_header("Retry-After", "1");
+      error(res, 503, "SlowDown",
+            "the store is receiving as many bytes as it may at once (--max-receiving); retry later", req.path);
+      logRefusal(req, 503, "SlowDown", "the receiving bound is reached");
+      return;
+    }
+    auto o = newObject(declared, /*registered=*/false);
     if (!o.isOk()) return error(res, 400, "EntityTooLarge", o.status().message(), req.path);
     uint64_t got = 0;
     const bool hashed = !opts.accessKey.empty();
     Sha256 hash;
-    bool ok = reader([&](const char* data, size_t n) {
-      if (n > (*o)->size - got) return false;
-      std::memcpy(static_cast<char*>((*o)->mem) + got, data, n);
-      if (hashed) hash.update(data, n);
-      got += n;
-      return true;
-    });
+    bool ok = declared == 0 || reader([&](const char* data, size_t n) {
+                if (n > (*o)->size - got) return false;
+                std::memcpy(static_cast<char*>((*o)->mem) + got, data, n);
+                if (hashed) hash.update(data, n);
+                got += n;
+                return true;
+              });
     if (!ok || got != (*o)->size) {
+      if (StoreConnection* conn = StoreConnection::current()) conn->closeAfterResponse();
       return error(res, 400, "IncompleteBody",
                    "the body has " + std::to_string(got) + " of " + std::to_string((*o)->size) + " bytes",
                    req.path);
     }
     if (hashed && !payloadMatches(req, res, hash.hex())) return;
+    if (Status st = registerObject(*o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
     if (req.has_header("Content-Type")) (*o)->contentType = req.get_header_value("Content-Type");
     {
       std::lock_guard<std::mutex> lock(statsMu);
@@ -604,16 +783,39 @@ struct ObjectStore::Impl {
     ObjectPtr o;
     {
       std::lock_guard<std::mutex> lock(mu);
+      dropStaleUploads();
       auto it = uploads.find(id);
       if (it != uploads.end()) o = it->second;
     }
     if (!o) {
+      // The whole object is registered now (the pieces are written into it by RDMA), so its size is
+      // held against maxReceivingBytes until the last piece arrives or the upload is dropped.
+      if (*total > opts.maxObjectBytes) {
+        return error(res, 400, "EntityTooLarge",
+                     "the object is larger than the store's limit of " + std::to_string(opts.maxObjectBytes) +
+                         " bytes",
+                     req.path);
+      }
+      auto grant = reserveReceiving(*total);
+      if (!grant) {
+        res.set_header("Retry-After", "1");
+        logRefusal(req, 503, "SlowDown", "the receiving bound is reached");
+        return error(res, 503, "SlowDown",
+                     "the store is receiving as many bytes as it may at once (--max-receiving); retry later",
+                     req.path);
+      }
       auto made = newObject(*total);
-      if (!made.isOk()) return error(res, 400, "EntityTooLarge", made.status().message(), req.path);
+      if (!made.isOk()) return error(res, 503, "SlowDown", made.status().message(), req.path);
       o = *made;
+      o->receiving = std::move(*grant);
+      o->touchedNs = nowNs();
       std::lock_guard<std::mutex> lock(mu);
       auto [it, fresh] = uploads.emplace(id, o);
       if (!fresh) o = it->second;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      o->touchedNs = nowNs();
     }
     if (o->size != *total) {
       return error(res, 409, "InvalidRequest",
@@ -626,6 +828,11 @@ struct ObjectStore::Impl {
                                        req.get_header_value("x-ferry-rdma-descriptor"), ch, *offset, &st);
     rdma->freeChannelId(ch);
     if (rc < 0) {
+      {
+        std::lock_guard<std::mutex> lock(mu);  // a failed piece ends the upload: the client starts again
+        auto it = uploads.find(id);
+        if (it != uploads.end() && it->second == o) uploads.erase(it);
+      }
       return error(res, 400, "RdmaTransferFailed",
                    "handlePutObject: " + std::string(std::strerror(static_cast<int>(-rc))) +
                        " (completion status " + std::to_string(static_cast<int>(st)) + ")",
@@ -643,7 +850,10 @@ struct ObjectStore::Impl {
       o->received += *length;
       received = o->received;
       complete = received >= o->size;
-      if (complete) uploads.erase(id);
+      if (complete) {
+        uploads.erase(id);
+        o->receiving.release();
+      }
     }
     if (!complete) {
       res.status = 200;
@@ -651,6 +861,14 @@ struct ObjectStore::Impl {
       return;
     }
     commit(res, bucket, key, o, req.path);
+  }
+
+  // Under mu: forgets uploads whose client stopped sending pieces.
+  void dropStaleUploads() {
+    const int64_t now = nowNs();
+    for (auto it = uploads.begin(); it != uploads.end();) {
+      it = now - it->second->touchedNs > kUploadIdleNs ? uploads.erase(it) : std::next(it);
+    }
   }
 
   void commit(httplib::Response& res, const std::string& bucket, const std::string& key, const ObjectPtr& o,
@@ -704,6 +922,15 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
   }
   if (options.threads < 1 || options.threads > 256)
     return invalidArgument("objects serve: threads must be 1..256");
+  if (options.maxConnections < 1 || options.maxConnections > 65536)
+    return invalidArgument("objects serve: max connections must be 1..65536");
+  if (options.maxBodyBytes == 0 || options.maxReceivingBytes < options.maxBodyBytes) {
+    return invalidArgument(
+        "objects serve: max body must be at least 1 byte, and max receiving at least max body "
+        "(else a body of the largest size could never be received)");
+  }
+  if (options.headerTimeoutMs < 100 || options.idleTimeoutMs < 100)
+    return invalidArgument("objects serve: the header and idle timeouts must be at least 100 ms");
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   const std::string rdmaHost = options.rdmaHost.empty() ? options.host : options.rdmaHost;
@@ -714,41 +941,58 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
   }
   FERRY_RETURN_IF_ERROR(impl->load());
   Impl* self = impl.get();
-  const int threads = options.threads;
-  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  impl->http.set_read_timeout(60, 0);
-  impl->http.set_write_timeout(60, 0);
-  impl->http.set_tcp_nodelay(true);
+  impl->limits = ConnectionLimits{.maxConnections = static_cast<size_t>(options.maxConnections),
+                                  .readyWorkers = static_cast<size_t>(options.threads),
+                                  .headerTimeout = std::chrono::milliseconds(options.headerTimeoutMs),
+                                  .idleTimeout = std::chrono::milliseconds(options.idleTimeoutMs)};
+  impl->http = std::make_unique<StoreHttpServer>(impl->limits);
+  httplib::Server& http = *impl->http;
+  impl->http->busyAnswer = [self] {
+    httplib::Response res;
+    self->error(res, 503, "SlowDown", "the store serves as many connections as it may (--max-connections)");
+    return res.body;
+  };
+  http.set_tcp_nodelay(true);
   // cpp-httplib sets SO_REUSEPORT by default, which lets a second store bind the same port and
   // take half of its clients: only SO_REUSEADDR here (a restarted store rebinds at once).
-  impl->http.set_socket_options([](socket_t sock) {
+  http.set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  impl->http.set_payload_max_length(static_cast<size_t>(options.maxObjectBytes));
-  impl->http.Get(".*",
-                 [self](const httplib::Request& req, httplib::Response& res) { self->onGet(req, res); });
-  impl->http.Put(".*", [self](const httplib::Request& req, httplib::Response& res,
-                              const httplib::ContentReader& r) { self->onPutDrained(req, res, r); });
-  impl->http.Delete(
-      ".*", [self](const httplib::Request& req, httplib::Response& res) { self->onDelete(req, res); });
-  impl->http.set_exception_handler(
+  http.set_payload_max_length(static_cast<size_t>(options.maxBodyBytes));
+  http.set_pre_routing_handler(
+      [self](const httplib::Request& req, httplib::Response& res) { return self->admit(req, res); });
+  // A connection that must close after this answer says so (and not Keep-Alive).
+  http.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    StoreConnection* conn = StoreConnection::current();
+    if (conn == nullptr || !conn->closeAfter()) return;
+    res.headers.erase("Keep-Alive");
+    res.headers.erase("Connection");
+    res.set_header("Connection", "close");
+  });
+  http.Get(".*", [self](const httplib::Request& req, httplib::Response& res) { self->onGet(req, res); });
+  http.Put(".*", [self](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& r) {
+    self->onPutGuarded(req, res, r);
+  });
+  http.Delete(".*", [self](const httplib::Request& req, httplib::Response& res) { self->onDelete(req, res); });
+  http.set_exception_handler(
       [self](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
         self->error(res, 500, "InternalError", "the request failed", req.path);
       });
-  int port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
-                               : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);
+  int port = options.port == 0 ? http.bind_to_any_port(options.host)
+                               : (http.bind_to_port(options.host, options.port) ? options.port : -1);
   if (port <= 0) {
     return Status(StatusCode::kUnavailable,
                   "objects serve: cannot listen on [" + options.host + "]:" + std::to_string(options.port));
   }
   impl->port = static_cast<uint16_t>(port);
-  impl->thread = std::thread([self] { self->http.listen_after_bind(); });
+  impl->http->widenBacklog();
+  impl->thread = std::thread([self] { self->http->listen_after_bind(); });
   // Returns once the listener runs, so that a stop() right after start() is not lost.
-  for (int i = 0; i < 5000 && !impl->http.is_running(); ++i)
+  for (int i = 0; i < 5000 && !impl->http->is_running(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!impl->http.is_running()) {
-    impl->http.stop();
+  if (!impl->http->is_running()) {
+    impl->http->stop();
     impl->thread.join();
     return Status(StatusCode::kUnavailable, "objects serve: the HTTP listener did not start");
   }
@@ -772,6 +1016,8 @@ StoreStats ObjectStore::stats() const {
     std::lock_guard<std::mutex> lock(impl_->statsMu);
     s = impl_->stats;
   }
+  s.receivingBytes = impl_->receiving.load();
+  s.connections = impl_->http->connections();
   std::lock_guard<std::mutex> lock(impl_->mu);
   s.buckets = impl_->buckets.size();
   for (const auto& [b, objects] : impl_->buckets) {
@@ -783,7 +1029,7 @@ StoreStats ObjectStore::stats() const {
 
 void ObjectStore::stop() {
   if (impl_->stopped.exchange(true)) return;
-  impl_->http.stop();
+  impl_->http->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

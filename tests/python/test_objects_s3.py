@@ -186,3 +186,218 @@ def test_the_daemon_survives_malformed_http(daemon):
         for s in idle:
             s.close()
     assert daemon.alive()
+
+
+def raw(port, request, timeout=10):
+    """Sends one request on a fresh connection; the status line's code and the whole answer."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(request)
+        reply = recv_all(s, timeout)
+    first = reply.split(b"\r\n", 1)[0].split()
+    return (int(first[1]) if len(first) > 1 else None), reply
+
+
+def test_calls_the_store_does_not_implement_are_refused_and_change_nothing(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="keep")
+    data = os.urandom(7000)
+    c.put_object(Bucket="keep", Key="k", Body=data)
+
+    def unchanged():
+        assert c.get_object(Bucket="keep", Key="k")["Body"].read() == data
+        assert [o["Key"] for o in c.list_objects_v2(Bucket="keep")["Contents"]] == ["k"]
+
+    tagging = {"TagSet": [{"Key": "a", "Value": "b"}]}
+    calls = [
+        lambda: c.put_object_tagging(Bucket="keep", Key="k", Tagging=tagging),
+        lambda: c.put_object_acl(Bucket="keep", Key="k", ACL="public-read"),
+        lambda: c.copy_object(Bucket="keep", Key="k", CopySource={"Bucket": "keep", "Key": "k"},
+                              MetadataDirective="REPLACE"),
+        lambda: c.copy_object(Bucket="keep", Key="k2", CopySource={"Bucket": "keep", "Key": "k"}),
+        lambda: c.create_multipart_upload(Bucket="keep", Key="k"),
+        lambda: c.upload_part(Bucket="keep", Key="k", PartNumber=1, UploadId="x", Body=b"part"),
+        lambda: c.get_object_tagging(Bucket="keep", Key="k"),
+        lambda: c.get_object_acl(Bucket="keep", Key="k"),
+        lambda: c.delete_objects(Bucket="keep", Delete={"Objects": [{"Key": "k"}]}),
+        lambda: c.put_bucket_versioning(Bucket="keep", VersioningConfiguration={"Status": "Enabled"}),
+        lambda: c.put_bucket_policy(Bucket="keep", Policy="{}"),
+        lambda: c.put_bucket_tagging(Bucket="keep", Tagging=tagging),
+        lambda: c.put_bucket_cors(Bucket="keep", CORSConfiguration={"CORSRules": [
+            {"AllowedMethods": ["GET"], "AllowedOrigins": ["*"]}]}),
+        lambda: c.delete_bucket_policy(Bucket="keep"),
+        lambda: c.get_object(Bucket="keep", Key="k", VersionId="v1"),
+        lambda: c.delete_object(Bucket="keep", Key="k", VersionId="v1"),
+    ]
+    for call in calls:
+        with pytest.raises(ClientError) as e:
+            call()
+        assert e.value.response["Error"]["Code"] == "NotImplemented", e.value.response
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
+        unchanged()
+    # Unknown subresources over plain HTTP, with a body on a kept-alive connection.
+    for target in (b"/keep/k?tagging", b"/keep/k?acl", b"/keep/k?uploads", b"/keep/k?uploadId=1&partNumber=1",
+                   b"/keep?lifecycle", b"/keep/k?anything-else=1", b"/keep/k?x-id=CopyObject"):
+        status, reply = raw(daemon.port, b"PUT " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                            b"Connection: close\r\n\r\nhello")
+        assert status == 501 and b"<Code>NotImplemented</Code>" in reply, (target, reply[:300])
+        unchanged()
+    assert c.list_buckets()["Buckets"][0]["Name"] == "keep" and len(c.list_buckets()["Buckets"]) == 1
+
+
+def test_conflicting_framing_is_refused(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="keep")
+    c.put_object(Bucket="keep", Key="k", Body=b"original")
+    for headers in (b"Content-Length: 5\r\nContent-Length: 6\r\n",
+                    b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                    b"Content-Length: 5, 5\r\n"):
+        status, reply = raw(daemon.port, b"PUT /keep/k HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\nhello!")
+        assert status == 400, (headers, reply[:300])
+        assert c.get_object(Bucket="keep", Key="k")["Body"].read() == b"original"
+    status, _ = raw(daemon.port, b"PUT /keep/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"5\r\nhello\r\n0\r\n\r\n")
+    assert status == 501
+    # The same Content-Length twice is one length.
+    status, _ = raw(daemon.port, b"PUT /keep/k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n"
+                    b"Connection: close\r\n\r\nhello")
+    assert status == 200
+    assert c.get_object(Bucket="keep", Key="k")["Body"].read() == b"hello"
+
+
+def test_unsatisfiable_ranges_are_416(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="ranges")
+    data = os.urandom(1000)
+    c.put_object(Bucket="ranges", Key="k", Body=data)
+    for spec in ("bytes=1000-", "bytes=5000-6000", "bytes=-0"):
+        with pytest.raises(ClientError) as e:
+            c.get_object(Bucket="ranges", Key="k", Range=spec)
+        assert e.value.response["Error"]["Code"] == "InvalidRange", spec
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416
+        assert e.value.response["ResponseMetadata"]["HTTPHeaders"]["content-range"] == "bytes */1000"
+    with pytest.raises(ClientError) as e:  # not even a range (cpp-httplib answers it)
+        c.get_object(Bucket="ranges", Key="k", Range="bytes=10-5")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416
+    got = c.get_object(Bucket="ranges", Key="k", Range="bytes=990-5000")
+    assert got["Body"].read() == data[990:] and got["ContentRange"] == "bytes 990-999/1000"
+    assert c.get_object(Bucket="ranges", Key="k", Range="bytes=-10")["Body"].read() == data[-10:]
+    assert c.get_object(Bucket="ranges", Key="k")["Body"].read() == data
+
+
+def test_signed_requests_are_accepted_within_15_minutes_only():
+    from datetime import datetime, timedelta, timezone
+    from unittest import mock
+    d = Daemon(env={"FERRY_OBJECTS_ACCESS_KEY": "ferrykey", "FERRY_OBJECTS_SECRET_KEY": "s3cr3t-value"})
+    try:
+        good = s3(d.url, "ferrykey", "s3cr3t-value")
+        good.create_bucket(Bucket="timed")
+        good.put_object(Bucket="timed", Key="k", Body=b"kept")
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        for skew in (timedelta(minutes=-20), timedelta(minutes=20), timedelta(days=-400)):
+            with mock.patch("botocore.auth.get_current_datetime", return_value=now + skew):
+                for call in (lambda: good.get_object(Bucket="timed", Key="k"),
+                             lambda: good.put_object(Bucket="timed", Key="k", Body=b"replayed")):
+                    with pytest.raises(ClientError) as e:
+                        call()
+                    assert e.value.response["Error"]["Code"] == "RequestTimeTooSkewed", skew
+                    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        with mock.patch("botocore.auth.get_current_datetime", return_value=now - timedelta(minutes=10)):
+            assert good.get_object(Bucket="timed", Key="k")["Body"].read() == b"kept"
+        assert good.get_object(Bucket="timed", Key="k")["Body"].read() == b"kept"
+    finally:
+        d.stop()
+
+
+def _netns(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_namespaces():
+    """Namespaces ferry_s3p_a (10.231.7.1) and ferry_s3p_b (10.231.7.2) joined by a veth pair, as
+    tests/netns/netns_lib.sh makes them: the store in a, a client of another host in b."""
+    import shutil
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create network namespaces")
+    a, b = "ferry_s3p_a", "ferry_s3p_b"
+    for ns in (a, b):
+        _netns("netns", "del", ns)
+        if _netns("netns", "add", ns).returncode != 0:
+            pytest.skip("cannot create network namespaces here")
+    try:
+        assert _netns("link", "add", "s3pa", "netns", a, "type", "veth", "peer", "name", "s3pb",
+                      "netns", b).returncode == 0
+        for ns, dev, addr in ((a, "s3pa", "10.231.7.1/30"), (b, "s3pb", "10.231.7.2/30")):
+            _netns("-n", ns, "addr", "add", addr, "dev", dev)
+            _netns("-n", ns, "link", "set", "lo", "up")
+            _netns("-n", ns, "link", "set", dev, "up")
+        yield a, b
+    finally:
+        _netns("netns", "del", a)
+        _netns("netns", "del", b)
+
+
+CLIENT = r"""
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.sendall(sys.argv[3].encode().decode("unicode_escape").encode("latin-1"))
+out = b""
+while True:
+    c = s.recv(65536)
+    if not c:
+        break
+    out += c
+sys.stdout.write(out.decode("latin-1"))
+"""
+
+
+def test_protected_mode_refuses_other_hosts_without_credentials(two_namespaces):
+    a, b = two_namespaces
+
+    def serve(*extra, env=None):
+        proc = subprocess.Popen(["ip", "netns", "exec", a, FERRY, "objects", "serve", "--host", "0.0.0.0",
+                                 "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL, env=dict(os.environ, **(env or {})))
+        line = proc.stdout.readline()
+        assert "serving http://" in line, line + proc.stderr.read()
+        return proc, int(line.split()[3].rsplit(":", 1)[1])
+
+    def request(ns, host, port, text):
+        out = subprocess.run(["ip", "netns", "exec", ns, sys_python(), "-c", CLIENT, host, str(port), text],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout
+
+    proc, port = serve()
+    try:
+        put = "PUT /pmode HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n"
+        assert request(a, "127.0.0.1", port, put).startswith("HTTP/1.1 200")  # this host: served
+        refused = request(b, "10.231.7.1", port, put.replace("/pmode", "/other-host"))
+        assert refused.startswith("HTTP/1.1 403"), refused
+        assert "<Code>AccessDenied</Code>" in refused and "FERRY_OBJECTS_ACCESS_KEY" in refused
+        assert "--insecure-allow-remote" in refused
+        listing = request(a, "10.231.7.1", port, "GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        assert "<Name>pmode</Name>" in listing and "<Name>other-host</Name>" not in listing  # its own address: served
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "refused PUT /other-host from 10.231.7.2: 403 AccessDenied" in proc.stderr.read()
+    proc, port = serve("--insecure-allow-remote")
+    try:
+        opened = request(b, "10.231.7.1", port, "PUT /other-host HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 0\\r\\n"
+                         "Connection: close\\r\\n\\r\\n")
+        assert opened.startswith("HTTP/1.1 200"), opened
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    proc, port = serve(env={"FERRY_OBJECTS_ACCESS_KEY": "k", "FERRY_OBJECTS_SECRET_KEY": "s"})
+    try:  # with credentials other hosts are served, and must sign
+        unsigned = request(b, "10.231.7.1", port, "GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        assert unsigned.startswith("HTTP/1.1 403") and "not signed" in unsigned, unsigned
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def sys_python():
+    import sys
+    return sys.executable

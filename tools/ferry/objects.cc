@@ -1,5 +1,7 @@
 // `ferry objects`: the object store (include/ferry/objects/store.h) and its client.
 //   ferry objects serve [--host A] [--port N] [--rdma-host A] [--rdma-port N] [--data-dir DIR]
+//                       [--max-body SIZE] [--max-receiving SIZE] [--max-connections N]
+//                       [--header-timeout MS] [--idle-timeout MS] [--insecure-allow-remote]
 //   ferry objects mb URL | rb URL | ls URL | rm URL
 //   ferry objects put FILE URL [--http] [--piece SIZE]
 //   ferry objects get URL FILE [--http] [--piece SIZE]
@@ -45,10 +47,35 @@ int serve(const std::vector<std::string>& args) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   app.add_option("--data-dir", o.dataDir, "Keep objects as files DIR/BUCKET/KEY too, and load them at start");
-  app.add_option("--threads", o.threads, "HTTP worker threads")
+  app.add_option("--threads", o.threads, "HTTP workers started at once (more start on demand)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  std::string maxBody = "5G", maxReceiving = "16G";
+  app.add_option("--max-body", maxBody, "The largest body of one PUT (larger: 400 EntityTooLarge)")
+      ->capture_default_str();
+  app.add_option("--max-receiving", maxReceiving,
+                 "Declared bytes of bodies and uploads received at once, over all clients (past it: 503 SlowDown)")
+      ->capture_default_str();
+  app.add_option("--max-connections", o.maxConnections, "Connections served at once (past it: 503 SlowDown)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--header-timeout", o.headerTimeoutMs, "Milliseconds for a request's line and headers")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 3600000));
+  app.add_option("--idle-timeout", o.idleTimeoutMs,
+                 "Milliseconds a connection may wait for the next byte of a body or request")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 3600000));
+  app.add_flag("--insecure-allow-remote", o.allowRemoteWithoutCredentials,
+               "Without credentials, serve clients of other hosts too (anyone who can reach the port may read, "
+               "replace and delete every object)");
   if (auto code = parseCommand(app, "objects serve", args)) return *code;
+  auto bodyBytes = config::parseByteSize(maxBody);
+  if (!bodyBytes.isOk()) return fail("serve", bodyBytes.status());
+  auto receivingBytes = config::parseByteSize(maxReceiving);
+  if (!receivingBytes.isOk()) return fail("serve", receivingBytes.status());
+  o.maxBodyBytes = *bodyBytes;
+  o.maxReceivingBytes = *receivingBytes;
   o.port = static_cast<uint16_t>(port);
   o.rdmaPort = static_cast<uint16_t>(rdmaPort);
   sigset_t stopSignals;
@@ -58,8 +85,11 @@ int serve(const std::vector<std::string>& args) {
   pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
   auto store = objects::ObjectStore::start(o);
   if (!store.isOk()) return fail("serve", store.status());
+  const bool open = o.accessKey.empty() && config::objectsAccessKey().empty();
   std::printf("ferry objects: serving %s%s\n", (*store)->url().c_str(),
-              o.accessKey.empty() && config::objectsAccessKey().empty() ? "" : " (AWS SigV4 required)");
+              !open                             ? " (AWS SigV4 required)"
+              : o.allowRemoteWithoutCredentials ? " (no credentials, open to every host)"
+                                                : " (no credentials: clients of this host only)");
   std::fflush(stdout);
   int signal = 0;
   sigwait(&stopSignals, &signal);
@@ -165,6 +195,8 @@ int simple(const std::string& what, const std::vector<std::string>& args) {
 int runObjects(const std::vector<std::string>& args) {
   const char* usage =
       "usage: ferry objects serve [--host A] [--port N] [--rdma-host A] [--rdma-port N] [--data-dir DIR]\n"
+      "                           [--max-body SIZE] [--max-receiving SIZE] [--max-connections N]\n"
+      "                           [--header-timeout MS] [--idle-timeout MS] [--insecure-allow-remote]\n"
       "       ferry objects put FILE URL [--http] [--piece SIZE]\n"
       "       ferry objects get URL FILE [--http] [--piece SIZE]\n"
       "       ferry objects ls|mb|rb|rm URL          (URL: http://HOST:PORT[/BUCKET[/KEY]])\n";

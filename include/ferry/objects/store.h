@@ -23,7 +23,10 @@
 //
 // Credentials: with an access key and secret set (StoreOptions, or FERRY_OBJECTS_ACCESS_KEY and
 // FERRY_OBJECTS_SECRET_KEY), every request must carry a valid AWS Signature Version 4
-// Authorization header (the payload hash too when it is given); without them any request is served.
+// Authorization header (the payload hash too when it is given) dated within 15 minutes of the
+// server's clock; without them only clients on this host are served (protected mode), unless
+// StoreOptions::allowRemoteWithoutCredentials. Calls the store does not implement (?tagging, ?acl,
+// multipart uploads, x-amz-copy-source, ...) are refused with 501 NotImplemented.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +48,30 @@ struct StoreOptions {
   std::string accessKey;           // "" : FERRY_OBJECTS_ACCESS_KEY, else no authentication
   std::string secretKey;           // "" : FERRY_OBJECTS_SECRET_KEY
   std::string region = "us-east-1";
-  int threads = 8;  // HTTP worker threads
-  uint64_t maxObjectBytes = uint64_t{64} << 30;
+  int threads = 8;  // HTTP workers started at once (more are started on demand, up to maxConnections)
+  uint64_t maxObjectBytes = uint64_t{64} << 30;  // the largest object (by RDMA pieces or in a body)
+
+  // Bounds on what clients can make the server hold (docs/objects.md, "Bounds"). A request past a
+  // bound is refused with S3's error before anything is allocated for it, and changes nothing.
+  //
+  // The largest body of one request (S3's limit for a single PUT); larger: 400 EntityTooLarge.
+  uint64_t maxBodyBytes = uint64_t{5} << 30;
+  // Bytes of bodies and RDMA uploads being received at once, over all connections, counted as
+  // declared (Content-Length, x-ferry-object-size); past it: 503 SlowDown. Memory for a body is
+  // committed page by page as its bytes arrive, never for the declared length up front.
+  uint64_t maxReceivingBytes = uint64_t{16} << 30;
+  // Connections served at once (one worker each); past it a connection is answered 503 SlowDown
+  // and closed.
+  int maxConnections = 256;
+  // A request's line and headers must arrive within this (a slow sender is closed).
+  int headerTimeoutMs = 10000;
+  // The longest wait for the next byte of a body, for the next request on a kept-alive
+  // connection, and for a client to take the answer; then the connection is closed.
+  int idleTimeoutMs = 10000;
+  // Protected mode: without credentials, clients of other hosts are refused (403 AccessDenied,
+  // saying how to open the store). True serves them without credentials: anyone who can reach
+  // the port can then read, replace and delete every object.
+  bool allowRemoteWithoutCredentials = false;
 };
 
 struct StoreStats {
@@ -54,6 +79,8 @@ struct StoreStats {
   uint64_t rdmaGets = 0, rdmaPuts = 0, httpGets = 0, httpPuts = 0;
   uint64_t rdmaBytes = 0, httpBytes = 0;
   uint64_t refused = 0;  // requests answered with an error
+  uint64_t receivingBytes = 0;  // declared bytes of bodies and uploads being received now
+  uint64_t connections = 0;     // connections held now
 };
 
 class ObjectStore {
