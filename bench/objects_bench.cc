@@ -24,9 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
+#include <thread>
 
 #include "common/json.h"
 #include "ferry/agent/agent.h"
@@ -102,10 +103,19 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
   rdma_buffer* rb = server.registerBuffer(sbuf, maxSize);
   if (!rb || client.cuMemObjGetDescriptor(cbuf, maxSize) != CU_OBJ_SUCCESS)
     return std::fprintf(stderr, "register\n"), 1;
-  char* get = nullptr;
-  char* put = nullptr;
-  client.cuMemObjGetRDMAToken(cbuf, maxSize, 0, CUOBJ_GET, &get);
-  client.cuMemObjGetRDMAToken(cbuf, maxSize, 0, CUOBJ_PUT, &put);
+  // A descriptor serves one request (the server claims it from the client): each measured
+  // request mints its token and puts it back afterwards, as a client does.
+  auto mint = [&](cuObjOpType_t op) {
+    char* token = nullptr;
+    return client.cuMemObjGetRDMAToken(cbuf, maxSize, 0, op, &token) == CU_OBJ_SUCCESS ? token : nullptr;
+  };
+  auto once = [&](cuObjOpType_t op, const std::function<bool(char*)>& use) {
+    char* token = mint(op);
+    if (token == nullptr) return false;
+    bool ok = use(token);
+    client.cuMemObjPutRDMAToken(token);
+    return ok;
+  };
   const uint64_t caddr = reinterpret_cast<uint64_t>(cbuf);
 
   // The raw baseline: two agents of their own, the same lane, the same sizes, the Endpoint API.
@@ -134,25 +144,31 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
   for (uint64_t size : o.sizes) {
     auto rawW = measure(o.seconds, size, [&] { return rawOp(true, size); });
     auto rawR = measure(o.seconds, size, [&] { return rawOp(false, size); });
-    auto g = measure(o.seconds, size,
-                     [&] { return server.handleGetObject("b", rb, caddr, size, get, ch) == ssize_t(size); });
-    auto p = measure(o.seconds, size,
-                     [&] { return server.handlePutObject("b", rb, caddr, size, put, ch) == ssize_t(size); });
-    // Async: 8 in flight on the channel.
+    auto g = measure(o.seconds, size, [&] {
+      return once(CUOBJ_GET, [&](char* t) { return server.handleGetObject("b", rb, caddr, size, t, ch) == ssize_t(size); });
+    });
+    auto p = measure(o.seconds, size, [&] {
+      return once(CUOBJ_PUT, [&](char* t) { return server.handlePutObject("b", rb, caddr, size, t, ch) == ssize_t(size); });
+    });
+    // Async: 8 in flight on the channel, each with its own token.
     auto ga = measure(o.seconds, size * 8, [&] {
-      for (int i = 0; i < 8; ++i) {
-        if (server.handleGetObject("a", rb, caddr, size, get, ch, 0, nullptr,
-                                   reinterpret_cast<void*>(i + 1)) != 0)
-          return false;
+      std::vector<char*> tokens;
+      bool ok = true;
+      for (int i = 0; i < 8 && ok; ++i) {
+        char* t = mint(CUOBJ_GET);
+        if (t == nullptr) break;
+        tokens.push_back(t);
+        ok = server.handleGetObject("a", rb, caddr, size, t, ch, 0, nullptr, reinterpret_cast<void*>(i + 1)) == 0;
       }
       int done = 0;
       cuObjAsyncEvent_t ev[16];
-      while (done < 8) {
+      while (ok && done < static_cast<int>(tokens.size())) {
         int n = server.poll(ev, 16, ch);
-        if (n < 0) return false;
-        done += n;
+        if (n < 0) ok = false;
+        else done += n;
       }
-      return true;
+      for (char* t : tokens) client.cuMemObjPutRDMAToken(t);
+      return ok && tokens.size() == 8;
     });
     struct Line {
       const char* what;
@@ -182,7 +198,8 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
       threads.emplace_back([&] {
         uint16_t c = server.allocateChannelId();
         while (!stop) {
-          if (server.handleGetObject("c", rb, caddr, size, get, c) != ssize_t(size)) failed = true;
+          bool ok = once(CUOBJ_GET, [&](char* t) { return server.handleGetObject("c", rb, caddr, size, t, c) == ssize_t(size); });
+          if (!ok) failed = true;
           bytes += size;
         }
         server.freeChannelId(c);
@@ -197,8 +214,6 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
                 ("GET, " + std::to_string(channels) + " channels").c_str(), gbps, "", "");
     rows.push_back(row("GET channels " + std::to_string(channels), size, gbps, 0, 0));
   }
-  client.cuMemObjPutRDMAToken(get);
-  client.cuMemObjPutRDMAToken(put);
   server.deRegisterBuffer(rb);
   (void)client.cuMemObjPutDescriptor(cbuf);
   (*a)->shutdown();

@@ -24,6 +24,13 @@
 // the memory is untouched. The server's remote_buf_start is the address of the range's first byte
 // in this process (the callback's ptr; ptr + buffer_offset for a token).
 //
+// One descriptor, one request: before the server moves a byte it claims the descriptor from this
+// client's agent (docs/objects.md, "How a descriptor works"), which confirms only a descriptor it
+// minted, live and never claimed before, and answers with its own copy, whose keys the server uses. A second request
+// with the same descriptor, or one with an edited descriptor, fails at the server with -EIO and
+// nothing moves. The client answers on its agent's thread; a client that cannot answer (stopped)
+// fails the server's request after the server's wait.
+//
 // The token lifetime is FERRY_OBJECTS_TOKEN_TTL seconds (default 300). Threads: every method may be
 // called from any thread; callbacks run on the calling thread.
 #pragma once

@@ -22,10 +22,16 @@
 // registration returns nullptr on failure; handleGetObject()/handlePutObject() return the size
 // (synchronous), 0 (asynchronous submission, then poll()), or -ENODEV (no session), -EIO (bad
 // argument, descriptor, channel or range, a failed submission or completion), -ENOMEM,
-// -EAFNOSUPPORT (the client has no wireup address of the server's address family). A request the
-// client's side refuses (its token expired or revoked, another range, the other direction) fails
-// with -EIO and status IBV_WC_REM_ACCESS_ERR, and no byte of either side's memory changes outside
-// what the descriptor granted.
+// -EAFNOSUPPORT (the client has no wireup address of the server's address family).
+//
+// Before a byte moves, the server claims the descriptor from the client agent it names, over the
+// connection the wireup made (one round trip on it): the client confirms that it minted exactly
+// that text, live, and not used by a request before, and the transfer uses the keys it confirmed.
+// So a descriptor serves one request. A descriptor the client refuses (not minted there, edited,
+// expired, revoked, replayed) fails with -EIO and status IBV_WC_REM_ACCESS_ERR; a client that does
+// not answer within the transport timeout of the tunables (4.096 us * 2^timeout * (retry_cnt + 1),
+// 2.1 s by default, at least 100 ms) with -EIO and IBV_WC_RESP_TIMEOUT_ERR. In both cases nothing
+// moves. The claim is made inside handleGetObject()/handlePutObject(), asynchronous ones too.
 //
 // Failures are the request's own: a client that died or revoked its memory costs the requests
 // addressed to it (on RC semantics, the ones in flight to that client with it) and nothing else.

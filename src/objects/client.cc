@@ -2,6 +2,9 @@
 // descriptor is a registration of exactly its range, with only the remote access its direction
 // needs, made for it alone and revoked (deregistered) when its use ends or expires: the device
 // that serves the server's WRITE or READ (this process's soft provider, or the NIC) enforces it.
+// Before a server moves a byte for a descriptor it claims it from this client's agent
+// (descriptor.h, "The grant"): the client grants only a descriptor it minted, live and never
+// claimed before, so a descriptor serves one request, and one forged or edited anywhere serves none.
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,7 +52,7 @@ std::unordered_set<const void*>& liveHandles() {
 
 namespace ferry::objects {
 
-class ClientCore {
+class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
   ~ClientCore() { stop(); }
 
@@ -63,6 +66,12 @@ class ClientCore {
       return false;
     }
     agent_ = *a;
+    // The handler runs on the agent's thread and only looks up the token table.
+    std::weak_ptr<ClientCore> weak = weak_from_this();
+    agent_->onMessage(std::string(kGrantChannel),
+                      [weak](std::shared_ptr<ag::PeerConnection> from, std::string_view body) {
+                        if (auto self = weak.lock()) self->onClaim(from, body);
+                      });
     ttlNs_ = static_cast<uint64_t>(ferry::config::objectsTokenTtlSeconds()) * 1000000000ull;
     reaper_ = std::thread([this] { reap(); });
     return true;
@@ -85,6 +94,7 @@ class ClientCore {
       regs_.clear();
     }
     if (agent_) {
+      agent_->onMessage(std::string(kGrantChannel), nullptr);
       for (const auto& n : names) (void)agent_->unregisterMemoryRegion(n);
       agent_->shutdown();
     }
@@ -197,7 +207,7 @@ class ClientCore {
         (void)agent_->unregisterMemoryRegion(name);
         return ferry::invalidArgument("the registration was put back");
       }
-      tokens_[text] = Token{.region = name, .registration = *reg, .expiresNs = d.expiresNs};
+      tokens_[descriptorDigest(text)] = Token{.region = name, .registration = *reg, .descriptor = d};
     }
     cv_.notify_all();
     return text;
@@ -207,7 +217,7 @@ class ClientCore {
     std::string name;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = tokens_.find(text);
+      auto it = tokens_.find(descriptorDigest(text));
       if (it == tokens_.end()) return false;
       name = it->second.region;
       tokens_.erase(it);
@@ -229,8 +239,44 @@ class ClientCore {
   struct Token {
     std::string region;
     uint64_t registration = 0;
-    uint64_t expiresNs = 0;
+    Descriptor descriptor;
+    bool claimed = false;  // a server claimed it for a request: no other request may use it
   };
+
+  // A server's claim of a descriptor (descriptor.h, "The grant"), on the agent's thread: granted
+  // once, for a descriptor of this client that is live; the answer goes back on the same link.
+  void onClaim(const std::shared_ptr<ag::PeerConnection>& from, std::string_view body) {
+    auto claim = decodeClaim(body);
+    if (!claim.isOk()) {
+      telem_->log(CUOBJ_LOG_PATH_ERROR, "", "a claim from " + from->peerAlias() + " refused: " +
+                                                claim.status().message());
+      return;
+    }
+    GrantAnswer answer;
+    answer.id = claim->id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = tokens_.find(claim->digest);
+      if (it == tokens_.end()) {
+        answer.reason = "no live descriptor of this client has that digest (not minted here, edited, "
+                        "revoked or expired)";
+      } else if (it->second.claimed) {
+        answer.reason = "the descriptor was used by a request already";
+      } else if (it->second.descriptor.expiresNs <= realtimeNs()) {
+        answer.reason = "the descriptor expired";
+      } else {
+        it->second.claimed = true;
+        answer.granted = true;
+        answer.descriptor = it->second.descriptor;
+      }
+    }
+    if (!answer.granted) {
+      telem_->log(CUOBJ_LOG_PATH_DEBUG, "",
+                  "a claim from " + from->peerAlias() + " refused: " + answer.reason);
+    }
+    Status st = from->sendMessage(kGrantChannel, encodeAnswer(answer));
+    if (!st.isOk()) telem_->log(CUOBJ_LOG_PATH_ERROR, "", "a grant answer was not sent: " + st.toString());
+  }
 
   // Revokes tokens at their expiry.
   void reap() {
@@ -239,11 +285,11 @@ class ClientCore {
       uint64_t now = realtimeNs(), next = UINT64_MAX;
       std::vector<std::string> expired;
       for (auto it = tokens_.begin(); it != tokens_.end();) {
-        if (it->second.expiresNs <= now) {
+        if (it->second.descriptor.expiresNs <= now) {
           expired.push_back(it->second.region);
           it = tokens_.erase(it);
         } else {
-          next = std::min(next, it->second.expiresNs);
+          next = std::min(next, it->second.descriptor.expiresNs);
           ++it;
         }
       }
@@ -270,7 +316,7 @@ class ClientCore {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::map<uint64_t, Registration> regs_;          // by start address
-  std::unordered_map<std::string, Token> tokens_;  // by descriptor text
+  std::unordered_map<std::string, Token> tokens_;  // by descriptorDigest() of the text
   std::thread reaper_;
 };
 

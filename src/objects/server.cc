@@ -1,6 +1,9 @@
 // cuObjServer (include/ferry/cuobj_server.h) on ferry's agent: the server's agent connects to each
 // client its descriptors name, and moves a request's bytes with one WRITE (GET) or READ (PUT)
-// batch of the Endpoint API against the range's keys the descriptor carries.
+// batch of the Endpoint API against the range's keys. Those keys are the ones the client confirmed:
+// before a byte moves, the server claims the descriptor from the client agent it names, over the
+// link the wireup authenticated (descriptor.h, "The grant"), and a descriptor the client did not
+// mint, or that served a request already, is refused.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
@@ -16,6 +19,7 @@
 #include <deque>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -109,7 +113,7 @@ void cuObjRDMATunable::setTrafficClass(unsigned v) {
 
 namespace ferry::objects {
 
-class ServerCore {
+class ServerCore : public std::enable_shared_from_this<ServerCore> {
  public:
   struct Pending {
     ep::Future future;
@@ -173,9 +177,18 @@ class ServerCore {
     double seconds = 4.096e-6 * static_cast<double>(uint64_t{1} << std::min<unsigned>(p.timeout, 31)) * tries;
     connectTimeout_ = std::chrono::milliseconds(static_cast<int64_t>(std::max(10.0, seconds) * 1000));
     o.connectTimeout = connectTimeout_;
+    // A client answers a claim at once: what it may take is the same transport timeout, at least
+    // 100 ms (a client that never answers costs its own requests that long).
+    grantTimeout_ = std::clamp(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)),
+                               std::chrono::milliseconds(100), connectTimeout_);
     auto a = ag::Agent::start(std::move(o));
     if (!a.isOk()) return fail(a.status().toString());
     agent_ = *a;
+    std::weak_ptr<ServerCore> weak = weak_from_this();
+    agent_->onMessage(std::string(kGrantChannel),
+                      [weak](std::shared_ptr<ag::PeerConnection> from, std::string_view body) {
+                        if (auto self = weak.lock()) self->onAnswer(from, body);
+                      });
     // The device limits: channels need QPs, and max_rd_atomic is capped to what the devices allow.
     int maxQp = INT32_MAX, maxRd = INT32_MAX;
     for (const auto& d : agent_->workerAddress().devices) {
@@ -216,7 +229,10 @@ class ServerCore {
       for (auto& p : ch->pending) (void)p.future.wait(std::chrono::seconds(60));
       ch->pending.clear();
     }
-    if (agent_) agent_->shutdown();
+    if (agent_) {
+      agent_->onMessage(std::string(kGrantChannel), nullptr);
+      agent_->shutdown();
+    }
     agent_.reset();
     {
       std::lock_guard<std::mutex> l(clientMu_);
@@ -439,6 +455,7 @@ class ServerCore {
     // (a failed request reset it, the client restarted) is replaced: the agent retires it within
     // moments, and the next lookup wires up anew.
     auto release = [&] { releaseClient(d->agentAddress); };
+    std::optional<Descriptor> granted;  // the client's own copy, once it granted this request
     for (int attempt = 0;; ++attempt) {
       std::shared_ptr<ag::PeerConnection> peer;
       std::shared_ptr<ep::Endpoint> endpoint;
@@ -477,9 +494,18 @@ class ServerCore {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
+      if (!granted) {
+        auto g = claim(peer, ag::uuidText(address->uuid), descr, *d);
+        if (!g.isOk()) {
+          release();
+          if (status) *status = wcOf(g.status());
+          return refuse(-EIO, "client " + address->alias + ": " + g.status().toString());
+        }
+        granted = std::move(*g);
+      }
       const std::string& device = lanes->of(ag::OpClass::kRma).remoteDevice;
       const uint32_t* rkey = nullptr;
-      for (const auto& k : d->keys) {
+      for (const auto& k : granted->keys) {
         if (k.first == device) rkey = &k.second;
       }
       if (rkey == nullptr) {
@@ -487,8 +513,8 @@ class ServerCore {
         return refuse(-EIO, "the descriptor has no key for the client's device " + device);
       }
       ferry::json::Value info = ferry::json::Value::emptyObject();
-      info.set("addr", static_cast<int64_t>(d->addr));
-      info.set("length", static_cast<int64_t>(d->length));
+      info.set("addr", static_cast<int64_t>(granted->addr));
+      info.set("length", static_cast<int64_t>(granted->length));
       info.set("rkey", static_cast<int64_t>(*rkey));
       info.set("writable", op == CUOBJ_GET);
       auto remote = endpoint->registerRemoteMemoryRegion(
@@ -498,7 +524,7 @@ class ServerCore {
         return refuse(-EIO, remote.status().toString());
       }
       std::vector<ep::Assignment> batch;
-      uint64_t skip = localOffset, left = size, remoteOffset = remoteStart - d->addr;
+      uint64_t skip = localOffset, left = size, remoteOffset = remoteStart - granted->addr;
       for (const auto& p : pieces) {
         if (left == 0) break;
         if (skip >= p.size) {
@@ -596,6 +622,69 @@ class ServerCore {
   }
 
  private:
+  // A claim sent to a client, waiting for its answer.
+  struct Claim {
+    std::string peerUuid;  // the client the claim went to: only its answer counts
+    bool answered = false;
+    GrantAnswer answer;
+    std::condition_variable cv;
+  };
+
+  // Claims the descriptor `text` (decoded: d) from the client agent it names, on that client's
+  // connection: the client's own copy of it, which equals d. kPermissionDenied when the client
+  // refused (not minted there, edited, revoked, expired, used already) or granted something else;
+  // kTimedOut when no answer came within grantTimeout_; kPeerGone when the claim was not sent.
+  ferry::Result<Descriptor> claim(const std::shared_ptr<ag::PeerConnection>& peer,
+                                  const std::string& peerUuid, const std::string& text, const Descriptor& d) {
+    auto waiter = std::make_shared<Claim>();
+    waiter->peerUuid = peerUuid;
+    const uint64_t id = nextClaim_.fetch_add(1) + 1;
+    {
+      std::lock_guard<std::mutex> lock(grantMu_);
+      claims_[id] = waiter;
+    }
+    Status sent = peer->sendMessage(kGrantChannel, encodeClaim({.id = id, .digest = descriptorDigest(text)}));
+    std::unique_lock<std::mutex> lock(grantMu_);
+    if (sent.isOk()) waiter->cv.wait_for(lock, grantTimeout_, [&] { return waiter->answered; });
+    claims_.erase(id);
+    if (!sent.isOk()) return Status(StatusCode::kPeerGone, "the claim was not sent: " + sent.message());
+    if (!waiter->answered) {
+      return Status(StatusCode::kTimedOut,
+                    "no answer to the claim within " + std::to_string(grantTimeout_.count()) + " ms");
+    }
+    const GrantAnswer& a = waiter->answer;
+    if (!a.granted) {
+      return Status(StatusCode::kPermissionDenied, "the client refused the descriptor: " + a.reason);
+    }
+    if (!(a.descriptor == d)) {
+      return Status(StatusCode::kPermissionDenied,
+                    "the client granted another descriptor than the request's");
+    }
+    return a.descriptor;
+  }
+
+  // An answer to a claim, on the agent's thread. One from another peer than the claim went to, or
+  // to a claim no longer waited for (it timed out), is dropped.
+  void onAnswer(const std::shared_ptr<ag::PeerConnection>& from, std::string_view body) {
+    auto a = decodeAnswer(body);
+    if (!a.isOk()) {
+      log(CUOBJ_LOG_PATH_ERROR, "",
+          "an answer from " + from->peerAlias() + " dropped: " + a.status().message());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(grantMu_);
+    auto it = claims_.find(a->id);
+    if (it == claims_.end()) return;
+    if (from->peerUuid() != it->second->peerUuid) {
+      log(CUOBJ_LOG_PATH_ERROR, "",
+          "an answer from " + from->peerAlias() + " to a claim sent to another client dropped");
+      return;
+    }
+    it->second->answer = std::move(*a);
+    it->second->answered = true;
+    it->second->cv.notify_all();
+  }
+
   bool isWildcard() const { return ip_ == "0.0.0.0" || ip_ == "::"; }
 
   // Waits for a synchronous request as the delay mode says.
@@ -759,6 +848,11 @@ class ServerCore {
   std::shared_ptr<Telemetry> telem_;
   std::shared_ptr<ag::Agent> agent_;
   std::chrono::milliseconds connectTimeout_{10000};
+  std::chrono::milliseconds grantTimeout_{2000};
+
+  std::mutex grantMu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Claim>> claims_;  // by claim id
+  std::atomic<uint64_t> nextClaim_{0};
 
   std::mutex bufMu_;
   std::unordered_set<rdma_buffer*> buffers_;

@@ -11,11 +11,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ferry/agent/agent.h"
 #include "ferry/cuobj_client.h"
 #include "ferry/cuobj_server.h"
 #include "objects/descriptor.h"
@@ -71,6 +74,78 @@ ssize_t routePut(const void* handle, const char* ptr, size_t size, loff_t offset
 }
 
 CUObjOps_t gOps{.get = routeGet, .put = routePut};
+
+namespace obj = ferry::objects;
+
+// An agent of the test's own in the client's place: its memory is a region with full remote access
+// (as any agent's published region), and it answers the server's claims as the test says: it grants
+// a descriptor text the test handed it (with the copy the test chose, as often as asked), refuses
+// any other, or, when silent, answers nothing (an agent that is no object client).
+class TestClientAgent {
+ public:
+  explicit TestClientAgent(bool answers) {
+    auto a = ferry::agent::Agent::start(ferry::agent::AgentOptions{});
+    EXPECT_TRUE(a.isOk()) << a.status().toString();
+    if (!a.isOk()) return;
+    agent_ = *a;
+    if (answers) {
+      agent_->onMessage(std::string(obj::kGrantChannel),
+                        [this](std::shared_ptr<ferry::agent::PeerConnection> from, std::string_view body) {
+                          onClaim(from, body);
+                        });
+    }
+  }
+  ~TestClientAgent() {
+    if (!agent_) return;
+    agent_->onMessage(std::string(obj::kGrantChannel), nullptr);
+    agent_->shutdown();
+  }
+  // Registers [p, +n) as region `name`: a descriptor of it for op with the region's real keys,
+  // naming this agent, valid for a minute.
+  obj::Descriptor describe(void* p, size_t n, cuObjOpType_t op, const std::string& name) {
+    obj::Descriptor d;
+    if (!agent_) return d;
+    EXPECT_TRUE(agent_->registerMemoryRegion(name, p, n).isOk());
+    auto keys = agent_->regionKeys(name);
+    EXPECT_TRUE(keys.isOk());
+    if (!keys.isOk()) return d;
+    d.op = static_cast<uint8_t>(op);
+    d.addr = reinterpret_cast<uint64_t>(p);
+    d.length = n;
+    d.expiresNs = obj::realtimeNs() + 60'000'000'000ull;
+    for (const auto& [device, view] : *keys) d.keys.emplace_back(device, view.rkey);
+    d.agentAddress = agent_->address();
+    return d;
+  }
+  // Grants `text` when claimed, answering with `copy`.
+  void grant(const std::string& text, const obj::Descriptor& copy) {
+    std::lock_guard<std::mutex> lock(mu_);
+    grants_[obj::descriptorDigest(text)] = copy;
+  }
+  int claims() const { return claims_.load(); }
+
+ private:
+  void onClaim(const std::shared_ptr<ferry::agent::PeerConnection>& from, std::string_view body) {
+    auto claim = obj::decodeClaim(body);
+    if (!claim.isOk()) return;
+    ++claims_;
+    obj::GrantAnswer answer;
+    answer.id = claim->id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = grants_.find(claim->digest);
+      answer.granted = it != grants_.end();
+      if (answer.granted) answer.descriptor = it->second;
+    }
+    if (!answer.granted) answer.reason = "not granted by the test";
+    (void)from->sendMessage(obj::kGrantChannel, obj::encodeAnswer(answer));
+  }
+
+  std::shared_ptr<ferry::agent::Agent> agent_;
+  std::mutex mu_;
+  std::map<std::string, obj::Descriptor> grants_;  // by digest
+  std::atomic<int> claims_{0};
+};
 
 class ObjectsTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -256,8 +331,8 @@ TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   ASSERT_NE(rb, nullptr);
   std::vector<uint8_t> dst(piece * count, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
-  std::string get = token(dst, CUOBJ_GET);
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < count; ++i) {  // a descriptor serves one request: one per piece
+    std::string get = token(dst, CUOBJ_GET, i * piece, piece);
     ASSERT_EQ(server_->handleGetObject("async-" + std::to_string(i), rb,
                                        reinterpret_cast<uint64_t>(dst.data()) + i * piece, piece, get,
                                        channel_, i * piece, nullptr, reinterpret_cast<void*>(i + 1)),
@@ -288,37 +363,38 @@ TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   EXPECT_EQ(server_->poll(nullptr, 16, channel_), -EINVAL);
   EXPECT_EQ(server_->poll(events, -1, channel_), -EINVAL);
   EXPECT_EQ(server_->poll(events, 16, 77), -EINVAL);
-  // A failed asynchronous completion: -EIO with the event filled.
+  // A forged asynchronous request: the client does not confirm it, so it is refused at submission
+  // (-EIO, the status filled) and nothing is queued.
   std::vector<uint8_t> before = dst;
+  std::string get = token(dst, CUOBJ_GET, 0, piece);
   auto forged = ferry::objects::decodeDescriptor(get);
   for (auto& k : forged->keys) k.second ^= 0x330000;
-  ASSERT_EQ(server_->handleGetObject("async-bad", rb, reinterpret_cast<uint64_t>(dst.data()), piece,
-                                     ferry::objects::encodeDescriptor(*forged), channel_, 0, nullptr,
+  ibv_wc_status st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server_->handleGetObject("async-bad", rb, reinterpret_cast<uint64_t>(dst.data()), piece,
+                                     ferry::objects::encodeDescriptor(*forged), channel_, 0, &st,
                                      reinterpret_cast<void*>(0xbad)),
-            0);
-  int rc = 0;
-  deadline = std::chrono::steady_clock::now() + 60s;
-  do {
-    std::memset(events, 0, sizeof events);
-    rc = server_->poll(events, 16, channel_);
-  } while (rc == 0 && std::chrono::steady_clock::now() < deadline);
-  EXPECT_EQ(rc, -EIO);
-  EXPECT_EQ(events[0].async_handle, reinterpret_cast<void*>(0xbad));
-  EXPECT_EQ(events[0].status, IBV_WC_REM_ACCESS_ERR);
+            -EIO);
+  EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(server_->poll(events, 16, channel_), 0);
   EXPECT_EQ(dst, before);
-  // The next request to that client connects anew (qp_reset_on_failure) and works.
-  ibv_wc_status st = IBV_WC_GENERAL_ERR;
+  // The real descriptor still serves its request.
+  std::fill(sdata.begin(), sdata.begin() + piece, 0x77);
+  st = IBV_WC_GENERAL_ERR;
   EXPECT_EQ(server_->handleGetObject("after", rb, reinterpret_cast<uint64_t>(dst.data()), piece, get,
                                      channel_, 0, &st),
             static_cast<ssize_t>(piece));
   EXPECT_EQ(st, IBV_WC_SUCCESS);
+  EXPECT_EQ(dst[0], 0x77);
+  EXPECT_EQ(dst[piece - 1], 0x77);
   server_->deRegisterBuffer(rb);
 }
 
 // A client's connection that ends while a request on it is still in flight (not polled yet) is
 // replaced for the next request; without qp_reset_on_failure nothing else closes it. Before, the
 // ended connection stayed in the server's client table while in use, and the next request looked
-// it up again until its connect deadline (10 s), then failed with -EIO.
+// it up again until its connect deadline (10 s), then failed with -EIO. The client is the test's
+// agent: only a client that confirms a bad key makes the server use one (an object client confirms
+// only what it minted), and the access it refuses is what ends the connection.
 TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNextRequest) {
   cuObjRDMATunable keep;
   keep.setQPResetOnFailure(false);
@@ -331,26 +407,35 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
   rdma_buffer* rb = server.registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
   std::vector<uint8_t> dst(3 * piece, 0);
-  ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
-  std::string get = token(dst, CUOBJ_GET);
+  TestClientAgent client(/*answers=*/true);
+  const obj::Descriptor d = client.describe(dst.data(), dst.size(), CUOBJ_GET, "dst");
+  ASSERT_FALSE(d.keys.empty());
+  // Descriptors of that range (distinct texts: one expiry nanosecond apart), each granted as is.
+  auto granted = [&](uint64_t n, bool badKeys) {
+    obj::Descriptor x = d;
+    x.expiresNs += n;
+    if (badKeys) {
+      for (auto& k : x.keys) k.second ^= 0x5a5a00;
+    }
+    std::string text = obj::encodeDescriptor(x);
+    client.grant(text, x);
+    return text;
+  };
   const uint64_t base = reinterpret_cast<uint64_t>(dst.data());
   // In flight until polled: the connection stays in use.
-  ASSERT_EQ(server.handleGetObject("held", rb, base, piece, get, channel, 0, nullptr, reinterpret_cast<void*>(1)),
+  ASSERT_EQ(server.handleGetObject("held", rb, base, piece, granted(1, false), channel, 0, nullptr,
+                                   reinterpret_cast<void*>(1)),
             0);
-  // A forged key: the client's device refuses the access, which ends the RC connection.
-  auto forged = ferry::objects::decodeDescriptor(get);
-  ASSERT_TRUE(forged.isOk());
-  for (auto& k : forged->keys) k.second ^= 0x5a5a00;
+  // A bad key, confirmed: the client's device refuses the access, which ends the RC connection.
   ibv_wc_status st = IBV_WC_SUCCESS;
-  EXPECT_EQ(server.handleGetObject("forged", rb, base + piece, piece, ferry::objects::encodeDescriptor(*forged),
-                                   channel, 0, &st),
+  EXPECT_EQ(server.handleGetObject("forged", rb, base + piece, piece, granted(2, true), channel, 0, &st),
             -EIO);
   EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
   std::vector<uint8_t> untouched(piece, 0);
   EXPECT_EQ(std::memcmp(dst.data() + piece, untouched.data(), piece), 0);
   // The next request goes over a new connection.
   st = IBV_WC_GENERAL_ERR;
-  EXPECT_EQ(server.handleGetObject("after", rb, base + 2 * piece, piece, get, channel, 0, &st),
+  EXPECT_EQ(server.handleGetObject("after", rb, base + 2 * piece, piece, granted(3, false), channel, 0, &st),
             static_cast<ssize_t>(piece));
   EXPECT_EQ(st, IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(dst.data() + 2 * piece, sdata.data(), piece), 0);
@@ -363,6 +448,116 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
   EXPECT_EQ(events[0].async_handle, reinterpret_cast<void*>(1));
   EXPECT_EQ(events[0].status, IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(dst.data(), sdata.data(), piece), 0);
+  server.deRegisterBuffer(rb);
+  server.freeChannelId(channel);
+}
+
+// A descriptor is claimed from the client that minted it, for one request: an edited one (keys,
+// range, expiry) is not confirmed and moves nothing, the real one serves one GET or PUT in full,
+// and replayed afterwards it moves nothing either.
+TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
+  const size_t n = 64 << 10;
+  std::vector<uint8_t> sdata = pattern(n, 61);
+  rdma_buffer* rb = server_->registerBuffer(sdata.data(), n);
+  ASSERT_NE(rb, nullptr);
+  std::vector<uint8_t> dst(n, 0x11);
+  ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), n), CU_OBJ_SUCCESS);
+  const uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
+  const std::string get = token(dst, CUOBJ_GET);
+  auto edited = [&](auto change) {
+    auto d = obj::decodeDescriptor(get);
+    change(*d);
+    return obj::encodeDescriptor(*d);
+  };
+  const std::vector<std::string> forged = {
+      edited([](obj::Descriptor& d) { d.keys.front().second ^= 1; }),
+      edited([](obj::Descriptor& d) { d.length -= 4096; }),
+      edited([](obj::Descriptor& d) {
+        d.addr += 4096;
+        d.length -= 4096;
+      }),
+      edited([](obj::Descriptor& d) { d.expiresNs += 1; }),
+  };
+  for (const auto& text : forged) {
+    ibv_wc_status st = IBV_WC_SUCCESS;
+    EXPECT_EQ(server_->handleGetObject("edited", rb, addr + 4096, 4096, text, channel_, 0, &st), -EIO);
+    EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+  }
+  EXPECT_EQ(dst, std::vector<uint8_t>(n, 0x11));
+  // The real one: every byte, once.
+  ibv_wc_status st = IBV_WC_GENERAL_ERR;
+  ASSERT_EQ(server_->handleGetObject("once", rb, addr, n, get, channel_, 0, &st), static_cast<ssize_t>(n));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  EXPECT_EQ(dst, sdata);
+  std::fill(sdata.begin(), sdata.end(), 0x99);
+  st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server_->handleGetObject("replayed", rb, addr, n, get, channel_, 0, &st), -EIO);
+  EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(dst, pattern(n, 61));
+  // PUT: once in full; replayed, nothing is read (the object keeps the first PUT's bytes).
+  const std::vector<uint8_t> src = pattern(n, 62);
+  std::copy(src.begin(), src.end(), dst.begin());
+  const std::string put = token(dst, CUOBJ_PUT);
+  st = IBV_WC_GENERAL_ERR;
+  ASSERT_EQ(server_->handlePutObject("put-once", rb, addr, n, put, channel_, 0, &st),
+            static_cast<ssize_t>(n));
+  EXPECT_EQ(sdata, src);
+  std::fill(dst.begin(), dst.end(), 0x44);
+  st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server_->handlePutObject("put-replayed", rb, addr, n, put, channel_, 0, &st), -EIO);
+  EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(sdata, src);
+  server_->deRegisterBuffer(rb);
+}
+
+// A descriptor naming an agent that never minted it, with the real key of a region that agent
+// registered (full remote access, as a published region): the server asks that agent, which does
+// not answer (it is no object client), and the request fails within the wait the tunables set; the
+// agent's memory is not written (GET), nor read into the object (PUT). An agent that answers with
+// another descriptor than the request's is refused as well.
+TEST_P(ObjectsTest, ADescriptorOfAnAgentThatNeverMintedItMovesNothing) {
+  cuObjRDMATunable quick;
+  quick.setTimeout(12);  // the wait for an answer: 4.096 us * 2^12 * (7 + 1) = 134 ms
+  cuObjServer server("127.0.0.1", 0, CUOBJ_PROTO_RDMA_DC_V1, quick);
+  ASSERT_TRUE(server.isConnected());
+  const uint16_t channel = server.allocateChannelId();
+  const size_t n = 64 << 10;
+  std::vector<uint8_t> sdata = pattern(n, 71);
+  rdma_buffer* rb = server.registerBuffer(sdata.data(), n);
+  ASSERT_NE(rb, nullptr);
+  std::vector<uint8_t> victim = pattern(n, 72);
+  TestClientAgent silent(/*answers=*/false);
+  obj::Descriptor d = silent.describe(victim.data(), n, CUOBJ_GET, "victim");
+  ASSERT_FALSE(d.keys.empty());
+  ibv_wc_status st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server.handleGetObject("forged-get", rb, d.addr, 4096, obj::encodeDescriptor(d), channel, 0, &st),
+            -EIO);
+  EXPECT_EQ(st, IBV_WC_RESP_TIMEOUT_ERR);
+  EXPECT_EQ(victim, pattern(n, 72));
+  d.op = CUOBJ_PUT;
+  st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server.handlePutObject("forged-put", rb, d.addr, n, obj::encodeDescriptor(d), channel, 0, &st),
+            -EIO);
+  EXPECT_EQ(st, IBV_WC_RESP_TIMEOUT_ERR);
+  EXPECT_EQ(sdata, pattern(n, 71));
+
+  // An agent that answers, but grants something else (wider) than the request's descriptor.
+  TestClientAgent liar(/*answers=*/true);
+  obj::Descriptor asked = liar.describe(victim.data(), 4096, CUOBJ_GET, "victim");
+  obj::Descriptor wider = liar.describe(victim.data(), n, CUOBJ_GET, "victim-whole");
+  const std::string text = obj::encodeDescriptor(asked);
+  liar.grant(text, wider);
+  st = IBV_WC_SUCCESS;
+  EXPECT_EQ(server.handleGetObject("other-grant", rb, asked.addr, 4096, text, channel, 0, &st), -EIO);
+  EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(liar.claims(), 1);
+  EXPECT_EQ(victim, pattern(n, 72));
+  // Granted as asked: the bytes land (the claim is what the server waited for).
+  liar.grant(text, asked);
+  st = IBV_WC_GENERAL_ERR;
+  EXPECT_EQ(server.handleGetObject("granted", rb, asked.addr, 4096, text, channel, 0, &st), 4096);
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(victim.data(), sdata.data(), 4096), 0);
   server.deRegisterBuffer(rb);
   server.freeChannelId(channel);
 }
@@ -499,7 +694,7 @@ TEST_P(ObjectsTest, ScatterGatherBuffersAndViews) {
   EXPECT_EQ(std::memcmp(dst.data() + 4096, p2.data(), 8192), 0);
   // Several entries: a nonzero local_offset that fits is taken as 0.
   std::fill(dst.begin(), dst.end(), 0);
-  ASSERT_EQ(server_->handleGetObject("sg-off", sg, addr, 4096, get, channel_, 100), 4096);
+  ASSERT_EQ(server_->handleGetObject("sg-off", sg, addr, 4096, token(dst, CUOBJ_GET), channel_, 100), 4096);
   EXPECT_EQ(std::memcmp(dst.data(), p1.data(), 4096), 0);
   // ... and one that does not fit is refused.
   EXPECT_EQ(server_->handleGetObject("sg-over", sg, addr, 12288, get, channel_, 1), -EIO);
@@ -532,7 +727,7 @@ TEST_P(ObjectsTest, ScatterGatherBuffersAndViews) {
   rdma_buffer* view = server_->getRDMABufferFromSgList(bb, {{0, 4096}, {16384, 8192}});
   ASSERT_NE(view, nullptr);
   std::fill(dst.begin(), dst.end(), 0);
-  ASSERT_EQ(server_->handleGetObject("view-get", view, addr, 12288, get, channel_), 12288);
+  ASSERT_EQ(server_->handleGetObject("view-get", view, addr, 12288, token(dst, CUOBJ_GET), channel_), 12288);
   EXPECT_EQ(std::memcmp(dst.data(), pb.data(), 4096), 0);
   EXPECT_EQ(std::memcmp(dst.data() + 4096, pb.data() + 16384, 8192), 0);
   server_->putRDMABufferFromSgList(view);
@@ -599,7 +794,6 @@ TEST_P(ObjectsTest, DelayModesAllComplete) {
   std::vector<uint8_t> sdata = pattern(1 << 20, 41);
   std::vector<uint8_t> dst(1 << 20);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
-  std::string get = token(dst, CUOBJ_GET);
   for (cuObjDelayMode_t mode :
        {CUOBJ_DELAY_NONE, CUOBJ_DELAY_BATCH, CUOBJ_DELAY_ENTRY, CUOBJ_DELAY_ADAPTIVE, CUOBJ_DELAY_INVALID}) {
     cuObjRDMATunable t;
@@ -609,6 +803,7 @@ TEST_P(ObjectsTest, DelayModesAllComplete) {
     uint16_t ch = s.allocateChannelId();
     rdma_buffer* rb = s.registerBuffer(sdata.data(), sdata.size());
     std::fill(dst.begin(), dst.end(), 0);
+    std::string get = token(dst, CUOBJ_GET);
     EXPECT_EQ(
         s.handleGetObject("delay", rb, reinterpret_cast<uint64_t>(dst.data()), dst.size(), get, 20000u, ch),
         static_cast<ssize_t>(dst.size()))
