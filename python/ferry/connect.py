@@ -300,7 +300,10 @@ class _Operation:
 
     async def wait_for_completion(self) -> None:
         """Returns when the operation completed; raises its ferry error when it was cancelled
-        (``ferry.Cancelled``) or failed (``ferry.PeerGone``, ``ferry.PermissionDenied``, ...)."""
+        (``ferry.Cancelled``) or failed (``ferry.PeerGone`` naming the peer, ``ferry.PermissionDenied``,
+        ...). It always ends: an operation whose peer is gone ends with ``ferry.PeerGone`` once the
+        agent knows (at once for a process that died), and one that no peer began by its metadata's
+        expiry with ``ferry.TimedOut`` (docs/connect.md, "Every wait ends")."""
         await self._op.completion()
 
     def cancel(self) -> None:

@@ -1,17 +1,26 @@
 // Connector (connector.h): readable and writable operations, moved by their owner.
 //
 // Threads: the protocol runs on the agent's thread: its messages arrive there, and batch
-// completions (which run under their endpoint's lock) are posted to it. Impl::mu guards every operation's state and the tables; it is
-// never held while calling the agent's register/unregister (which may wait for a device) or while
-// completing an operation's future.
+// completions (which run under their endpoint's lock) are posted to it. Impl::mu guards every
+// operation's state and the tables; it is never held while calling the agent's register/unregister
+// (which may wait for a device) or while completing an operation's future. One more thread, the
+// expiry clock, sleeps until the next metadata expiry and posts it to the agent's thread.
+//
+// Every wait ends (docs/connect.md, "Every wait ends"): an operation ends when its transfer ends,
+// when its peer's connection ends (closed(): a peer that died or went silent for the agent's
+// peerTimeout), when it is cancelled or the connector shuts down, and, for one that no peer began,
+// when its metadata expires: an owner's operation still INITIALIZED at `expires`, and a reader's or
+// writer's whose owner had not answered STARTED by then (its BEGIN never arrived).
 #include "ferry/connect/connector.h"
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "agent/crypto.h"
@@ -82,6 +91,7 @@ struct Operation::State {
   // The peer: the connection, its uuid, and its operation id (the active side's id, for an owner).
   std::shared_ptr<agent::PeerConnection> peer;
   std::string peerUuid;
+  std::string peerAlias;
   uint64_t peerOp = 0;
   // Owner's transfer.
   std::shared_ptr<ep::Endpoint> endpoint;
@@ -94,6 +104,8 @@ struct Operation::State {
   Status stopReason;
   // Active side.
   bool beginSent = false;
+  bool started = false;     // the owner answered STARTED (or DONE)
+  Clock::time_point expiryDue;  // its place on the expiry clock (Impl::clockMu)
   bool cancelling = false;  // cancel() waits for the owner to stop
   bool ownerStopped = false;
 };
@@ -115,6 +127,13 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     int64_t expires = 0;
     OperationStatus status = OperationStatus::kComplete;
   };
+  // The expiry clock: operations to end at their metadata's expiry, by (due time, operation id);
+  // finish() takes an operation off.
+  std::mutex clockMu;
+  std::condition_variable clockCv;
+  std::map<std::pair<Clock::time_point, uint64_t>, std::weak_ptr<Operation::State>> expiries;
+  bool clockStop = false;
+  std::thread clock;
   std::unordered_map<uint64_t, Ended> ended;  // passive operations that ended, until their expiry
   size_t sweepAt = 1024;
   std::set<std::string> watched;  // peer uuids whose connection end is watched
@@ -203,6 +222,10 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       else if (status == OperationStatus::kCancelled) ++stats.cancelled;
       else ++stats.errored;
     }
+    {
+      std::lock_guard<std::mutex> lock(clockMu);
+      expiries.erase({op->expiryDue, op->id});
+    }
     for (const auto& name : regions) (void)agent->unregisterMemoryRegion(name);
     if (endpoint) {
       for (auto h : remote) (void)endpoint->unregisterRemoteMemoryRegion(h);
@@ -242,10 +265,96 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       }
     }
     for (auto& op : hit) {
-      std::string who = op->passive ? "the peer that began it" : "worker '" + op->metadata.worker + "'";
+      std::string who =
+          "worker '" + (op->passive ? op->peerAlias + "' (which began it)" : op->metadata.worker + "'");
       finish(op, OperationStatus::kErrored,
              Status(StatusCode::kPeerGone, who + " is gone: " + why.message()));
     }
+  }
+
+  // ---- the expiry clock ----
+  ~Impl() { stopClock(); }
+
+  void startClock() {
+    clock = std::thread([this] { clockLoop(); });
+  }
+
+  void stopClock() {
+    {
+      std::lock_guard<std::mutex> lock(clockMu);
+      clockStop = true;
+    }
+    clockCv.notify_all();
+    if (clock.joinable() && clock.get_id() != std::this_thread::get_id()) clock.join();
+  }
+
+  // Ends op at `expiresMs` (ms since the epoch, the metadata's clock) plus `slack` unless it has
+  // ended or begun by then (expire()).
+  void expireAt(const OpPtr& op, int64_t expiresMs, std::chrono::milliseconds slack) {
+    auto due = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, expiresMs - nowMs())) + slack;
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(clockMu);
+      op->expiryDue = due;
+      auto it = expiries.emplace(std::make_pair(due, op->id), op).first;
+      first = it == expiries.begin();
+    }
+    if (first) clockCv.notify_all();
+  }
+
+  // The clock's thread: sleeps until the next expiry, then hands the operations due to the
+  // agent's thread (the protocol's).
+  void clockLoop() {
+    std::unique_lock<std::mutex> lock(clockMu);
+    while (!clockStop) {
+      if (expiries.empty()) {
+        clockCv.wait(lock);
+        continue;
+      }
+      auto due = expiries.begin()->first.first;
+      if (Clock::now() < due) {
+        clockCv.wait_until(lock, due);
+        continue;
+      }
+      std::vector<std::weak_ptr<Operation::State>> ops;
+      while (!expiries.empty() && expiries.begin()->first.first <= Clock::now()) {
+        ops.push_back(std::move(expiries.begin()->second));
+        expiries.erase(expiries.begin());
+      }
+      lock.unlock();
+      std::weak_ptr<Impl> weak = weak_from_this();
+      agent->post([weak, ops = std::move(ops)] {
+        auto self = weak.lock();
+        if (!self) return;
+        for (const auto& w : ops) {
+          if (auto op = w.lock()) self->expire(op);
+        }
+      });
+      lock.lock();
+    }
+  }
+
+  // An operation's metadata expired: it ends ERRORED (kTimedOut) if no peer began it. One that
+  // runs goes on: the metadata grants a begin until it expires, not a transfer's end.
+  void expire(const OpPtr& op) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (op->ended) return;
+      std::string id = std::to_string(op->metadata.operation);
+      if (op->passive) {
+        if (op->status != OperationStatus::kInitialized) return;
+        why = "the metadata of " + std::string(op->kind == OperationKind::kRead ? "readable" : "writable") +
+              " operation " + id + " expired (metadata_ttl " + std::to_string(opts.metadataTtl.count()) +
+              " ms) before any peer began it";
+      } else {
+        if (op->started) return;
+        why = "the metadata of operation " + id + " of worker '" + op->metadata.worker +
+              "' expired before the owner began the " + kindVerb(op->kind) +
+              (op->beginSent ? " (it did not answer the BEGIN)" : " (the connection to it was not ready)");
+      }
+    }
+    finish(op, OperationStatus::kErrored, Status(StatusCode::kTimedOut, why));
   }
 
   // Watches a peer's connection once per connection (mu held).
@@ -272,6 +381,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     }
     switch (m->type) {
       case MessageType::kBegin: onBegin(from, *m); break;
+      case MessageType::kStarted: onStarted(from, *m); break;
       case MessageType::kDone: onDone(from, *m); break;
       case MessageType::kCancel: onCancel(from, *m); break;
     }
@@ -297,6 +407,11 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       return denied("the metadata's tag does not match: the text was changed, or it is not from worker '" +
                     agent->alias() + "' (this life of it)");
     }
+    // Expired first: an operation that no peer began ended at its expiry.
+    if (nowMs() > md.expires) {
+      return denied("the metadata of operation " + std::to_string(md.operation) + " expired " +
+                    std::to_string(nowMs() - md.expires) + " ms ago");
+    }
     std::unique_lock<std::mutex> lock(mu);
     auto it = passive.find(md.operation);
     if (it == passive.end()) {
@@ -312,11 +427,6 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     if (op->metadata.nonce != md.nonce) {
       lock.unlock();
       return denied("the metadata does not match operation " + std::to_string(md.operation));
-    }
-    if (nowMs() > md.expires) {
-      lock.unlock();
-      return denied("the metadata of operation " + std::to_string(md.operation) + " expired " +
-                    std::to_string(nowMs() - md.expires) + " ms ago");
     }
     if (op->status != OperationStatus::kInitialized) {
       lock.unlock();
@@ -364,13 +474,23 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     op->status = OperationStatus::kInProgress;
     op->peer = from;
     op->peerUuid = from->peerUuid();
+    op->peerAlias = from->peerAlias();
     op->peerOp = m.id;
     op->endpoint = endpoint;
     op->local = std::move(local);
     op->remote = std::move(remote);
     ++stats.served;
     watchLocked(from, op->peerUuid);
+    // Before any DONE (the channel is ordered): the reader or writer stops watching the expiry.
+    (void)from->sendMessage(kChannel, encodeMessage(messageOf(MessageType::kStarted, m.id)));
     pumpLocked(op, lock);
+  }
+
+  // A batch's failure, naming the peer (a dead reader or writer is most often seen here first: its
+  // links close, and the batches in flight fail before the agent reports it gone).
+  static Status transferFailed(const OpPtr& op, const Status& st) {
+    return Status(st.code(), "the transfer " + std::string(op->kind == OperationKind::kRead ? "to" : "from") +
+                                 " worker '" + op->peerAlias + "' failed: " + st.message());
   }
 
   // Posts batches while the window has room; ends the operation when everything landed.
@@ -397,7 +517,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       auto f = op->kind == OperationKind::kRead ? op->endpoint->write(batch) : op->endpoint->read(batch);
       if (!f.isOk()) {
         lock.unlock();
-        finish(op, OperationStatus::kErrored, Status(f.status().code(), "the transfer failed: " + f.status().message()));
+        finish(op, OperationStatus::kErrored, transferFailed(op, f.status()));
         lock.lock();
         return;
       }
@@ -436,7 +556,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     }
     if (!st.isOk()) {
       lock.unlock();
-      finish(op, OperationStatus::kErrored, Status(st.code(), "the transfer failed: " + st.message()));
+      finish(op, OperationStatus::kErrored, transferFailed(op, st));
       return;
     }
     op->bytes += bytes;
@@ -456,6 +576,13 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
     pumpLocked(op, lock);
   }
 
+  void onStarted(const std::shared_ptr<agent::PeerConnection>& from, const Message& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = active.find(m.id);
+    if (it == active.end() || it->second->peerUuid != from->peerUuid()) return;
+    it->second->started = true;
+  }
+
   void onDone(const std::shared_ptr<agent::PeerConnection>& from, const Message& m) {
     OpPtr op;
     {
@@ -464,6 +591,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       if (it == active.end()) return;
       op = it->second;
       if (op->peerUuid != from->peerUuid()) return;  // not from the owner it was sent to
+      op->started = true;
       if (op->cancelling && m.code != StatusCode::kOk) {
         op->ownerStopped = true;  // cancel() finishes it
         cv.notify_all();
@@ -576,6 +704,8 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       passive[op->id] = op;
       ++stats.created;
     }
+    // One millisecond late: the owner accepts a BEGIN until now > expires.
+    expireAt(op, md.expires, std::chrono::milliseconds(1));
     return std::make_shared<Operation>(op);
   }
 
@@ -647,6 +777,10 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
       active[op->id] = op;
       ++stats.begun;
     }
+    // The owner accepts a BEGIN up to the expiry by its own clock, and its STARTED takes one more
+    // trip: a reader or writer waits cancelGrace longer for it (as it waits for the answer to a
+    // CANCEL).
+    expireAt(op, op->metadata.expires, opts.cancelGrace);
     if ((*conn)->isConnected()) {
       sendBegin(op, Status::ok());  // the usual case: BEGIN leaves at once
     } else {
@@ -703,6 +837,7 @@ struct Connector::Impl : std::enable_shared_from_this<Connector::Impl> {
         for (auto& [id, op] : *table) all.push_back(op);
       }
     }
+    stopClock();
     for (auto& op : all) {
       finish(op, OperationStatus::kErrored, Status(StatusCode::kCancelled, "the connector was shut down"));
     }
@@ -774,6 +909,7 @@ Result<std::shared_ptr<Connector>> Connector::start(ConnectorOptions options) {
   FERRY_ASSIGN_OR_RETURN(impl->agent, agent::Agent::start(std::move(a)));
   impl->nameSpace = options.scope;
   impl->key = agent::randomHex(32);
+  impl->startClock();
   std::weak_ptr<Impl> weak = impl;
   impl->agent->onMessage(kChannel, [weak](std::shared_ptr<agent::PeerConnection> from, std::string_view body) {
     if (auto self = weak.lock()) self->onMessage(from, body);

@@ -134,7 +134,10 @@ struct TypeName {
   MessageType type;
   const char* name;
 };
-constexpr TypeName kTypes[] = {{MessageType::kBegin, "begin"}, {MessageType::kDone, "done"}, {MessageType::kCancel, "cancel"}};
+constexpr TypeName kTypes[] = {{MessageType::kBegin, "begin"},
+                               {MessageType::kStarted, "started"},
+                               {MessageType::kDone, "done"},
+                               {MessageType::kCancel, "cancel"}};
 
 }  // namespace
 
@@ -196,6 +199,7 @@ std::string encodeMessage(const Message& m) {
       v.set("code", static_cast<int>(m.code));
       v.set("reason", m.reason);
       break;
+    case MessageType::kStarted: break;
     case MessageType::kCancel: v.set("operation", static_cast<int64_t>(m.operation)); break;
   }
   return json::serialize(v);
@@ -245,6 +249,9 @@ Result<Message> decodeMessage(std::string_view text) {
       }
       break;
     }
+    case MessageType::kStarted:
+      FERRY_RETURN_IF_ERROR(f.only({"t", "id"}));
+      break;
     case MessageType::kDone: {
       FERRY_RETURN_IF_ERROR(f.only({"t", "id", "code", "reason"}));
       FERRY_ASSIGN_OR_RETURN(uint64_t code, f.number("code", 0, static_cast<uint64_t>(StatusCode::kPeerGone)));

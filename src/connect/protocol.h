@@ -1,6 +1,6 @@
 // What two connectors say to each other (docs/connect.md has each field): the metadata of a
 // readable or writable operation (RdmaMetadata), handed to the peer over any channel, and the
-// messages of the "connect" channel of the agent (BEGIN, DONE, CANCEL).
+// messages of the "connect" channel of the agent (BEGIN, STARTED, DONE, CANCEL).
 //
 // Metadata is a capability: it names the owner (its agent address), the operation (a random
 // 64-bit id), what the holder may do (READ from a readable, WRITE to a writable), the
@@ -59,7 +59,10 @@ struct BufferInfo {
   bool operator==(const BufferInfo&) const = default;
 };
 
-enum class MessageType : uint8_t { kBegin, kDone, kCancel };
+// BEGIN: active -> owner. STARTED: owner -> active, the BEGIN was accepted (the transfer runs; an
+// active operation not STARTED by its metadata's expiry never will be). DONE: owner -> active, the
+// end (or a refusal). CANCEL: active -> owner.
+enum class MessageType : uint8_t { kBegin, kStarted, kDone, kCancel };
 
 struct Message {
   MessageType type = MessageType::kBegin;

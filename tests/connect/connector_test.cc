@@ -222,6 +222,84 @@ TEST_P(ConnectorTest, AnOwnerThatCancelsBeforeTheBeginRefusesIt) {
 
 // A transfer long enough to be cancelled in flight: 512 MiB in 1 MiB batches, two at a time (64 MiB
 // on an RDMA device: the rxe VM has 2 GiB and a slower CPU).
+TEST_P(ConnectorTest, AnOperationNoPeerBeganEndsAtItsMetadataExpiryOnBothSides) {
+  // The owner never sees the BEGIN (its connector's channel has no handler): its readable ends at
+  // the expiry, and the reader, never answered STARTED, ends cancelGrace after it.
+  a_->shutdown();
+  auto o = options("owner-deaf");
+  o.metadataTtl = 300ms;
+  a_ = start(o);
+  ASSERT_TRUE(a_);
+  b_->shutdown();
+  auto p = options("reader");
+  p.cancelGrace = 500ms;
+  b_ = start(p);
+  ASSERT_TRUE(b_);
+  std::vector<uint8_t> src = pattern(4096, 6), dst(4096, 0);
+  auto created = std::chrono::steady_clock::now();
+  auto readable = a_->createReadable({buf(src)});
+  ASSERT_TRUE(readable.isOk());
+  a_->agent()->onMessage("connect", nullptr);
+  auto read = b_->beginRead((*readable)->metadata().value(), {buf(dst)});
+  ASSERT_TRUE(read.isOk()) << read.status().toString();
+
+  Status st = waitDone(*readable, 5s);
+  auto ownerEnded = std::chrono::steady_clock::now() - created;
+  EXPECT_EQ(st.code(), StatusCode::kTimedOut) << st.toString();
+  EXPECT_NE(st.message().find("expired"), std::string::npos) << st.message();
+  EXPECT_GE(ownerEnded, 290ms);  // the expiry is in whole milliseconds
+  EXPECT_LT(ownerEnded, 1300ms);
+  EXPECT_EQ((*readable)->status(), OperationStatus::kErrored);
+
+  st = waitDone(*read, 10s);
+  auto readerEnded = std::chrono::steady_clock::now() - created;
+  EXPECT_EQ(st.code(), StatusCode::kTimedOut) << st.toString();
+  EXPECT_NE(st.message().find("expired"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("owner-deaf"), std::string::npos) << st.message();
+  EXPECT_GE(readerEnded, 790ms);
+  EXPECT_LT(readerEnded, 1800ms);
+  EXPECT_EQ((*read)->status(), OperationStatus::kErrored);
+  EXPECT_EQ(dst, std::vector<uint8_t>(4096, 0));
+  EXPECT_EQ(a_->stats().live, 0u);
+  EXPECT_EQ(b_->stats().live, 0u);
+}
+
+TEST_P(ConnectorTest, AnOperationThatBeganIsNotEndedByItsMetadataExpiry) {
+  // The metadata grants the begin until it expires, not the transfer's end: a read that began in
+  // time and runs past the expiry (4 KiB batches, one at a time), and past the cancelGrace after
+  // it that a reader gives its owner to answer STARTED, completes on both sides.
+  a_->shutdown();
+  b_->shutdown();
+  auto o = options("owner-short");
+  o.metadataTtl = 200ms;
+  o.chunkBytes = 4096;
+  o.window = 1;
+  a_ = start(o);
+  auto p = options("reader");
+  p.cancelGrace = 100ms;
+  b_ = start(p);
+  ASSERT_TRUE(a_ && b_);
+  std::vector<uint8_t> warmSrc = pattern(4096, 7), warmDst(4096, 0);
+  auto warm = a_->createReadable({buf(warmSrc)});
+  ASSERT_TRUE(warm.isOk());
+  auto warmRead = b_->beginRead((*warm)->metadata().value(), {buf(warmDst)});
+  ASSERT_TRUE(warmRead.isOk());
+  ASSERT_TRUE(waitDone(*warmRead).isOk()) << (*warmRead)->error().toString();  // wired up
+
+  std::vector<uint8_t> src = pattern(128 << 20, 8), dst(128 << 20, 0);
+  auto created = std::chrono::steady_clock::now();
+  auto readable = a_->createReadable({buf(src)});
+  ASSERT_TRUE(readable.isOk());
+  auto read = b_->beginRead((*readable)->metadata().value(), {buf(dst)});
+  ASSERT_TRUE(read.isOk());
+  ASSERT_TRUE(waitDone(*readable, 60s).isOk()) << (*readable)->error().toString();
+  ASSERT_TRUE(waitDone(*read, 60s).isOk()) << (*read)->error().toString();
+  EXPECT_GT(std::chrono::steady_clock::now() - created, 300ms) << "it did not outlast the expiry and grace";
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ((*readable)->status(), OperationStatus::kComplete);
+  EXPECT_EQ((*read)->status(), OperationStatus::kComplete);
+}
+
 const size_t kBig = testDevice() == "soft_lo" ? size_t{512} << 20 : size_t{64} << 20;
 
 ConnectorOptions slow(ConnectorOptions o) {

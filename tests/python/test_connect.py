@@ -12,7 +12,9 @@ each way; that the passive side's wait burns no CPU and starts no thread; cancel
 and during a transfer (the cancelling side's memory does not change after cancel() returns, the
 other side ends ERRORED with ferry.Cancelled); tampered, truncated, expired and replayed metadata,
 mismatched sizes and counts, the wrong kind, CUDA descriptors; a peer killed in the middle of a
-transfer, and an owner paused (SIGSTOP) in the middle of one; 1,000 concurrent operations; the
+transfer, and an owner paused (SIGSTOP) in the middle of one; a reader killed right after
+begin_read (the owner's wait ends with PeerGone, its memory serves the next reader); metadata nobody
+used (the owner's operation ends at its expiry); 1,000 concurrent operations; the
 Connector's properties and ``with`` / ``async with``.
 
 Every wait has a timeout. Where no event exists (an operation's status turning IN_PROGRESS, bytes
@@ -667,8 +669,10 @@ def test_expired_metadata_is_refused():
             else:
                 assert (done["status"], done["error"]) == ("ERRORED", "PermissionDenied"), done
             assert not dst.any(), "expired metadata let the peer write"
-            # Expired, not used: neither operation was begun.
-            assert readable.status == S.INITIALIZED and writable.status == S.INITIALIZED
+            # Expired, not used: neither operation was begun, and each ended at its expiry.
+            for op in (readable, writable):
+                error = await waited(op, 5)
+                assert op.status == S.ERRORED and isinstance(error, ferry.TimedOut), error
 
     run(main())
 
@@ -863,6 +867,84 @@ def test_a_reader_cancels_against_a_paused_owner_and_reads_again_once_it_resumes
             pytest.fail("no cancel() of a read during a pause returned within the grace in four attempts: %s "
                         "(ended: the read completed first; held: cancel() waited for the owner to resume)"
                         % outcomes)
+
+    run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# 6b. Every wait ends: a reader killed right after begin_read, metadata nobody used.
+
+PEER_TIMEOUT = 5.0  # the agent's peerTimeout (AgentOptions), which the Connector keeps
+
+
+def test_an_owner_whose_reader_is_killed_after_begin_read_ends_with_peer_gone_and_serves_another():
+    size = 256 << 20
+    ttl = 4.0
+
+    async def main():
+        seed = 191
+        src = np.empty(size, np.uint8)
+        big_fill(src, seed)
+        # Small batches, one at a time: the transfer outlasts the kill that follows begin_read.
+        async with Connector(chunk_bytes=64 << 10, window=1, metadata_ttl=ttl) as owner:
+            for n in range(3):
+                async with Peer("--worker-id", "doomed-reader-%d" % n) as reader:
+                    # A first read wires the two up, so the BEGIN leaves inside begin_read.
+                    warm = owner.create_readable(Descriptor(pattern(190, 4096)))
+                    begun, done = await reader.transfer("read", metadata=text_of(warm), sizes=[4096], seeds=[190])
+                    assert done["status"] == "COMPLETE" and done["equal"] == [True], done
+                    readable = owner.create_readable(Descriptor(src))
+                    created = time.monotonic()
+                    ident = await reader.send("read", metadata=text_of(readable), sizes=[size], big=True)
+                    assert (await reader.reply(ident))["event"] == "begun"
+                    reader.kill()
+                    killed = time.monotonic()
+                    error = await waited(readable, 15)
+                    if readable.status == S.COMPLETE:
+                        continue  # the whole transfer landed before the kill: try again
+                    assert readable.status == S.ERRORED, readable.status
+                    if isinstance(error, ferry.PeerGone):
+                        # The BEGIN arrived: the owner knows its reader, and ends when the agent
+                        # finds it dead (at once for a killed process: its kernel closes the links).
+                        assert time.monotonic() - killed < PEER_TIMEOUT + 1.0
+                        assert "doomed-reader-%d" % n in str(error), error
+                    else:
+                        # The BEGIN never left the killed process: the metadata's expiry ends it.
+                        assert isinstance(error, ferry.TimedOut) and "expired" in str(error), error
+                        assert ttl - 0.1 < time.monotonic() - created < ttl + 1.0
+                    break
+            else:
+                pytest.fail("three 256 MiB reads completed before the reader could be killed after its begin")
+            # The owner's memory is unchanged, and serves a new read by another reader.
+            assert big_check(src, seed), "the owner's memory changed"
+            async with Peer() as other:
+                again = owner.create_readable(Descriptor(src))
+                begun, done = await other.transfer("read", metadata=text_of(again), sizes=[size], seeds=[seed],
+                                                   big=True, timeout=60)
+                assert done["status"] == "COMPLETE" and done["equal"] == [True], done
+                assert await waited(again) is None
+
+    run(main())
+
+
+def test_metadata_nobody_used_ends_the_owners_operation_at_its_expiry():
+    async def main():
+        ttl = 1.0
+        async with Connector(metadata_ttl=ttl) as owner, Peer() as peer:
+            dst = np.zeros(4096, np.uint8)
+            created = time.monotonic()
+            readable = owner.create_readable(Descriptor(pattern(201, 4096)))
+            writable = owner.create_writable(Descriptor(dst))
+            errors = await asyncio.gather(waited(readable, 10), waited(writable, 10))
+            elapsed = time.monotonic() - created
+            assert ttl - 0.05 < elapsed < ttl + 0.5, elapsed
+            for op, error, kind in ((readable, errors[0], "readable"), (writable, errors[1], "writable")):
+                assert op.status == S.ERRORED and isinstance(error, ferry.TimedOut), error
+                assert "expired" in str(error) and kind in str(error) and str(op._op.id) in str(error), error
+            # Its metadata is refused as expired, not as used, and nothing is written.
+            begun, done = await peer.transfer("write", metadata=text_of(writable), sizes=[4096], seeds=[202])
+            assert done["error"] in ("InvalidArgument", "PermissionDenied") and "expired" in done["message"], done
+            assert not dst.any()
 
     run(main())
 

@@ -29,6 +29,13 @@
 // cancelled, refused, failed or died; error() says which). Each side's buffers stay exposed
 // only while the operation runs: they are unregistered (their keys revoked) when it ends.
 //
+// Every operation ends (docs/connect.md, "Every wait ends"): with its transfer; when its peer is
+// gone (kPeerGone naming the worker: a dead process is seen at once, an unreachable host within the
+// agent's peerTimeout); when cancelled or shut down; and, if no peer began it by its metadata's
+// expiry, then (kTimedOut): an owner's operation still INITIALIZED at `expires`, a reader's or
+// writer's that the owner did not answer (STARTED) by `expires` plus cancelGrace. An operation
+// that began in time is not ended by the expiry.
+//
 // Threads: every method may be called from any thread; the protocol runs on the connector's own
 // thread and the agent's.
 #pragma once
@@ -80,7 +87,9 @@ struct ConnectorOptions {
   std::chrono::milliseconds metadataTtl{std::chrono::minutes(10)};
   // The wireup deadline of a connection to an owner (begin fails ERRORED after it).
   std::chrono::milliseconds connectTimeout{std::chrono::seconds(30)};
-  // How long cancel() waits for a transfer in flight to stop before it revokes the memory anyway.
+  // How long cancel() waits for a transfer in flight to stop before it revokes the memory anyway;
+  // also how long after the metadata's expiry a reader or writer waits for the owner to accept
+  // its BEGIN (STARTED) before it ends kTimedOut.
   std::chrono::milliseconds cancelGrace{std::chrono::seconds(2)};
   // Bytes per RDMA batch of a transfer, and batches in flight: large batches keep the copy rate of
   // one big transfer (docs/performance.md, "Connector"); a cancel waits for at most window of them.
@@ -116,7 +125,8 @@ class Operation {
   OperationStatus status() const;
   // Why it was cancelled or errored (OK otherwise; kBusy while it runs).
   Status error() const;
-  // Done when the operation ended: OK when COMPLETE, else error(). Awaitable from Python.
+  // Done when the operation ended: OK when COMPLETE, else error() (kTimedOut at the metadata's
+  // expiry for one no peer began, kPeerGone when the peer is gone, ...). Awaitable from Python.
   endpoint::Future completion() const;
   // A passive operation's metadata (JSON text, RdmaMetadata's form); kInvalidArgument for an
   // active operation.
