@@ -12,7 +12,7 @@ MAKEFLAGS += --no-print-directory
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 
-# ---- knobs (override on the command line: make test FUZZ_SECONDS=10) ----
+# ---- knobs (override on the command line: make test TEST_FUZZ_SECONDS=10) ----
 BUILD_DIR ?= $(ROOT)/build
 ASAN_DIR ?= $(ROOT)/build-asan
 FUZZ_DIR ?= $(ROOT)/build-fuzz
@@ -29,8 +29,10 @@ FUZZ_CXX ?= clang++-14
 # Parallel compile jobs (empty: Ninja's default) and parallel ctest jobs.
 BUILD_JOBS ?=
 TEST_JOBS ?= 2
-# Seconds each fuzz target runs in `make test` and `make fuzz`; 0 builds the fuzzers but runs none.
+# Seconds each fuzz target runs in `make fuzz`, and in `make test` (sized for CI's time budget);
+# 0 builds the fuzzers but runs none.
 FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 30
 # Sanitizer runtime options for the build-asan/ test run.
 TEST_ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
@@ -67,7 +69,7 @@ help: ## List the targets
 	echo
 	awk -F':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	echo
-	echo "Variables: TEST_JOBS=$(TEST_JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD_JOBS=$(BUILD_JOBS) DEMO_ARGS=$(DEMO_ARGS)"
+	echo "Variables: TEST_JOBS=$(TEST_JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) TEST_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) BUILD_JOBS=$(BUILD_JOBS) DEMO_ARGS=$(DEMO_ARGS)"
 	echo 'Shell setup: eval "$$(make -s env)"'
 
 deps: ## Install missing Debian packages and the Python venv (.venv)
@@ -143,16 +145,38 @@ fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds
 	  echo "  $${runs:-no run count}; coverage at the end: $${cov:-not reported} (edges, features)"
 	done
 
-# Sub-makes, one after the other (also under make -j); the ctest runs come last, so the last
-# line printed is the sanitizer ctest's summary.
+# Sub-makes, one after the other (also under make -j). Each pass is timed; the end of the run
+# lists every pass's wall time and closes with one summary line (passed, or the pass that failed).
+# Fuzzing runs TEST_FUZZ_SECONDS per target here (`make fuzz` runs FUZZ_SECONDS).
 test: deps ## The whole suite: builds, fuzzing, tests, RDMA tests in the rxe VM, sanitizer tests
-	@$(MAKE) build
-	$(MAKE) build-asan
-	$(MAKE) build-tsan
-	$(MAKE) fuzz
-	$(MAKE) test-run
+	@$(RUN)
+	timings=(); failed=""
+	summary() {
+	  echo "== test passes (wall time)"
+	  printf '  %s\n' "$${timings[@]}"
+	  if [[ -n $$failed ]]; then echo "test: FAILED in pass '$$failed' after $$SECONDS s"; else
+	    echo "test: all $${#timings[@]} passes passed in $$SECONDS s"; fi
+	}
+	trap summary EXIT
+	pass() {
+	  local name=$$1 t0=$$SECONDS rc=0; shift
+	  "$$@" || rc=$$?
+	  timings+=("$$(printf '%-10s %5d s%s' "$$name" $$((SECONDS - t0)) "$$( ((rc)) && echo '  FAILED')")")
+	  if ((rc)); then failed=$$name; exit $$rc; fi
+	}
+	pass build $(MAKE) build
+	pass asan-build $(MAKE) build-asan
+	pass tsan-build $(MAKE) build-tsan
+	pass fuzz $(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
+	pass packaging run $(CTEST) --test-dir $(BUILD_DIR) -L packaging --output-on-failure
+	pass host run $(CTEST) --test-dir $(BUILD_DIR) -LE 'rdma|packaging' -j$(TEST_JOBS) --output-on-failure
+	pass rdma-vm $(MAKE) test-rdma-run
+	pass tsan run env TSAN_OPTIONS=$(TEST_TSAN_OPTIONS) $(CTEST) --test-dir $(TSAN_DIR) $(TSAN_CTEST_ARGS) \
+	  -j$(TEST_JOBS) --output-on-failure
+	pass asan run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
+	  $(CTEST) --test-dir $(ASAN_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
 
-# The tests labelled "rdma" need rxe0 and run only inside the VM (test-rdma-run).
+# The test passes of `make test` without its builds and fuzzing.
 test-run:
 	@$(RUN)
 	run $(CTEST) --test-dir $(BUILD_DIR) -L packaging --output-on-failure

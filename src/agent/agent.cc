@@ -254,6 +254,7 @@ Status AgentImpl::listen() {
   // first; IPv6 link-local ones need an interface and are left out).
   if (!host.empty()) {
     self_.control.push_back({.ipv6 = hostIs6, .ip = host, .port = port});
+    if (opts_.listenHost.empty()) listenLoopback6(port);  // protected mode: ::1 too, where it exists
   } else {
     std::vector<ControlEndpoint> v4s, v6s;
     ifaddrs* list = nullptr;
@@ -282,11 +283,32 @@ Status AgentImpl::listen() {
   std::weak_ptr<AgentImpl> weak = weak_from_this();
   Status added;
   Status ran = loop_.runSync([&] {
-    added = loop_.addFd(listenFd_, EPOLLIN, [weak](uint32_t) {
-      if (auto a = weak.lock()) a->onAccept();
-    });
+    for (int lfd : {listenFd_, listenFd6_}) {
+      if (lfd < 0 || !added.isOk()) continue;
+      added = loop_.addFd(lfd, EPOLLIN, [weak, lfd](uint32_t) {
+        if (auto a = weak.lock()) a->onAccept(lfd);
+      });
+    }
   });
   return ran.isOk() ? added : ran;
+}
+
+void AgentImpl::listenLoopback6(uint16_t port) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  a.sin6_addr = in6addr_loopback;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    ::close(fd);  // no IPv6 loopback here, or its port is taken: IPv4 loopback alone
+    return;
+  }
+  listenFd6_ = fd;
+  self_.control.push_back({.ipv6 = true, .ip = "::1", .port = port});
 }
 
 AgentImpl::~AgentImpl() { shutdown(); }
@@ -317,10 +339,12 @@ void AgentImpl::shutdown() {
     for (auto& link : inbound_) link->close();
     inbound_.clear();
     if (listenFd_ >= 0) loop_.removeFd(listenFd_);
+    if (listenFd6_ >= 0) loop_.removeFd(listenFd6_);
   });
   loop_.stop();
   if (listenFd_ >= 0) ::close(listenFd_);
-  listenFd_ = -1;
+  if (listenFd6_ >= 0) ::close(listenFd6_);
+  listenFd_ = listenFd6_ = -1;
   const Status cancelled(StatusCode::kCancelled, "the agent was shut down");
   for (auto& p : peers) p->fail(cancelled);
   if (storeLoopStarted_) {

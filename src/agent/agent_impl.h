@@ -202,7 +202,9 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void keepAliveInStore();
 
   // Loop thread.
-  void onAccept();
+  void onAccept(int listenFd);
+  // Protected mode: listens on ::1 too, on `port`; advertised when it could.
+  void listenLoopback6(uint16_t port);
   void onLine(Link& link, std::string_view line);
   void onLinkClosed(Link& link, const Status& why, bool connected);
   void send(const std::shared_ptr<PeerImpl>& peer, const WorkerAddress& to, WireupMessage m);
@@ -262,6 +264,7 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   std::unique_ptr<Store> store_;
   LeaseId lease_ = 0;
   int listenFd_ = -1;
+  int listenFd6_ = -1;  // protected mode: the ::1 listener beside 127.0.0.1
   std::shared_ptr<endpoint::Worker> worker_;
   std::atomic<bool> shutdown_{false};
   bool loopStarted_ = false;

@@ -64,9 +64,9 @@ void AgentImpl::logRefused(const Status& why) {
   }
 }
 
-void AgentImpl::onAccept() {
+void AgentImpl::onAccept(int listenFd) {
   for (;;) {
-    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(listenFd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     sockaddr_storage source = net::peerOf(fd);
     auto ticket = admission_->admit(source);

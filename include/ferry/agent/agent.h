@@ -236,7 +236,7 @@ class Agent {
   Result<std::shared_ptr<PeerConnection>> peer(std::string_view alias);
 
   // Memory: registered on every device the agent uses (and on devices opened later), published in
-  // the store. Registering a name again with another range replaces it (peers see the new one
+  // the store by name and length only (never its address or keys). Registering a name again with another range replaces it (peers see the new one
   // when they look it up again).
   Status registerMemoryRegion(std::string_view name, void* addr, uint64_t length,
                               endpoint::RegionOptions options = {});
@@ -245,9 +245,12 @@ class Agent {
   // to the region's address, length and keys. A layer that hands a region's keys to a peer itself
   // (ferry's object descriptors) reads them here. kNotFound for a name not registered.
   Result<std::map<std::string, endpoint::RegionView>> regionKeys(std::string_view name) const;
-  // A peer's region as mr_info JSON ({"addr","length","rkey","handle"}) on the rma lane's device:
-  // from the live connection when there is one, else from the store. kNotFound when the peer has no
-  // such region; kUnavailable when neither can answer.
+  // A peer's region as mr_info JSON ({"addr","length","rkey","handle"}) on the rma lane's device,
+  // asked of the peer over the link its wireup authenticated (connecting first, by the store, when
+  // it is not connected): the store never holds a region's keys. Blocks up to connectTimeout; not
+  // from the agent's thread. kNotFound when the peer has no such region; kTimedOut when it does
+  // not answer; the wireup's error when it cannot be connected; kUnavailable without a connection
+  // or a store to find one.
   Result<std::string> getMrInfo(std::string_view peerAlias, std::string_view name);
   // The aliases registered in the store under this agent's scope (this agent too), sorted.
   Result<std::vector<std::string>> listAgents();

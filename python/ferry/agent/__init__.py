@@ -136,7 +136,8 @@ class PeerAgent:
         self._agent.unregister_memory_region(name)
 
     def get_mr_info(self, peer, name):
-        """A peer's region as published: ``{"addr", "length", "rkey", "handle"}``."""
+        """A peer's region, ``{"addr", "length", "rkey", "handle"}``, asked of the peer over its
+        wireup link (connecting first when needed); the store holds only a region's length."""
         import json
         return json.loads(self._agent.get_mr_info(peer, name))
 
