@@ -12,7 +12,7 @@ and per assignment (bench/endpoint-overhead runs both and prints the differences
 `import ferry` must find the package (PYTHONPATH=build/python, see `make env`); --local starts the
 server with the `ferry` binary of --ferry (default: `ferry` on PATH, else build/ferry).
 
-What is measured, as in `ferry bench --api endpoint` (docs/performance.md): each operation names
+What is measured, as in `ferry bench --api endpoint` (docs/benchmarks.md): each operation names
 --batch ranges of the message size (send: chunks of one message), all the same source and landing
 range; bandwidth keeps --depth operations in flight and waits for the oldest, latency issues one
 operation and waits for it. t_call is the time inside the call that issues an operation

@@ -19,7 +19,7 @@ It reads:
 
 Bandwidth is in GB/s (10^9 B/s); latency in microseconds, the median with a band from the minimum to
 the 99th percentile where the file has them (ferry bench: one way, half the round trip, for
-ping-pongs; see docs/performance.md). The x axis is the message size on a log2 scale. A name that
+ping-pongs; see docs/benchmarks.md). The x axis is the message size on a log2 scale. A name that
 two files both give is followed by its file's name. --series draws only the named series, in that
 order. matplotlib is needed (pip install matplotlib); bad input ends with one line and exit code 2.
 """

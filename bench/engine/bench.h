@@ -2,7 +2,7 @@
 // verbs layer (`--api verbs`, the default) or through the Endpoint API (`--api endpoint`). One side
 // serves (`--server`), the other connects (`HOST[:PORT]`) or starts the server as a child process
 // (`--local`). A TCP control connection carries only parameters, paths or endpoint metadata, memory
-// keys and results as versioned JSON lines (see docs/performance.md); data moves by RDMA alone.
+// keys and results as versioned JSON lines (see docs/benchmarks.md); data moves by RDMA alone.
 #pragma once
 
 #include <cstdint>
