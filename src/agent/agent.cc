@@ -205,6 +205,38 @@ Status AgentImpl::openDevices() {
   return Status::ok();
 }
 
+namespace {
+
+// Every address of this host a peer may use to reach `port`: IPv4 ones first, loopback first of
+// each family; IPv6 ones when the listener is IPv6 (link-local ones need an interface: left out).
+std::vector<ControlEndpoint> hostAddresses(uint16_t port, bool v6) {
+  std::vector<ControlEndpoint> v4s, v6s;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+      if (it->ifa_addr == nullptr || !(it->ifa_flags & IFF_UP)) continue;
+      char text[INET6_ADDRSTRLEN] = {};
+      if (it->ifa_addr->sa_family == AF_INET) {
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text, sizeof text);
+        ControlEndpoint c{.ipv6 = false, .ip = text, .port = port};
+        if (std::string(text).rfind("127.", 0) == 0) v4s.insert(v4s.begin(), c); else v4s.push_back(c);
+      } else if (it->ifa_addr->sa_family == AF_INET6 && v6) {
+        const in6_addr& a6 = reinterpret_cast<sockaddr_in6*>(it->ifa_addr)->sin6_addr;
+        if (IN6_IS_ADDR_LINKLOCAL(&a6)) continue;
+        inet_ntop(AF_INET6, &a6, text, sizeof text);
+        ControlEndpoint c{.ipv6 = true, .ip = text, .port = port};
+        if (IN6_IS_ADDR_LOOPBACK(&a6)) v6s.insert(v6s.begin(), c); else v6s.push_back(c);
+      }
+    }
+    freeifaddrs(list);
+  }
+  v4s.insert(v4s.end(), v6s.begin(), v6s.end());
+  if (v4s.empty()) v4s.push_back({.ipv6 = false, .ip = "127.0.0.1", .port = port});
+  return v4s;
+}
+
+}  // namespace
+
 Status AgentImpl::listen() {
   FERRY_RETURN_IF_ERROR(openAdmission());
   bool v6 = true;
@@ -256,29 +288,7 @@ Status AgentImpl::listen() {
     self_.control.push_back({.ipv6 = hostIs6, .ip = host, .port = port});
     if (opts_.listenHost.empty()) listenLoopback6(port);  // protected mode: ::1 too, where it exists
   } else {
-    std::vector<ControlEndpoint> v4s, v6s;
-    ifaddrs* list = nullptr;
-    if (getifaddrs(&list) == 0) {
-      for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
-        if (it->ifa_addr == nullptr || !(it->ifa_flags & IFF_UP)) continue;
-        char text[INET6_ADDRSTRLEN] = {};
-        if (it->ifa_addr->sa_family == AF_INET) {
-          inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text, sizeof text);
-          ControlEndpoint c{.ipv6 = false, .ip = text, .port = port};
-          if (std::string(text).rfind("127.", 0) == 0) v4s.insert(v4s.begin(), c); else v4s.push_back(c);
-        } else if (it->ifa_addr->sa_family == AF_INET6 && v6) {
-          const in6_addr& a6 = reinterpret_cast<sockaddr_in6*>(it->ifa_addr)->sin6_addr;
-          if (IN6_IS_ADDR_LINKLOCAL(&a6)) continue;
-          inet_ntop(AF_INET6, &a6, text, sizeof text);
-          ControlEndpoint c{.ipv6 = true, .ip = text, .port = port};
-          if (IN6_IS_ADDR_LOOPBACK(&a6)) v6s.insert(v6s.begin(), c); else v6s.push_back(c);
-        }
-      }
-      freeifaddrs(list);
-    }
-    self_.control = v4s;
-    self_.control.insert(self_.control.end(), v6s.begin(), v6s.end());
-    if (self_.control.empty()) self_.control.push_back({.ipv6 = false, .ip = "127.0.0.1", .port = port});
+    self_.control = hostAddresses(port, v6);
   }
   std::weak_ptr<AgentImpl> weak = weak_from_this();
   Status added;
@@ -959,13 +969,7 @@ void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddres
       if (m.conn < peer->remoteConn) return;  // an old, delayed REQUEST
       // The peer wires up anew (its side of our connection failed): this one is over, once the
       // REQUEST is known to be the peer's (without a secret: it came on the peer's link).
-      if (secret_.empty()) {
-        auto auth = peer->authLink.lock();
-        if (auth && auth.get() != &link) {
-          probe(peer, "a REQUEST for a new connection on another link");
-          return;  // its next resend, on a link the probe authenticated, counts
-        }
-      }
+      if (!onAuthenticLink(link, peer)) return;  // its next resend, once the link is known, counts
       peerGone(peer, "it connected again");
       peer = nullptr;
     }
@@ -978,19 +982,7 @@ void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddres
         peer = byAlias;  // we were still looking it up: this REQUEST tells us where it is
       } else if (known->uuid != from.uuid) {
         if (from.startNs < known->startNs) return;  // from an older life than the one we know
-        // A new life of a connected alias: the old one must be gone first. A dead process closed
-        // its links, so it is found gone at once; one that still holds its link is asked, and
-        // the new life's REQUEST (resent until answered) counts once the old one did not answer.
-        if (secret_.empty() && byAlias->state() == PeerImpl::State::kReady) {
-          auto held = byAlias->authLink.lock();
-          if (held && held->open() && !byAlias->probeMissed) {
-            if (byAlias->probeNonce.empty()) probe(byAlias, "a REQUEST from another life of its alias");
-            logRefused(Status(StatusCode::kPermissionDenied,
-                              "held a REQUEST from another life of '" + from.alias +
-                                  "' while its connected life holds its link (it is asked whether it is alive)"));
-            return;
-          }
-        }
+        if (!earlierLifeGone(byAlias, from)) return;  // resent until answered: counts once it is
         peerGone(byAlias, "it restarted");
       }
     }

@@ -222,6 +222,12 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   // Whether `m`, from a known peer, may change that peer's state when it came on `link`; false: it
   // was held (or dropped) and the link is being probed.
   bool acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m, std::string_view line);
+  // Without a secret, whether a REQUEST for a new connection of a connected peer came on the link
+  // its wireup authenticated; false: the link is being probed.
+  bool onAuthenticLink(Link& link, const std::shared_ptr<PeerImpl>& peer);
+  // Whether a connected life of `from`'s alias may be replaced by `from`: with a secret, or once
+  // it is gone or failed a probe; false: it is being asked whether it is alive.
+  bool earlierLifeGone(const std::shared_ptr<PeerImpl>& earlier, const WorkerAddress& from);
   // Sends a ping with a nonce to the peer; a pong that echoes it authenticates the link it comes on.
   void probe(const std::shared_ptr<PeerImpl>& peer, const char* why);
   void onPong(Link& link, const WireupMessage& m);

@@ -196,6 +196,28 @@ bool AgentImpl::acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, 
   return false;
 }
 
+bool AgentImpl::onAuthenticLink(Link& link, const std::shared_ptr<PeerImpl>& peer) {
+  if (!secret_.empty()) return true;
+  auto auth = peer->authLink.lock();
+  if (!auth || auth.get() == &link) return true;
+  probe(peer, "a REQUEST for a new connection on another link");
+  return false;
+}
+
+bool AgentImpl::earlierLifeGone(const std::shared_ptr<PeerImpl>& earlier, const WorkerAddress& from) {
+  // A dead process closed its links, so it is found gone at once; one that still holds its link
+  // is asked, and the new life's REQUEST (resent until answered) counts once the earlier one did
+  // not answer within peerTimeout.
+  if (!secret_.empty() || earlier->state() != PeerImpl::State::kReady) return true;
+  auto held = earlier->authLink.lock();
+  if (!held || !held->open() || earlier->probeMissed) return true;
+  if (earlier->probeNonce.empty()) probe(earlier, "a REQUEST from another life of its alias");
+  logRefused(Status(StatusCode::kPermissionDenied,
+                    "held a REQUEST from another life of '" + from.alias +
+                        "' while its connected life holds its link (it is asked whether it is alive)"));
+  return false;
+}
+
 void AgentImpl::probe(const std::shared_ptr<PeerImpl>& peer, const char* why) {
   auto remote = peer->remote();
   if (!remote || !peer->probeNonce.empty()) return;
