@@ -20,6 +20,7 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reas
     ("agent_asyncio.py", "verified"),
     ("connect_http.py", "the peer's answer arrived, verified"),
     ("objects_store.py", "bytes moved by RDMA, verified"),
+    ("nixl/two_peers.py", "two peers: 1 MiB written and read back over ferry, verified"),
     # The Endpoint API document's four examples.
     pytest.param("python/p2p_rdma_rc_read.py", "read: 8 bytes from remote offset 8, then 1048576 bytes, verified",
                  marks=needs_torch),
