@@ -16,6 +16,7 @@
 
 #include "ferry/common/config.h"
 #include "agent/agent_impl.h"
+#include "common/net/listen.h"
 #include "common/log.h"
 #include "ferry/devices.h"
 #include "ferry/endpoint/context.h"
@@ -239,8 +240,6 @@ std::vector<ControlEndpoint> hostAddresses(uint16_t port, bool v6) {
 
 Status AgentImpl::listen() {
   FERRY_RETURN_IF_ERROR(openAdmission());
-  bool v6 = true;
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   // Protected mode (no secret) serves this host only, so it listens where only this host reaches.
   std::string host = opts_.listenHost.empty() && protectedMode() ? std::string("127.0.0.1") : opts_.listenHost;
   in6_addr host6{};
@@ -248,40 +247,14 @@ Status AgentImpl::listen() {
   bool hostIs4 = !host.empty() && inet_pton(AF_INET, host.c_str(), &host4) == 1;
   bool hostIs6 = !host.empty() && inet_pton(AF_INET6, host.c_str(), &host6) == 1;
   if (!host.empty() && !hostIs4 && !hostIs6) return invalidArgument("agent: listen host '" + host + "' is not an IP address");
-  if (fd < 0 || hostIs4) {
-    if (fd >= 0) ::close(fd);
-    v6 = false;
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  }
-  if (fd < 0) return ioError("agent: socket");
-  int one = 1, zero = 0;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc;
-  if (v6) {
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_port = htons(opts_.listenPort);
-    a.sin6_addr = hostIs6 ? host6 : in6addr_any;
-    rc = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  } else {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(opts_.listenPort);
-    a.sin_addr.s_addr = hostIs4 ? host4.s_addr : htonl(INADDR_ANY);
-    rc = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  }
-  if (rc != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    Status st = ioError("agent: cannot listen on port " + std::to_string(opts_.listenPort));
-    ::close(fd);
-    return st;
-  }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  uint16_t port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
-                                                    : reinterpret_cast<sockaddr_in&>(bound).sin_port);
-  listenFd_ = fd;
+  // No host: every address, IPv6 and IPv4 on one socket where the host has IPv6, else IPv4 alone.
+  const net::ListenOptions options{.backlog = SOMAXCONN, .nonBlocking = true, .dualStack = host.empty()};
+  auto listener = net::listenTcp(host.empty() ? "::" : host, opts_.listenPort, options);
+  if (!listener.isOk() && host.empty()) listener = net::listenTcp("0.0.0.0", opts_.listenPort, options);
+  if (!listener.isOk()) return Status(listener.status().code(), "agent: " + listener.status().message(), listener.status().cause());
+  const bool v6 = listener->ipv6;
+  const uint16_t port = listener->port;
+  listenFd_ = listener->fd;
   // The addresses a peer may use: the one asked for, else every address of this host (loopback
   // first; IPv6 link-local ones need an interface and are left out).
   if (!host.empty()) {
@@ -304,20 +277,9 @@ Status AgentImpl::listen() {
 }
 
 void AgentImpl::listenLoopback6(uint16_t port) {
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-  sockaddr_in6 a{};
-  a.sin6_family = AF_INET6;
-  a.sin6_port = htons(port);
-  a.sin6_addr = in6addr_loopback;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    ::close(fd);  // no IPv6 loopback here, or its port is taken: IPv4 loopback alone
-    return;
-  }
-  listenFd6_ = fd;
+  auto listener = net::listenTcp("::1", port, {.backlog = SOMAXCONN, .nonBlocking = true});
+  if (!listener.isOk()) return;  // no IPv6 loopback here, or its port is taken: IPv4 loopback alone
+  listenFd6_ = listener->fd;
   self_.control.push_back({.ipv6 = true, .ip = "::1", .port = port});
 }
 

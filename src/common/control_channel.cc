@@ -1,6 +1,8 @@
 // A blocking JSON-lines control connection (see control_channel.h).
 #include "common/control_channel.h"
 
+#include "common/net/listen.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -280,36 +282,11 @@ ControlListener::~ControlListener() {
 
 Result<ControlListener> ControlListener::listen(const std::string& address, uint16_t port,
                                                 ControlProtocol protocol) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
-  addrinfo* list = nullptr;
-  std::string service = std::to_string(port);
-  int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &list);
-  if (rc != 0) return invalidArgument("cannot listen on '" + address + "': " + gai_strerror(rc));
-  int fd = socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC, list->ai_protocol);
-  if (fd < 0) {
-    freeaddrinfo(list);
-    return ioError("socket");
-  }
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, 4) != 0) {
-    Status st = ioError("cannot listen on " + address + ":" + service);
-    ::close(fd);
-    freeaddrinfo(list);
-    return st;
-  }
-  freeaddrinfo(list);
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  FERRY_ASSIGN_OR_RETURN(net::Listener l, net::listenTcp(address, port, {.backlog = 4, .nonBlocking = false}));
   ControlListener listener;
-  listener.fd_ = fd;
+  listener.fd_ = l.fd;
   listener.protocol_ = std::move(protocol);
-  listener.port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(ss).sin_port
-                                                 : reinterpret_cast<sockaddr_in6&>(ss).sin6_port);
+  listener.port_ = l.port;
   return listener;
 }
 

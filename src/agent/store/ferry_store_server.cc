@@ -17,6 +17,7 @@
 #include "agent/store/store_table.h"
 #include "common/base64.h"
 #include "common/net/admission.h"
+#include "common/net/listen.h"
 #include "ferry/common/config.h"
 #include "common/log.h"
 #include "common/reactor.h"
@@ -258,34 +259,12 @@ Status StoreServer::Impl::start(const std::string& host, uint16_t port, StoreSer
   admission_ = net::Admission::create(
       {.thisHostOnly = !remote, .maxPerSource = kMaxStoreConnections, .maxTotal = kMaxStoreConnections},
       "ferry store");
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* list = nullptr;
-  std::string service = std::to_string(port);
-  int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
-  if (rc != 0) return invalidArgument("store server: cannot resolve '" + host + "': " + gai_strerror(rc));
-  int fd = socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, list->ai_protocol);
-  if (fd < 0) {
-    freeaddrinfo(list);
-    return ioError("store server: socket");
+  auto listener = net::listenTcp(host, port, {.backlog = SOMAXCONN, .nonBlocking = true, .resolveNames = true});
+  if (!listener.isOk()) {
+    return Status(listener.status().code(), "store server: " + listener.status().message(), listener.status().cause());
   }
-  // A restarted server takes its port back at once, though old connections linger in TIME_WAIT.
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    Status st = ioError("store server: cannot listen on " + host + ":" + service);
-    ::close(fd);
-    freeaddrinfo(list);
-    return st;
-  }
-  freeaddrinfo(list);
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(ss).sin_port
-                                        : reinterpret_cast<sockaddr_in6&>(ss).sin6_port);
+  const int fd = listener->fd;
+  port_ = listener->port;
   reactor_ = std::make_unique<Reactor>();
   Status st = reactor_->start("ferry-store");
   if (!st.isOk()) {
