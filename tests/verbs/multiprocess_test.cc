@@ -1,7 +1,8 @@
 // Two-process verbs tests: this process against verbs_peer (a separate program, fork/exec'd), the
 // two exchanging paths, addresses and keys over the peer's stdin/stdout as a real application would
-// over its own channel. Covers byte-exact transfers both ways and what a requester sees when the
-// peer process is killed or stopped mid-transfer.
+// over its own channel. Covers byte-exact transfers both ways, what a requester sees when the
+// peer process is killed or stopped mid-transfer or is not ready yet, and that a process whose peer
+// was killed exits cleanly.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -207,6 +208,16 @@ class CrossProcess : public VerbsTest {
 
   // Creates this side's QP and one of the peer's, and connects them through the peer's pipe.
   void connect(Side& side, const LinkOptions& link = {}) {
+    std::string peerCommand;
+    ASSERT_NO_FATAL_FAILURE(exchangePaths(side, link, &peerCommand));
+    ASSERT_OK(peer_.call(peerCommand));
+    ASSERT_OK(side.qp.establish(side.path, kRemoteAccess));
+  }
+
+  // Creates this side's QP and one of the peer's and exchanges their paths: side.path is what this
+  // side establishes with, *peerCommand what makes the peer establish its QP (sent when the test
+  // wants: the verbs document's No-CM set-up has each side establish on its own time).
+  void exchangePaths(Side& side, const LinkOptions& link, std::string* peerCommand) {
     ASSERT_OK(openSide(side, nullptr, 1024));
     ASSERT_OK(
         createQp(side, {.cap = {.maxSendWr = 256, .maxRecvWr = 256, .maxSendSge = 4, .maxRecvSge = 4}}));
@@ -217,14 +228,12 @@ class CrossProcess : public VerbsTest {
     std::getline(in, json);
     ASSERT_OK_AND_ASSIGN(v::Path peerPath, v::Path::fromJson(json));
     ASSERT_OK_AND_ASSIGN(v::Path local, makeLocalPath(*side.context, side.qp));
-    ASSERT_OK_AND_ASSIGN(v::Path path, pathTowardsPeer(*side.context, side.qp, local, peerPath, link));
+    ASSERT_OK_AND_ASSIGN(side.path, pathTowardsPeer(*side.context, side.qp, local, peerPath, link));
     std::ostringstream command;
     command << "connect " << peerQp_ << " " << int(link.timeout) << " " << int(link.retries) << " "
             << int(link.rnrRetries) << " " << int(link.minRnrTimer) << " " << kRemoteAccess << " "
             << local.toJson();
-    ASSERT_OK(peer_.call(command.str()));
-    ASSERT_OK(side.qp.establish(path, kRemoteAccess));
-    side.path = path;
+    *peerCommand = command.str();
   }
 
   void peerRegion(size_t size, uint32_t accessFlags, uint64_t seed, PeerRegion* out) {
@@ -666,6 +675,164 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
   std::printf("kill campaign on %s: %d SIGKILL trials (%d failed their work, the rest had finished; %d of them "
               "flushed by moving the QP to ERR after the device stayed silent), %d SIGSTOP trials, 0 hangs, %.1f s\n",
               GetParam().name.c_str(), killed, errorsSeen, silentDevice, stopped, seconds);
+}
+
+// The verbs document's No-CM set-up (7.2.3) lets this side establish before the peer has: its
+// first SEND may leave while the peer's QP is still in RESET. As on a NIC, which retries a QP that
+// drops its packets, the SEND waits for the peer within its transport timeout (timeout 18, retry_cnt
+// 7: 8 tries of 1.07 s) and completes once the peer's QP is ready; the peer is not taken for gone.
+TEST_P(CrossProcess, SendPostedBeforeThePeerIsReadyCompletesOnceItIs) {
+  Side side;
+  std::string peerCommand;
+  ASSERT_NO_FATAL_FAILURE(exchangePaths(side, {.timeout = 18, .retries = 7}, &peerCommand));
+  ASSERT_OK(side.qp.establish(side.path, kRemoteAccess));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 4096, access::kLocalWrite, 560));
+  PeerRegion inbox;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(4096, access::kLocalWrite, 561, &inbox));
+  const auto posted = Clock::now();
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kSend, .wrId = 1, .sges = {sgeOf(src, 0, 4096)}}));
+  // The peer's process is busy elsewhere for a while, then moves its QP to RTS and posts a receive.
+  constexpr milliseconds kPeerLate{1500};
+  std::this_thread::sleep_for(kPeerLate);
+  WorkCompletion wc;
+  ASSERT_FALSE(pollOne(side.sendCq, &wc, milliseconds(0))) << "completed before the peer was ready: "
+                                                            << describe(wc);
+  ASSERT_OK(peer_.call(peerCommand));
+  ASSERT_OK(peer("recv", peerQp_, 9, inbox.index, 0, 4096));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc, kPeerLossBound));
+  EXPECT_EQ(wc.wrId, 1u);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  EXPECT_GE(Clock::now() - posted, kPeerLate);
+  ASSERT_OK_AND_ASSIGN(std::string got, peer("poll", "recv", 1, 10000));
+  EXPECT_EQ(got, "9:SUCCESS:RECV:4096:0");
+  EXPECT_OK(peer("check", inbox.index, 0, 4096, 560, 0));
+  EXPECT_TRUE(reachesState(side.qp, v::QpState::kRts));
+}
+
+// A peer whose QP never becomes ready (its process lives, its QP stays in RESET) fails the SEND
+// waiting for it with RETRY_EXC_ERR, but only once the transport timeout has run out (timeout 16,
+// retry_cnt 3: 4 tries of 268 ms), never at the first refusal.
+TEST_P(CrossProcess, PeerThatNeverBecomesReadyFailsOnlyAfterTheTransportTimeout) {
+  Side side;
+  std::string peerCommand;
+  ASSERT_NO_FATAL_FAILURE(exchangePaths(side, {.timeout = 16, .retries = 3}, &peerCommand));
+  ASSERT_OK(side.qp.establish(side.path, kRemoteAccess));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 4096, access::kLocalWrite, 570));
+  const auto posted = Clock::now();
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kSend, .wrId = 1, .sges = {sgeOf(src, 0, 4096)}}));
+  WorkCompletion wc;
+  ASSERT_TRUE(pollOne(side.sendCq, &wc, kPeerLossBound));
+  const auto elapsed = Clock::now() - posted;
+  EXPECT_EQ(wc.wrId, 1u);
+  EXPECT_EQ(wc.status, WcStatus::kRetryExcErr) << describe(wc);
+  // 4 x 4.096 us x 2^16 = 1.07 s.
+  EXPECT_GE(elapsed, milliseconds(1000));
+  EXPECT_LT(elapsed, kPeerLossBound);
+  EXPECT_TRUE(reachesState(side.qp, v::QpState::kErr));
+}
+
+// A process whose peer (same-host: over shared-memory rings and the one-copy path) is SIGKILLed
+// closes its objects and exits cleanly: exit status 0, no abort, whether it had noticed the death
+// first (a SEND posted after the kill fails with RETRY_EXC_ERR) or not. Each trial takes a fresh
+// pair of processes, the survivor and the victim both verbs_peer children connected to each other.
+TEST_P(CrossProcess, SurvivorOfAKilledPeerExitsCleanly) {
+  constexpr int kTrials = 8;
+  constexpr size_t kSize = 4 * kMiB;  // the one-copy path's two-thread copy takes 4 MiB and up
+  auto newQp = [](PeerProcess& process, int* index, std::string* json) -> ::testing::AssertionResult {
+    Result<std::string> reply = process.call("qp");
+    if (!reply.isOk()) return ::testing::AssertionFailure() << reply.status().toString();
+    std::istringstream in(*reply);
+    in >> *index;
+    std::getline(in, *json);
+    return ::testing::AssertionSuccess();
+  };
+  auto connectTo = [](PeerProcess& process, int index, const std::string& peerJson) {
+    return process.call("connect " + std::to_string(index) + " 14 7 7 12 " + std::to_string(kRemoteAccess) + " " +
+                        peerJson);
+  };
+  for (int trial = 0; trial < kTrials; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    if (trial > 0) {
+      ASSERT_OK(peer_.start());
+      ASSERT_TRUE(isOk(peer_.call("open " + providerPath().device)));
+    }
+    PeerProcess victim;
+    ASSERT_OK(victim.start());
+    ASSERT_TRUE(isOk(victim.call("open " + providerPath().device)));
+    int survivorQp = -1, victimQp = -1;
+    std::string survivorJson, victimJson;
+    ASSERT_TRUE(newQp(peer_, &survivorQp, &survivorJson));
+    ASSERT_TRUE(newQp(victim, &victimQp, &victimJson));
+    ASSERT_OK(connectTo(victim, victimQp, survivorJson));
+    ASSERT_OK(connectTo(peer_, survivorQp, victimJson));
+    PeerRegion mine, theirs;
+    ASSERT_NO_FATAL_FAILURE(peerRegion(kSize, access::kAll, 580, &mine));
+    {
+      ASSERT_OK_AND_ASSIGN(std::string reply, victim.call("mr " + std::to_string(kSize) + " " +
+                                                          std::to_string(access::kAll) + " 581"));
+      std::istringstream in(reply);
+      ASSERT_TRUE(static_cast<bool>(in >> theirs.index >> theirs.addr >> theirs.rkey >> theirs.length)) << reply;
+    }
+    // Traffic both ways: the survivor's requester and responder both hold the victim's connections.
+    ASSERT_OK(peer("post", survivorQp, "write", 1, mine.index, 0, kSize, theirs.addr, theirs.rkey));
+    ASSERT_OK_AND_ASSIGN(std::string done, peer("poll", "send", 1, 10000));
+    EXPECT_EQ(done.rfind("1:SUCCESS:", 0), 0u) << done;
+    ASSERT_OK(victim.call("post " + std::to_string(victimQp) + " read 2 " + std::to_string(theirs.index) + " 0 " +
+                          std::to_string(kSize) + " " + std::to_string(mine.addr) + " " + std::to_string(mine.rkey)));
+    ASSERT_OK_AND_ASSIGN(done, victim.call("poll send 1 10000"));
+    EXPECT_EQ(done.rfind("2:SUCCESS:", 0), 0u) << done;
+
+    victim.signal(SIGKILL);
+    int status = 0;
+    ASSERT_TRUE(victim.reap(kWaitTimeout, &status));
+    if (trial % 2 == 0) {
+      // The survivor notices: a SEND needs the victim on every path, and fails quickly.
+      ASSERT_OK(peer("post", survivorQp, "send", 3, mine.index, 0, 64, 0, 0));
+      ASSERT_OK_AND_ASSIGN(done, peer("poll", "send", 1, static_cast<int>(kPeerLossBound.count())));
+      EXPECT_EQ(done.rfind("3:RETRY_EXC_ERR:", 0), 0u) << done;
+    }
+    ASSERT_OK(peer_.call("exit"));
+    status = 0;
+    ASSERT_TRUE(peer_.reap(kWaitTimeout, &status)) << "the survivor did not exit";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "the survivor's wait status " << status
+        << (WIFSIGNALED(status) ? std::string(" (signal ") + strsignal(WTERMSIG(status)) + ")" : std::string());
+    if (HasFailure()) return;
+  }
+}
+
+// A peer that moves its QP back to RESET and sets it up again (INIT, RTR, RTS) is not ready for a
+// while, not gone: its QP answers "not ready", which the requester retries within its transport
+// timeout (timeout 18, retry_cnt 7: 8 tries of 1.07 s), and a SEND posted meanwhile completes once
+// the QP is back. ("No such QP" from a QP we had reached would fail it at once.)
+TEST_P(CrossProcess, PeerThatSetsItsQpUpAgainIsNotTakenForGone) {
+  Side side;
+  std::string peerCommand;
+  ASSERT_NO_FATAL_FAILURE(exchangePaths(side, {.timeout = 18, .retries = 7}, &peerCommand));
+  ASSERT_OK(peer_.call(peerCommand));
+  ASSERT_OK(side.qp.establish(side.path, kRemoteAccess));
+  // Nothing is posted (the peer's QP comes back expecting the PSN this side started with); the QP
+  // connects to its peer at RTS, which takes a few milliseconds.
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_OK(peer("reset", peerQp_));
+  // The reset closed the peer's end of the connection; a request that left before this side saw
+  // that would be lost with it (a lost connection fails what is in flight): let it see.
+  std::this_thread::sleep_for(milliseconds(300));
+  ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, 4096, access::kLocalWrite, 590));
+  PeerRegion inbox;
+  ASSERT_NO_FATAL_FAILURE(peerRegion(4096, access::kLocalWrite, 591, &inbox));
+  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kSend, .wrId = 1, .sges = {sgeOf(src, 0, 4096)}}));
+  std::this_thread::sleep_for(milliseconds(1000));
+  WorkCompletion wc;
+  ASSERT_FALSE(pollOne(side.sendCq, &wc, milliseconds(0))) << "the peer was taken for gone: " << describe(wc);
+  ASSERT_OK(peer_.call(peerCommand));
+  ASSERT_OK(peer("recv", peerQp_, 9, inbox.index, 0, 4096));
+  ASSERT_TRUE(pollOne(side.sendCq, &wc, kPeerLossBound));
+  EXPECT_EQ(wc.wrId, 1u);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
+  ASSERT_OK_AND_ASSIGN(std::string got, peer("poll", "recv", 1, 10000));
+  EXPECT_EQ(got, "9:SUCCESS:RECV:4096:0");
+  EXPECT_OK(peer("check", inbox.index, 0, 4096, 590, 0));
 }
 
 TEST_P(CrossProcess, StoppedPeerTimesOutWithRetryExceeded) {

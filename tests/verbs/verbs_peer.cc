@@ -21,6 +21,7 @@
 //                                               opcode: write write_imm send send_imm read cas faa
 //   poll <send|recv> <count> <timeout_ms>       -> "ok <wr_id>:<STATUS>:<OPCODE>:<byte_len>:<imm> ..."
 //   state <qp>                                  -> "ok <STATE>"
+//   reset <qp>                                  move the QP to RESET (connect sets it up again)
 //   exit
 #include <algorithm>
 #include <cstdio>
@@ -238,6 +239,15 @@ std::string execute(PeerState& state, const std::string& line, bool* quit) {
     Result<v::QpAttr> attr = qp->query();
     if (!attr.isOk()) return fail(attr.status().toString());
     return std::string("ok ") + v::qpStateName(attr->state);
+  }
+  if (command == "reset") {
+    size_t index = 0;
+    in >> index;
+    v::QueuePair* qp = queuePair(index);
+    if (qp == nullptr) return fail("no such qp");
+    v::QpAttr attr;
+    attr.state = v::QpState::kReset;
+    return fromStatus(qp->modify(attr, v::qp_attr_mask::kState));
   }
   return fail("unknown command '" + command + "'");
 }

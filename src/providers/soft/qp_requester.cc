@@ -533,7 +533,10 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
     return;
   }
   // A paused peer keeps its sockets; one whose listener we had reached and that now refuses a
-  // connection has no listener any more: its process (or its context) is gone.
+  // connection has no listener any more: its process (or its context) is gone. A refusal before
+  // the listener was ever reached may be a process still starting: that is tried again until the
+  // transport timeout. Only a real refusal counts (TcpLink reports a connection the listener took
+  // and then dropped as reset, not refused).
   if (listenerReached_ && !wasReady && why.cause() == ECONNREFUSED) {
     peerGoneFromLoop("its connections are refused");
     return;
@@ -638,8 +641,9 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       lastProgress_ = Clock::now();
       pumpFromLoop();
     } else {
-      // The peer QP is not ready yet (or refuses us): try again until the transport timeout. A QP
-      // that was reached before and now is not there was destroyed: the peer is gone.
+      // The peer QP is not ready yet (kNotReady: its owner has not moved it to RTR), or refuses us
+      // for now: try again until the transport timeout. A QP that was reached before and now is
+      // not there (destroyed, or in ERR) is gone.
       reqConn_->close(Status::ok(), true);
       reqConn_.reset();
       if (peerReached_ && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {

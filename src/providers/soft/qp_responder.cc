@@ -29,6 +29,9 @@ using namespace qp_detail;
 
 wire::HelloResult SoftQp::helloFromOurPeer(const wire::FrameHeader& hello, in_addr_t peerIp) {
   QpState state = state_.load();
+  // A QP on its way to RTR is not ready yet (its owner may still be setting it up: the peer tries
+  // again, as a NIC retries one that drops its packets); a closed one, or one in ERR, is gone.
+  if (!closed_ && (state == QpState::kReset || state == QpState::kInit)) return wire::HelloResult::kNotReady;
   if (closed_ || (state != QpState::kRtr && state != QpState::kRts)) return wire::HelloResult::kNoSuchQp;
   in_addr_t ip;
   uint16_t port;

@@ -21,7 +21,7 @@ namespace ferry::soft {
 namespace {
 
 // TCP_NOTSENT_LOWAT of every TCP link, and the cap of its SO_RCVLOWAT (awaitBytes). Chosen together
-// on loopback (docs/performance.md, "TCP: unsent bytes held to 1 MiB, reads of 512 KiB"): 16-64
+// on loopback (docs/performance-log.md, "TCP: unsent bytes held to 1 MiB, reads of 512 KiB"): 16-64
 // MiB WRITEs and READs 11-19% faster (29% in one round) than with the whole send buffer unsent and
 // a 256 KiB mark, the same 8 B and 1 MiB latency.
 constexpr size_t kNotSentLowWater = 1024 * 1024;
@@ -113,7 +113,9 @@ class TcpLink final : public Link {
       socklen_t len = sizeof err;
       ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
       if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
-        const int cause = err ? err : ECONNREFUSED;
+        // A refused connect says ECONNREFUSED in SO_ERROR; a hang-up without an error reached the
+        // listener, which dropped it: not a refusal (qp_requester.cc takes refusals for a peer gone).
+        const int cause = err ? err : ECONNRESET;
         owner.onLinkConnected(
             Status(StatusCode::kUnavailable, std::string("connect failed: ") + std::strerror(cause), cause));
         return;

@@ -235,7 +235,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
       }
       break;
     case FrameType::kHelloReply:
-      if (h.aux > static_cast<uint32_t>(HelloResult::kUseRing)) {
+      if (h.aux > static_cast<uint32_t>(HelloResult::kNotReady)) {
         return refuse("hello reply with an unknown result");
       }
       if (len >= kCommonHeaderLen + kHelloReplyShareLen && get32(x) != 0) {  // pid 0: no table

@@ -79,7 +79,7 @@ enum class Syndrome : uint32_t {
 
 enum class HelloResult : uint32_t {
   kAccepted = 0,
-  kNoSuchQp = 1,     // no QP with that number, or it is not ready (RTR/RTS) yet
+  kNoSuchQp = 1,     // no QP with that number, or it is closed or in ERR: the peer's QP is gone
   kMismatch = 2,     // the QP is connected to another peer, or the PSN differs
   kBusy = 3,         // the QP already has a live connection from its peer
   kUseRing = 4,      // (to a hello with kFlagRingOffer) the QP would accept: connect again over
@@ -87,6 +87,8 @@ enum class HelloResult : uint32_t {
                      // in its ring listener's name (ringListenerName), ringTicket = the one-time
                      // secret the ring setup must carry (the name is visible to every process of
                      // the host; the ticket went only over this connection)
+  kNotReady = 5,     // the QP exists but is not in RTR/RTS yet (RESET, INIT): try again, as a NIC
+                     // retries a QP that drops its packets until it is ready
 };
 
 struct FrameHeader {

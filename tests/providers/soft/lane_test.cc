@@ -236,22 +236,29 @@ TEST_P(LanePath, ARefusalBehindHalvesStillOnTheLaneWaitsForThem) {
 constexpr size_t kDeregisteredSize = 32 << 20;
 constexpr int kDeregisterAfterUs[] = {0, 500, 1000, 2000, 4000};
 
-// Posts a WRITE (or READ) of all of `local` to (from) `remote`, runs `act` after `delayUs`, and
-// waits for the request's completion.
-::testing::AssertionResult transferWhile(ConnectedPair& pair, v::WrOpcode opcode, RegisteredBuffer& local,
-                                         RegisteredBuffer& remote, int delayUs, const std::function<void()>& act,
-                                         v::WorkCompletion* wc) {
-  Status st = post(pair.a.qp, {.opcode = opcode,
-                               .wrId = 1,
-                               .sges = {sgeOf(local, 0, static_cast<uint32_t>(local.size()))},
-                               .remoteAddr = remote.address(),
-                               .rkey = remote.mr.rkey()});
+// Posts a WRITE (or READ) of all of `local` to (from) `remote` on `qp`, runs `act` after `delayUs`,
+// and waits for the request's completion on `cq`.
+::testing::AssertionResult transferOn(v::QueuePair& qp, v::CompletionQueue& cq, v::WrOpcode opcode,
+                                      RegisteredBuffer& local, RegisteredBuffer& remote, int delayUs,
+                                      const std::function<void()>& act, v::WorkCompletion* wc) {
+  Status st = post(qp, {.opcode = opcode,
+                        .wrId = 1,
+                        .sges = {sgeOf(local, 0, static_cast<uint32_t>(local.size()))},
+                        .remoteAddr = remote.address(),
+                        .rkey = remote.mr.rkey()});
   if (!st.isOk()) return ::testing::AssertionFailure() << st.toString();
   std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
   act();
-  if (!pollOne(pair.a.sendCq, wc)) return ::testing::AssertionFailure() << "the request never completed";
+  if (!pollOne(cq, wc)) return ::testing::AssertionFailure() << "the request never completed";
   if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the request's completion: " << describe(*wc);
   return ::testing::AssertionSuccess();
+}
+
+// The same from a to b of `pair`.
+::testing::AssertionResult transferWhile(ConnectedPair& pair, v::WrOpcode opcode, RegisteredBuffer& local,
+                                         RegisteredBuffer& remote, int delayUs,
+                                         const std::function<void()>& act, v::WorkCompletion* wc) {
+  return transferOn(pair.a.qp, pair.a.sendCq, opcode, local, remote, delayUs, act, wc);
 }
 
 TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
@@ -570,29 +577,25 @@ TEST_P(LanePath, AContextWithoutALaneThreadReadsTheLanesItAcceptsOnItsProgressTh
   ASSERT_OK_AND_ASSIGN(auto back, registerBuffer(pair.a.pd, kSize, v::access::kLocalWrite, 142));
   ASSERT_TRUE(laneCarries(pair, src, dst));
 
+  // Each transfer moves all of a region and must succeed.
+  v::WorkCompletion wc;
+  auto transfer = [&](Side& from, v::WrOpcode opcode, RegisteredBuffer& local, RegisteredBuffer& remote) {
+    ::testing::AssertionResult done = transferOn(
+        from.qp, from.sendCq, opcode, local, remote, 0, [] {}, &wc);
+    if (done && wc.status != v::WcStatus::kSuccess) return ::testing::AssertionFailure() << describe(wc);
+    return done;
+  };
+
   // a's WRITE of the whole region: b's progress thread places the lane's half.
   const uint64_t byLaneThreadBefore = soft::laneBytesPlacedByLaneThread();
   uint64_t placedBefore = soft::laneBytesPlaced();
-  ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
-                             .wrId = 1,
-                             .sges = {sgeOf(src, 0, kSize)},
-                             .remoteAddr = dst.address(),
-                             .rkey = dst.mr.rkey()}));
-  v::WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair.a.sendCq, &wc));
-  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  ASSERT_TRUE(transfer(pair.a, v::WrOpcode::kRdmaWrite, src, dst));
   EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
   EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
 
   // a's READ of it back: b's progress thread writes the second part of the response on the lane.
   placedBefore = soft::laneBytesPlaced();
-  ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaRead,
-                             .wrId = 2,
-                             .sges = {sgeOf(back, 0, kSize)},
-                             .remoteAddr = dst.address(),
-                             .rkey = dst.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair.a.sendCq, &wc));
-  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  ASSERT_TRUE(transfer(pair.a, v::WrOpcode::kRdmaRead, back, dst));
   EXPECT_TRUE(bytesEqual(bytesOf(back), bytesOf(src)));
   EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize))
       << "the READ's second part came over the lane";
@@ -603,13 +606,7 @@ TEST_P(LanePath, AContextWithoutALaneThreadReadsTheLanesItAcceptsOnItsProgressTh
   // b's WRITE to a: b opened no lane, so it goes whole on its one connection.
   fillPattern(dst.memory.bytes(), 143);
   placedBefore = soft::laneBytesPlaced();
-  ASSERT_OK(post(pair.b.qp, {.opcode = v::WrOpcode::kRdmaWrite,
-                             .wrId = 3,
-                             .sges = {sgeOf(dst, 0, kSize)},
-                             .remoteAddr = src.address(),
-                             .rkey = src.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair.b.sendCq, &wc));
-  ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
+  ASSERT_TRUE(transfer(pair.b, v::WrOpcode::kRdmaWrite, dst, src));
   EXPECT_TRUE(bytesEqual(bytesOf(src), bytesOf(dst)));
   EXPECT_EQ(soft::laneBytesPlaced(), placedBefore) << "a context without a lane thread opened a lane";
 }

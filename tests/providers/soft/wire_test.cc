@@ -440,8 +440,12 @@ TEST(WireTest, RefusesUnknownNakSyndromes) {
 }
 
 TEST(WireTest, RefusesUnknownHelloResults) {
-  FrameHeader reply{.type = FrameType::kHelloReply, .aux = 5};
-  expectRefusedByDecode(encode(reply), "hello result 5");
+  FrameHeader reply{.type = FrameType::kHelloReply, .aux = 6};
+  expectRefusedByDecode(encode(reply), "hello result 6");
+  reply.aux = static_cast<uint32_t>(HelloResult::kNotReady);
+  FrameHeader out;
+  EXPECT_TRUE(decodeHeader(encode(reply), &out).isOk());
+  EXPECT_EQ(out.aux, static_cast<uint32_t>(HelloResult::kNotReady));
 }
 
 TEST(WireTest, UseRingReplyCarriesTheListener) {
