@@ -3,10 +3,8 @@
 // (links, descriptors, connections) is checked from the test. Also the shared admission code
 // (common/net/admission.h) every listener uses.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,6 +23,7 @@
 #include "ferry/agent/agent.h"
 #include "ferry/agent/store.h"
 #include "ferry/endpoint/endpoint.h"
+#include "support/raw_socket.h"
 
 namespace ferry::agent {
 namespace {
@@ -58,15 +57,6 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   return v;
 }
 
-size_t openFds() {
-  size_t n = 0;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n;
-}
-
 sockaddr_storage v4(const char* ip) {
   sockaddr_storage s{};
   auto& a = reinterpret_cast<sockaddr_in&>(s);
@@ -76,39 +66,12 @@ sockaddr_storage v4(const char* ip) {
 }
 
 // A client of the agent's wireup port that speaks raw lines.
-struct RawClient {
-  int fd = -1;
-  explicit RawClient(uint16_t port) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ~RawClient() {
-    if (fd >= 0) ::close(fd);
-  }
-  bool send(const std::string& line) {
-    std::string l = line + "\n";
-    return ::send(fd, l.data(), l.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(l.size());
-  }
-  // Whether the agent closed the connection within `within`.
-  bool closedWithin(std::chrono::milliseconds within) {
-    auto end = std::chrono::steady_clock::now() + within;
-    char buf[4096];
-    while (std::chrono::steady_clock::now() < end) {
-      pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return true;
-    }
-    return false;
-  }
+struct RawClient : test::RawSocket {
+  explicit RawClient(uint16_t port) : RawSocket(port) {}
+  bool send(const std::string& line) { return RawSocket::send(line + "\n"); }
 };
+
+using test::openFds;
 
 uint16_t wireupPort(const Agent& a) { return a.workerAddress().control.front().port; }
 

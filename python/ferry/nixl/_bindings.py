@@ -21,18 +21,8 @@ DEFAULT_COMM_PORT = 8888
 HAVE_UCX_GPU_DEVICE_API = False
 
 
-class nixl_status_t(enum.IntEnum):
-    NIXL_IN_PROG = 1
-    NIXL_SUCCESS = 0
-    NIXL_ERR_NOT_POSTED = -1
-    NIXL_ERR_INVALID_PARAM = -2
-    NIXL_ERR_BACKEND = -3
-    NIXL_ERR_NOT_FOUND = -4
-    NIXL_ERR_MISMATCH = -5
-    NIXL_ERR_NOT_ALLOWED = -6
-    NIXL_ERR_REPOST_ACTIVE = -7
-    NIXL_ERR_UNKNOWN = -8
-    NIXL_ERR_NOT_SUPPORTED = -9
+# nixl_status_t is _errors.py's: the codes and the exception classes come from one table.
+from ._errors import nixl_status_t  # noqa: E402,F401
 
 
 class nixl_xfer_op_t(enum.IntEnum):
