@@ -27,6 +27,12 @@ pickled. ``cancel()`` (and leaving a ``with`` / ``async with`` block, or droppin
 has not ended) revokes this side's memory before it returns and stops a transfer in flight; the
 peer's operation then ends ERRORED with ``ferry.Cancelled``.
 
+Programs written against Dynamo's ``dynamo.nixl_connect`` run unchanged:
+``await connector.create_readable(...)`` (the operation is awaitable and gives itself),
+``with await connector.create_writable(...) as op``, ``Descriptor((array, "cpu"))`` and the
+``(ptr, size[, device[, ref]])`` forms, ``connector.hostname``, ``op.operation_kind``,
+``read.results()``, ``metadata.model_dump()`` handed to ``begin_read``.
+
 Host memory only: ``is_cuda_available`` is False and CUDA descriptors are refused with
 ``ferry.NotSupported``. See docs/connect.md.
 """
@@ -35,6 +41,9 @@ from __future__ import annotations
 
 import enum
 import mmap
+import secrets
+import socket
+import weakref
 from typing import List, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict
@@ -42,12 +51,12 @@ from pydantic import BaseModel, ConfigDict
 from . import aio as _aio  # noqa: F401  (makes ferry's futures awaitable)
 from ._core import connect as _cc
 from ._memory import registrable as _registrable
-from .errors import InvalidArgument, NotSupported
+from .errors import Busy, Cancelled, InvalidArgument, NotSupported
 
 __all__ = [
     "Connector", "Descriptor", "Device", "DeviceKind", "OperationKind", "OperationStatus",
-    "RdmaMetadata", "SerializedDescriptor", "ReadableOperation", "WritableOperation",
-    "ReadOperation", "WriteOperation",
+    "RdmaMetadata", "SerializedDescriptor", "AbstractOperation", "PassiveOperation", "ActiveOperation",
+    "ReadableOperation", "WritableOperation", "ReadOperation", "WriteOperation", "Remote",
 ]
 
 
@@ -58,6 +67,9 @@ class DeviceKind(enum.IntEnum):
     HOST = 1
     CUDA = 2
 
+    def __str__(self):
+        return {DeviceKind.HOST: "cpu", DeviceKind.CUDA: "cuda"}.get(self, "<invalid>")
+
 
 class OperationKind(enum.IntEnum):
     """What the holder of an operation's metadata may do."""
@@ -65,6 +77,9 @@ class OperationKind(enum.IntEnum):
     UNSPECIFIED = 0
     READ = 1
     WRITE = 2
+
+    def __str__(self):
+        return {OperationKind.READ: "READ", OperationKind.WRITE: "WRITE"}.get(self, "<invalid>")
 
 
 class OperationStatus(enum.IntEnum):
@@ -77,9 +92,19 @@ class OperationStatus(enum.IntEnum):
     CANCELLED = 4
     ERRORED = 5
 
+    def __str__(self):
+        # The short forms programs written for the connector document log and compare.
+        return _STATUS_TEXT.get(self, "<invalid>")
+
+
+_STATUS_TEXT = {OperationStatus.INITIALIZED: "INIT", OperationStatus.IN_PROGRESS: "PROC",
+                OperationStatus.COMPLETE: "DONE", OperationStatus.ERRORED: "ERR",
+                OperationStatus.CANCELLED: "STOP"}
+
 
 class Device:
-    """A memory device: ``Device("cpu")``, ``Device("cuda:0")``, or ``Device((DeviceKind.CUDA, 0))``."""
+    """A memory device: ``Device("cpu")`` (or ``"host"``), ``Device("cuda:0")`` (or ``"gpu:0"``; no
+    index is 0), or ``Device((DeviceKind.CUDA, 0))``."""
 
     def __init__(self, metadata: Union[str, tuple, "Device", None] = "cpu"):
         if isinstance(metadata, Device):
@@ -105,10 +130,11 @@ class Device:
         name, _, index = text.partition(":")
         if name in ("cpu", "host"):
             self._kind = DeviceKind.HOST
-        elif name == "cuda":
+        elif name in ("cuda", "gpu"):
             self._kind = DeviceKind.CUDA
         else:
-            raise InvalidArgument("Device: unknown device %r (expected 'cpu' or 'cuda:N')" % (metadata,))
+            raise InvalidArgument("Device: unknown device %r (expected 'cpu', 'host', 'cuda:N' or 'gpu:N')"
+                                  % (metadata,))
         if index:
             if not index.isdigit():
                 raise InvalidArgument("Device: %r has no valid index" % (metadata,))
@@ -140,52 +166,91 @@ class Device:
 
 
 class Descriptor:
-    """Memory of an operation: a NumPy array, a torch tensor, ``bytes`` / ``bytearray`` /
-    ``memoryview`` / ``mmap``, an object exporting CPU memory through DLPack (``__dlpack__``;
-    viewed without a copy, and kept alive), or ``(ptr, size, device, ref)`` (``ref`` is kept
-    alive while the descriptor is in use). The memory must be contiguous; it is registered when
-    an operation uses it, and stays referenced until that operation ends."""
+    """Memory of an operation, in any of these forms:
+
+    - a NumPy array, a torch tensor, ``bytes`` / ``bytearray`` / ``memoryview`` / ``mmap``, or an
+      object exporting CPU memory through DLPack (``__dlpack__``; viewed without a copy, and kept
+      alive);
+    - ``(array, device)``: any of those, or an array exporting ``__cuda_array_interface__``
+      (CuPy, Numba), with the device it lives on (a ``Device``, ``"cpu"``, ``"cuda:N"``); the device
+      must be the array's own;
+    - ``(ptr, size)``, ``(ptr, size, device)`` or ``(ptr, size, device, ref)``: an address, of host
+      memory when no device is given; ``ref`` is kept alive while the descriptor is in use.
+
+    The memory must be contiguous. Each operation that uses it registers it while that operation
+    has not ended (``is_registered``), and keeps it referenced until then. CUDA memory (a CUDA
+    tensor, a CUDA array, a CUDA address) makes a descriptor that can be inspected; an operation
+    given one raises ferry.NotSupported, as this ferry moves host memory and never takes a
+    device's address for a host one. Errors: ferry.InvalidArgument for a form, size or device that
+    does not fit, ferry.NotSupported for memory on another device."""
 
     def __init__(self, data):
         self._data = data
         self._ref = None
+        self._read_only = False
+        self._users = weakref.WeakSet()   # the operations using the memory
         if isinstance(data, tuple):
-            if len(data) != 4:
-                raise InvalidArgument("Descriptor: a tuple must be (ptr, size, device, ref)")
-            ptr, size, device, ref = data
-            for what, value in (("ptr", ptr), ("size", size)):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise InvalidArgument("Descriptor: %s must be a non-negative int, not %r" % (what, value))
-            if ptr == 0:
-                raise InvalidArgument("Descriptor: ptr is 0")
-            self._ptr, self._size, self._device, self._ref = ptr, size, Device(device), ref
-            self._read_only = False
-        elif _is_tensor(data):
-            dev = data.device
-            self._device = Device("cpu" if dev.type == "cpu" else "%s:%d" % (dev.type, dev.index or 0)) \
-                if dev.type in ("cpu", "cuda") else None
-            if self._device is None:
-                raise NotSupported("Descriptor: tensors on %s are not supported" % dev)
-            if not data.is_contiguous():
-                raise InvalidArgument("Descriptor: the tensor is not contiguous")
-            self._ptr = data.data_ptr()
-            self._size = data.numel() * data.element_size()
-            self._read_only = False
+            self._from_tuple(data)
         else:
-            target = _registrable(data, "Descriptor")
-            if isinstance(data, mmap.mmap):
-                target = memoryview(data)
-            try:
-                ptr, size, read_only = _cc.buffer_info(target)
-            except TypeError:
-                raise InvalidArgument(
-                    "Descriptor: expected a NumPy array, a torch tensor, bytes, bytearray, memoryview, mmap, "
-                    "a DLPack object or (ptr, size, device, ref), not %s" % type(data).__name__) from None
-            self._data = target
-            self._ptr, self._size, self._read_only = ptr, size, read_only
-            self._device = Device("cpu")
+            self._from_object(data, None)
         if self._size == 0:
             raise InvalidArgument("Descriptor: the memory is empty (0 bytes)")
+
+    def _from_tuple(self, data):
+        if len(data) == 2 and not _is_int(data[0]):
+            self._from_object(data[0], Device(data[1]))
+            return
+        if not 2 <= len(data) <= 4:
+            raise InvalidArgument("Descriptor: a tuple must be (array, device), (ptr, size), (ptr, size, device) "
+                                  "or (ptr, size, device, ref), not %d items" % len(data))
+        ptr, size = data[0], data[1]
+        for what, value in (("ptr", ptr), ("size", size)):
+            if not _is_int(value) or value < 0:
+                raise InvalidArgument("Descriptor: %s must be a non-negative int, not %r" % (what, value))
+        if ptr == 0:
+            raise InvalidArgument("Descriptor: ptr is 0")
+        self._ptr, self._size = ptr, size
+        self._device = Device(data[2] if len(data) > 2 else "cpu")
+        self._ref = data[3] if len(data) > 3 else None
+
+    def _from_object(self, data, declared):
+        """Takes an object's memory; ``declared`` is the device a tuple gave with it."""
+        if _is_tensor(data):
+            dev = data.device
+            if dev.type not in ("cpu", "cuda"):
+                raise NotSupported("Descriptor: tensors on %s are not supported" % dev)
+            device = Device("cpu") if dev.type == "cpu" else Device((DeviceKind.CUDA, dev.index or 0))
+            _check_declared(declared, device, type(data).__name__)
+            if not data.is_contiguous():
+                raise InvalidArgument("Descriptor: the tensor is not contiguous")
+            self._data, self._device = data, device
+            self._ptr = data.data_ptr()
+            self._size = data.numel() * data.element_size()
+            return
+        cuda = _cuda_array_interface(data)
+        if cuda is not None and not _has_buffer(data):
+            # Device memory: its address is kept for inspection and never used (see _core_args).
+            if declared is not None and declared.kind != DeviceKind.CUDA:
+                raise InvalidArgument("Descriptor: the %s exports __cuda_array_interface__: it is CUDA memory, given "
+                                      "with device %s" % (type(data).__name__, declared))
+            device = declared if declared is not None else Device((DeviceKind.CUDA, _cuda_device_id(data)))
+            self._data, self._device = data, device
+            self._ptr, self._size = _cuda_array_extent(data, cuda)
+            return
+        target = _registrable(data, "Descriptor")
+        if isinstance(data, mmap.mmap):
+            target = memoryview(data)
+        try:
+            ptr, size, read_only = _cc.buffer_info(target)
+        except TypeError:
+            raise InvalidArgument(
+                "Descriptor: expected a NumPy array, a torch tensor, bytes, bytearray, memoryview, mmap, "
+                "a DLPack object, (array, device), (ptr, size), (ptr, size, device) or (ptr, size, device, ref), "
+                "not %s" % type(data).__name__) from None
+        _check_declared(declared, Device("cpu"), type(data).__name__)
+        self._data = target
+        self._ptr, self._size, self._read_only = ptr, size, read_only
+        self._device = Device("cpu")
 
     @property
     def ptr(self) -> int:
@@ -203,8 +268,38 @@ class Descriptor:
     def read_only(self) -> bool:
         return self._read_only
 
+    @property
+    def is_registered(self) -> bool:
+        """True while an operation that has not ended holds the memory registered."""
+        return any(op._op.status < OperationStatus.COMPLETE for op in list(self._users))
+
+    @property
+    def metadata(self) -> "SerializedDescriptor":
+        """The descriptor as metadata carries it (size and device; never the address). Calling the
+        result, as in ``descriptor.metadata()``, returns it too."""
+        return SerializedDescriptor(size=self._size, device=str(self._device))
+
+    def register_memory(self, connector: "Connector") -> None:
+        """Checks that ``connector``'s operations can use this memory (ferry.NotSupported for CUDA
+        memory). ferry registers memory for each operation that uses it, so there is nothing to
+        do ahead of one."""
+        if not isinstance(connector, Connector):
+            raise InvalidArgument("Descriptor.register_memory: expected a Connector, not %s"
+                                  % type(connector).__name__)
+        self._core_args()
+
+    register_with_connector = register_memory
+
+    @staticmethod
+    def from_serialized(serialized: "SerializedDescriptor") -> "Descriptor":
+        """Refused (ferry.NotSupported): metadata carries no address to describe a peer's memory."""
+        return serialized.to_descriptor()
+
+    def __str__(self):
+        return "ptr=0x%x, size=%d, device=%s" % (self._ptr, self._size, self._device)
+
     def __repr__(self):
-        return "Descriptor(ptr=0x%x, size=%d, device=%s)" % (self._ptr, self._size, self._device)
+        return "Descriptor(%s)" % self
 
     def _core_args(self):
         if self._device.kind == DeviceKind.CUDA:
@@ -212,9 +307,60 @@ class Descriptor:
                                "(Connector.is_cuda_available is False)" % self._device)
         if self._ref is not None or isinstance(self._data, tuple):
             return (self._ptr, self._size, self)
-        if _is_tensor(self._data):
-            return (self._data, None, self)
         return (self._data, None, self)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_declared(declared, actual, what):
+    if declared is not None and declared != actual:
+        raise InvalidArgument("Descriptor: the %s is %s memory, given with device %s" % (what, actual, declared))
+
+
+def _cuda_array_interface(obj):
+    try:
+        cuda = getattr(obj, "__cuda_array_interface__", None)
+    except Exception:  # noqa: BLE001  (a producer may raise for memory that is not CUDA memory)
+        return None
+    return cuda if isinstance(cuda, dict) else None
+
+
+def _has_buffer(obj) -> bool:
+    try:
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    return True
+
+
+def _cuda_device_id(obj) -> int:
+    ident = getattr(getattr(obj, "device", None), "id", 0)
+    return ident if _is_int(ident) and ident >= 0 else 0
+
+
+def _cuda_array_extent(obj, cuda):
+    """(address, size) of an array given by ``__cuda_array_interface__`` (v2 and later)."""
+    try:
+        ptr = int(cuda["data"][0])
+        shape = tuple(int(n) for n in cuda["shape"])
+        itemsize = int(cuda["typestr"][2:])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise InvalidArgument("Descriptor: the %s's __cuda_array_interface__ is malformed"
+                              % type(obj).__name__) from None
+    count = 1
+    for n in shape:
+        count *= n
+    strides = cuda.get("strides")
+    if strides is not None:
+        expected, step = [], itemsize
+        for n in reversed(shape):
+            expected.insert(0, step)
+            step *= n
+        if count > 1 and any(n > 1 and s != e for n, s, e in zip(shape, strides, expected)):
+            raise InvalidArgument("Descriptor: the %s is not contiguous" % type(obj).__name__)
+    return ptr, count * itemsize
 
 
 def _is_tensor(obj) -> bool:
@@ -223,6 +369,7 @@ def _is_tensor(obj) -> bool:
 
 
 def _descriptors(local, what):
+    """The Descriptors of ``local`` (one or a list), checked, and the core's arguments for them."""
     if isinstance(local, Descriptor):
         items = [local]
     elif isinstance(local, (list, tuple)) and all(isinstance(d, Descriptor) for d in local):
@@ -232,7 +379,7 @@ def _descriptors(local, what):
                               % (what, type(local).__name__))
     if not items:
         raise InvalidArgument("%s: no descriptor" % what)
-    return [d._core_args() for d in items]
+    return items, [d._core_args() for d in items]
 
 
 class SerializedDescriptor(BaseModel):
@@ -242,6 +389,16 @@ class SerializedDescriptor(BaseModel):
 
     size: int
     device: str
+
+    def __call__(self) -> "SerializedDescriptor":
+        # ``descriptor.metadata()``, the older spelling of the ``descriptor.metadata`` property.
+        return self
+
+    def to_descriptor(self) -> "Descriptor":
+        """Refused (ferry.NotSupported): metadata carries no address of the peer's memory; a
+        transfer names the peer's memory by the operation alone."""
+        raise NotSupported("SerializedDescriptor.to_descriptor: ferry's metadata carries no memory address "
+                           "(a peer's memory is reached through its operation only)")
 
 
 class RdmaMetadata(BaseModel):
@@ -269,22 +426,35 @@ class RdmaMetadata(BaseModel):
         except ValueError:
             return OperationKind.UNSPECIFIED
 
+    def to_descriptors(self):
+        """Refused (ferry.NotSupported), as ``SerializedDescriptor.to_descriptor``."""
+        raise NotSupported("RdmaMetadata.to_descriptors: ferry's metadata carries no memory address "
+                           "(a peer's memory is reached through its operation only)")
+
 
 def _metadata_text(remote_metadata, what) -> str:
     if isinstance(remote_metadata, RdmaMetadata):
         return remote_metadata.model_dump_json()
+    if isinstance(remote_metadata, dict):  # model_dump()'s form
+        try:
+            return RdmaMetadata.model_validate(remote_metadata).model_dump_json()
+        except ValueError as e:
+            raise InvalidArgument("%s: the metadata is malformed: %s" % (what, e)) from None
     if isinstance(remote_metadata, (str, bytes, bytearray)):
         return remote_metadata.decode() if not isinstance(remote_metadata, str) else remote_metadata
-    raise InvalidArgument("%s: remote_metadata must be an RdmaMetadata (or its JSON text), not %s"
+    raise InvalidArgument("%s: remote_metadata must be an RdmaMetadata (or its JSON text or dict), not %s"
                           % (what, type(remote_metadata).__name__))
 
 
-class _Operation:
+class AbstractOperation:
     """What every operation has: status, wait_for_completion(), cancel(), with / async with."""
 
-    def __init__(self, connector: "Connector", op):
+    def __init__(self, connector: "Connector", op, descriptors):
         self._connector = connector
         self._op = op
+        self._descriptors = descriptors
+        for d in descriptors:
+            d._users.add(self)
 
     @property
     def status(self) -> OperationStatus:
@@ -293,6 +463,16 @@ class _Operation:
     @property
     def kind(self) -> OperationKind:
         return OperationKind(self._op.kind)
+
+    @property
+    def operation_kind(self) -> OperationKind:
+        """The same as ``kind``: READ for readable and read operations, WRITE for the others."""
+        return self.kind
+
+    @property
+    def connector(self) -> "Connector":
+        """The Connector that made the operation."""
+        return self._connector
 
     @property
     def nbytes(self) -> int:
@@ -340,38 +520,99 @@ class _Operation:
         return "<%s %d %s>" % (type(self).__name__, self._op.id, self.status.name)
 
 
-class _PassiveOperation(_Operation):
-    def __init__(self, connector, op):
-        super().__init__(connector, op)
+class PassiveOperation(AbstractOperation):
+    """An owner's operation: local memory a peer reads or writes once, by its metadata.
+
+    ``create_readable`` / ``create_writable`` return it ready: awaiting it (``await
+    connector.create_readable(...)``, ``with await ...``) gives the operation itself."""
+
+    def __init__(self, connector, op, descriptors):
+        super().__init__(connector, op, descriptors)
         self._metadata = None
 
-    def metadata(self) -> RdmaMetadata:
-        """The metadata a peer needs to begin its read or write (send ``.model_dump_json()``)."""
+    def __await__(self):
+        return self
+        yield  # noqa  (makes this a generator: awaiting the operation gives it back at once)
+
+    def metadata(self, hex_encode: bool = False) -> RdmaMetadata:
+        """The metadata a peer needs to begin its read or write (send ``.model_dump_json()``).
+        ``hex_encode`` is accepted and changes nothing: the metadata has one encoding, JSON."""
         if self._metadata is None:
             self._metadata = RdmaMetadata.model_validate_json(self._op.metadata())
         return self._metadata
 
 
-class ReadableOperation(_PassiveOperation):
+class ReadableOperation(PassiveOperation):
     """Local memory a remote worker may read once, with this operation's metadata."""
 
 
-class WritableOperation(_PassiveOperation):
+class WritableOperation(PassiveOperation):
     """Local memory a remote worker may write once, with this operation's metadata."""
 
 
-class ReadOperation(_Operation):
+class Remote:
+    """The peer of a read or write: ``name`` is its worker id (its metadata's ``worker``)."""
+
+    def __init__(self, connector: "Connector", name: str):
+        self._connector = connector
+        self._name = name
+
+    @property
+    def connector(self) -> "Connector":
+        return self._connector
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __str__(self):
+        return self._name
+
+    def __repr__(self):
+        return "Remote(name=%r, connector=%r)" % (self._name, self._connector.name)
+
+
+class ActiveOperation(AbstractOperation):
+    """A read or write of a peer's operation, begun by its metadata."""
+
+    def __init__(self, connector, op, descriptors, metadata_text):
+        super().__init__(connector, op, descriptors)
+        self._metadata_text = metadata_text
+        self._remote = None
+
+    @property
+    def remote(self) -> Remote:
+        """The owner of the operation read or written."""
+        if self._remote is None:
+            worker = RdmaMetadata.model_validate_json(self._metadata_text).worker  # the owner accepted it
+            self._remote = Remote(self._connector, worker)
+        return self._remote
+
+
+class ReadOperation(ActiveOperation):
     """A read of a remote ReadableOperation into local memory."""
 
+    def results(self) -> List[Descriptor]:
+        """The local Descriptors read into, once the read is COMPLETE. Raises the ferry error that
+        ended the read when it did not complete, and ferry.Busy while it runs."""
+        status = self.status
+        if status == OperationStatus.COMPLETE:
+            return list(self._descriptors)
+        if status < OperationStatus.COMPLETE:
+            raise Busy("ReadOperation.results: the read is %s, not COMPLETE" % status.name)
+        self._op.raise_error()
+        raise Cancelled("ReadOperation.results: the read ended %s" % status.name)
 
-class WriteOperation(_Operation):
+
+class WriteOperation(ActiveOperation):
     """A write of local memory into a remote WritableOperation."""
 
 
 class Connector:
     """Creates readable and writable operations, and reads from or writes to remote ones.
 
-    ``worker_id`` names this worker (its agent's alias; random when None). ``runtime`` is kept and
+    ``worker_id`` names this worker (its agent's alias; ``connector-`` and random hex when None).
+    ``hostname`` is this host's name. ``runtime`` is kept and
     returned by ``runtime()`` (none is needed). ``store`` is an optional discovery store URL of
     the agent (``ferry://``, ``redis://``, ``etcd://``); ``namespace`` its scope. ``metadata_ttl``
     (seconds) bounds how long metadata may be used; ``cancel_grace`` how long ``cancel()`` waits
@@ -384,8 +625,11 @@ class Connector:
                  chunk_bytes: int = 64 << 20, window: int = 4):
         if worker_id is not None and not isinstance(worker_id, str):
             raise InvalidArgument("Connector: worker_id must be a str or None")
+        if not worker_id:
+            worker_id = "connector-" + secrets.token_hex(4)
         self._runtime = runtime
-        self._options = dict(worker_id=worker_id or "", store=store or "", scope=namespace,
+        self._hostname = socket.gethostname()
+        self._options = dict(worker_id=worker_id, store=store or "", scope=namespace,
                              secret=secret or "", listen_host=listen_host, metadata_ttl=float(metadata_ttl),
                              connect_timeout=float(connect_timeout), cancel_grace=float(cancel_grace),
                              chunk_bytes=int(chunk_bytes), window=int(window))
@@ -402,9 +646,14 @@ class Connector:
         return self._core
 
     @property
-    def name(self) -> Optional[str]:
+    def name(self) -> str:
         """The worker id (the agent's alias)."""
-        return self._core.name if self._core is not None else (self._options["worker_id"] or None)
+        return self._core.name if self._core is not None else self._options["worker_id"]
+
+    @property
+    def hostname(self) -> str:
+        """The name of this worker's host (``socket.gethostname()``)."""
+        return self._hostname
 
     @property
     def namespace(self) -> str:
@@ -428,28 +677,31 @@ class Connector:
         return self._start().stats()
 
     def create_readable(self, local_descriptors: Union[Descriptor, Sequence[Descriptor]]) -> ReadableOperation:
-        """Exposes local memory to be read once by the holder of the operation's metadata."""
-        args = _descriptors(local_descriptors, "create_readable")
-        return ReadableOperation(self, self._start().create_readable(args))
+        """Exposes local memory to be read once by the holder of the operation's metadata. Returns
+        the operation, which may also be awaited (``await connector.create_readable(...)`` gives
+        it too)."""
+        items, args = _descriptors(local_descriptors, "create_readable")
+        return ReadableOperation(self, self._start().create_readable(args), items)
 
     def create_writable(self, local_descriptors: Union[Descriptor, Sequence[Descriptor]]) -> WritableOperation:
-        """Exposes local memory to be written once by the holder of the operation's metadata."""
-        args = _descriptors(local_descriptors, "create_writable")
-        return WritableOperation(self, self._start().create_writable(args))
+        """Exposes local memory to be written once by the holder of the operation's metadata.
+        Returns the operation, which may also be awaited, as ``create_readable``'s."""
+        items, args = _descriptors(local_descriptors, "create_writable")
+        return WritableOperation(self, self._start().create_writable(args), items)
 
     async def begin_read(self, remote_metadata: RdmaMetadata,
                          local_descriptors: Union[Descriptor, Sequence[Descriptor]]) -> ReadOperation:
         """Begins reading a remote ReadableOperation into local memory (sizes matched pairwise)."""
         text = _metadata_text(remote_metadata, "begin_read")
-        args = _descriptors(local_descriptors, "begin_read")
-        return ReadOperation(self, self._start().begin_read(text, args))
+        items, args = _descriptors(local_descriptors, "begin_read")
+        return ReadOperation(self, self._start().begin_read(text, args), items, text)
 
     async def begin_write(self, local_descriptors: Union[Descriptor, Sequence[Descriptor]],
                           remote_metadata: RdmaMetadata) -> WriteOperation:
         """Begins writing local memory into a remote WritableOperation (sizes matched pairwise)."""
         text = _metadata_text(remote_metadata, "begin_write")
-        args = _descriptors(local_descriptors, "begin_write")
-        return WriteOperation(self, self._start().begin_write(args, text))
+        items, args = _descriptors(local_descriptors, "begin_write")
+        return WriteOperation(self, self._start().begin_write(args, text), items, text)
 
     def shutdown(self) -> None:
         """Ends every operation not ended and stops the agent (idempotent)."""
@@ -475,5 +727,8 @@ class Connector:
         self.shutdown()
         return False
 
+    def __str__(self):
+        return self.name
+
     def __repr__(self):
-        return "<Connector %r namespace=%r>" % (self.name, self._namespace)
+        return "<Connector %r hostname=%r namespace=%r>" % (self.name, self._hostname, self._namespace)

@@ -12,16 +12,21 @@ size): numpy, float32 (a NumPy array of another dtype), bytes, bytearray, memory
 (a CPU tensor, float32 where the size allows); ``"list": false`` passes a single Descriptor (one
 size) instead of a list. ``seeds`` fill it with ``pattern(seed, size)`` (``"big": true``:
 ``big_fill``, the cheap pattern of large buffers); without seeds it is zeros. ``equal`` answers, per
-descriptor, whether the memory holds its seed's pattern.
+descriptor, whether the memory holds its seed's pattern. ``form`` says how each Descriptor is
+made: ``"object"`` (the default, ``Descriptor(obj)``), ``"array_device"`` (``Descriptor((obj,
+"cpu"))``) or ``"ptr_size"`` (``Descriptor((ptr, size, "cpu", obj))``). ``metadata`` may be the
+JSON text or the ``model_dump()`` dict, which is then given to ``RdmaMetadata.model_validate``.
 
-- ``create``  ``{op, what: "readable"|"writable", sizes, kind, list, seeds}``: create a passive
-  operation named ``op``; answers ``{"metadata": text}``.
+- ``create``  ``{op, what: "readable"|"writable", sizes, kind, list, seeds, form, awaited}``: create
+  a passive operation named ``op`` (``"awaited": true``: ``await connector.create_readable(...)``);
+  answers ``{"metadata": text}``.
 - ``read`` / ``write``  ``{op, metadata, sizes, kind, list, seeds, big, delay, timeout}``: after
   ``delay`` seconds, begin a read of ``metadata`` into new zeroed memory (a write of memory filled
   with ``seeds``); answers ``{"event": "begun", "status"}`` once begun, then ``{"event": "done",
   "status", "error", "message", "equal"}`` when it ended (``equal``: a read's memory checked
   against ``seeds``; ``"report_zeros": true`` adds ``zeros``, whether the memory is still all
-  zeros; ``"keep": true`` keeps the memory and the op afterwards).
+  zeros; ``"keep": true`` keeps the memory and the op afterwards; ``"results": true`` adds a read's
+  ``results``, whether ``op.results()`` gave back the Descriptors it was begun with).
 - ``wait``  ``{op, timeout, seeds, big, report_zeros}``: await a (passive or active) operation;
   answers ``{"event": "done", "status", "error", "message", "equal"}``.
 - ``status``  ``{op}``: ``{"status", "bytes"}``.
@@ -131,8 +136,14 @@ class Memory:
             return obj.numpy().view(np.uint8)
         return np.frombuffer(obj, dtype=np.uint8)
 
-    def descriptors(self, as_list=True):
-        ds = [Descriptor(o) for o in self.objects]
+    def descriptors(self, as_list=True, form="object"):
+        if form == "array_device":
+            ds = [Descriptor((o, "cpu")) for o in self.objects]
+        elif form == "ptr_size":
+            ds = [Descriptor((v.ctypes.data, v.nbytes, "cpu", o)) for o, v in zip(self.objects, self.views)]
+        else:
+            ds = [Descriptor(o) for o in self.objects]
+        self.made = ds
         if not as_list:
             assert len(ds) == 1
             return ds[0]
@@ -186,8 +197,10 @@ class Server:
         c = self.connector
         if what == "create":
             mem = Memory(cmd.get("kind", "numpy"), cmd["sizes"], cmd.get("seeds"), cmd.get("big", False))
-            descs = mem.descriptors(cmd.get("list", True))
+            descs = mem.descriptors(cmd.get("list", True), cmd.get("form", "object"))
             op = c.create_readable(descs) if cmd["what"] == "readable" else c.create_writable(descs)
+            if cmd.get("awaited"):
+                op = await op
             self.ops[cmd["op"]], self.memory[cmd["op"]] = op, mem
             return {"id": ident, "metadata": op.metadata().model_dump_json(), "status": op.status.name}
         if what in ("read", "write"):
@@ -196,8 +209,10 @@ class Server:
             seeds = cmd.get("seeds")
             mem = Memory(cmd.get("kind", "numpy"), cmd["sizes"], seeds if what == "write" else None,
                          cmd.get("big", False))
-            descs = mem.descriptors(cmd.get("list", True))
-            metadata = RdmaMetadata.model_validate_json(cmd["metadata"])
+            descs = mem.descriptors(cmd.get("list", True), cmd.get("form", "object"))
+            metadata = cmd["metadata"]
+            metadata = RdmaMetadata.model_validate(metadata) if isinstance(metadata, dict) \
+                else RdmaMetadata.model_validate_json(metadata)
             if what == "read":
                 op = await c.begin_read(metadata, descs)
             else:
@@ -206,6 +221,9 @@ class Server:
             self.ops[name], self.memory[name] = op, mem
             reply({"id": ident, "event": "begun", "status": op.status.name})
             out = await self.finish(dict(cmd, seeds=seeds if what == "read" else None), name, op, mem)
+            if cmd.get("results") and out.get("error") is None:
+                got = op.results()
+                out["results"] = len(got) == len(mem.made) and all(a is b for a, b in zip(got, mem.made))
             if not cmd.get("keep"):
                 self.ops.pop(name, None)
                 self.memory.pop(name, None)
