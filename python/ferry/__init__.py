@@ -48,5 +48,16 @@ def config():
     return _core.config()
 
 
-__all__ = (["__version__", "config", "check_config", "forward_to_logging", "metrics", "objects", "stats"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
+def unknown_config():
+    """The ``FERRY_*`` variables set in this process that ferry does not read (most likely
+    misspelt), as a list of dicts: ``name``, ``suggestion`` (the nearest variable ferry reads, at
+    most two edits away; empty when none is) and ``warning`` (the line ferry logs once at WARN when
+    it first checks its configuration). Variables that ferry's own tests and tools read are not
+    listed. ``ferry info --config`` shows the same."""
+    from . import _core
+
+    return _core.unknown_config()
+
+
+__all__ = (["__version__", "config", "unknown_config", "check_config", "forward_to_logging", "metrics", "objects", "stats"] + list(_errors_all) + list(_rdma_all) + list(_endpoint_all) +
            ["PeerAgent", "PeerConnection", "start_peer_agent"])

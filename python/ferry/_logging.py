@@ -1,11 +1,18 @@
 """ferry's log lines, forwarded to Python's ``logging`` (logger ``"ferry"``).
 
-The C++ core writes each line it logs (filtered by ``FERRY_LOG_LEVEL``, default warn) to a pipe;
-one daemon thread, blocked in ``read`` (it never polls), turns each into a record of the ``ferry``
-logger at the matching level. Without a handler configured, Python's last-resort handler prints
-warnings and errors to stderr, as ferry itself would. ``forward_to_logging(False)`` sends the lines
-straight to stderr again (with a timestamp, the process id and the level). A child made by
-``fork`` gets its own pipe and thread."""
+The C++ core writes each line it logs to a pipe; one daemon thread, blocked in ``read`` (it never
+polls), turns each into a record of the ``ferry`` logger at the matching level. Without a handler
+configured, Python's last-resort handler prints warnings and errors to stderr, as ferry itself
+would. ``forward_to_logging(False)`` sends the lines straight to stderr again (with a timestamp,
+the process id and the level). A child made by ``fork`` gets its own pipe and thread.
+
+The core's threshold follows the ``ferry`` logger: whenever the logger's effective level changes
+(its own ``setLevel``, a parent's or the root's, ``logging.disable``, ``dictConfig``), the core
+logs from the most verbose of error, warn, info and debug that the logger lets through, so a line
+the logger would drop is never made. ``FERRY_LOG_LEVEL``, when set, is the ``ferry`` logger's
+level at import (unless the program gave the logger a level before), and the program's
+``setLevel`` on it changes it afterwards. Without it, the logger has no level of its own and
+follows its parents: warn under Python's default WARNING."""
 
 import logging
 import os
@@ -18,6 +25,59 @@ logger = logging.getLogger("ferry")
 
 _lock = threading.Lock()
 _state = {"read": -1, "write": -1, "enabled": False}
+
+
+_level_lock = threading.Lock()
+_level_state = {"seen": None}
+
+
+def _logger_state():
+    # Read without logging's lock: this runs inside logging's own calls, which may hold it.
+    return (logger.getEffectiveLevel(), logger.manager.disable, logger.disabled)
+
+
+def _core_level(state):
+    """The core's threshold for a logger state: the most verbose level the logger lets through."""
+    effective, disabled_up_to, disabled = state
+    lowest = max(effective, disabled_up_to + 1)
+    if disabled or lowest > logging.WARNING:
+        return "error"
+    if lowest > logging.INFO:
+        return "warn"
+    return "info" if lowest > logging.DEBUG else "debug"
+
+
+def _follow_level(force=False):
+    """Sets the core's threshold from the ``ferry`` logger when its effective level changed since
+    the last look (or always, with ``force``)."""
+    with _level_lock:
+        state = _logger_state()
+        if force or state != _level_state["seen"]:
+            _level_state["seen"] = state
+            _core.set_log_level(_core_level(state))
+
+
+def _watch_level_changes():
+    # Every level change in ``logging`` (setLevel on any logger, logging.disable) clears the
+    # manager's cache of enabled levels: following there sees a parent's change as well as the
+    # ferry logger's own, at no cost to logging calls. Without that method, the ferry logger's own
+    # setLevel is watched.
+    manager = logging.Logger.manager
+    clear = getattr(manager, "_clear_cache", None)
+    if callable(clear):
+        def clear_and_follow():
+            clear()
+            _follow_level()
+
+        manager._clear_cache = clear_and_follow
+        return
+    set_level = logger.setLevel
+
+    def set_level_and_follow(level):
+        set_level(level)
+        _follow_level()
+
+    logger.setLevel = set_level_and_follow
 
 
 def _pump(read_fd):
@@ -61,8 +121,9 @@ def forward_to_logging(enabled=True):
 
 def _after_fork_in_child():
     # The parent's reader thread does not exist here; the inherited pipe would feed the parent.
-    global _lock
+    global _lock, _level_lock
     _lock = threading.Lock()
+    _level_lock = threading.Lock()
     if _state["enabled"]:
         _core.forward_log(-1)
         for key in ("read", "write"):
@@ -75,3 +136,10 @@ def _after_fork_in_child():
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 forward_to_logging(True)
+_FROM_ENVIRONMENT = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+if logger.level == logging.NOTSET and os.environ.get("FERRY_LOG_LEVEL") in _FROM_ENVIRONMENT:
+    # The logger takes FERRY_LOG_LEVEL, so that its lines pass the logger too; a level the
+    # program gave the logger before importing ferry wins.
+    logger.setLevel(_FROM_ENVIRONMENT[os.environ["FERRY_LOG_LEVEL"]])
+_follow_level(force=True)
+_watch_level_changes()

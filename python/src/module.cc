@@ -17,6 +17,20 @@ void bindConnect(py::module_& m);   // connect_bindings.cc -> ferry._core.connec
 void bindObjects(py::module_& m);   // objects_bindings.cc -> ferry._core.objects
 }  // namespace ferry::python
 
+namespace {
+
+// Indexed by ferry::log::Level.
+constexpr const char* kLogLevelNames[] = {"error", "warn", "info", "debug"};
+
+ferry::log::Level logLevelNamed(const std::string& name) {
+  for (int i = 0; i < 4; ++i) {
+    if (name == kLogLevelNames[i]) return static_cast<ferry::log::Level>(i);
+  }
+  throw py::value_error("log level: error, warn, info or debug, not '" + name + "'");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ferry's C++ core: verbs and endpoints";
   m.attr("__version__") = ferry::version();
@@ -41,21 +55,35 @@ PYBIND11_MODULE(_core, m) {
       },
       "Every FERRY_* variable: name, meaning, default, valid values, and this process's setting");
   m.def(
+      "unknown_config",
+      [] {
+        py::list out;
+        for (const ferry::config::UnknownVariable& u : ferry::config::unknownVariables()) {
+          py::dict d;
+          d["name"] = u.name;
+          d["suggestion"] = u.suggestion;
+          d["warning"] = u.warning();
+          out.append(d);
+        }
+        return out;
+      },
+      "The FERRY_* variables set here that ferry does not read: name, suggestion, warning");
+  m.def(
       "forward_log", [](int fd) { ferry::log::setForwardFd(fd); }, py::arg("fd"),
       "Sends ferry's log lines (\"LEVEL message\\n\") to fd instead of stderr; -1 returns to stderr");
   m.def(
       "log",
       [](const std::string& level, const std::string& message) {
-        ferry::log::Level l =
-            level == "error"  ? ferry::log::Level::kError
-            : level == "warn" ? ferry::log::Level::kWarn
-            : level == "info" ? ferry::log::Level::kInfo
-            : level == "debug"
-                ? ferry::log::Level::kDebug
-                : throw py::value_error("log level: error, warn, info or debug, not '" + level + "'");
+        const ferry::log::Level l = logLevelNamed(level);
         if (ferry::log::enabled(l)) ferry::log::write(l, "%s", message.c_str());
       },
       py::arg("level"), py::arg("message"), "Writes one line through ferry's log (as the core does)");
+  m.def(
+      "set_log_level", [](const std::string& level) { ferry::log::setLevel(logLevelNamed(level)); },
+      py::arg("level"), "Sets the threshold of ferry's log: 'error', 'warn', 'info' or 'debug'");
+  m.def(
+      "log_level", [] { return std::string(kLogLevelNames[static_cast<int>(ferry::log::level())]); },
+      "The threshold of ferry's log: 'error', 'warn', 'info' or 'debug'");
   m.def("dropped_log_lines", &ferry::log::droppedLines, "Log lines the forwarding descriptor could not take");
   m.def(
       "check_config", [] { ferry::python::check(ferry::config::check()); },

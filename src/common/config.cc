@@ -1,7 +1,16 @@
 #include "ferry/common/config.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
+
+#include "common/log.h"
+
+extern char** environ;
 
 namespace ferry::config {
 namespace {
@@ -177,7 +186,87 @@ std::optional<std::string> parsed(const char* name) {
   return std::nullopt;
 }
 
+// The optimal-string-alignment distance (insertions, deletions, substitutions and swaps of two
+// neighbours), or `limit + 1` as soon as it must exceed `limit`.
+size_t editDistance(std::string_view a, std::string_view b, size_t limit) {
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > limit) return limit + 1;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return std::min(d[a.size()][b.size()], limit + 1);
+}
+
+// Edits between a misspelt name and the one it suggests: FERRY_DEVICE -> FERRY_DEVICES,
+// FERRY_LOGLEVEL -> FERRY_LOG_LEVEL, FERRY_SOFT_SPNI_US -> FERRY_SOFT_SPIN_US.
+constexpr size_t kSuggestWithin = 2;
+
+// The known name nearest to `name` (compared in upper case: FERRY_Devices is FERRY_DEVICES), or "".
+std::string nearestKnownName(std::string_view name) {
+  std::string upper(name);
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
+  std::string best;
+  size_t bestDistance = kSuggestWithin + 1;
+  auto consider = [&](const char* known) {
+    const size_t distance = editDistance(upper, known, kSuggestWithin);
+    if (distance < bestDistance) {
+      bestDistance = distance;
+      best = known;
+    }
+  };
+  for (const Variable& v : variables()) consider(v.name);
+  for (const ReservedVariable& r : reservedVariables()) consider(r.name);
+  return best;
+}
+
 }  // namespace
+
+const std::vector<ReservedVariable>& reservedVariables() {
+  // Every FERRY_* name that tests/, bench/, scripts/, .ci/ and the Makefile read from the
+  // environment. A new one goes here too, or every ferry process of its run would warn about it.
+  static const std::vector<ReservedVariable> table = {
+      {"FERRY_TEST_BIN_DIR", "the Python tests: where the helper programs are"},
+      {"FERRY_REQUIRE_PROVIDERS", "the conformance tests: provider paths that may not skip"},
+      {"FERRY_REQUIRE_STORES", "the store tests: store backends that may not skip"},
+      {"FERRY_REQUIRE_RDMA_VM", "make test-rdma: a VM that cannot boot is a failure"},
+      {"FERRY_AGENT_TEST_DEVICE", "the agent and connector tests: the device they use"},
+      {"FERRY_TEST_SHARED_MEMORY", "the conformance fixture's peers: memory from shared memory"},
+      {"FERRY_CAMPAIGN_TRIALS", "the multi-process verbs test: trials of its campaign"},
+      {"FERRY_BIN", "bench/tests/sizes_test.py: the ferry program to compare with"},
+      {"FERRY_BUILD_DIR", "the bench/ scripts: the build tree holding ferry"},
+      {"FERRY_VENV", "scripts/install-deps.sh: the virtual environment"},
+  };
+  return table;
+}
+
+std::string UnknownVariable::warning() const {
+  std::string text = name + " is not a ferry variable";
+  if (!suggestion.empty()) text += " (did you mean " + suggestion + "?)";
+  return text + "; ferry info --config lists them";
+}
+
+std::vector<UnknownVariable> unknownVariables() {
+  std::vector<UnknownVariable> out;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view item(*entry);
+    const std::string_view name = item.substr(0, item.find('='));
+    if (name.substr(0, 6) != "FERRY_") continue;
+    auto named = [&](const auto& row) { return name == row.name; };
+    if (std::any_of(variables().begin(), variables().end(), named)) continue;
+    if (std::any_of(reservedVariables().begin(), reservedVariables().end(), named)) continue;
+    out.push_back({std::string(name), nearestKnownName(name)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
 
 const std::vector<Variable>& variables() {
   static const std::vector<Variable> table = {
@@ -293,6 +382,12 @@ std::vector<Setting> settings() {
 }
 
 Status check() {
+  // Once per process, at the first entry point: a misspelt name is never read, so nothing else
+  // would ever mention it.
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    for (const UnknownVariable& u : unknownVariables()) FERRY_LOG(kWarn, "%s", u.warning().c_str());
+  });
   for (const Setting& s : settings()) {
     if (!s.error.empty()) return invalidArgument(s.error);
   }

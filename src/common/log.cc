@@ -15,9 +15,17 @@
 namespace ferry::log {
 namespace {
 
-Level configuredLevel() {
-  static const Level level = static_cast<Level>(config::logLevel());
-  return level;
+// The threshold; kUnread until the first check reads FERRY_LOG_LEVEL (not at static initialisation:
+// the environment may still change before then) or setLevel() sets it.
+constexpr int kUnread = -1;
+std::atomic<int> threshold{kUnread};
+
+int currentThreshold() {
+  int value = threshold.load(std::memory_order_relaxed);
+  if (value != kUnread) return value;
+  // A setLevel() racing with this first read wins: it is the later word.
+  threshold.compare_exchange_strong(value, config::logLevel(), std::memory_order_relaxed);
+  return threshold.load(std::memory_order_relaxed);
 }
 
 const char* levelName(Level level) {
@@ -35,7 +43,11 @@ std::atomic<uint64_t> dropped{0};
 
 }  // namespace
 
-bool enabled(Level level) { return static_cast<int>(level) <= static_cast<int>(configuredLevel()); }
+bool enabled(Level level) { return static_cast<int>(level) <= currentThreshold(); }
+
+void setLevel(Level level) { threshold.store(static_cast<int>(level), std::memory_order_relaxed); }
+
+Level level() { return static_cast<Level>(currentThreshold()); }
 
 void write(Level level, const char* format, ...) {
   char message[1024];

@@ -1,5 +1,7 @@
-// Logging: one line per event, filtered by FERRY_LOG_LEVEL (error, warn, info, debug; default
-// warn). A line goes to stderr with a UTC timestamp, the process id and the level:
+// Logging: one line per event, filtered by a threshold (error, warn, info, debug) that
+// FERRY_LOG_LEVEL sets at start (default warn) and setLevel() changes at any time (the Python
+// package makes it follow the `ferry` logger's level). A line goes to stderr with a UTC timestamp,
+// the process id and the level:
 //   2026-11-24T20:31:02.123456Z ferry[4242] WARN: ...
 // or, once setForwardFd() named a descriptor, to that descriptor as "LEVEL message\n" (the Python
 // package forwards those lines to the `logging` module). Log an error once, where it is decided.
@@ -12,7 +14,12 @@ namespace ferry::log {
 
 enum class Level { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
+// Whether a line at `level` passes the threshold: one relaxed atomic load, from any thread.
 bool enabled(Level level);
+// Sets the threshold from any thread; lines checked after it returns use it. The first threshold is
+// FERRY_LOG_LEVEL's (read when a line is first checked, unless setLevel came before).
+void setLevel(Level level);
+Level level();
 // printf-style; adds the prefix above and a newline.
 void write(Level level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -174,6 +175,60 @@ TEST(ConfigTest, ByteSizes) {
   EXPECT_EQ(*parseByteSize("8B"), 8u);
   for (const char* bad : {"", "K", "0", "-1", "1.5M", "1T", "4 K", "99999999999999999999", "17179869184G"}) {
     EXPECT_FALSE(parseByteSize(bad).isOk()) << bad;
+  }
+}
+
+const UnknownVariable* unknownNamed(const std::vector<UnknownVariable>& all, const std::string& name) {
+  for (const UnknownVariable& u : all) {
+    if (u.name == name) return &u;
+  }
+  return nullptr;
+}
+
+TEST(ConfigTest, AMisspeltVariableIsReportedWithTheNearestName) {
+  ScopedEnv typo("FERRY_DEVICE", "soft_lo");
+  ScopedEnv swapped("FERRY_LOG_LEVLE", "debug");
+  ScopedEnv far("FERRY_NOTHING_LIKE_IT", "1");
+  ScopedEnv empty("FERRY_SOFT_SPINUS", "");  // present though empty: still a misspelling
+  ScopedEnv known("FERRY_DEVICES", "soft_lo");
+  const std::vector<UnknownVariable> unknown = unknownVariables();
+
+  const UnknownVariable* device = unknownNamed(unknown, "FERRY_DEVICE");
+  ASSERT_NE(device, nullptr);
+  EXPECT_EQ(device->suggestion, "FERRY_DEVICES");
+  EXPECT_EQ(device->warning(),
+            "FERRY_DEVICE is not a ferry variable (did you mean FERRY_DEVICES?); "
+            "ferry info --config lists them");
+  ASSERT_NE(unknownNamed(unknown, "FERRY_LOG_LEVLE"), nullptr);
+  EXPECT_EQ(unknownNamed(unknown, "FERRY_LOG_LEVLE")->suggestion, "FERRY_LOG_LEVEL");
+  ASSERT_NE(unknownNamed(unknown, "FERRY_SOFT_SPINUS"), nullptr);
+  EXPECT_EQ(unknownNamed(unknown, "FERRY_SOFT_SPINUS")->suggestion, "FERRY_SOFT_SPIN_US");
+  const UnknownVariable* nothing = unknownNamed(unknown, "FERRY_NOTHING_LIKE_IT");
+  ASSERT_NE(nothing, nullptr);
+  EXPECT_EQ(nothing->suggestion, "");
+  EXPECT_EQ(nothing->warning(),
+            "FERRY_NOTHING_LIKE_IT is not a ferry variable; ferry info --config lists them");
+  EXPECT_EQ(unknownNamed(unknown, "FERRY_DEVICES"), nullptr) << "a variable of the table is known";
+  for (size_t i = 1; i < unknown.size(); ++i) EXPECT_LT(unknown[i - 1].name, unknown[i].name);
+}
+
+TEST(ConfigTest, TheHarnessVariablesAreReservedNotUnknown) {
+  std::set<std::string> table;
+  for (const Variable& v : variables()) table.insert(v.name);
+  std::vector<std::unique_ptr<ScopedEnv>> set;
+  for (const ReservedVariable& r : reservedVariables()) {
+    EXPECT_EQ(std::string(r.name).rfind("FERRY_", 0), 0u) << r.name;
+    EXPECT_FALSE(table.count(r.name)) << r.name << " is both configuration and reserved";
+    EXPECT_FALSE(std::string(r.readBy).empty()) << r.name;
+    set.push_back(std::make_unique<ScopedEnv>(r.name, "1"));
+  }
+  for (const char* harness : {"FERRY_TEST_BIN_DIR", "FERRY_REQUIRE_PROVIDERS", "FERRY_REQUIRE_STORES",
+                              "FERRY_REQUIRE_RDMA_VM", "FERRY_AGENT_TEST_DEVICE", "FERRY_TEST_SHARED_MEMORY",
+                              "FERRY_CAMPAIGN_TRIALS", "FERRY_VENV"}) {
+    EXPECT_EQ(unknownNamed(unknownVariables(), harness), nullptr) << harness << " reported as unknown";
+  }
+  for (const UnknownVariable& u : unknownVariables()) {
+    EXPECT_FALSE(table.count(u.name)) << u.name;
   }
 }
 

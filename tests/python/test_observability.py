@@ -2,6 +2,7 @@
 latency histograms, ferry.stats() over the process, the Prometheus collector, and ferry's log
 lines (timestamped on stderr; forwarded to Python's logging from Python)."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import ferry
 
 N = 64 << 10
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def pair(src, dst):
@@ -107,12 +109,135 @@ def test_log_lines_reach_python_logging_at_their_level():
             "log.setLevel(logging.DEBUG)\n"
             "ferry._core.log('warn', 'first')\n"
             "ferry._core.log('error', 'second')\n"
-            "ferry._core.log('debug', 'filtered by FERRY_LOG_LEVEL')\n"
+            "ferry._core.log('info', 'third')\n"
+            "ferry._core.log('debug', 'fourth')\n"
             "deadline = time.monotonic() + 10\n"
-            "while len(got) < 2 and time.monotonic() < deadline: time.sleep(0.01)\n"
+            "while len(got) < 4 and time.monotonic() < deadline: time.sleep(0.01)\n"
             "print(got)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, FERRY_LOG_LEVEL="warn"))
     assert r.returncode == 0, r.stderr
-    assert "[('WARNING', 'first'), ('ERROR', 'second')]" in r.stdout, (r.stdout, r.stderr)
+    assert "[('WARNING', 'first'), ('ERROR', 'second'), ('INFO', 'third'), ('DEBUG', 'fourth')]" in r.stdout, \
+        (r.stdout, r.stderr)
     assert "first" not in r.stderr, "a forwarded line is not also written to stderr"
+
+
+# Runs `steps` (Python source) in a fresh interpreter with a handler that keeps the ferry logger's
+# records in `got`; `settle(tag)` logs a WARN line through the core and waits until it arrives, so
+# every line logged before it has arrived too. Returns what the program printed.
+KEEPER = """import json, logging, time, ferry
+from ferry import _core
+got = []
+class Keep(logging.Handler):
+    def emit(self, record): got.append((record.levelname, record.getMessage()))
+log = logging.getLogger('ferry'); log.addHandler(Keep()); log.propagate = False
+def settle(tag):
+    _core.log('warn', tag)
+    deadline = time.monotonic() + 10
+    while ('WARNING', tag) not in got and time.monotonic() < deadline: time.sleep(0.01)
+    assert ('WARNING', tag) in got, got
+def open_device():  # opening a soft device logs 'soft_lo: context listening on ...' at INFO
+    with ferry.get_verbs(ferry.get_end_port('soft_lo')):
+        pass
+"""
+
+
+def run_with_keeper(steps, **env):
+    environment = {k: v for k, v in os.environ.items() if k != "FERRY_LOG_LEVEL"}
+    environment.update(env)
+    r = subprocess.run([sys.executable, "-c", KEEPER + steps], capture_output=True, text=True, timeout=120,
+                       env=environment)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_the_core_log_follows_the_ferry_loggers_level():
+    out = run_with_keeper("""
+print('import', _core.log_level())
+log.setLevel(logging.DEBUG)
+print('debug', _core.log_level())
+open_device(); _core.log('debug', 'detail'); settle('at debug')
+shown = list(got); got.clear()
+log.setLevel(logging.WARNING)
+print('warning', _core.log_level())
+open_device(); _core.log('debug', 'detail'); _core.log('info', 'progress'); settle('at warning')
+hidden = list(got); got.clear()
+log.setLevel(logging.NOTSET); logging.getLogger().setLevel(logging.INFO)  # the root's level applies
+print('root info', _core.log_level())
+logging.disable(logging.INFO)
+print('disabled info', _core.log_level())
+logging.disable(logging.NOTSET)
+print('enabled again', _core.log_level())
+print(json.dumps({'shown': shown, 'hidden': hidden}))
+""")
+    lines = out.splitlines()
+    assert lines[:6] == ["import warn", "debug debug", "warning warn", "root info info", "disabled info warn",
+                         "enabled again info"], out
+    records = json.loads(lines[6])
+    shown = records["shown"]
+    assert any(level == "INFO" and re.match(r"soft_lo: context listening on ", message) for level, message in shown), \
+        shown
+    assert ["DEBUG", "detail"] in shown, shown
+    assert records["hidden"] == [["WARNING", "at warning"]], "a level under the logger's is not even made"
+
+
+def test_ferry_log_level_sets_the_loggers_level_until_the_program_does():
+    out = run_with_keeper("""
+print(_core.log_level(), logging.getLevelName(log.level))
+logging.getLogger().setLevel(logging.ERROR)  # the ferry logger has a level of its own now
+print(_core.log_level())
+open_device(); _core.log('debug', 'detail'); settle('still debug')
+print(any(m.startswith('soft_lo: context listening') for _, m in got), ('DEBUG', 'detail') in got)
+log.setLevel(logging.ERROR)
+print(_core.log_level())
+""", FERRY_LOG_LEVEL="debug")
+    assert out.splitlines() == ["debug DEBUG", "debug", "True True", "error"], out
+
+
+@pytest.mark.parametrize("before,env,expected", [
+    ("logging.basicConfig(level=logging.INFO)", None, "info"),
+    ("logging.getLogger('ferry').setLevel(logging.INFO)", "debug", "info"),  # the program's level wins
+    ("logging.getLogger().setLevel(logging.ERROR)", "debug", "debug"),  # but not the root's
+])
+def test_a_logging_level_set_before_import(before, env, expected):
+    code = "import logging\n%s\nimport ferry\nprint(ferry._core.log_level())\n" % before
+    environment = {k: v for k, v in os.environ.items() if k != "FERRY_LOG_LEVEL"}
+    if env:
+        environment["FERRY_LOG_LEVEL"] = env
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environment)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expected, (r.stdout, r.stderr)
+
+
+TYPO = "FERRY_DEVICE is not a ferry variable (did you mean FERRY_DEVICES?); ferry info --config lists them"
+
+
+def test_a_misspelt_variable_is_warned_about_once():
+    out = run_with_keeper("""
+ferry.check_config(); ferry.check_config(); open_device(); open_device()
+settle('checked')
+print(json.dumps({'got': got, 'unknown': ferry.unknown_config()}))
+""", FERRY_DEVICE="soft_lo", FERRY_TEST_BIN_DIR="reserved, never reported")
+    result = json.loads(out)
+    warnings = [m for level, m in result["got"] if "is not a ferry variable" in m]
+    assert warnings == [TYPO], result["got"]
+    assert ["WARNING", TYPO] in result["got"]
+    assert result["unknown"] == [{"name": "FERRY_DEVICE", "suggestion": "FERRY_DEVICES", "warning": TYPO}], result
+
+
+def test_ferry_info_config_lists_a_misspelt_variable():
+    ferry_program = os.path.join(os.environ.get("FERRY_TEST_BIN_DIR", os.path.join(ROOT, "build", "tests")), "..",
+                                 "ferry")
+    if not os.access(ferry_program, os.X_OK):
+        pytest.skip("the ferry program is not built at %s" % ferry_program)
+    env = dict(os.environ, FERRY_DEVICE="soft_lo")
+    text = subprocess.run([ferry_program, "info", "--config"], capture_output=True, text=True, timeout=60, env=env)
+    assert text.returncode == 0, text.stderr
+    unknown = text.stdout.split("not ferry variables")[1].split("read by ferry's own tests")[0]
+    assert re.search(r"^FERRY_DEVICE +did you mean FERRY_DEVICES\?$", unknown, re.M), text.stdout
+    assert "soft_lo" not in unknown, "the value of an unknown variable is never shown"
+    assert re.search(r"^FERRY_TEST_BIN_DIR ", text.stdout.split("read by ferry's own tests")[1], re.M), text.stdout
+    doc = json.loads(subprocess.run([ferry_program, "info", "--config", "--json"], capture_output=True, text=True,
+                                    timeout=60, env=env).stdout)
+    assert doc["unknown"] == [{"name": "FERRY_DEVICE", "suggestion": "FERRY_DEVICES", "warning": TYPO}], doc["unknown"]
+    assert "FERRY_TEST_BIN_DIR" in [r["name"] for r in doc["reserved"]]

@@ -118,11 +118,49 @@ int printConfig(bool asJson) {
                 s.set ? "" : (std::string(": ") + s.effective).c_str());
     if (!s.error.empty()) std::printf("%-22s   INVALID: %s\n", "", s.error.c_str());
   }
+  // FERRY_* names ferry does not read (a misspelling is ignored otherwise), then the ones its own
+  // tests and tools read. Neither changes the exit code: only a refused value does.
+  const std::vector<config::UnknownVariable> unknown = config::unknownVariables();
   if (asJson) {
+    json::Array unknownRows;
+    for (const config::UnknownVariable& u : unknown) {
+      json::Value row = json::Value::emptyObject();
+      row.set("name", u.name);
+      row.set("suggestion", u.suggestion.empty() ? json::Value() : json::Value(u.suggestion));
+      row.set("warning", u.warning());
+      unknownRows.push_back(std::move(row));
+    }
+    json::Array reservedRows;
+    for (const config::ReservedVariable& r : config::reservedVariables()) {
+      json::Value row = json::Value::emptyObject();
+      row.set("name", r.name);
+      row.set("read_by", r.readBy);
+      row.set("set", std::getenv(r.name) != nullptr);
+      reservedRows.push_back(std::move(row));
+    }
     json::Value doc = json::Value::emptyObject();
     doc.set("version", version());
     doc.set("config", json::Value(std::move(rows)));
+    doc.set("unknown", json::Value(std::move(unknownRows)));
+    doc.set("reserved", json::Value(std::move(reservedRows)));
     std::printf("%s\n", json::serialize(doc).c_str());
+    return allValid ? 0 : 2;
+  }
+  if (!unknown.empty()) {
+    std::printf("\nnot ferry variables (set here, never read):\n");
+    for (const config::UnknownVariable& u : unknown) {
+      // The value is not shown: a misspelt secret is still a secret.
+      if (u.suggestion.empty()) {
+        std::printf("%-24s no ferry variable is close\n", u.name.c_str());
+      } else {
+        std::printf("%-24s did you mean %s?\n", u.name.c_str(), u.suggestion.c_str());
+      }
+    }
+  }
+  std::printf("\nread by ferry's own tests and tools, never by the library:\n");
+  for (const config::ReservedVariable& r : config::reservedVariables()) {
+    const char* value = std::getenv(r.name);
+    std::printf("%-24s %s: %s\n", r.name, value != nullptr ? value : "(unset)", r.readBy);
   }
   return allValid ? 0 : 2;
 }

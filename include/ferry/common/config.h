@@ -3,8 +3,9 @@
 // Each variable has a meaning, a default and the values it takes. ferry reads them only through
 // this header. A set variable whose value is not valid is an error that names it: check() returns
 // it, and everything that opens devices or starts an agent calls check() first, so a typo never
-// passes silently. `ferry info --config` and Python's `ferry.config()` print the effective
-// settings; docs/configuration.md is the same table for readers.
+// passes silently; nor does a misspelt name: the first check() logs a warning for each FERRY_*
+// variable that is not in the table (unknownVariables()). `ferry info --config` and Python's
+// `ferry.config()` print the effective settings; docs/configuration.md is the same table for readers.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +42,28 @@ std::vector<Setting> settings();
 
 // OK when every set variable holds a valid value; otherwise InvalidArgument for the first that
 // does not, e.g. "FERRY_SOFT_SPIN_US=abc: expected a whole number of microseconds, 0..10000".
+// The first call in a process also logs, at WARN, each unknownVariables() entry's warning().
 Status check();
+
+// Variables that ferry's own tests, benchmarks and scripts read and the library never does. They
+// start with FERRY_ but are not configuration: unknownVariables() does not report them.
+struct ReservedVariable {
+  const char* name;    // e.g. "FERRY_TEST_BIN_DIR"
+  const char* readBy;  // who reads it, in a few words
+};
+const std::vector<ReservedVariable>& reservedVariables();
+
+// A FERRY_* variable present in the environment (set, even if empty) that is neither in
+// variables() nor in reservedVariables(): most likely a misspelling, which ferry would otherwise
+// ignore without a word.
+struct UnknownVariable {
+  std::string name;        // as set, e.g. "FERRY_DEVICE"
+  std::string suggestion;  // the nearest known name (at most two edits away), or empty
+  // "FERRY_DEVICE is not a ferry variable (did you mean FERRY_DEVICES?); ferry info --config lists them"
+  std::string warning() const;
+};
+// Every unknown FERRY_* variable of this environment, sorted by name.
+std::vector<UnknownVariable> unknownVariables();
 
 // ---- typed readers (an invalid value reads as unset: check() is where it is reported) ----
 
