@@ -33,13 +33,73 @@ std::pair<BodyFraming, std::optional<RequestRefusal>> decideFraming(
 // The call a request names, from its method and whether its path has a bucket and a key.
 enum class StoreCall { kListBuckets, kBucket, kObject };
 
-// The first query parameter or header of the request that names something the store does not
-// implement (?tagging, ?acl, ?uploads, ?uploadId, ?versioning, x-amz-copy-source, ...), as a 501
-// NotImplemented refusal; nullopt when the store implements all of it. `params` are decoded names
+// The operation a request asks for, from its method, its path and the subresource in its query
+// (?uploads, ?uploadId, ?delete) or the x-amz-copy-source header.
+enum class StoreOperation {
+  kListBuckets,
+  kListObjects,
+  kListUploads,  // GET /bucket?uploads
+  kHeadBucket,
+  kCreateBucket,
+  kDeleteBucket,
+  kDeleteObjects,  // POST /bucket?delete
+  kGetObject,
+  kHeadObject,
+  kPutObject,
+  kCopyObject,  // PUT /bucket/key with x-amz-copy-source
+  kDeleteObject,
+  kCreateUpload,    // POST /bucket/key?uploads
+  kUploadPart,      // PUT /bucket/key?partNumber=N&uploadId=X
+  kCompleteUpload,  // POST /bucket/key?uploadId=X
+  kAbortUpload,     // DELETE /bucket/key?uploadId=X
+  kListParts,       // GET /bucket/key?uploadId=X
+};
+
+// The operation the request names, or the refusal of its first query parameter or header that
+// names something the store does not implement (?tagging, ?acl, ?versioning, x-amz-copy-source-
+// range, an x-id naming another operation, ...: 501 NotImplemented). `params` are decoded names
 // and values; `headerNames` any case.
-std::optional<RequestRefusal> refuseUnimplemented(std::string_view method, StoreCall call,
-                                                  const std::vector<std::pair<std::string, std::string>>& params,
-                                                  const std::vector<std::string>& headerNames);
+struct OperationDecision {
+  StoreOperation operation = StoreOperation::kListBuckets;
+  std::optional<RequestRefusal> refusal;
+};
+OperationDecision decideOperation(std::string_view method, StoreCall call,
+                                  const std::vector<std::pair<std::string, std::string>>& params,
+                                  const std::vector<std::string>& headerNames);
+
+// The documents clients POST. Both decoders are strict and bounded: at most kMaxDocumentBytes of
+// UTF-8 XML, one root element with the expected name, only the expected child elements, no
+// DOCTYPE, comments, CDATA or processing instructions past the declaration; anything else is 400
+// MalformedXML.
+constexpr size_t kMaxPostDocumentBytes = size_t{2} << 20;
+constexpr uint32_t kMaxParts = 10000;    // S3's part numbers: 1..10000
+constexpr size_t kMaxDeleteKeys = 1000;  // S3's bound on one DeleteObjects
+
+// CompleteMultipartUpload: the parts in the order listed, ETags without their quotes. Part
+// numbers outside 1..kMaxParts are 400 InvalidArgument; numbers not in ascending order 400
+// InvalidPartOrder (S3's answers).
+struct CompletedPart {
+  uint32_t number = 0;
+  std::string etag;
+};
+std::pair<std::vector<CompletedPart>, std::optional<RequestRefusal>> decideCompleteUpload(
+    std::string_view body);
+
+// Delete: the keys (1..kMaxDeleteKeys, each 1..1024 bytes) and Quiet. A VersionId is 501
+// NotImplemented (the store keeps no versions).
+struct DeleteRequest {
+  std::vector<std::string> keys;
+  bool quiet = false;
+};
+std::pair<DeleteRequest, std::optional<RequestRefusal>> decideDeleteObjects(std::string_view body);
+
+// x-amz-copy-source ("/bucket/key" or "bucket/key", percent-encoded) as bucket and key; nullopt
+// when it is not of that form (a ?versionId is refused by the caller as not implemented).
+struct CopySource {
+  std::string bucket, key;
+  bool versioned = false;  // it names a version (?versionId=)
+};
+std::optional<CopySource> decideCopySource(std::string_view header);
 
 // One Range header against an object of `size` bytes (RFC 9110 14.1.2: "bytes=FIRST-LAST",
 // "bytes=FIRST-", "bytes=-SUFFIX"). kWhole: no range, or a form the store ignores as S3 does (other

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "agent/crypto.h"
 #include "common/log.h"
@@ -152,13 +154,14 @@ bool admitsClient(const StoreOptions& opts, const std::string& remoteAddr) {
   return net::isThisHost(socketAddress(remoteAddr));
 }
 
-// A share of StoreOptions::maxReceivingBytes, given back when destroyed.
-class ReceivingGrant {
+// A share of one of the store's bounds (StoreOptions::maxReceivingBytes, maxMemoryBytes), given
+// back when destroyed.
+class BoundShare {
  public:
-  ReceivingGrant() = default;
-  ReceivingGrant(std::atomic<uint64_t>* pool, uint64_t bytes) : pool_(pool), bytes_(bytes) {}
-  ReceivingGrant(ReceivingGrant&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), bytes_(o.bytes_) {}
-  ReceivingGrant& operator=(ReceivingGrant&& o) noexcept {
+  BoundShare() = default;
+  BoundShare(std::atomic<uint64_t>* pool, uint64_t bytes) : pool_(pool), bytes_(bytes) {}
+  BoundShare(BoundShare&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), bytes_(o.bytes_) {}
+  BoundShare& operator=(BoundShare&& o) noexcept {
     if (this != &o) {
       release();
       pool_ = std::exchange(o.pool_, nullptr);
@@ -166,7 +169,7 @@ class ReceivingGrant {
     }
     return *this;
   }
-  ~ReceivingGrant() { release(); }
+  ~BoundShare() { release(); }
   void release() {
     if (pool_) pool_->fetch_sub(bytes_);
     pool_ = nullptr;
@@ -176,6 +179,64 @@ class ReceivingGrant {
   std::atomic<uint64_t>* pool_ = nullptr;
   uint64_t bytes_ = 0;
 };
+
+// MD5 of a stream of pieces (16 bytes): S3's ETag of a single-part object, and Content-MD5.
+class Md5 {
+ public:
+  Md5() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_md5(), nullptr); }
+  ~Md5() { EVP_MD_CTX_free(ctx_); }
+  Md5(const Md5&) = delete;
+  Md5& operator=(const Md5&) = delete;
+  void update(const void* data, size_t n) { EVP_DigestUpdate(ctx_, data, n); }
+  std::string digest() {
+    unsigned char out[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    EVP_DigestFinal_ex(ctx_, out, &len);
+    return std::string(reinterpret_cast<char*>(out), len);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+std::string md5Of(const void* data, size_t n) {
+  Md5 md5;
+  md5.update(data, n);
+  return md5.digest();
+}
+
+// A Content-MD5 header's 16 bytes (strict base64), or nullopt.
+std::optional<std::string> contentMd5(std::string_view text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (text.size() != 24 || text.substr(22) != "==") return std::nullopt;
+  std::string out;
+  uint32_t bits = 0;
+  int held = 0;
+  for (char c : text.substr(0, 22)) {
+    int v = value(c);
+    if (v < 0) return std::nullopt;
+    bits = (bits << 6) | static_cast<uint32_t>(v);
+    held += 6;
+    if (held >= 8) {
+      held -= 8;
+      out.push_back(static_cast<char>((bits >> held) & 0xFF));
+    }
+  }
+  if (out.size() != 16 || (bits & ((1u << held) - 1)) != 0) return std::nullopt;
+  return out;
+}
+
+// S3's smallest part of a multipart object, but for its last.
+constexpr uint64_t kMinPartBytes = uint64_t{5} << 20;
+// Multipart uploads in progress at once (each holds at most kMaxParts parts).
+constexpr size_t kMaxUploadsInProgress = 10000;
 
 }  // namespace
 
@@ -190,7 +251,9 @@ struct StoredObject {
   std::string contentType = "application/octet-stream";
   uint64_t received = 0;  // an upload's bytes so far
   int64_t touchedNs = 0;  // an upload's last piece
-  ReceivingGrant receiving;  // an RDMA upload's share of the receiving bound, until it completes
+  BoundShare receiving;   // an RDMA upload's share of the receiving bound, until it completes
+  BoundShare memory;      // its share of maxMemoryBytes, for as long as it lives
+  std::string md5;        // a body's or part's MD5 (16 bytes), when it was computed as it arrived
   size_t mapped = 0;      // the mapping's length
   ~StoredObject() {
     if (buf) server->deRegisterBuffer(buf);
@@ -199,12 +262,25 @@ struct StoredObject {
 };
 using ObjectPtr = std::shared_ptr<StoredObject>;
 
+// One multipart upload in progress: its parts, kept unregistered until the completion copies
+// them into the object.
+struct MultipartUpload {
+  std::string bucket, key, id;
+  std::string contentType = "application/octet-stream";
+  int64_t initiatedNs = 0;
+  int64_t touchedNs = 0;                // its last call (abandonedUploadSeconds)
+  std::map<uint32_t, ObjectPtr> parts;  // part number -> part (etag, md5, modifiedNs set)
+};
+using UploadPtr = std::shared_ptr<MultipartUpload>;
+
 struct ObjectStore::Impl {
   StoreOptions opts;
   std::unique_ptr<cuObjServer> rdma;
   std::unique_ptr<StoreHttpServer> http;
   ConnectionLimits limits;
   std::atomic<uint64_t> receiving{0};  // declared bytes being received (maxReceivingBytes)
+  std::atomic<uint64_t> memory{0};     // bytes of objects, parts and bodies held (maxMemoryBytes)
+  std::atomic<int64_t> lastSweepNs{0};
   net::LogLimiter refusalLog;
   std::thread thread;
   uint16_t port = 0;
@@ -216,19 +292,27 @@ struct ObjectStore::Impl {
   std::map<std::string, std::map<std::string, ObjectPtr>> buckets;  // bucket -> key -> object
   std::map<std::string, int64_t> bucketCreated;
   std::map<std::string, ObjectPtr> uploads;  // "bucket/key/upload-id" -> object being received
-  std::atomic<uint64_t> generation{0};
+  std::map<std::string, UploadPtr> multipart;  // upload id -> multipart upload in progress
   mutable std::mutex statsMu;  // never held with mu's callers waiting: error() runs under mu
   StoreStats stats;
 
   // ---- objects ----
   // A share of maxReceivingBytes for `bytes` about to be received, or nullopt when the bound would
   // be passed.
-  std::optional<ReceivingGrant> reserveReceiving(uint64_t bytes) {
-    uint64_t held = receiving.load();
+  std::optional<BoundShare> reserveReceiving(uint64_t bytes) {
+    return reserve(receiving, opts.maxReceivingBytes, bytes);
+  }
+  // A share of maxMemoryBytes for an object or part of `bytes`, or nullopt when the bound would be
+  // passed.
+  std::optional<BoundShare> reserveMemory(uint64_t bytes) {
+    return reserve(memory, opts.maxMemoryBytes, bytes);
+  }
+  static std::optional<BoundShare> reserve(std::atomic<uint64_t>& pool, uint64_t limit, uint64_t bytes) {
+    uint64_t held = pool.load();
     do {
-      if (bytes > opts.maxReceivingBytes || held > opts.maxReceivingBytes - bytes) return std::nullopt;
-    } while (!receiving.compare_exchange_weak(held, held + bytes));
-    return ReceivingGrant(&receiving, bytes);
+      if (bytes > limit || held > limit - bytes) return std::nullopt;
+    } while (!pool.compare_exchange_weak(held, held + bytes));
+    return BoundShare(&pool, bytes);
   }
 
   // `registered`: registered with the object server now (an RDMA upload's target must be); else
@@ -267,8 +351,9 @@ struct ObjectStore::Impl {
     return Status::ok();
   }
 
-  std::string etagOf(const ObjectPtr& o) {
-    return "\"" + agent::randomHex(8) + "-" + std::to_string(generation.fetch_add(1)) + "\"";
+  // S3's ETag of a single-part object: its MD5, quoted hex.
+  static std::string etagOf(const ObjectPtr& o) {
+    return "\"" + agent::hexOf(o->md5.empty() ? md5Of(o->mem, o->size) : o->md5) + "\"";
   }
 
   fs::path fileOf(const std::string& bucket, const std::string& key) const {
@@ -311,6 +396,8 @@ struct ObjectStore::Impl {
         if (!validKey(key)) continue;
         auto o = newObject(f.file_size());
         if (!o.isOk()) return o.status();
+        memory.fetch_add((*o)->size);  // loaded whatever the bound: it was stored before
+        (*o)->memory = BoundShare(&memory, (*o)->size);
         std::ifstream in(f.path(), std::ios::binary);
         if ((*o)->size) in.read(static_cast<char*>((*o)->mem), static_cast<std::streamsize>((*o)->size));
         if (!in) return Status(StatusCode::kIoError, "cannot read " + f.path().string());
@@ -378,22 +465,21 @@ struct ObjectStore::Impl {
                         "--insecure-allow-remote (anyone who can reach it may then read and replace every object)",
                     declared);
     }
-    std::string bucket, key;
-    split(req.path, bucket, key);
-    const StoreCall call = bucket.empty() ? StoreCall::kListBuckets : key.empty() ? StoreCall::kBucket
-                                                                                   : StoreCall::kObject;
-    std::vector<std::pair<std::string, std::string>> params(req.params.begin(), req.params.end());
-    std::vector<std::string> headerNames;
-    for (const auto& [name, value] : req.headers) headerNames.push_back(name);
-    if (auto refusal = refuseUnimplemented(req.method, call, params, headerNames)) {
-      return refuse(req, res, refusal->status, refusal->code, refusal->message, declared);
+    sweepAbandonedUploads();
+    const OperationDecision decision = decide(req);
+    if (decision.refusal) {
+      const RequestRefusal& refusal = *decision.refusal;
+      return refuse(req, res, refusal.status, refusal.code, refusal.message, declared);
     }
-    const bool objectPut = req.method == "PUT" && call == StoreCall::kObject;
+    const bool objectPut =
+        decision.operation == StoreOperation::kPutObject || decision.operation == StoreOperation::kUploadPart;
     if ((req.method == "GET" || req.method == "HEAD") && declared > 0)
       return refuse(req, res, 400, "InvalidRequest", req.method + " carries no body", declared);
-    if (req.method == "PUT" && !framing.contentLength)
-      return refuse(req, res, 411, "MissingContentLength", "PUT needs a Content-Length", 0);
-    const uint64_t limit = objectPut ? opts.maxBodyBytes : kMaxDocumentBytes;
+    if ((req.method == "PUT" || req.method == "POST") && !framing.contentLength)
+      return refuse(req, res, 411, "MissingContentLength", req.method + " needs a Content-Length", 0);
+    const uint64_t limit = objectPut              ? opts.maxBodyBytes
+                           : req.method == "POST" ? kMaxPostDocumentBytes
+                                                  : kMaxDocumentBytes;
     if (declared > limit) {
       return refuse(req, res, 400, objectPut ? "EntityTooLarge" : "MaxMessageLengthExceeded",
                     "the body declares " + std::to_string(declared) + " bytes; this store takes at most " +
@@ -401,6 +487,19 @@ struct ObjectStore::Impl {
                     declared);
     }
     return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  // The operation a request names (admit() refused those the store does not implement).
+  static OperationDecision decide(const httplib::Request& req) {
+    std::string bucket, key;
+    split(req.path, bucket, key);
+    const StoreCall call = bucket.empty() ? StoreCall::kListBuckets
+                           : key.empty()  ? StoreCall::kBucket
+                                          : StoreCall::kObject;
+    std::vector<std::pair<std::string, std::string>> params(req.params.begin(), req.params.end());
+    std::vector<std::string> headerNames;
+    for (const auto& [name, value] : req.headers) headerNames.push_back(name);
+    return decideOperation(req.method, call, params, headerNames);
   }
 
   // Splits the decoded path into bucket and key.
@@ -471,7 +570,10 @@ struct ObjectStore::Impl {
     std::string bucket, key;
     split(req.path, bucket, key);
     if (bucket.empty()) return listBuckets(res);
+    const StoreOperation op = decide(req).operation;
+    if (op == StoreOperation::kListUploads) return listUploads(req, res, bucket);
     if (key.empty()) return listObjects(req, res, bucket);
+    if (op == StoreOperation::kListParts) return listParts(req, res, bucket, key);
     ObjectPtr o;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -653,8 +755,12 @@ struct ObjectStore::Impl {
     res.set_content(xml, "application/xml");
   }
 
-  // A PUT whose handler did not read its body (a refusal) has the connection skip it or close.
-  void onPutGuarded(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+  // A PUT or POST whose handler did not read its body (a refusal) has the connection skip it or
+  // close.
+  using BodyHandler = void (Impl::*)(const httplib::Request&, httplib::Response&,
+                                     const httplib::ContentReader&);
+  void onGuarded(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 BodyHandler handler) {
     bool read = false;
     httplib::ContentReader tracked(
         [&](httplib::ContentReceiver receiver) {
@@ -665,9 +771,39 @@ struct ObjectStore::Impl {
           read = true;
           return reader(std::move(header), std::move(receiver));
         });
-    onPut(req, res, tracked);
+    (this->*handler)(req, res, tracked);
     StoreConnection* conn = StoreConnection::current();
     if (!read && conn) conn->discardBody(number(req.get_header_value("Content-Length")).value_or(~uint64_t{0}));
+  }
+
+  // A small body (a document; admit() bounded its length) read whole.
+  static std::string readDocument(const httplib::ContentReader& reader, uint64_t declared) {
+    std::string body;
+    if (declared > 0) {
+      reader([&](const char* data, size_t n) {
+        if (body.size() + n > kMaxPostDocumentBytes) return false;
+        body.append(data, n);
+        return true;
+      });
+    }
+    return body;
+  }
+
+  // A document's signed hash and Content-MD5 (when sent) checked; false once the refusal is
+  // answered.
+  bool documentMatches(const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    if (!payloadMatches(req, res, sha256Hex(body))) return false;
+    if (!req.has_header("Content-MD5")) return true;
+    auto expected = contentMd5(req.get_header_value("Content-MD5"));
+    if (!expected) {
+      error(res, 400, "InvalidDigest", "Content-MD5 is not the base64 of 16 bytes", req.path);
+      return false;
+    }
+    if (*expected != md5Of(body.data(), body.size())) {
+      error(res, 400, "BadDigest", "the body's MD5 is not the Content-MD5 sent", req.path);
+      return false;
+    }
+    return true;
   }
 
   void onPut(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
@@ -678,14 +814,7 @@ struct ObjectStore::Impl {
       return error(res, 400, "InvalidRequest", "PUT needs /bucket or /bucket/key", req.path);
     const uint64_t declared = number(req.get_header_value("Content-Length")).value_or(0);  // admit() checked it
     if (key.empty()) {
-      std::string body;  // at most kMaxDocumentBytes (admit())
-      if (declared > 0) {
-        reader([&](const char* data, size_t n) {
-          if (body.size() + n > kMaxDocumentBytes) return false;
-          body.append(data, n);
-          return true;
-        });
-      }
+      std::string body = readDocument(reader, declared);
       if (!payloadMatches(req, res, sha256Hex(body))) return;
       if (!validBucket(bucket)) {
         return error(res, 400, "InvalidBucketName", "'" + bucket + "' is not a valid bucket name", req.path);
@@ -720,47 +849,97 @@ struct ObjectStore::Impl {
       if (!payloadMatches(req, res, sha256Hex(""))) return;  // the payload is not in the body
       return rdmaPut(req, res, bucket, key);
     }
+    const StoreOperation op = decide(req).operation;
+    if (op == StoreOperation::kCopyObject) return copyObject(req, res, bucket, key);
+    if (op == StoreOperation::kUploadPart) return uploadPart(req, res, reader, bucket, key);
+    ObjectPtr o = receiveBody(req, res, reader);
+    if (!o) return;
+    if (Status st = registerObject(o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
+    commit(res, bucket, key, o, req.path);
+  }
+
+  // The body of a PUT, received into a new object of its declared length: held against
+  // maxReceivingBytes while it arrives and maxMemoryBytes while the object lives; its MD5 checked
+  // against Content-MD5 and its SHA-256 against the signed hash. nullptr once a refusal is answered
+  // (the body may then be unread: onGuarded() skips it).
+  ObjectPtr receiveBody(const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& reader) {
+    const uint64_t declared =
+        number(req.get_header_value("Content-Length")).value_or(0);  // admit() checked it
     if (req.get_header_value("Content-Encoding").find("aws-chunked") != std::string::npos) {
-      return error(res, 501, "NotImplemented", "aws-chunked bodies are not supported: send the payload whole",
-                   req.path);
+      error(res, 501, "NotImplemented", "aws-chunked bodies are not supported: send the payload whole",
+            req.path);
+      return nullptr;
     }
-    // The body: into memory that is committed as its bytes arrive, registered once it is whole.
-    // Its declared length is held against maxReceivingBytes until then.
+    std::optional<std::string> expectedMd5;
+    if (req.has_header("Content-MD5")) {
+      expectedMd5 = contentMd5(req.get_header_value("Content-MD5"));
+      if (!expectedMd5) {
+        error(res, 400, "InvalidDigest", "Content-MD5 is not the base64 of 16 bytes", req.path);
+        return nullptr;
+      }
+    }
+    // Memory for the body is committed as its bytes arrive, and registered once it is whole. Its
+    // declared length is held against maxReceivingBytes until then.
     auto grant = reserveReceiving(declared);
     if (!grant) {
       res.set_header("Retry-After", "1");
       error(res, 503, "SlowDown",
             "the store is receiving as many bytes as it may at once (--max-receiving); retry later", req.path);
       logRefusal(req, 503, "SlowDown", "the receiving bound is reached");
-      return;
+      return nullptr;
     }
-    auto o = newObject(declared, /*registered=*/false);
-    if (!o.isOk()) return error(res, 400, "EntityTooLarge", o.status().message(), req.path);
+    auto held = reserveMemory(declared);
+    if (!held) {
+      insufficientStorage(req, res, declared);
+      return nullptr;
+    }
+    auto made = newObject(declared, /*registered=*/false);
+    if (!made.isOk()) {
+      error(res, 400, "EntityTooLarge", made.status().message(), req.path);
+      return nullptr;
+    }
+    ObjectPtr o = *made;
+    o->memory = std::move(*held);
     uint64_t got = 0;
     const bool hashed = !opts.accessKey.empty();
     Sha256 hash;
+    Md5 md5;
     bool ok = declared == 0 || reader([&](const char* data, size_t n) {
-                if (n > (*o)->size - got) return false;
-                std::memcpy(static_cast<char*>((*o)->mem) + got, data, n);
+                if (n > o->size - got) return false;
+                std::memcpy(static_cast<char*>(o->mem) + got, data, n);
                 if (hashed) hash.update(data, n);
+                md5.update(data, n);
                 got += n;
                 return true;
               });
-    if (!ok || got != (*o)->size) {
+    if (!ok || got != o->size) {
       if (StoreConnection* conn = StoreConnection::current()) conn->closeAfterResponse();
-      return error(res, 400, "IncompleteBody",
-                   "the body has " + std::to_string(got) + " of " + std::to_string((*o)->size) + " bytes",
-                   req.path);
+      error(res, 400, "IncompleteBody",
+            "the body has " + std::to_string(got) + " of " + std::to_string(o->size) + " bytes", req.path);
+      return nullptr;
     }
-    if (hashed && !payloadMatches(req, res, hash.hex())) return;
-    if (Status st = registerObject(*o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
-    if (req.has_header("Content-Type")) (*o)->contentType = req.get_header_value("Content-Type");
+    if (hashed && !payloadMatches(req, res, hash.hex())) return nullptr;
+    o->md5 = md5.digest();
+    if (expectedMd5 && *expectedMd5 != o->md5) {
+      error(res, 400, "BadDigest", "the body's MD5 is not the Content-MD5 sent", req.path);
+      return nullptr;
+    }
+    if (req.has_header("Content-Type")) o->contentType = req.get_header_value("Content-Type");
     {
       std::lock_guard<std::mutex> lock(statsMu);
       ++stats.httpPuts;
-      stats.httpBytes += (*o)->size;
+      stats.httpBytes += o->size;
     }
-    commit(res, bucket, key, *o, req.path);
+    return o;
+  }
+
+  void insufficientStorage(const httplib::Request& req, httplib::Response& res, uint64_t bytes) {
+    const std::string why = "the store holds as many bytes in memory as it may (--max-memory " +
+                            std::to_string(opts.maxMemoryBytes) + "); " + std::to_string(bytes) +
+                            " more do not fit";
+    logRefusal(req, 507, "InsufficientStorage", why);
+    error(res, 507, "InsufficientStorage", why, req.path);
   }
 
   void rdmaPut(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
@@ -804,9 +983,12 @@ struct ObjectStore::Impl {
                      "the store is receiving as many bytes as it may at once (--max-receiving); retry later",
                      req.path);
       }
+      auto held = reserveMemory(*total);
+      if (!held) return insufficientStorage(req, res, *total);
       auto made = newObject(*total);
       if (!made.isOk()) return error(res, 503, "SlowDown", made.status().message(), req.path);
       o = *made;
+      o->memory = std::move(*held);
       o->receiving = std::move(*grant);
       o->touchedNs = nowNs();
       std::lock_guard<std::mutex> lock(mu);
@@ -873,7 +1055,7 @@ struct ObjectStore::Impl {
 
   void commit(httplib::Response& res, const std::string& bucket, const std::string& key, const ObjectPtr& o,
               const std::string& path) {
-    o->etag = etagOf(o);
+    if (o->etag.empty()) o->etag = etagOf(o);
     o->modifiedNs = nowNs();
     Status st = persist(bucket, key, o);
     if (!st.isOk()) return error(res, 500, "InternalError", st.message(), path);
@@ -887,10 +1069,423 @@ struct ObjectStore::Impl {
     res.set_header("ETag", o->etag);
   }
 
+  // ---- multipart uploads, DeleteObjects, CopyObject ----
+  static std::string xmlHead(const char* root) {
+    return std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<") + root + " xmlns=\"" + kXmlNs + "\">";
+  }
+
+  // Drops, at most once a second, the multipart uploads that received no call for
+  // abandonedUploadSeconds (their clients went away), freeing their parts.
+  void sweepAbandonedUploads() {
+    const int64_t now = nowNs();
+    int64_t last = lastSweepNs.load();
+    if (now - last < 1000000000 || !lastSweepNs.compare_exchange_strong(last, now)) return;
+    const int64_t idleNs = opts.abandonedUploadSeconds * 1000000000;
+    std::vector<UploadPtr> dropped;  // freed outside mu
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = multipart.begin(); it != multipart.end();) {
+      if (now - it->second->touchedNs > idleNs) {
+        dropped.push_back(it->second);
+        it = multipart.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Under mu: the upload `id` of bucket/key, touched, or nullptr.
+  UploadPtr findUploadLocked(const std::string& bucket, const std::string& key, const std::string& id) {
+    auto it = multipart.find(id);
+    if (it == multipart.end() || it->second->bucket != bucket || it->second->key != key) return nullptr;
+    it->second->touchedNs = nowNs();
+    return it->second;
+  }
+
+  void noSuchUpload(httplib::Response& res, const std::string& path) {
+    error(res, 404, "NoSuchUpload",
+          "no such upload: it was completed, aborted, or abandoned for longer than the store keeps uploads",
+          path);
+  }
+
+  void onPost(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    if (!authorized(req, res)) return;
+    std::string bucket, key;
+    split(req.path, bucket, key);
+    const uint64_t declared =
+        number(req.get_header_value("Content-Length")).value_or(0);  // admit() checked it
+    const std::string body = readDocument(reader, declared);
+    if (body.size() != declared) {
+      if (StoreConnection* conn = StoreConnection::current()) conn->closeAfterResponse();
+      return error(res, 400, "IncompleteBody", "the body ended early", req.path);
+    }
+    if (!documentMatches(req, res, body)) return;
+    switch (decide(req).operation) {
+      case StoreOperation::kCreateUpload: return createUpload(req, res, bucket, key);
+      case StoreOperation::kCompleteUpload: return completeUpload(req, res, bucket, key, body);
+      case StoreOperation::kDeleteObjects: return deleteObjects(req, res, bucket, body);
+      default: return error(res, 501, "NotImplemented", "this POST is not implemented", req.path);
+    }
+  }
+
+  void createUpload(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+                    const std::string& key) {
+    if (!validKey(key))
+      return error(res, 400, "InvalidArgument", "'" + key + "' is not a valid key", req.path);
+    auto upload = std::make_shared<MultipartUpload>();
+    upload->bucket = bucket;
+    upload->key = key;
+    upload->id = agent::randomHex(16);
+    upload->initiatedNs = upload->touchedNs = nowNs();
+    if (req.has_header("Content-Type")) upload->contentType = req.get_header_value("Content-Type");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!buckets.count(bucket))
+        return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+      if (multipart.size() >= kMaxUploadsInProgress) {
+        res.set_header("Retry-After", "1");
+        return error(res, 503, "SlowDown",
+                     "the store has " + std::to_string(kMaxUploadsInProgress) +
+                         " multipart uploads in progress: complete or abort some",
+                     req.path);
+      }
+      multipart.emplace(upload->id, upload);
+    }
+    res.status = 200;
+    res.set_content(xmlHead("InitiateMultipartUploadResult") + "<Bucket>" + xmlEscape(bucket) +
+                        "</Bucket><Key>" + xmlEscape(key) + "</Key><UploadId>" + upload->id +
+                        "</UploadId></InitiateMultipartUploadResult>",
+                    "application/xml");
+  }
+
+  void uploadPart(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                  const std::string& bucket, const std::string& key) {
+    auto partNumber = number(req.get_param_value("partNumber"));
+    if (!partNumber || *partNumber < 1 || *partNumber > kMaxParts) {
+      return error(res, 400, "InvalidArgument", "partNumber must be 1.." + std::to_string(kMaxParts),
+                   req.path);
+    }
+    const std::string id = req.get_param_value("uploadId");
+    UploadPtr upload;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      upload = findUploadLocked(bucket, key, id);
+    }
+    if (!upload) return noSuchUpload(res, req.path);  // before the body is read
+    ObjectPtr part = receiveBody(req, res, reader);
+    if (!part) return;
+    part->etag = etagOf(part);
+    part->modifiedNs = nowNs();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (findUploadLocked(bucket, key, id) != upload)
+        return noSuchUpload(res, req.path);  // aborted meanwhile
+      upload->parts[static_cast<uint32_t>(*partNumber)] = part;
+    }
+    res.status = 200;
+    res.set_header("ETag", part->etag);
+  }
+
+  // The parts a completion lists, as S3 validates them: each uploaded with the ETag listed, each but
+  // the last of at least 5 MiB. Empty once the refusal is answered.
+  struct ListedParts {
+    std::vector<ObjectPtr> parts;
+    std::string contentType;
+    uint64_t bytes = 0;
+    std::string md5s;  // the parts' binary MD5s, concatenated
+  };
+  std::optional<ListedParts> listedParts(const httplib::Request& req, httplib::Response& res,
+                                         const std::string& bucket, const std::string& key,
+                                         const std::vector<CompletedPart>& listed) {
+    ListedParts out;
+    std::lock_guard<std::mutex> lock(mu);
+    UploadPtr upload = findUploadLocked(bucket, key, req.get_param_value("uploadId"));
+    if (!upload) {
+      noSuchUpload(res, req.path);
+      return std::nullopt;
+    }
+    out.contentType = upload->contentType;
+    for (size_t i = 0; i < listed.size(); ++i) {
+      auto it = upload->parts.find(listed[i].number);
+      if (it == upload->parts.end() || !equalsHex(agent::hexOf(it->second->md5), listed[i].etag)) {
+        error(res, 400, "InvalidPart",
+              "part " + std::to_string(listed[i].number) +
+                  " was not uploaded, or its ETag is not the one listed",
+              req.path);
+        return std::nullopt;
+      }
+      if (i + 1 < listed.size() && it->second->size < kMinPartBytes) {
+        error(res, 400, "EntityTooSmall",
+              "part " + std::to_string(listed[i].number) + " has " + std::to_string(it->second->size) +
+                  " bytes: every part but the last needs at least 5 MiB",
+              req.path);
+        return std::nullopt;
+      }
+      out.parts.push_back(it->second);
+      out.bytes += it->second->size;
+      out.md5s += it->second->md5;
+    }
+    return out;
+  }
+
+  void completeUpload(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+                      const std::string& key, const std::string& body) {
+    auto [listed, refusal] = decideCompleteUpload(body);
+    if (refusal) return error(res, refusal->status, refusal->code, refusal->message, req.path);
+    const std::string id = req.get_param_value("uploadId");
+    auto found = listedParts(req, res, bucket, key, listed);
+    if (!found) return;
+    const uint64_t total = found->bytes;
+    if (total > opts.maxObjectBytes) {
+      return error(
+          res, 400, "EntityTooLarge",
+          "the object is larger than the store's limit of " + std::to_string(opts.maxObjectBytes) + " bytes",
+          req.path);
+    }
+    // The object is a copy of its parts (registered memory is one range): room for both is needed
+    // until the parts are freed below.
+    auto held = reserveMemory(total);
+    if (!held) return insufficientStorage(req, res, total);
+    auto made = newObject(total, /*registered=*/false);
+    if (!made.isOk()) return error(res, 400, "EntityTooLarge", made.status().message(), req.path);
+    ObjectPtr o = *made;
+    o->memory = std::move(*held);
+    uint64_t at = 0;
+    for (const ObjectPtr& part : found->parts) {
+      if (part->size) std::memcpy(static_cast<char*>(o->mem) + at, part->mem, part->size);
+      at += part->size;
+    }
+    if (Status st = registerObject(o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
+    o->contentType = found->contentType;
+    o->etag = "\"" + agent::hexOf(md5Of(found->md5s.data(), found->md5s.size())) + "-" +
+              std::to_string(found->parts.size()) + "\"";
+    found.reset();
+    UploadPtr finished;  // its parts are freed outside mu
+    {
+      std::lock_guard<std::mutex> lock(mu);  // one completion wins; an abort meanwhile wins too
+      auto it = multipart.find(id);
+      if (it == multipart.end()) return noSuchUpload(res, req.path);
+      finished = it->second;
+      multipart.erase(it);
+    }
+    commit(res, bucket, key, o, req.path);
+    if (res.status != 200) return;
+    res.set_content(xmlHead("CompleteMultipartUploadResult") + "<Location>/" + xmlEscape(bucket) + "/" +
+                        xmlEscape(key) + "</Location><Bucket>" + xmlEscape(bucket) + "</Bucket><Key>" +
+                        xmlEscape(key) + "</Key><ETag>" + xmlEscape(o->etag) +
+                        "</ETag></CompleteMultipartUploadResult>",
+                    "application/xml");
+  }
+
+  static bool equalsHex(const std::string& a, const std::string& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) ==
+                    std::tolower(static_cast<unsigned char>(y));
+           });
+  }
+
+  void abortUpload(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+                   const std::string& key) {
+    UploadPtr upload;  // its parts are freed outside mu
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      upload = findUploadLocked(bucket, key, req.get_param_value("uploadId"));
+      if (!upload) return noSuchUpload(res, req.path);
+      multipart.erase(upload->id);
+    }
+    res.status = 204;
+  }
+
+  void listParts(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+                 const std::string& key) {
+    uint64_t maxParts = 1000, marker = 0;
+    if (req.has_param("max-parts")) {
+      auto m = number(req.get_param_value("max-parts"));
+      if (!m) return error(res, 400, "InvalidArgument", "max-parts must be a number", req.path);
+      maxParts = std::min<uint64_t>(*m, 1000);
+    }
+    if (req.has_param("part-number-marker")) {
+      auto m = number(req.get_param_value("part-number-marker"));
+      if (!m) return error(res, 400, "InvalidArgument", "part-number-marker must be a number", req.path);
+      marker = *m;
+    }
+    const std::string id = req.get_param_value("uploadId");
+    std::string parts;
+    uint64_t count = 0, last = 0;
+    bool truncated = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      UploadPtr upload = findUploadLocked(bucket, key, id);
+      if (!upload) return noSuchUpload(res, req.path);
+      for (auto it = upload->parts.upper_bound(static_cast<uint32_t>(std::min<uint64_t>(marker, kMaxParts)));
+           it != upload->parts.end(); ++it) {
+        if (count == maxParts) {
+          truncated = true;
+          break;
+        }
+        parts += "<Part><PartNumber>" + std::to_string(it->first) + "</PartNumber><LastModified>" +
+                 isoTime(it->second->modifiedNs) + "</LastModified><ETag>" + xmlEscape(it->second->etag) +
+                 "</ETag><Size>" + std::to_string(it->second->size) + "</Size></Part>";
+        ++count;
+        last = it->first;
+      }
+    }
+    res.status = 200;
+    res.set_content(xmlHead("ListPartsResult") + "<Bucket>" + xmlEscape(bucket) + "</Bucket><Key>" +
+                        xmlEscape(key) + "</Key><UploadId>" + xmlEscape(id) +
+                        "</UploadId><StorageClass>STANDARD</StorageClass>"
+                        "<PartNumberMarker>" +
+                        std::to_string(marker) + "</PartNumberMarker><NextPartNumberMarker>" +
+                        std::to_string(last) + "</NextPartNumberMarker><MaxParts>" +
+                        std::to_string(maxParts) + "</MaxParts><IsTruncated>" +
+                        (truncated ? "true" : "false") + "</IsTruncated>" + parts + "</ListPartsResult>",
+                    "application/xml");
+  }
+
+  void listUploads(const httplib::Request& req, httplib::Response& res, const std::string& bucket) {
+    uint64_t maxUploads = 1000;
+    if (req.has_param("max-uploads")) {
+      auto m = number(req.get_param_value("max-uploads"));
+      if (!m) return error(res, 400, "InvalidArgument", "max-uploads must be a number", req.path);
+      maxUploads = std::min<uint64_t>(*m, 1000);
+    }
+    const bool urlEncoded = req.get_param_value("encoding-type") == "url";
+    auto text = [&](const std::string& s) { return urlEncoded ? uriEncode(s, true) : xmlEscape(s); };
+    const std::string prefix = req.get_param_value("prefix");
+    const std::string keyMarker = req.get_param_value("key-marker");
+    const std::string idMarker = req.get_param_value("upload-id-marker");
+    std::vector<UploadPtr> found;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!buckets.count(bucket))
+        return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+      for (const auto& [id, u] : multipart) {
+        if (u->bucket != bucket || u->key.compare(0, prefix.size(), prefix) != 0) continue;
+        if (!keyMarker.empty() &&
+            (u->key < keyMarker || (u->key == keyMarker && (idMarker.empty() || id <= idMarker))))
+          continue;
+        found.push_back(u);
+      }
+    }
+    std::sort(found.begin(), found.end(), [](const UploadPtr& a, const UploadPtr& b) {
+      return std::tie(a->key, a->id) < std::tie(b->key, b->id);
+    });
+    const bool truncated = found.size() > maxUploads;
+    if (truncated) found.resize(maxUploads);
+    std::string xml = xmlHead("ListMultipartUploadsResult") + "<Bucket>" + xmlEscape(bucket) +
+                      "</Bucket><KeyMarker>" + text(keyMarker) + "</KeyMarker><UploadIdMarker>" +
+                      xmlEscape(idMarker) + "</UploadIdMarker>";
+    if (truncated && !found.empty()) {
+      xml += "<NextKeyMarker>" + text(found.back()->key) + "</NextKeyMarker><NextUploadIdMarker>" +
+             found.back()->id + "</NextUploadIdMarker>";
+    }
+    if (!prefix.empty()) xml += "<Prefix>" + text(prefix) + "</Prefix>";
+    if (urlEncoded) xml += "<EncodingType>url</EncodingType>";
+    xml += "<MaxUploads>" + std::to_string(maxUploads) + "</MaxUploads><IsTruncated>" +
+           (truncated ? "true" : "false") + "</IsTruncated>";
+    for (const UploadPtr& u : found) {
+      xml += "<Upload><Key>" + text(u->key) + "</Key><UploadId>" + u->id +
+             "</UploadId><Initiator><ID>ferry</ID><DisplayName>ferry</DisplayName></"
+             "Initiator><Owner><ID>ferry</ID>"
+             "<DisplayName>ferry</DisplayName></Owner><StorageClass>STANDARD</StorageClass><Initiated>" +
+             isoTime(u->initiatedNs) + "</Initiated></Upload>";
+    }
+    xml += "</ListMultipartUploadsResult>";
+    res.status = 200;
+    res.set_content(xml, "application/xml");
+  }
+
+  void deleteObjects(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+                     const std::string& body) {
+    auto [request, refusal] = decideDeleteObjects(body);
+    if (refusal) return error(res, refusal->status, refusal->code, refusal->message, req.path);
+    std::string entries;
+    std::vector<ObjectPtr> removed;  // freed outside mu
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto b = buckets.find(bucket);
+      if (b == buckets.end()) return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
+      for (const std::string& key : request.keys) {
+        if (!validKey(key)) {  // no such object can exist; S3 answers per key
+          entries += "<Error><Key>" + xmlEscape(key) +
+                     "</Key><Code>InvalidArgument</Code><Message>not a valid key</Message></Error>";
+          continue;
+        }
+        auto it = b->second.find(key);
+        if (it != b->second.end()) {
+          removed.push_back(it->second);
+          b->second.erase(it);
+        }
+        if (!opts.dataDir.empty()) {
+          std::error_code ec;
+          fs::remove(fileOf(bucket, key), ec);
+        }
+        if (!request.quiet)
+          entries += "<Deleted><Key>" + xmlEscape(key) + "</Key></Deleted>";  // S3: present or not
+      }
+    }
+    res.status = 200;
+    res.set_content(xmlHead("DeleteResult") + entries + "</DeleteResult>", "application/xml");
+  }
+
+  void copyObject(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+                  const std::string& key) {
+    if (number(req.get_header_value("Content-Length")).value_or(0) != 0)
+      return error(res, 400, "InvalidRequest", "a copy carries no body", req.path);
+    if (!payloadMatches(req, res, sha256Hex(""))) return;
+    auto source = decideCopySource(req.get_header_value("x-amz-copy-source"));
+    if (!source)
+      return error(res, 400, "InvalidArgument", "x-amz-copy-source must be /bucket/key (URL-encoded)",
+                   req.path);
+    if (source->versioned)
+      return error(res, 501, "NotImplemented", "copying a version (versionId) is not implemented", req.path);
+    const std::string directive = req.has_header("x-amz-metadata-directive")
+                                      ? req.get_header_value("x-amz-metadata-directive")
+                                      : "COPY";
+    if (directive != "COPY" && directive != "REPLACE")
+      return error(res, 400, "InvalidArgument", "x-amz-metadata-directive must be COPY or REPLACE", req.path);
+    if (source->bucket == bucket && source->key == key && directive != "REPLACE") {
+      return error(
+          res, 400, "InvalidRequest",
+          "This copy request is illegal because it is trying to copy an object to itself without changing "
+          "the object's metadata (send x-amz-metadata-directive: REPLACE)",
+          req.path);
+    }
+    ObjectPtr from;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto b = buckets.find(source->bucket);
+      if (b == buckets.end())
+        return error(res, 404, "NoSuchBucket", "no bucket '" + source->bucket + "'", req.path);
+      auto it = b->second.find(source->key);
+      if (it == b->second.end())
+        return error(res, 404, "NoSuchKey", "no object '" + source->key + "'", req.path);
+      from = it->second;
+    }
+    auto held = reserveMemory(from->size);
+    if (!held) return insufficientStorage(req, res, from->size);
+    auto made = newObject(from->size, /*registered=*/false);
+    if (!made.isOk()) return error(res, 400, "EntityTooLarge", made.status().message(), req.path);
+    ObjectPtr o = *made;
+    o->memory = std::move(*held);
+    if (o->size) std::memcpy(o->mem, from->mem, o->size);
+    if (Status st = registerObject(o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
+    // A copy is one part: a multipart source's ETag is recomputed as the MD5 of the bytes.
+    o->etag = from->etag.find('-') == std::string::npos ? from->etag : etagOf(o);
+    o->contentType = directive == "REPLACE" && req.has_header("Content-Type")
+                         ? req.get_header_value("Content-Type")
+                         : from->contentType;
+    commit(res, bucket, key, o, req.path);
+    if (res.status != 200) return;
+    res.set_content(xmlHead("CopyObjectResult") + "<LastModified>" + isoTime(o->modifiedNs) +
+                        "</LastModified><ETag>" + xmlEscape(o->etag) + "</ETag></CopyObjectResult>",
+                    "application/xml");
+  }
+
   void onDelete(const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res) || !payloadMatches(req, res, sha256Hex(req.body))) return;
     std::string bucket, key;
     split(req.path, bucket, key);
+    if (decide(req).operation == StoreOperation::kAbortUpload) return abortUpload(req, res, bucket, key);
     std::lock_guard<std::mutex> lock(mu);
     auto b = buckets.find(bucket);
     if (b == buckets.end()) return error(res, 404, "NoSuchBucket", "no bucket '" + bucket + "'", req.path);
@@ -931,6 +1526,13 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
   }
   if (options.headerTimeoutMs < 100 || options.idleTimeoutMs < 100)
     return invalidArgument("objects serve: the header and idle timeouts must be at least 100 ms");
+  if (options.maxMemoryBytes == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), pageBytes = sysconf(_SC_PAGE_SIZE);
+    options.maxMemoryBytes =
+        pages > 0 && pageBytes > 0 ? uint64_t(pages) * uint64_t(pageBytes) / 2 : uint64_t{8} << 30;
+  }
+  if (options.abandonedUploadSeconds < 1)
+    return invalidArgument("objects serve: the abandoned-upload timeout must be at least 1 second");
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   const std::string rdmaHost = options.rdmaHost.empty() ? options.host : options.rdmaHost;
@@ -971,9 +1573,10 @@ Result<std::unique_ptr<ObjectStore>> ObjectStore::start(StoreOptions options) {
     res.set_header("Connection", "close");
   });
   http.Get(".*", [self](const httplib::Request& req, httplib::Response& res) { self->onGet(req, res); });
-  http.Put(".*", [self](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& r) {
-    self->onPutGuarded(req, res, r);
-  });
+  http.Put(".*", [self](const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& r) { self->onGuarded(req, res, r, &Impl::onPut); });
+  http.Post(".*", [self](const httplib::Request& req, httplib::Response& res,
+                         const httplib::ContentReader& r) { self->onGuarded(req, res, r, &Impl::onPost); });
   http.Delete(".*", [self](const httplib::Request& req, httplib::Response& res) { self->onDelete(req, res); });
   http.set_exception_handler(
       [self](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
@@ -1017,9 +1620,11 @@ StoreStats ObjectStore::stats() const {
     s = impl_->stats;
   }
   s.receivingBytes = impl_->receiving.load();
+  s.memoryBytes = impl_->memory.load();
   s.connections = impl_->http->connections();
   std::lock_guard<std::mutex> lock(impl_->mu);
   s.buckets = impl_->buckets.size();
+  s.uploads = impl_->multipart.size();
   for (const auto& [b, objects] : impl_->buckets) {
     s.objects += objects.size();
     for (const auto& [k, o] : objects) s.bytes += o->size;
@@ -1034,6 +1639,7 @@ void ObjectStore::stop() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->uploads.clear();
+    impl_->multipart.clear();
     impl_->buckets.clear();
   }
   impl_->rdma.reset();

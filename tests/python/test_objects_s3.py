@@ -1,9 +1,16 @@
 """`ferry objects serve` as a stock S3 client sees it: boto3 (path-style, plain HTTP) creates a
-bucket, puts, gets, heads, lists and deletes objects, with and without SigV4 credentials; the
-daemon refuses wrong credentials, and survives malformed HTTP (garbage, truncated requests, huge
-headers, a body shorter than its Content-Length, bad descriptors) while it goes on serving."""
+bucket, puts, gets, heads, lists and deletes objects, uploads in parts, deletes many objects and
+copies them, with and without SigV4 credentials, and the aws CLI copies and syncs; ETags are S3's
+MD5s; the daemon refuses wrong credentials, a wrong Content-MD5, a PUT past its memory bound, and
+survives malformed HTTP (garbage, truncated requests, huge headers, a body shorter than its
+Content-Length, bad descriptors) while it goes on serving."""
 
+import base64
+import hashlib
+import io
 import os
+import shutil
+import sys
 import socket
 import subprocess
 import time
@@ -211,14 +218,12 @@ def test_calls_the_store_does_not_implement_are_refused_and_change_nothing(daemo
     calls = [
         lambda: c.put_object_tagging(Bucket="keep", Key="k", Tagging=tagging),
         lambda: c.put_object_acl(Bucket="keep", Key="k", ACL="public-read"),
-        lambda: c.copy_object(Bucket="keep", Key="k", CopySource={"Bucket": "keep", "Key": "k"},
-                              MetadataDirective="REPLACE"),
-        lambda: c.copy_object(Bucket="keep", Key="k2", CopySource={"Bucket": "keep", "Key": "k"}),
-        lambda: c.create_multipart_upload(Bucket="keep", Key="k"),
-        lambda: c.upload_part(Bucket="keep", Key="k", PartNumber=1, UploadId="x", Body=b"part"),
+        lambda: c.upload_part_copy(Bucket="keep", Key="k", PartNumber=1, UploadId="x",
+                                   CopySource={"Bucket": "keep", "Key": "k"}),
+        lambda: c.copy_object(Bucket="keep", Key="k2", CopySource={"Bucket": "keep", "Key": "k", "VersionId": "v1"}),
         lambda: c.get_object_tagging(Bucket="keep", Key="k"),
         lambda: c.get_object_acl(Bucket="keep", Key="k"),
-        lambda: c.delete_objects(Bucket="keep", Delete={"Objects": [{"Key": "k"}]}),
+        lambda: c.delete_objects(Bucket="keep", Delete={"Objects": [{"Key": "k", "VersionId": "v1"}]}),
         lambda: c.put_bucket_versioning(Bucket="keep", VersioningConfiguration={"Status": "Enabled"}),
         lambda: c.put_bucket_policy(Bucket="keep", Policy="{}"),
         lambda: c.put_bucket_tagging(Bucket="keep", Tagging=tagging),
@@ -235,13 +240,228 @@ def test_calls_the_store_does_not_implement_are_refused_and_change_nothing(daemo
         assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
         unchanged()
     # Unknown subresources over plain HTTP, with a body on a kept-alive connection.
-    for target in (b"/keep/k?tagging", b"/keep/k?acl", b"/keep/k?uploads", b"/keep/k?uploadId=1&partNumber=1",
-                   b"/keep?lifecycle", b"/keep/k?anything-else=1", b"/keep/k?x-id=CopyObject"):
-        status, reply = raw(daemon.port, b"PUT " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+    for method, target in ((b"PUT", b"/keep/k?tagging"), (b"PUT", b"/keep/k?acl"), (b"PUT", b"/keep/k?uploads"),
+                           (b"PUT", b"/keep?lifecycle"), (b"PUT", b"/keep/k?anything-else=1"),
+                           (b"PUT", b"/keep/k?x-id=CopyObject"), (b"POST", b"/keep/k"), (b"POST", b"/keep"),
+                           (b"POST", b"/keep?lifecycle"), (b"POST", b"/keep/k?uploads&tagging"),
+                           (b"POST", b"/keep/k?select&select-type=2")):
+        status, reply = raw(daemon.port, method + b" " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
                             b"Connection: close\r\n\r\nhello")
         assert status == 501 and b"<Code>NotImplemented</Code>" in reply, (target, reply[:300])
         unchanged()
+    # A part for an upload that does not exist: refused before its body is kept.
+    status, reply = raw(daemon.port, b"PUT /keep/k?uploadId=1&partNumber=1 HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Length: 5\r\nConnection: close\r\n\r\nhello")
+    assert status == 404 and b"<Code>NoSuchUpload</Code>" in reply, reply[:300]
+    unchanged()
     assert c.list_buckets()["Buckets"][0]["Name"] == "keep" and len(c.list_buckets()["Buckets"]) == 1
+
+
+def md5_etag(data):
+    return '"' + hashlib.md5(data).hexdigest() + '"'
+
+
+def multipart_etag(data, part_bytes):
+    parts = [data[i:i + part_bytes] for i in range(0, len(data), part_bytes)]
+    return '"%s-%d"' % (hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest(), len(parts))
+
+
+def error_code(call):
+    with pytest.raises(ClientError) as e:
+        call()
+    return e.value.response["Error"]["Code"], e.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def test_boto3_uploads_in_parts_with_and_without_credentials(daemon, tmp_path):
+    # upload_file above boto3's 8 MiB threshold: create, three parts in parallel, complete.
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="parts")
+    data = os.urandom(20 << 20)
+    (tmp_path / "up.bin").write_bytes(data)
+    c.upload_file(str(tmp_path / "up.bin"), "parts", "big.bin")
+    head = c.head_object(Bucket="parts", Key="big.bin")
+    assert head["ContentLength"] == len(data)
+    assert head["ETag"] == multipart_etag(data, 8 << 20) and head["ETag"].endswith('-3"')
+    c.download_file("parts", "big.bin", str(tmp_path / "down.bin"))
+    assert (tmp_path / "down.bin").read_bytes() == data
+    assert c.list_multipart_uploads(Bucket="parts").get("Uploads", []) == []
+    # upload_fileobj, signed: SigV4 over ?uploads, ?partNumber&uploadId and the Complete document.
+    d = Daemon(env={"FERRY_OBJECTS_ACCESS_KEY": "ferrykey", "FERRY_OBJECTS_SECRET_KEY": "s3cr3t-value"})
+    try:
+        signed = s3(d.url, "ferrykey", "s3cr3t-value")
+        signed.create_bucket(Bucket="parts")
+        blob = os.urandom(9 << 20)
+        signed.upload_fileobj(io.BytesIO(blob), "parts", "obj.bin")
+        got = signed.get_object(Bucket="parts", Key="obj.bin")
+        assert got["Body"].read() == blob and got["ETag"] == multipart_etag(blob, 8 << 20)
+        assert error_code(lambda: s3(d.url, "ferrykey", "wrong").create_multipart_upload(
+            Bucket="parts", Key="x"))[0] == "SignatureDoesNotMatch"
+    finally:
+        d.stop()
+
+
+def test_multipart_uploads_are_listed_validated_and_aborted(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="parts")
+    up = c.create_multipart_upload(Bucket="parts", Key="obj")["UploadId"]
+    first, second = os.urandom(5 << 20), os.urandom(1000)
+    e1 = c.upload_part(Bucket="parts", Key="obj", UploadId=up, PartNumber=1, Body=first)["ETag"]
+    e2 = c.upload_part(Bucket="parts", Key="obj", UploadId=up, PartNumber=2, Body=second)["ETag"]
+    assert (e1, e2) == (md5_etag(first), md5_etag(second))
+    assert [(u["Key"], u["UploadId"]) for u in c.list_multipart_uploads(Bucket="parts")["Uploads"]] == [("obj", up)]
+    parts = c.list_parts(Bucket="parts", Key="obj", UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["ETag"], p["Size"]) for p in parts] == [(1, e1, 5 << 20), (2, e2, 1000)]
+    # S3's refusals of a completion; the upload stays and nothing is stored.
+    wrong = [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": md5_etag(b"other")}]
+    reversed_ = [{"PartNumber": 2, "ETag": e2}, {"PartNumber": 1, "ETag": e1}]
+    missing = [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 3, "ETag": e2}]
+    for listed, code in ((wrong, "InvalidPart"), (reversed_, "InvalidPartOrder"), (missing, "InvalidPart")):
+        assert error_code(lambda: c.complete_multipart_upload(
+            Bucket="parts", Key="obj", UploadId=up, MultipartUpload={"Parts": listed})) == (code, 400)
+        assert error_code(lambda: c.head_object(Bucket="parts", Key="obj"))[1] == 404
+    small = c.create_multipart_upload(Bucket="parts", Key="small")["UploadId"]
+    s1 = c.upload_part(Bucket="parts", Key="small", UploadId=small, PartNumber=1, Body=b"a" * 100)["ETag"]
+    s2 = c.upload_part(Bucket="parts", Key="small", UploadId=small, PartNumber=2, Body=b"b" * 100)["ETag"]
+    assert error_code(lambda: c.complete_multipart_upload(
+        Bucket="parts", Key="small", UploadId=small,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": s1}, {"PartNumber": 2, "ETag": s2}]})) == (
+        "EntityTooSmall", 400)
+    # Abort frees the upload: it is no longer listed and takes no more parts.
+    c.abort_multipart_upload(Bucket="parts", Key="obj", UploadId=up)
+    assert [u["Key"] for u in c.list_multipart_uploads(Bucket="parts")["Uploads"]] == ["small"]
+    assert error_code(lambda: c.list_parts(Bucket="parts", Key="obj", UploadId=up)) == ("NoSuchUpload", 404)
+    assert error_code(lambda: c.upload_part(Bucket="parts", Key="obj", UploadId=up, PartNumber=3,
+                                            Body=b"x")) == ("NoSuchUpload", 404)
+    assert error_code(lambda: c.abort_multipart_upload(Bucket="parts", Key="obj", UploadId=up))[0] == "NoSuchUpload"
+    # The last part alone may be small: a one-part upload of 100 bytes completes.
+    done = c.complete_multipart_upload(Bucket="parts", Key="small", UploadId=small,
+                                       MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": s1}]})
+    assert done["ETag"] == '"%s-1"' % hashlib.md5(hashlib.md5(b"a" * 100).digest()).hexdigest()
+    assert c.get_object(Bucket="parts", Key="small")["Body"].read() == b"a" * 100
+    assert c.list_multipart_uploads(Bucket="parts").get("Uploads", []) == []
+    assert [o["Key"] for o in c.list_objects_v2(Bucket="parts")["Contents"]] == ["small"]
+
+
+def test_delete_objects_quiet_and_verbose(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="many")
+    for quiet in (False, True):
+        for key in ("a", "b/c"):
+            c.put_object(Bucket="many", Key=key, Body=key.encode())
+        c.put_object(Bucket="many", Key="kept", Body=b"kept")
+        out = c.delete_objects(Bucket="many", Delete={"Objects": [{"Key": "a"}, {"Key": "b/c"}, {"Key": "missing"}],
+                                                      "Quiet": quiet})
+        assert sorted(d["Key"] for d in out.get("Deleted", [])) == ([] if quiet else ["a", "b/c", "missing"])
+        assert out.get("Errors", []) == []
+        assert [o["Key"] for o in c.list_objects_v2(Bucket="many")["Contents"]] == ["kept"]
+    # A malformed document is refused and deletes nothing.
+    body = b"<Delete><Object><Key>kept</Key></Delete>"
+    status, reply = raw(daemon.port, b"POST /many?delete HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                        b"Connection: close\r\n\r\n%s" % (len(body), body))
+    assert status == 400 and b"<Code>MalformedXML</Code>" in reply, reply[:300]
+    assert [o["Key"] for o in c.list_objects_v2(Bucket="many")["Contents"]] == ["kept"]
+
+
+def test_copy_object_to_a_new_key_and_onto_itself(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="copies")
+    data = os.urandom(300000)
+    c.put_object(Bucket="copies", Key="dir/src bin", Body=data, ContentType="application/x-one")
+    out = c.copy_object(Bucket="copies", Key="dst", CopySource={"Bucket": "copies", "Key": "dir/src bin"})
+    assert out["CopyObjectResult"]["ETag"] == md5_etag(data)
+    got = c.get_object(Bucket="copies", Key="dst")
+    assert got["Body"].read() == data and got["ContentType"] == "application/x-one"
+    assert error_code(lambda: c.copy_object(Bucket="copies", Key="dst", CopySource="copies/dst")) == (
+        "InvalidRequest", 400)
+    c.copy_object(Bucket="copies", Key="dst", CopySource="/copies/dst", MetadataDirective="REPLACE",
+                  ContentType="text/plain")
+    got = c.get_object(Bucket="copies", Key="dst")
+    assert got["Body"].read() == data and got["ContentType"] == "text/plain" and got["ETag"] == md5_etag(data)
+    assert error_code(lambda: c.copy_object(Bucket="copies", Key="x", CopySource="copies/none"))[0] == "NoSuchKey"
+    assert error_code(lambda: c.head_object(Bucket="copies", Key="x"))[1] == 404
+
+
+def test_etags_are_md5s_and_content_md5_is_checked(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="sums")
+    data = os.urandom(100000)
+    assert c.put_object(Bucket="sums", Key="k", Body=data)["ETag"] == md5_etag(data)
+    assert c.head_object(Bucket="sums", Key="k")["ETag"] == md5_etag(data)
+    assert c.list_objects_v2(Bucket="sums")["Contents"][0]["ETag"] == md5_etag(data)
+    good = base64.b64encode(hashlib.md5(b"new").digest()).decode()
+    c.put_object(Bucket="sums", Key="k2", Body=b"new", ContentMD5=good)
+    assert c.get_object(Bucket="sums", Key="k2")["Body"].read() == b"new"
+    bad = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    assert error_code(lambda: c.put_object(Bucket="sums", Key="k", Body=b"changed", ContentMD5=bad)) == (
+        "BadDigest", 400)
+    assert error_code(lambda: c.put_object(Bucket="sums", Key="k", Body=b"changed", ContentMD5="nope")) == (
+        "InvalidDigest", 400)
+    assert c.get_object(Bucket="sums", Key="k")["Body"].read() == data
+
+
+def test_a_put_past_max_memory_is_507_and_changes_nothing():
+    d = Daemon(args=("--max-memory", "4M", "--upload-expiry", "1"))
+    try:
+        c = s3(d.url)
+        c.create_bucket(Bucket="full")
+        c.put_object(Bucket="full", Key="a", Body=b"a" * (3 << 20))
+        assert error_code(lambda: c.put_object(Bucket="full", Key="b", Body=b"b" * (2 << 20))) == (
+            "InsufficientStorage", 507)
+        assert error_code(lambda: c.head_object(Bucket="full", Key="b"))[1] == 404
+        up = c.create_multipart_upload(Bucket="full", Key="c")["UploadId"]
+        assert error_code(lambda: c.upload_part(Bucket="full", Key="c", UploadId=up, PartNumber=1,
+                                                Body=b"c" * (2 << 20))) == ("InsufficientStorage", 507)
+        assert error_code(lambda: c.copy_object(Bucket="full", Key="d", CopySource="full/a")) == (
+            "InsufficientStorage", 507)
+        assert [o["Key"] for o in c.list_objects_v2(Bucket="full")["Contents"]] == ["a"]
+        c.delete_object(Bucket="full", Key="a")  # frees its bytes
+        c.put_object(Bucket="full", Key="b", Body=b"b" * (2 << 20))
+        assert c.get_object(Bucket="full", Key="b")["Body"].read() == b"b" * (2 << 20)
+        # Parts of an upload in progress count; an abandoned upload is dropped and frees them.
+        up = c.create_multipart_upload(Bucket="full", Key="e")["UploadId"]
+        c.upload_part(Bucket="full", Key="e", UploadId=up, PartNumber=1, Body=b"e" * (1 << 20))
+        assert error_code(lambda: c.put_object(Bucket="full", Key="f", Body=b"f" * (3 << 19)))[1] == 507
+        time.sleep(2.2)  # past --upload-expiry 1
+        assert c.list_multipart_uploads(Bucket="full").get("Uploads", []) == []
+        c.put_object(Bucket="full", Key="f", Body=b"f" * (3 << 19))
+        assert d.alive()
+    finally:
+        d.stop()
+
+
+def test_the_aws_cli_copies_and_syncs(daemon, tmp_path):
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+    if not os.path.exists(aws):
+        aws = shutil.which("aws")
+    if aws is None:
+        pytest.skip("the aws CLI is not installed (pip install awscli)")
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="anonymous", AWS_SECRET_ACCESS_KEY="anonymous",
+               AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_REQUEST_CHECKSUM_CALCULATION="when_required", AWS_RESPONSE_CHECKSUM_VALIDATION="when_required")
+
+    def run(*args):
+        out = subprocess.run([aws, "--endpoint-url", daemon.url, "s3", *args], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 0, (args, out.stdout, out.stderr)
+        return out.stdout
+
+    run("mb", "s3://cli")
+    data = os.urandom(20 << 20)
+    (tmp_path / "big.bin").write_bytes(data)
+    run("cp", str(tmp_path / "big.bin"), "s3://cli/big.bin")
+    run("cp", "s3://cli/big.bin", str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == data
+    src = tmp_path / "tree"
+    files = {"a.txt": b"alpha", "sub/b.bin": os.urandom(70000), "sub/deeper/c": b""}
+    for name, content in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(content)
+    run("sync", str(src), "s3://cli/tree")
+    assert run("sync", str(src), "s3://cli/tree").strip() == ""  # nothing changed: nothing sent
+    run("sync", "s3://cli/tree", str(tmp_path / "copy"))
+    for name, content in files.items():
+        assert (tmp_path / "copy" / name).read_bytes() == content, name
 
 
 def test_conflicting_framing_is_refused(daemon):

@@ -1,6 +1,7 @@
 // `ferry objects`: the object store (include/ferry/objects/store.h) and its client.
 //   ferry objects serve [--host A] [--port N] [--rdma-host A] [--rdma-port N] [--data-dir DIR]
 //                       [--max-body SIZE] [--max-receiving SIZE] [--max-connections N]
+//                       [--max-memory SIZE] [--upload-expiry SECONDS]
 //                       [--header-timeout MS] [--idle-timeout MS] [--insecure-allow-remote]
 //   ferry objects mb URL | rb URL | ls URL | rm URL
 //   ferry objects put FILE URL [--http] [--piece SIZE]
@@ -56,6 +57,15 @@ int serve(const std::vector<std::string>& args) {
   app.add_option("--max-receiving", maxReceiving,
                  "Declared bytes of bodies and uploads received at once, over all clients (past it: 503 SlowDown)")
       ->capture_default_str();
+  std::string maxMemory;
+  app.add_option(
+      "--max-memory", maxMemory,
+      "Bytes of objects and uploads held in memory (past it: 507 InsufficientStorage; default: half "
+      "of physical memory)");
+  app.add_option("--upload-expiry", o.abandonedUploadSeconds,
+                 "Seconds after which a multipart upload with no call is dropped with its parts")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600));
   app.add_option("--max-connections", o.maxConnections, "Connections served at once (past it: 503 SlowDown)")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
@@ -76,6 +86,12 @@ int serve(const std::vector<std::string>& args) {
   if (!receivingBytes.isOk()) return fail("serve", receivingBytes.status());
   o.maxBodyBytes = *bodyBytes;
   o.maxReceivingBytes = *receivingBytes;
+  if (!maxMemory.empty()) {
+    auto memoryBytes = config::parseByteSize(maxMemory);
+    if (!memoryBytes.isOk()) return fail("serve", memoryBytes.status());
+    if (*memoryBytes == 0) return fail("serve", invalidArgument("--max-memory must be at least 1 byte"));
+    o.maxMemoryBytes = *memoryBytes;
+  }
   o.port = static_cast<uint16_t>(port);
   o.rdmaPort = static_cast<uint16_t>(rdmaPort);
   sigset_t stopSignals;

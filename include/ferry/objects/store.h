@@ -25,8 +25,12 @@
 // FERRY_OBJECTS_SECRET_KEY), every request must carry a valid AWS Signature Version 4
 // Authorization header (the payload hash too when it is given) dated within 15 minutes of the
 // server's clock; without them only clients on this host are served (protected mode), unless
-// StoreOptions::allowRemoteWithoutCredentials. Calls the store does not implement (?tagging, ?acl,
-// multipart uploads, x-amz-copy-source, ...) are refused with 501 NotImplemented.
+// StoreOptions::allowRemoteWithoutCredentials. Besides these calls the store serves S3's multipart
+// uploads (POST ?uploads, PUT ?partNumber&uploadId, POST/DELETE/GET ?uploadId, GET /bucket?uploads),
+// DeleteObjects (POST /bucket?delete) and CopyObject (PUT with x-amz-copy-source); ETags are S3's
+// (the quoted MD5 of the bytes, "MD5-OF-PART-MD5S-N" for a multipart object) and a Content-MD5 is
+// checked (400 BadDigest). Calls it does not implement (?tagging, ?acl, ?versioning,
+// x-amz-copy-source-range, ...) are refused with 501 NotImplemented.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +64,12 @@ struct StoreOptions {
   // declared (Content-Length, x-ferry-object-size); past it: 503 SlowDown. Memory for a body is
   // committed page by page as its bytes arrive, never for the declared length up front.
   uint64_t maxReceivingBytes = uint64_t{16} << 30;
+  // Bytes of objects, multipart parts and bodies being received, held in memory at once; a PUT,
+  // part, copy or completion past it: 507 InsufficientStorage, and nothing changes. 0: half of the
+  // host's physical memory. Replacing an object needs room for both until the new one is whole.
+  uint64_t maxMemoryBytes = 0;
+  // A multipart upload that receives no call for this long is dropped with its parts.
+  int64_t abandonedUploadSeconds = int64_t{24} * 3600;
   // Connections served at once (one worker each); past it a connection is answered 503 SlowDown
   // and closed.
   int maxConnections = 256;
@@ -81,6 +91,8 @@ struct StoreStats {
   uint64_t refused = 0;  // requests answered with an error
   uint64_t receivingBytes = 0;  // declared bytes of bodies and uploads being received now
   uint64_t connections = 0;     // connections held now
+  uint64_t memoryBytes = 0;     // bytes of objects, parts and bodies held now (maxMemoryBytes)
+  uint64_t uploads = 0;         // multipart uploads in progress
 };
 
 class ObjectStore {
