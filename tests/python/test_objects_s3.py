@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from netns_hosts import two_hosts
+
 boto3 = pytest.importorskip("boto3")
 from botocore.config import Config  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
@@ -528,33 +530,11 @@ def test_signed_requests_are_accepted_within_15_minutes_only():
         d.stop()
 
 
-def _netns(*args):
-    return subprocess.run(["ip", *args], capture_output=True, text=True)
-
-
 @pytest.fixture
 def two_namespaces():
-    """Namespaces ferry_s3p_a (10.231.7.1) and ferry_s3p_b (10.231.7.2) joined by a veth pair, as
-    tests/netns/netns_lib.sh makes them: the store in a, a client of another host in b."""
-    import shutil
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create network namespaces")
-    a, b = "ferry_s3p_a", "ferry_s3p_b"
-    for ns in (a, b):
-        _netns("netns", "del", ns)
-        if _netns("netns", "add", ns).returncode != 0:
-            pytest.skip("cannot create network namespaces here")
-    try:
-        assert _netns("link", "add", "s3pa", "netns", a, "type", "veth", "peer", "name", "s3pb",
-                      "netns", b).returncode == 0
-        for ns, dev, addr in ((a, "s3pa", "10.231.7.1/30"), (b, "s3pb", "10.231.7.2/30")):
-            _netns("-n", ns, "addr", "add", addr, "dev", dev)
-            _netns("-n", ns, "link", "set", "lo", "up")
-            _netns("-n", ns, "link", "set", dev, "up")
-        yield a, b
-    finally:
-        _netns("netns", "del", a)
-        _netns("netns", "del", b)
+    """The store in ferry_s3p_a (10.231.7.1), a client of another host in ferry_s3p_b."""
+    with two_hosts("s3p", "10.231.7") as hosts:
+        yield hosts
 
 
 CLIENT = r"""

@@ -3,41 +3,23 @@ pair stand for two hosts. Without a secret an agent, and `ferry store` without -
 their own host and refuse a client of the other one, saying why; the opt-outs open them. Skipped
 where namespaces cannot be made (not root, no iproute2)."""
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+from netns_hosts import two_hosts
+
 FERRY = os.path.join(os.environ.get("FERRY_TEST_BIN_DIR", ""), "..", "ferry")
 NET = "10.231.9"
-
-
-def ip(*args):
-    return subprocess.run(["ip", *args], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
 def hosts():
     """Namespaces a (NET.1) and b (NET.2), joined by a veth pair."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create network namespaces")
-    a, b = "ferry_pm_a", "ferry_pm_b"
-    for ns in (a, b):
-        ip("netns", "del", ns)
-        if ip("netns", "add", ns).returncode != 0:
-            pytest.skip("cannot create network namespaces here")
-    try:
-        assert ip("link", "add", "pma", "netns", a, "type", "veth", "peer", "name", "pmb", "netns", b).returncode == 0
-        for ns, dev, addr in ((a, "pma", NET + ".1/30"), (b, "pmb", NET + ".2/30")):
-            ip("-n", ns, "addr", "add", addr, "dev", dev)
-            ip("-n", ns, "link", "set", "lo", "up")
-            ip("-n", ns, "link", "set", dev, "up")
-        yield a, b
-    finally:
-        ip("netns", "del", a)
-        ip("netns", "del", b)
+    with two_hosts("pm", NET) as pair:
+        yield pair
 
 
 # A client that sends one line and prints what it gets back until the server closes (or 5 s pass).
