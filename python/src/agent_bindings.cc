@@ -352,6 +352,7 @@ void bindAgent(py::module_& m) {
              d["operations_queued"] = s.operationsQueued;
              d["messages_refused"] = s.messagesRefused;
              d["connections_refused"] = s.connectionsRefused;
+             d["challenges_sent"] = s.challengesSent;
              return d;
            })
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>());

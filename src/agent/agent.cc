@@ -641,6 +641,7 @@ void AgentImpl::startWireup(const std::shared_ptr<PeerImpl>& peer) {
   m.nonce = peer->nonce;
   m.time = wallSeconds();
   peer->lastWireup = encodeWireup(m, secret_);
+  peer->request = m;  // sent again with the responder's cookie when it challenges (guard.cc)
   peer->lastWireupType = WireupType::kRequest;
   peer->setState(PeerImpl::State::kRequesting);
   peer->tries = 1;
@@ -834,6 +835,7 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
       break;
     }
     case WireupType::kMessage: onMessage(m); break;
+    case WireupType::kChallenge: onChallenge(m); break;
   }
 }
 
@@ -899,6 +901,7 @@ void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddres
     }
   }
   std::shared_ptr<PeerImpl> peer = findUuid(from.uuid);
+  if (!peer && challengeFirst(m, from)) return;  // nothing is made for it before it echoes a cookie
   uint64_t abandoned = 0;
   if (peer) {
     PeerImpl::State st = peer->state();

@@ -100,6 +100,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::string nonce;           // ours (request or reply)
   std::string peerNonce;       // the peer's, to echo
   std::string lastWireup;      // the last REQUEST or REPLY, resent until answered
+  std::optional<WireupMessage> request;  // our REQUEST (initiator), to echo a challenge's cookie
   WireupType lastWireupType = WireupType::kRequest;
   int tries = 0;
   Reactor::TimerId retryTimer = 0;
@@ -231,6 +232,13 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   // Sends a ping with a nonce to the peer; a pong that echoes it authenticates the link it comes on.
   void probe(const std::shared_ptr<PeerImpl>& peer, const char* why);
   void onPong(Link& link, const WireupMessage& m);
+  // Without a secret, a REQUEST from an agent this one does not know makes nothing until it echoes
+  // a cookie: true when `m` carries none (or a wrong one) and was answered with a CHALLENGE.
+  bool challengeFirst(const WireupMessage& m, const WorkerAddress& from);
+  // Closes the links to agents no connection belongs to that are quiet the longest, beyond `keep`.
+  void closeOrphanLinksAbove(size_t keep);
+  // A CHALLENGE to our REQUEST: sent again with its cookie.
+  void onChallenge(const WireupMessage& m);
   // Whether one more REQUEST may make a connection now (the caps on handshakes not finished).
   bool admitHandshake(Link& link, const WorkerAddress& from);
   void logRefused(const Status& why);
@@ -260,6 +268,7 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   const AgentOptions opts_;
   std::string secret_;
   bool allowRemote_ = false;
+  std::string cookieKey_;  // this life's key of the wireup cookies (guard.cc)
   std::shared_ptr<net::Admission> admission_;
   net::LogLimiter refusalLog_;
   LaneOverrides lanes_;

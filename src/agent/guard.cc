@@ -14,7 +14,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "agent/agent_impl.h"
+#include "agent/crypto.h"
 #include "common/log.h"
 #include "ferry/common/config.h"
 
@@ -27,6 +30,8 @@ constexpr auto kLinkIdle = std::chrono::seconds(10);
 constexpr auto kLinkSweepEvery = std::chrono::seconds(1);
 // A link of ours that no connection uses any more is closed after this long without a line.
 constexpr auto kOrphanLinkIdle = std::chrono::seconds(2);
+// Links of ours to agents no connection belongs to (CHALLENGEs, REJECTs) open at once.
+constexpr size_t kMaxOrphanLinks = 64;
 // Handshakes (REQUESTs answered, not acknowledged yet) held at once per link and in all, and how
 // long one waits for its ACK.
 constexpr size_t kMaxHandshakesPerLink = 4;
@@ -44,6 +49,7 @@ bool changesPeerState(WireupType t) {
 
 Status AgentImpl::openAdmission() {
   allowRemote_ = opts_.allowRemoteWithoutSecret || config::agentAllowRemote();
+  cookieKey_ = randomHex(32);
   admission_ = net::Admission::create({.thisHostOnly = protectedMode(), .maxPerSource = 256, .maxTotal = 1024},
                                       "agent '" + self_.alias + "'");
   std::weak_ptr<AgentImpl> weak = weak_from_this();
@@ -149,6 +155,56 @@ void AgentImpl::sweepInboundLinks() {
   linkSweepTimer_ = loop_.addTimer(now + kLinkSweepEvery, [weak] {
     if (auto a = weak.lock()) a->sweepInboundLinks();
   });
+}
+
+bool AgentImpl::challengeFirst(const WireupMessage& m, const WorkerAddress& from) {
+  // With a secret the REQUEST's MAC authenticated it. Without one, the cookie proves that whoever
+  // sent it receives at the address it claims: it went there in the CHALLENGE, and it is this
+  // agent's HMAC of the REQUEST's sender, connection and nonce (no state is kept for it).
+  if (!secret_.empty()) return false;
+  const std::string cookie =
+      hmacSha256Hex(cookieKey_, uuidText(m.from) + "/" + std::to_string(m.conn) + "/" + m.nonce).substr(0, 32);
+  if (!m.cookie.empty() && constantTimeEqual(m.cookie, cookie)) return false;
+  // Each CHALLENGE dials the address the REQUEST claims: the links to agents no connection uses
+  // are capped, and at the cap the one quiet the longest makes room (so a flood of forged
+  // REQUESTs delays a real initiator's CHALLENGE at most until its next resend).
+  closeOrphanLinksAbove(kMaxOrphanLinks - 1);
+  WireupMessage challenge = wireupHeader(WireupType::kChallenge, self_.uuid, from.uuid, m.conn);
+  challenge.cookie = cookie;
+  {
+    std::lock_guard<std::mutex> lock(statsMu_);
+    ++stats_.challengesSent;
+  }
+  sendLine(from, encodeWireup(challenge, secret_));
+  return true;
+}
+
+void AgentImpl::onChallenge(const WireupMessage& m) {
+  auto peer = findUuid(m.from);
+  if (!peer || peer->state() != PeerImpl::State::kRequesting || m.conn != peer->conn || !peer->request) return;
+  auto remote = peer->remote();
+  if (!remote || peer->request->cookie == m.cookie) return;
+  peer->request->cookie = m.cookie;
+  peer->lastWireup = encodeWireup(*peer->request, secret_);
+  sendLine(*remote, peer->lastWireup);
+}
+
+void AgentImpl::closeOrphanLinksAbove(size_t keep) {
+  std::vector<std::map<Uuid, std::shared_ptr<Link>>::iterator> orphans;
+  for (auto it = links_.begin(); it != links_.end(); ++it) {
+    if (!findUuid(it->first)) orphans.push_back(it);
+  }
+  if (orphans.size() <= keep) return;
+  std::sort(orphans.begin(), orphans.end(),
+            [](const auto& x, const auto& y) { return x->second->lastValid < y->second->lastValid; });
+  const size_t excess = orphans.size() - keep;
+  logRefused(resourceExhausted("closed " + std::to_string(excess) + " link(s) to unknown agents quiet the longest (" +
+                               std::to_string(orphans.size()) + " open, the cap is " +
+                               std::to_string(kMaxOrphanLinks) + ")"));
+  for (size_t i = 0; i < excess; ++i) {
+    orphans[i]->second->close();
+    links_.erase(orphans[i]);
+  }
 }
 
 bool AgentImpl::admitHandshake(Link& link, const WorkerAddress& from) {

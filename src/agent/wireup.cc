@@ -25,7 +25,7 @@ constexpr TypeName kTypes[] = {
     {WireupType::kRequest, "request"}, {WireupType::kReply, "reply"},     {WireupType::kAck, "ack"},
     {WireupType::kReject, "reject"},   {WireupType::kPing, "ping"},       {WireupType::kPong, "pong"},
     {WireupType::kMrQuery, "mr_query"}, {WireupType::kMrInfo, "mr_info"}, {WireupType::kBye, "bye"},
-    {WireupType::kMessage, "message"},
+    {WireupType::kMessage, "message"}, {WireupType::kChallenge, "challenge"},
 };
 
 // Field readers: a missing field or one of another kind is malformed.
@@ -90,6 +90,11 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
       v.set("endpoints", m.endpoints);
       v.set("nonce", m.nonce);
       v.set("time", m.time);
+      if (!m.cookie.empty()) v.set("cookie", m.cookie);
+      break;
+    case WireupType::kChallenge:
+      v.set("conn", static_cast<int64_t>(m.conn));
+      v.set("cookie", m.cookie);
       break;
     case WireupType::kReply:
       v.set("conn", static_cast<int64_t>(m.conn));
@@ -201,6 +206,14 @@ Result<WireupMessage> decodeWireup(std::string_view line, const std::string& sec
       FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
       FERRY_ASSIGN_OR_RETURN(uint64_t t, number(v, "time", uint64_t{1} << 40));
       m.time = static_cast<int64_t>(t);
+      if (v.find("cookie") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
+      }
+      break;
+    }
+    case WireupType::kChallenge: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
       break;
     }
     case WireupType::kReply: {

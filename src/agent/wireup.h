@@ -21,7 +21,9 @@ inline constexpr int kWireupVersion = 1;
 // Longest line accepted (a REQUEST with 64 queue pairs' paths on three devices and many regions).
 inline constexpr size_t kMaxWireupLine = size_t{4} << 20;
 
-enum class WireupType : uint8_t { kRequest, kReply, kAck, kReject, kPing, kPong, kMrQuery, kMrInfo, kBye, kMessage };
+enum class WireupType : uint8_t {
+  kRequest, kReply, kAck, kReject, kPing, kPong, kMrQuery, kMrInfo, kBye, kMessage, kChallenge
+};
 // Longest channel name of a message (an upper layer's name for its messages).
 inline constexpr size_t kMaxChannel = 64;
 const char* wireupTypeName(WireupType t);
@@ -38,6 +40,8 @@ struct WireupMessage {
   std::string nonce;          // request, reply, and a ping that probes a link: 32 hex digits
   std::string echo;           // reply, ack, and the pong of a probe: the nonce being answered
   int64_t time = 0;           // request: the sender's clock (seconds since the epoch)
+  // challenge: the responder's cookie for this REQUEST; request: the cookie it echoes (optional).
+  std::string cookie;
   uint64_t abandoned = 0;     // reply: the responder's own connection number it gave up (0: none)
   std::string name;           // mr_query, mr_info: the region
   uint64_t query = 0;         // mr_query, mr_info: matches an answer to its question

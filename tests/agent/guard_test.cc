@@ -5,12 +5,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -246,49 +248,91 @@ TEST(AgentGuard, AByeOrARestartClaimOnAnotherLinkDoesNotDropTheConnection) {
   EXPECT_EQ(p.a->stats().peersGone, 1u);
 }
 
+// The forged agents' address: a listener of the test's. b's CHALLENGEs (and REPLYs) to the
+// forged agents come to it; the test reads them only where it echoes a cookie.
+struct Sink {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint16_t port = 0;
+  Sink() {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && listen(fd, 1024) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+      port = ntohs(sa.sin_port);
+    }
+  }
+  ~Sink() { ::close(fd); }
+  // The cookies of the CHALLENGEs that arrive within `within`, by the forged agent they answer.
+  std::map<Uuid, std::string> challenges(size_t want, std::chrono::milliseconds within) {
+    std::map<Uuid, std::string> out;
+    std::vector<int> conns;
+    std::map<int, std::string> pending;
+    auto end = std::chrono::steady_clock::now() + within;
+    while (out.size() < want && std::chrono::steady_clock::now() < end) {
+      std::vector<pollfd> fds{{.fd = fd, .events = POLLIN, .revents = 0}};
+      for (int c : conns) fds.push_back({.fd = c, .events = POLLIN, .revents = 0});
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      if (fds[0].revents & POLLIN) conns.push_back(accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & POLLIN)) continue;
+        char buf[65536];
+        ssize_t n = ::recv(fds[i].fd, buf, sizeof buf, 0);
+        if (n <= 0) continue;
+        std::string& text = pending[fds[i].fd];
+        text.append(buf, static_cast<size_t>(n));
+        for (size_t nl; (nl = text.find('\n')) != std::string::npos; text.erase(0, nl + 1)) {
+          auto m = decodeWireup(std::string_view(text).substr(0, nl), "");
+          if (m.isOk() && m->type == WireupType::kChallenge) out[m->to] = m->cookie;
+        }
+      }
+    }
+    for (int c : conns) ::close(c);
+    return out;
+  }
+};
+
+// A REQUEST of a forged agent of this host with b's devices, at the sink's address.
+WireupMessage forgedRequest(const WorkerAddress& b, const json::Value& endpoints, uint16_t sinkPort, int i) {
+  WorkerAddress forged = b;
+  forged.uuid = newUuid();
+  forged.alias = "forged-" + std::to_string(i);
+  forged.control = {{.ipv6 = false, .ip = "127.0.0.1", .port = sinkPort}};
+  WireupMessage req = wireupHeader(WireupType::kRequest, forged.uuid, b.uuid, 1);
+  req.fromAddress = forged.encode();
+  req.numQp = 1;
+  req.endpoints = endpoints;
+  req.nonce = newNonce();
+  return req;
+}
+
 TEST(AgentGuard, AFloodOfForgedRequestsHoldsBoundedStateAndPeersStillConnect) {
   Pair p;
   ASSERT_TRUE(p.ok());
-  // Each REQUEST carries a real endpoint's metadata, so that b gets as far as it can: it makes
-  // and connects endpoints, replies, and waits for an ACK that never comes.
+  // Each REQUEST carries a real endpoint's metadata, so that b gets as far as it would go.
   auto target = endpoint::Endpoint::create(endpoint::ContextOptions{.deviceName = "soft_lo", .linkType = ""});
   ASSERT_TRUE(target.isOk()) << target.status().toString();
   auto metadata = json::parse((*target)->endpointInfo());
   ASSERT_TRUE(metadata.isOk());
   json::Value endpoints = json::Value::emptyObject();
   endpoints.set("soft_lo", *metadata);
-  // The forged agents' address: a listener that never accepts (the kernel completes connections
-  // into its backlog), so b's REPLYs go out and no ACK ever comes back.
-  int sink = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(sink, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  ASSERT_EQ(listen(sink, 1024), 0);
-  socklen_t len = sizeof sa;
-  getsockname(sink, reinterpret_cast<sockaddr*>(&sa), &len);
-  const uint16_t sinkPort = ntohs(sa.sin_port);
-  size_t fdsBefore = openFds();
+  Sink sink;
+  ASSERT_NE(sink.port, 0);
   const WorkerAddress& b = p.b->workerAddress();
+  size_t fdsBefore = openFds();
   {
+    // 400 REQUESTs that echo no cookie: each is challenged (at most 64 links to unknown agents at
+    // once) and makes nothing.
     std::vector<std::unique_ptr<RawClient>> links;
     for (int l = 0; l < 10; ++l) links.push_back(std::make_unique<RawClient>(wireupPort(*p.b)));
     for (int i = 0; i < 400; ++i) {
-      WorkerAddress forged = b;  // another agent of this host, with b's devices
-      forged.uuid = newUuid();
-      forged.alias = "forged-" + std::to_string(i);
-      forged.control = {{.ipv6 = false, .ip = "127.0.0.1", .port = sinkPort}};
-      WireupMessage req = wireupHeader(WireupType::kRequest, forged.uuid, b.uuid, 1);
-      req.fromAddress = forged.encode();
-      req.numQp = 1;
-      req.endpoints = endpoints;
-      req.nonce = newNonce();
-      req.time = 0;
-      (void)links[i % links.size()]->send(encodeWireup(req, ""));
+      (void)links[i % links.size()]->send(encodeWireup(forgedRequest(b, endpoints, sink.port, i), ""));
     }
     std::this_thread::sleep_for(500ms);
-    // Handshakes are capped (4 a link, 128 in all), each with a few descriptors at most.
-    EXPECT_LT(openFds(), fdsBefore + 10 + 4 * 10 * 8) << "descriptors grew with the forged REQUESTs";
+    EXPECT_EQ(p.b->stats().repliesSent, 1u) << "a REQUEST without its cookie made a connection";
+    EXPECT_GE(p.b->stats().challengesSent, 64u);
+    EXPECT_LT(openFds(), fdsBefore + 10 + 64 + 40) << "descriptors grew with the forged REQUESTs";
     auto c = startAgent(options("c", p.store));
     ASSERT_TRUE(c);
     std::vector<uint8_t> cs(4096);
@@ -296,9 +340,32 @@ TEST(AgentGuard, AFloodOfForgedRequestsHoldsBoundedStateAndPeersStillConnect) {
     expectWriteLands(*c, "b", cs, p.dst, 11);
     expectWriteLands(*p.a, "b", p.src, p.dst, 12);
   }
-  EXPECT_GE(p.b->stats().messagesRefused, 400u - 4 * 10)
-      << "the handshake caps refused none; replies sent: " << p.b->stats().repliesSent;
-  ::close(sink);
+  std::this_thread::sleep_for(2500ms);  // the links of the challenges are closed once quiet
+  {
+    // 40 REQUESTs over 4 links that do echo their cookies: handshakes are capped at 4 a link.
+    Sink fresh;  // the first sink's backlog still holds the first flood's challenges
+    ASSERT_NE(fresh.port, 0);
+    std::vector<std::unique_ptr<RawClient>> links;
+    for (int l = 0; l < 4; ++l) links.push_back(std::make_unique<RawClient>(wireupPort(*p.b)));
+    std::vector<WireupMessage> reqs;
+    for (int i = 0; i < 40; ++i) {
+      reqs.push_back(forgedRequest(b, endpoints, fresh.port, 1000 + i));
+      (void)links[i % links.size()]->send(encodeWireup(reqs.back(), ""));
+    }
+    auto cookies = fresh.challenges(reqs.size(), 5s);
+    ASSERT_EQ(cookies.size(), reqs.size()) << "not every REQUEST was challenged";
+    const uint64_t refusedBefore = p.b->stats().messagesRefused;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].cookie = cookies[reqs[i].from];
+      (void)links[i % links.size()]->send(encodeWireup(reqs[i], ""));
+    }
+    std::this_thread::sleep_for(500ms);
+    EXPECT_EQ(p.b->stats().messagesRefused - refusedBefore, reqs.size() - 4 * links.size())
+        << "the handshakes past the cap of 4 a link were not refused (replies sent: " << p.b->stats().repliesSent
+        << ", challenges: " << p.b->stats().challengesSent << ")";
+    EXPECT_LT(openFds(), fdsBefore + 4 + 16 * 8 + 64 + 40) << "descriptors grew past the handshake caps";
+    expectWriteLands(*p.a, "b", p.src, p.dst, 13);
+  }
 }
 
 TEST(AgentGuard, TheStoreHoldsNoRegionKeysAndGetMrInfoAsksThePeer) {

@@ -201,6 +201,9 @@ struct AgentStats {
   // Inbound wireup links refused or closed: another host's peer in protected mode, a source or the
   // listener at its cap, a link idle or without a wireup for 10 s (docs/security.md).
   uint64_t connectionsRefused = 0;
+  // CHALLENGEs sent: REQUESTs of unknown agents, without a secret, that made nothing until they
+  // echoed the cookie (docs/agent.md).
+  uint64_t challengesSent = 0;
 };
 
 class Agent {
