@@ -24,7 +24,7 @@ bool sameMessage(const ferry::agent::WireupMessage& a, const ferry::agent::Wireu
          a.numQp == b.numQp && a.lanes == b.lanes && a.endpoints == b.endpoints && a.nonce == b.nonce &&
          a.echo == b.echo && a.time == b.time && a.abandoned == b.abandoned && a.name == b.name &&
          a.query == b.query && a.info == b.info && a.reason == b.reason && a.channel == b.channel &&
-         a.body == b.body;
+         a.body == b.body && a.cookie == b.cookie;
 }
 
 }  // namespace
