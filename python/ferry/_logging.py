@@ -137,9 +137,11 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 forward_to_logging(True)
 _FROM_ENVIRONMENT = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
-if logger.level == logging.NOTSET and os.environ.get("FERRY_LOG_LEVEL") in _FROM_ENVIRONMENT:
-    # The logger takes FERRY_LOG_LEVEL, so that its lines pass the logger too; a level the
-    # program gave the logger before importing ferry wins.
-    logger.setLevel(_FROM_ENVIRONMENT[os.environ["FERRY_LOG_LEVEL"]])
+_LOG_LEVEL_SETTING = next((r for r in _core.config() if r["name"] == "FERRY_LOG_LEVEL"), {})
+if logger.level == logging.NOTSET and _LOG_LEVEL_SETTING.get("set") and \
+        _LOG_LEVEL_SETTING.get("effective") in _FROM_ENVIRONMENT:
+    # The logger takes FERRY_LOG_LEVEL (as ferry's config reads it), so that its lines pass the
+    # logger too; a level the program gave the logger before importing ferry wins.
+    logger.setLevel(_FROM_ENVIRONMENT[_LOG_LEVEL_SETTING["effective"]])
 _follow_level(force=True)
 _watch_level_changes()

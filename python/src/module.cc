@@ -86,6 +86,9 @@ PYBIND11_MODULE(_core, m) {
       "The threshold of ferry's log: 'error', 'warn', 'info' or 'debug'");
   m.def("dropped_log_lines", &ferry::log::droppedLines, "Log lines the forwarding descriptor could not take");
   m.def(
+      "agent_secret", [] { return py::bytes(ferry::config::agentSecret()); },
+      "FERRY_AGENT_SECRET's value (b'' when unset), for Python layers that authenticate their own frames");
+  m.def(
       "check_config", [] { ferry::python::check(ferry::config::check()); },
       "Raises ferry.InvalidArgument naming the first FERRY_* variable set to a value it does not take");
   py::module_ verbs = m.def_submodule("verbs", "The verbs layer");

@@ -8,7 +8,11 @@ from . import endpoint
 from . import agent
 from . import connect
 from . import objects
-__all__: list[str] = ['agent', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'objects', 'verbs']
+__all__: list[str] = ['agent', 'agent_secret', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'log_level', 'objects', 'set_log_level', 'unknown_config', 'verbs']
+def agent_secret() -> bytes:
+    """
+    FERRY_AGENT_SECRET's value (b'' when unset), for Python layers that authenticate their own frames
+    """
 def check_config() -> None:
     """
     Raises ferry.InvalidArgument naming the first FERRY_* variable set to a value it does not take
@@ -28,5 +32,17 @@ def forward_log(fd: typing.SupportsInt | typing.SupportsIndex) -> None:
 def log(level: str, message: str) -> None:
     """
     Writes one line through ferry's log (as the core does)
+    """
+def log_level() -> str:
+    """
+    The threshold of ferry's log: 'error', 'warn', 'info' or 'debug'
+    """
+def set_log_level(level: str) -> None:
+    """
+    Sets the threshold of ferry's log: 'error', 'warn', 'info' or 'debug'
+    """
+def unknown_config() -> list:
+    """
+    The FERRY_* variables set here that ferry does not read: name, suggestion, warning
     """
 __version__: str = '0.1.0'

@@ -47,8 +47,9 @@ FIRST_FRAME_SECONDS = 10.0
 
 
 def _secret():
-    """The agents' shared secret (FERRY_AGENT_SECRET), as bytes; b"" for none."""
-    return os.environ.get("FERRY_AGENT_SECRET", "").encode()
+    """The agents' shared secret (FERRY_AGENT_SECRET, read by ferry's config), as bytes; b"" for none."""
+    from .. import _core
+    return _core.agent_secret()
 _log = logging.getLogger("ferry.nixl")
 
 
