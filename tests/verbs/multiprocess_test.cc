@@ -738,6 +738,7 @@ TEST_P(CrossProcess, PeerThatNeverBecomesReadyFailsOnlyAfterTheTransportTimeout)
 TEST_P(CrossProcess, SurvivorOfAKilledPeerExitsCleanly) {
   constexpr int kTrials = 8;
   constexpr size_t kSize = 4 * kMiB;  // the one-copy path's two-thread copy takes 4 MiB and up
+  const bool nic = GetParam().name.rfind("ibverbs", 0) == 0;
   auto newQp = [](PeerProcess& process, int* index, std::string* json) -> ::testing::AssertionResult {
     Result<std::string> reply = process.call("qp");
     if (!reply.isOk()) return ::testing::AssertionFailure() << reply.status().toString();
@@ -785,8 +786,10 @@ TEST_P(CrossProcess, SurvivorOfAKilledPeerExitsCleanly) {
     victim.signal(SIGKILL);
     int status = 0;
     ASSERT_TRUE(victim.reap(kWaitTimeout, &status));
-    if (trial % 2 == 0) {
-      // The survivor notices: a SEND needs the victim on every path, and fails quickly.
+    if (trial % 2 == 0 && !nic) {
+      // The survivor notices: a SEND needs the victim on every software path, and fails quickly.
+      // (On a NIC only the transport timeout finds a killed peer, and rxe sometimes never does:
+      // KillAndStopCampaign covers that; here what counts is the exit.)
       ASSERT_OK(peer("post", survivorQp, "send", 3, mine.index, 0, 64, 0, 0));
       ASSERT_OK_AND_ASSIGN(done, peer("poll", "send", 1, static_cast<int>(kPeerLossBound.count())));
       EXPECT_EQ(done.rfind("3:RETRY_EXC_ERR:", 0), 0u) << done;
