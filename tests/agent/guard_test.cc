@@ -128,11 +128,11 @@ TEST(Admission, AnAddressOfThisHostsInterfacesIsThisHost) {
   EXPECT_TRUE(net::isThisHost(v4("127.0.0.1")));
   EXPECT_TRUE(net::isThisHost(v4("127.3.4.5")));
   EXPECT_FALSE(net::isThisHost(v4("203.0.113.9")));
-  for (const auto& c : startAgent([] {
-         auto o = options("probe", "");
-         o.allowRemoteWithoutSecret = true;
-         return o;
-       }())->workerAddress().control) {
+  auto o = options("probe", "");
+  o.allowRemoteWithoutSecret = true;
+  auto agent = startAgent(o);  // held: it owns the addresses the loop reads
+  ASSERT_TRUE(agent);
+  for (const auto& c : agent->workerAddress().control) {
     if (c.ipv6) continue;
     EXPECT_TRUE(net::isThisHost(v4(c.ip.c_str()))) << c.ip;
   }
