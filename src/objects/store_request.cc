@@ -5,9 +5,8 @@
 #include <initializer_list>
 
 namespace ferry::objects {
-namespace {
 
-std::optional<uint64_t> decimal(std::string_view text) {
+std::optional<uint64_t> parseDecimal(std::string_view text) {
   if (text.empty() || text.size() > 20) return std::nullopt;
   uint64_t v = 0;
   for (char c : text) {
@@ -18,6 +17,10 @@ std::optional<uint64_t> decimal(std::string_view text) {
   }
   return v;
 }
+
+namespace {
+
+std::optional<uint64_t> decimal(std::string_view text) { return parseDecimal(text); }
 
 std::string_view trimmed(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);

@@ -13,6 +13,9 @@
 
 namespace ferry::objects {
 
+// A decimal number of at most 20 digits that fits 64 bits (no sign, no spaces), else nullopt.
+std::optional<uint64_t> parseDecimal(std::string_view text);
+
 // A refusal: the HTTP status, S3's error code and a message that says what to change.
 struct RequestRefusal {
   int status = 400;

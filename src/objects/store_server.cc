@@ -107,17 +107,7 @@ bool validKey(const std::string& k) {
   return true;
 }
 
-std::optional<uint64_t> number(const std::string& text) {
-  if (text.empty() || text.size() > 20) return std::nullopt;
-  uint64_t v = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    uint64_t next = v * 10 + static_cast<uint64_t>(c - '0');
-    if (next / 10 != v) return std::nullopt;
-    v = next;
-  }
-  return v;
-}
+std::optional<uint64_t> number(const std::string& text) { return parseDecimal(text); }
 
 // Bodies of calls other than an object's PUT (bucket calls, DELETE) are small documents at most.
 constexpr uint64_t kMaxDocumentBytes = 1 << 20;
