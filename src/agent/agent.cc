@@ -880,46 +880,54 @@ void AgentImpl::sendMessage(const WorkerAddress& to, std::string_view channel, s
 }
 
 void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from) {
-  if (!secret_.empty()) {
-    // A REQUEST is authenticated by its MAC; a copy of it replayed later is refused by its nonce
-    // and time stamp.
-    int64_t now = wallSeconds();
-    if (std::llabs(now - m.time) > kMaxClockSkewSeconds) {
-      FERRY_LOG(kWarn, "agent: refused a REQUEST from '%s': its clock is %lld s off", from.alias.c_str(),
-                static_cast<long long>(m.time - now));
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    auto cutoff = Clock::now() - std::chrono::seconds(2 * kMaxClockSkewSeconds);
-    for (auto it = seenNonces_.begin(); it != seenNonces_.end();) it = it->second < cutoff ? seenNonces_.erase(it) : std::next(it);
-    auto [it, fresh] = seenNonces_.emplace(m.nonce, Clock::now());
-    if (!fresh) {
-      // A resend of a REQUEST we answered: answered again below by the duplicate rule; any other
-      // copy is a replay.
-      auto p = byUuid_.find(m.from);
-      if (p == byUuid_.end() || p->second->remoteConn != m.conn) return;
-    }
-  }
-  std::shared_ptr<PeerImpl> peer = findUuid(from.uuid);
-  if (!peer && challengeFirst(m, from)) return;  // nothing is made for it before it echoes a cookie
+  if (!requestIsFresh(m, from)) return;
   uint64_t abandoned = 0;
+  std::shared_ptr<PeerImpl> peer = peerForRequest(link, m, from, &abandoned);
+  if (peer) answerRequest(std::move(peer), m, from, abandoned);
+}
+
+bool AgentImpl::requestIsFresh(const WireupMessage& m, const WorkerAddress& from) {
+  if (secret_.empty()) return true;
+  // A REQUEST is authenticated by its MAC; a copy of it replayed later is refused by its nonce and
+  // time stamp.
+  int64_t now = wallSeconds();
+  if (std::llabs(now - m.time) > kMaxClockSkewSeconds) {
+    logRefused(Status(StatusCode::kPermissionDenied, "refused a REQUEST from '" + from.alias + "': its clock is " +
+                                                         std::to_string(m.time - now) + " s off"));
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto cutoff = Clock::now() - std::chrono::seconds(2 * kMaxClockSkewSeconds);
+  for (auto it = seenNonces_.begin(); it != seenNonces_.end();) it = it->second < cutoff ? seenNonces_.erase(it) : std::next(it);
+  auto [it, fresh] = seenNonces_.emplace(m.nonce, Clock::now());
+  if (fresh) return true;
+  // A resend of a REQUEST we answered is answered again by the duplicate rule; any other copy is a
+  // replay.
+  auto p = byUuid_.find(m.from);
+  return p != byUuid_.end() && p->second->remoteConn == m.conn;
+}
+
+std::shared_ptr<PeerImpl> AgentImpl::peerForRequest(Link& link, const WireupMessage& m, const WorkerAddress& from,
+                                                    uint64_t* abandoned) {
+  std::shared_ptr<PeerImpl> peer = findUuid(from.uuid);
+  if (!peer && challengeFirst(m, from)) return nullptr;  // nothing is made for it before it echoes a cookie
   if (peer) {
     PeerImpl::State st = peer->state();
     if ((st == PeerImpl::State::kAwaitAck || st == PeerImpl::State::kReady) && peer->remoteConn == m.conn) {
       sendLine(from, peer->lastWireup);  // our REPLY was lost: again
-      return;
+      return nullptr;
     }
-    if (peer->ignoredConn == m.conn) return;
+    if (peer->ignoredConn == m.conn) return nullptr;
     if (st == PeerImpl::State::kRequesting) {
       if (self_.uuid < from.uuid) {
         // Both sides connect at once: the smaller uuid's REQUEST wins; the peer will answer ours.
         peer->ignoredConn = m.conn;
         std::lock_guard<std::mutex> lock(statsMu_);
         ++stats_.duplicatesDropped;
-        return;
+        return nullptr;
       }
       // We lose: our REQUEST is abandoned, our endpoints answer the peer's.
-      abandoned = peer->conn;
+      *abandoned = peer->conn;
       if (peer->retryTimer != 0) loop_.cancelTimer(peer->retryTimer);
       peer->retryTimer = 0;
       {
@@ -931,10 +939,10 @@ void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddres
         peer->setEndpoints({});
       }
     } else if (st == PeerImpl::State::kReady || st == PeerImpl::State::kAwaitAck) {
-      if (m.conn < peer->remoteConn) return;  // an old, delayed REQUEST
+      if (m.conn < peer->remoteConn) return nullptr;  // an old, delayed REQUEST
       // The peer wires up anew (its side of our connection failed): this one is over, once the
       // REQUEST is known to be the peer's (without a secret: it came on the peer's link).
-      if (!onAuthenticLink(link, peer)) return;  // its next resend, once the link is known, counts
+      if (!onAuthenticLink(link, peer)) return nullptr;  // its next resend, once the link is known, counts
       peerGone(peer, "it connected again");
       peer = nullptr;
     }
@@ -946,12 +954,12 @@ void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddres
       if (!known) {
         peer = byAlias;  // we were still looking it up: this REQUEST tells us where it is
       } else if (known->uuid != from.uuid) {
-        if (from.startNs < known->startNs) return;  // from an older life than the one we know
-        if (!earlierLifeGone(byAlias, from)) return;  // resent until answered: counts once it is
+        if (from.startNs < known->startNs) return nullptr;  // from an older life than the one we know
+        if (!earlierLifeGone(byAlias, from)) return nullptr;  // resent until answered: counts once it is
         peerGone(byAlias, "it restarted");
       }
     }
-    if (!peer && !admitHandshake(link, from)) return;
+    if (!peer && !admitHandshake(link, from)) return nullptr;
     if (!peer) {
       peer = std::make_shared<PeerImpl>(weak_from_this(), from.alias, m.numQp);
       peer->origin = link.shared_from_this();
@@ -961,6 +969,11 @@ void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddres
     byUuid_[from.uuid] = peer;
     byAlias_[from.alias] = peer;
   }
+  return peer;
+}
+
+void AgentImpl::answerRequest(std::shared_ptr<PeerImpl> peer, const WireupMessage& m, const WorkerAddress& from,
+                              uint64_t abandoned) {
   // The initiator's lane choice is followed (both sides computed it; a configured override on its
   // side is honoured here too).
   LaneOverrides theirs;

@@ -244,6 +244,16 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void logRefused(const Status& why);
   bool protectedMode() const { return secret_.empty() && !allowRemote_; }
   void onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from);
+  // With a secret: false for a REQUEST whose clock is too far off or whose nonce was seen (a
+  // replay; a resend of one we answered passes, for the duplicate rule).
+  bool requestIsFresh(const WireupMessage& m, const WorkerAddress& from);
+  // The connection a REQUEST is for (found, taken over from a pending connect, or new within the
+  // caps), or nullptr when it is dropped or already answered; *abandoned: our REQUEST it supersedes.
+  std::shared_ptr<PeerImpl> peerForRequest(Link& link, const WireupMessage& m, const WorkerAddress& from,
+                                           uint64_t* abandoned);
+  // Connects `peer`'s endpoints to the REQUEST's and answers REPLY (or REJECT).
+  void answerRequest(std::shared_ptr<PeerImpl> peer, const WireupMessage& m, const WorkerAddress& from,
+                     uint64_t abandoned);
   void onReply(Link& link, const WireupMessage& m);
   void onAck(Link& link, const WireupMessage& m);
   // Marks `link` as the one `peer`'s wireup authenticated (an inbound link; ours need nothing).
