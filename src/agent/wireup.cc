@@ -64,6 +64,137 @@ Result<std::string> nonceField(const json::Value& m, const char* key) {
   return t;
 }
 
+// A REQUEST's or REPLY's endpoint metadata: 1 to 8 devices, each an object.
+Status readEndpoints(const json::Value& v, WireupMessage& m) {
+  const json::Value* e = v.find("endpoints");
+  if (e == nullptr || !e->isObject()) return malformed("\"endpoints\" is missing or not an object");
+  if (e->object()->empty() || e->object()->size() > 8) return malformed("\"endpoints\" has no entry or more than 8");
+  for (const auto& [device, info] : *e->object()) {
+    if (device.empty() || device.size() > 255 || !info.isObject()) {
+      return malformed("\"endpoints\" has an entry that is not a device's metadata object");
+    }
+  }
+  m.endpoints = *e;
+  return Status::ok();
+}
+
+Status readAddress(const json::Value& v, WireupMessage& m) {
+  FERRY_ASSIGN_OR_RETURN(std::string a, text(v, "address", kMaxAddressBytes * 2));
+  if (!unhex(a, &m.fromAddress)) return malformed("\"address\" is not hex");
+  return Status::ok();
+}
+
+// The fields of the wireup's own messages (request, challenge, reply, ack, reject); false when
+// m.type is another.
+Result<bool> readHandshakeFields(const json::Value& v, WireupMessage& m) {
+  switch (m.type) {
+    case WireupType::kRequest: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_RETURN_IF_ERROR(readAddress(v, m));
+      FERRY_ASSIGN_OR_RETURN(uint64_t numQp, number(v, "num_qp", 64));
+      if (numQp < 1) return malformed("\"num_qp\" is 0");
+      m.numQp = static_cast<uint32_t>(numQp);
+      FERRY_ASSIGN_OR_RETURN(m.lanes, text(v, "lanes", 256));
+      FERRY_RETURN_IF_ERROR(readEndpoints(v, m));
+      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t t, number(v, "time", uint64_t{1} << 40));
+      m.time = static_cast<int64_t>(t);
+      if (v.find("cookie") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
+      }
+      return true;
+    }
+    case WireupType::kChallenge: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
+      return true;
+    }
+    case WireupType::kReply: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_RETURN_IF_ERROR(readAddress(v, m));
+      FERRY_RETURN_IF_ERROR(readEndpoints(v, m));
+      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      FERRY_ASSIGN_OR_RETURN(m.abandoned, number(v, "abandoned", uint64_t{1} << 62));
+      return true;
+    }
+    case WireupType::kAck: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      return true;
+    }
+    case WireupType::kReject: {
+      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
+      return true;
+    }
+    default: return false;
+  }
+}
+
+// The fields of the messages of a connection (liveness, region queries, goodbye, upper layers').
+Status readConnectionFields(const json::Value& v, WireupMessage& m) {
+  switch (m.type) {
+    case WireupType::kMrQuery: {
+      FERRY_ASSIGN_OR_RETURN(m.name, text(v, "name", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
+      break;
+    }
+    case WireupType::kMrInfo: {
+      FERRY_ASSIGN_OR_RETURN(m.name, text(v, "name", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
+      if (v.find("info") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(std::string info, text(v, "info", 1u << 20));
+        m.info = std::move(info);
+      }
+      break;
+    }
+    case WireupType::kBye: {
+      FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
+      break;
+    }
+    case WireupType::kMessage: {
+      FERRY_ASSIGN_OR_RETURN(m.channel, text(v, "channel", kMaxChannel));
+      if (m.channel.empty()) return malformed("\"channel\" is empty");
+      FERRY_ASSIGN_OR_RETURN(m.body, text(v, "body", kMaxWireupLine));
+      break;
+    }
+    case WireupType::kPing: {
+      // A liveness probe of a link carries a nonce that the pong echoes (docs/security.md).
+      if (v.find("nonce") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      }
+      break;
+    }
+    case WireupType::kPong: {
+      if (v.find("echo") != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      }
+      break;
+    }
+    default: break;
+  }
+  return Status::ok();
+}
+
+// With a secret the line must end in its MAC, over the text without it; without one it must have none.
+Status checkMac(std::string_view line, const std::string& secret) {
+  const size_t macTail = kMacPrefix.size() + kMacHexBytes + 2;
+  bool hasMac = line.size() > macTail && line.substr(line.size() - macTail, kMacPrefix.size()) == kMacPrefix &&
+                line.substr(line.size() - 2) == "\"}";
+  if (!secret.empty()) {
+    if (!hasMac) return Status(StatusCode::kPermissionDenied, "wireup message without the shared secret's MAC");
+    std::string_view mac = line.substr(line.size() - macTail + kMacPrefix.size(), kMacHexBytes);
+    std::string unsignedText = std::string(line.substr(0, line.size() - macTail)) + "}";
+    if (!constantTimeEqual(mac, macOf(secret, unsignedText))) {
+      return Status(StatusCode::kPermissionDenied, "wireup message with a wrong MAC (another shared secret)");
+    }
+  } else if (hasMac) {
+    return Status(StatusCode::kPermissionDenied, "wireup message with a MAC, but this agent has no shared secret");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 const char* wireupTypeName(WireupType t) {
@@ -144,21 +275,7 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
 
 Result<WireupMessage> decodeWireup(std::string_view line, const std::string& secret) {
   if (line.size() > kMaxWireupLine) return malformed("longer than " + std::to_string(kMaxWireupLine) + " bytes");
-  std::string_view body = line;
-  const size_t macTail = kMacPrefix.size() + kMacHexBytes + 2;
-  bool hasMac = line.size() > macTail && line.substr(line.size() - macTail, kMacPrefix.size()) == kMacPrefix &&
-                line.substr(line.size() - 2) == "\"}";
-  if (!secret.empty()) {
-    if (!hasMac) return Status(StatusCode::kPermissionDenied, "wireup message without the shared secret's MAC");
-    std::string_view mac = line.substr(line.size() - macTail + kMacPrefix.size(), kMacHexBytes);
-    std::string unsignedText = std::string(line.substr(0, line.size() - macTail)) + "}";
-    if (!constantTimeEqual(mac, macOf(secret, unsignedText))) {
-      return Status(StatusCode::kPermissionDenied, "wireup message with a wrong MAC (another shared secret)");
-    }
-  } else if (hasMac) {
-    return Status(StatusCode::kPermissionDenied, "wireup message with a MAC, but this agent has no shared secret");
-  }
-  (void)body;
+  FERRY_RETURN_IF_ERROR(checkMac(line, secret));
   auto parsed = json::parse(line);
   if (!parsed.isOk()) return malformed(parsed.status().message());
   const json::Value& v = *parsed;
@@ -177,101 +294,9 @@ Result<WireupMessage> decodeWireup(std::string_view line, const std::string& sec
   if (!known) return malformed("unknown type '" + type + "'");
   FERRY_ASSIGN_OR_RETURN(m.from, uuidField(v, "from"));
   FERRY_ASSIGN_OR_RETURN(m.to, uuidField(v, "to"));
-  auto endpoints = [&]() -> Status {
-    const json::Value* e = v.find("endpoints");
-    if (e == nullptr || !e->isObject()) return malformed("\"endpoints\" is missing or not an object");
-    if (e->object()->empty() || e->object()->size() > 8) return malformed("\"endpoints\" has no entry or more than 8");
-    for (const auto& [device, info] : *e->object()) {
-      if (device.empty() || device.size() > 255 || !info.isObject()) {
-        return malformed("\"endpoints\" has an entry that is not a device's metadata object");
-      }
-    }
-    m.endpoints = *e;
-    return Status::ok();
-  };
-  auto address = [&]() -> Status {
-    FERRY_ASSIGN_OR_RETURN(std::string a, text(v, "address", kMaxAddressBytes * 2));
-    if (!unhex(a, &m.fromAddress)) return malformed("\"address\" is not hex");
-    return Status::ok();
-  };
-  switch (m.type) {
-    case WireupType::kRequest: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_RETURN_IF_ERROR(address());
-      FERRY_ASSIGN_OR_RETURN(uint64_t numQp, number(v, "num_qp", 64));
-      if (numQp < 1) return malformed("\"num_qp\" is 0");
-      m.numQp = static_cast<uint32_t>(numQp);
-      FERRY_ASSIGN_OR_RETURN(m.lanes, text(v, "lanes", 256));
-      FERRY_RETURN_IF_ERROR(endpoints());
-      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
-      FERRY_ASSIGN_OR_RETURN(uint64_t t, number(v, "time", uint64_t{1} << 40));
-      m.time = static_cast<int64_t>(t);
-      if (v.find("cookie") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
-      }
-      break;
-    }
-    case WireupType::kChallenge: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
-      break;
-    }
-    case WireupType::kReply: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_RETURN_IF_ERROR(address());
-      FERRY_RETURN_IF_ERROR(endpoints());
-      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
-      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
-      FERRY_ASSIGN_OR_RETURN(m.abandoned, number(v, "abandoned", uint64_t{1} << 62));
-      break;
-    }
-    case WireupType::kAck: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
-      break;
-    }
-    case WireupType::kReject: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
-      break;
-    }
-    case WireupType::kMrQuery: {
-      FERRY_ASSIGN_OR_RETURN(m.name, text(v, "name", 1024));
-      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
-      break;
-    }
-    case WireupType::kMrInfo: {
-      FERRY_ASSIGN_OR_RETURN(m.name, text(v, "name", 1024));
-      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
-      if (v.find("info") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(std::string info, text(v, "info", 1u << 20));
-        m.info = std::move(info);
-      }
-      break;
-    }
-    case WireupType::kBye: {
-      FERRY_ASSIGN_OR_RETURN(m.reason, text(v, "reason", 1024));
-      break;
-    }
-    case WireupType::kMessage: {
-      FERRY_ASSIGN_OR_RETURN(m.channel, text(v, "channel", kMaxChannel));
-      if (m.channel.empty()) return malformed("\"channel\" is empty");
-      FERRY_ASSIGN_OR_RETURN(m.body, text(v, "body", kMaxWireupLine));
-      break;
-    }
-    case WireupType::kPing: {
-      // A liveness probe of a link carries a nonce that the pong echoes (docs/security.md).
-      if (v.find("nonce") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
-      }
-      break;
-    }
-    case WireupType::kPong: {
-      if (v.find("echo") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
-      }
-      break;
-    }
+  FERRY_ASSIGN_OR_RETURN(bool handshake, readHandshakeFields(v, m));
+  if (!handshake) {
+    FERRY_RETURN_IF_ERROR(readConnectionFields(v, m));
   }
   return m;
 }
