@@ -28,7 +28,10 @@ bool sameFields(const FrameHeader& a, const FrameHeader& b) {
          a.atomicResult == b.atomicResult && a.srcQpn == b.srcQpn && a.psn == b.psn &&
          a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.qkey == b.qkey && a.nonce == b.nonce &&
          a.sharePid == b.sharePid && a.shareFd == b.shareFd && a.shareCookie == b.shareCookie &&
-         a.ringTicket == b.ringTicket;
+         a.ringTicket == b.ringTicket && a.laneTicket == b.laneTicket && a.route.present == b.route.present &&
+         a.route.dgid == b.route.dgid && a.route.flowLabel == b.route.flowLabel &&
+         a.route.trafficClass == b.route.trafficClass && a.route.hopLimit == b.route.hopLimit &&
+         a.route.grh == b.route.grh;
 }
 
 void checkAccepted(const FrameHeader& h, size_t headerLen) {

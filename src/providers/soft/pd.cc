@@ -15,7 +15,8 @@ namespace ferry::soft {
 
 Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t length, uint32_t access) {
   if (closed_ || ctx_->closed()) return closedError("register memory: the PD is closed");
-  if (length > (uint64_t{1} << 46)) return invalidArgument("register memory: length above the device's max_mr_size");
+  if (length > (uint64_t{1} << 46))
+    return invalidArgument("register memory: length above the device's max_mr_size");
   auto entry = std::make_shared<MrEntry>();
   entry->addr = static_cast<uint8_t*>(addr);
   entry->length = length;
@@ -25,7 +26,8 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t
     std::unique_lock<std::shared_mutex> lock(ctx_->memMu());
     entry->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(entry);
-    if (auto* table = ctx_->share()) table->publishMr(entry->key, entry->addr, entry->length, entry->access, this);
+    if (auto* table = ctx_->share())
+      table->publishMr(entry->key, entry->addr, entry->length, entry->access, this);
   }
   auto mr = std::make_shared<SoftMr>(ctx_, std::move(entry));
   children_.add(mr);
@@ -71,7 +73,8 @@ Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl&
 
 Result<std::shared_ptr<verbs::SrqImpl>> SoftPd::createSrq(const verbs::SrqInit& init) {
   if (closed_ || ctx_->closed()) return closedError("create SRQ: the PD is closed");
-  if (init.maxWr < 1 || init.maxWr > static_cast<uint32_t>(kMaxWr) || init.maxSge > static_cast<uint32_t>(kMaxSge)) {
+  if (init.maxWr < 1 || init.maxWr > static_cast<uint32_t>(kMaxWr) ||
+      init.maxSge > static_cast<uint32_t>(kMaxSge)) {
     return invalidArgument("create SRQ: capabilities outside the device limits");
   }
   if (init.srqLimit > init.maxWr) return invalidArgument("create SRQ: srq_limit above max_wr");
@@ -86,11 +89,23 @@ Result<std::shared_ptr<verbs::AhImpl>> SoftPd::createAh(const verbs::AhAttr& att
   in_addr_t ip = 0;
   uint16_t port = 0;
   const bool multicast = attr.isGlobal && mcast::isMulticastGid(attr.dgid);
-  if (!attr.isGlobal || (!multicast && !parseSoftGid(attr.dgid, &ip, &port))) {
-    return invalidArgument(
-        "create AH: the destination must be a GID of a software device or a multicast group (is_global, dgid)");
-  }
   if (attr.portNum != 1) return invalidArgument("create AH: port_num must be 1");
+  if (!attr.isGlobal) {
+    // A path without a GRH is routed by LID. A software port's LID is 0 and it is its own subnet
+    // manager (sm_lid 0), so the one LID it can address is its own: a send through such an AH
+    // reaches a QP of this device, and arrives without a GRH.
+    if (attr.dlid != 0) {
+      return invalidArgument(
+          "create AH: LID " + std::to_string(attr.dlid) +
+          " is not reachable: a software device routes by GID (is_global, dgid); the only LID it "
+          "addresses is its own (0)");
+    }
+    (void)parseSoftGid(ctx_->gid(), &ip, &port);
+  } else if (!multicast && !parseSoftGid(attr.dgid, &ip, &port)) {
+    return invalidArgument(
+        "create AH: the destination must be a GID of a software device or a multicast group (is_global, "
+        "dgid)");
+  }
   auto ah = std::make_shared<SoftAh>(this, attr, ip, port, multicast);
   children_.add(ah);
   std::lock_guard<std::mutex> lock(ahMu_);

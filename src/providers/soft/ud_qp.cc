@@ -23,9 +23,24 @@ constexpr uint32_t kMulticastQpn = 0xffffff;  // the destination QP of a multica
 
 Status refusePost(const std::string& why) { return invalidArgument("post: " + why); }
 
+// What the receive's GRH says of a send through an AH with these attributes (wire::DatagramRoute).
+wire::DatagramRoute routeOf(const verbs::AhAttr& attr) {
+  wire::DatagramRoute route;
+  route.present = true;
+  route.grh = attr.isGlobal;
+  if (attr.isGlobal) {
+    route.dgid = attr.dgid.raw;
+    route.flowLabel = attr.flowLabel & 0xfffff;
+    route.trafficClass = attr.trafficClass;
+    route.hopLimit = attr.hopLimit;
+  }
+  return route;
+}
+
 }  // namespace
 
-SoftUdQp::SoftUdQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init)
+SoftUdQp::SoftUdQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd,
+                   const verbs::QpInitImpl& init)
     : ctx_(std::move(ctx)),
       pd_(std::move(pd)),
       sendCq_(std::static_pointer_cast<SoftCq>(init.sendCq)),
@@ -83,27 +98,8 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < wrs.size(); ++i) {
     const verbs::SendWr& wr = wrs[i];
-    Status status;
-    uint64_t total = 0;
-    for (const auto& sge : wr.sgList) total += sge.length;
-    bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
     std::shared_ptr<SoftAh> ah;
-    if (closed_) {
-      status = closedError("post send: the QP is closed");
-    } else if (sendCq_->closed()) {
-      status = closedError("post send: the QP's send CQ is closed");
-    } else if (state_ != QpState::kRts && state_ != QpState::kErr) {
-      status = refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state_) + ")");
-    } else if (total > wire::kMaxDatagram) {  // the rest the verbs layer checked (verbs/posting.h)
-      status = refusePost("message above the UD MTU (4096 bytes)");
-    } else if (!(ah = pd_->findAh(wr.ud.ah))) {
-      status = refusePost("unknown or closed address handle (of another PD?)");
-    }
-    if (status.isOk() && sqHeld_->load() >= cap_.maxSendWr) {
-      status = resourceExhausted("post send: send queue full (" + std::to_string(cap_.maxSendWr) +
-                                 " sends whose completions have not been polled)");
-    }
-    if (!status.isOk()) {
+    if (Status status = checkSendLocked(wr, &ah); !status.isOk()) {
       if (badIndex) *badIndex = i;
       return status;
     }
@@ -112,71 +108,86 @@ Status SoftUdQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) 
     wc.wrId = wr.wrId;
     wc.opcode = WcOpcode::kSend;
     wc.qpNum = qpn_;
-    wc.byteLen = static_cast<uint32_t>(total);
-    if (state_ == QpState::kErr) {
-      wc.status = WcStatus::kWrFlushErr;
-      completeSendLocked(wc, true);
-      continue;
-    }
-    wire::FrameHeader h;
-    h.type = wire::FrameType::kDatagram;
-    h.qpn = wr.ud.remoteQpn & 0xffffff;
-    h.srcQpn = qpn_;
-    // A Q_Key with the high bit set means: use the QP's own (IBA 10.2.5).
-    h.qkey = (wr.ud.remoteQkey & 0x80000000u) ? attr_.qkey : wr.ud.remoteQkey;
-    h.srcGid = ctx_->gid().raw;
-    h.payloadLen = static_cast<uint32_t>(total);
-    if (wr.opcode == WrOpcode::kSendWithImm) {
-      h.flags |= wire::kFlagImm;
-      h.aux = wr.immData;
-    }
-    if (wr.sendFlags & verbs::send_flags::kSolicited) h.flags |= wire::kFlagSolicited;
-    uint8_t header[wire::kMaxHeaderLen];
-    size_t headerLen = wire::encodeHeader(h, header);
-    iovec iov[1 + 32];
-    int count = 0;
-    iov[count++] = {header, headerLen};
-    bool localOk = true;
-    {
-      std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-      for (const auto& sge : wr.sgList) {
-        if (sge.length == 0) continue;
-        if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, 0)) {
-          localOk = false;
-          break;
-        }
-        iov[count++] = {reinterpret_cast<void*>(sge.addr), sge.length};
-      }
-      // A datagram the kernel refuses is lost, as UD allows; the send still completes.
-      auto sendOne = [&](in_addr_t ip, uint16_t port) {
-        sockaddr_in dest{};
-        dest.sin_family = AF_INET;
-        dest.sin_addr.s_addr = ip;
-        dest.sin_port = htons(port);
-        msghdr msg{};
-        msg.msg_name = &dest;
-        msg.msg_namelen = sizeof dest;
-        msg.msg_iov = iov;
-        msg.msg_iovlen = count;
-        DeviceAccess device;
-        (void)::sendmsg(ctx_->udpFd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      };
-      if (localOk && !ah->multicast()) {
-        sendOne(ah->ipv4(), ah->port());
-      } else if (localOk && (wr.ud.remoteQpn & 0xffffff) == kMulticastQpn) {
-        // The group's members, each in its own datagram naming its QP (mcast.h); not this QP.
-        for (const mcast::Member& m : mcast::members(ah->attr().dgid)) {
-          if (m.pid == static_cast<uint32_t>(::getpid()) && m.qpn == qpn_ && m.ipv4 == ctx_->ipv4()) continue;
-          h.qpn = m.qpn;
-          iov[0].iov_len = wire::encodeHeader(h, header);
-          sendOne(m.ipv4, m.port);
-        }
-      }
-    }
-    wc.status = localOk ? WcStatus::kSuccess : WcStatus::kLocProtErr;
-    completeSendLocked(wc, !localOk || sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled));
+    for (const auto& sge : wr.sgList) wc.byteLen += sge.length;
+    wc.status = state_ == QpState::kErr ? WcStatus::kWrFlushErr : sendLocked(wr, *ah);
+    const bool signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
+    completeSendLocked(wc, wc.status != WcStatus::kSuccess || signaled);
   }
   return Status::ok();
+}
+
+Status SoftUdQp::checkSendLocked(const verbs::SendWr& wr, std::shared_ptr<SoftAh>* ah) {
+  // The rest the verbs layer checked (verbs/posting.h). A message above the MTU or past its memory
+  // region is posted, and fails in its completion, as on a NIC (sendLocked).
+  if (closed_) return closedError("post send: the QP is closed");
+  if (sendCq_->closed()) return closedError("post send: the QP's send CQ is closed");
+  if (state_ != QpState::kRts && state_ != QpState::kErr) {
+    return refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state_) + ")");
+  }
+  if (!(*ah = pd_->findAh(wr.ud.ah))) return refusePost("unknown or closed address handle (of another PD?)");
+  if (sqHeld_->load() >= cap_.maxSendWr) {
+    return resourceExhausted("post send: send queue full (" + std::to_string(cap_.maxSendWr) +
+                             " sends whose completions have not been polled)");
+  }
+  return Status::ok();
+}
+
+WcStatus SoftUdQp::sendLocked(const verbs::SendWr& wr, const SoftAh& ah) {
+  const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+  uint64_t total = 0;
+  uint8_t header[wire::kMaxHeaderLen];
+  iovec iov[1 + 32];
+  int count = 1;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  for (const auto& sge : wr.sgList) {
+    total += sge.length;
+    if (sge.length == 0) continue;
+    // A NIC reads the message through its lkeys: one that does not cover the entry fails the send.
+    if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, 0))
+      return WcStatus::kLocProtErr;
+    iov[count++] = {reinterpret_cast<void*>(sge.addr), sge.length};
+  }
+  if (total > wire::kMaxDatagram) return WcStatus::kLocLenErr;  // above the MTU: nothing is sent
+  wire::FrameHeader h;
+  h.type = wire::FrameType::kDatagram;
+  h.qpn = wr.ud.remoteQpn & 0xffffff;
+  h.srcQpn = qpn_;
+  // A Q_Key with the high bit set means: use the QP's own (IBA 10.2.5).
+  h.qkey = (wr.ud.remoteQkey & 0x80000000u) ? attr_.qkey : wr.ud.remoteQkey;
+  h.srcGid = ctx_->gid().raw;
+  h.route = routeOf(ah.attr());
+  h.payloadLen = static_cast<uint32_t>(total);
+  if (wr.opcode == WrOpcode::kSendWithImm) {
+    h.flags |= wire::kFlagImm;
+    h.aux = wr.immData;
+  }
+  if (wr.sendFlags & verbs::send_flags::kSolicited) h.flags |= wire::kFlagSolicited;
+  // A datagram the kernel refuses is lost, as UD allows; the send still completes.
+  auto sendOne = [&](in_addr_t ip, uint16_t port) {
+    iov[0] = {header, wire::encodeHeader(h, header)};
+    sockaddr_in dest{};
+    dest.sin_family = AF_INET;
+    dest.sin_addr.s_addr = ip;
+    dest.sin_port = htons(port);
+    msghdr msg{};
+    msg.msg_name = &dest;
+    msg.msg_namelen = sizeof dest;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    DeviceAccess device;
+    (void)::sendmsg(ctx_->udpFd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  };
+  if (!ah.multicast()) {
+    sendOne(ah.ipv4(), ah.port());
+  } else if ((wr.ud.remoteQpn & 0xffffff) == kMulticastQpn) {
+    // The group's members, each in its own datagram naming its QP (mcast.h); not this QP.
+    for (const mcast::Member& m : mcast::members(ah.attr().dgid)) {
+      if (m.pid == static_cast<uint32_t>(::getpid()) && m.qpn == qpn_ && m.ipv4 == ctx_->ipv4()) continue;
+      h.qpn = m.qpn;
+      sendOne(m.ipv4, m.port);
+    }
+  }
+  return WcStatus::kSuccess;
 }
 
 void SoftUdQp::completeSendLocked(const verbs::WorkCompletion& wc, bool signaled) {
@@ -273,6 +284,26 @@ bool SoftUdQp::takeRecv(RecvWqe* out) {
   return true;
 }
 
+void SoftUdQp::writeGrh(const wire::FrameHeader& h, uint8_t* grh) const {
+  // IPv6's header, as RoCEv2 carries it: version 6, traffic class and flow label in the first
+  // word; the payload length; next header 0x1b (IBA transport); the hop limit; source and
+  // destination GIDs. The route is the sender's AH; an older sender's datagram has none.
+  const wire::DatagramRoute& r = h.route;
+  const uint32_t word = (6u << 28) | (static_cast<uint32_t>(r.present ? r.trafficClass : 0) << 20) |
+                        (r.present ? r.flowLabel & 0xfffff : 0);
+  grh[0] = static_cast<uint8_t>(word >> 24);
+  grh[1] = static_cast<uint8_t>(word >> 16);
+  grh[2] = static_cast<uint8_t>(word >> 8);
+  grh[3] = static_cast<uint8_t>(word);
+  const auto payloadLen = static_cast<uint16_t>(h.payloadLen);
+  grh[4] = static_cast<uint8_t>(payloadLen >> 8);
+  grh[5] = static_cast<uint8_t>(payloadLen);
+  grh[6] = 0x1b;
+  grh[7] = r.present ? r.hopLimit : 64;
+  std::memcpy(grh + 8, h.srcGid.data(), 16);
+  std::memcpy(grh + 24, r.present ? r.dgid.data() : ctx_->gid().raw.data(), 16);
+}
+
 void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* payload) {
   RecvWqe rwqe;
   {
@@ -286,20 +317,16 @@ void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* pay
   wc.opcode = WcOpcode::kRecv;
   wc.qpNum = qpn_;
   wc.srcQp = h.srcQpn;
-  wc.wcFlags = verbs::wc_flags::kGrh;
+  if (!h.route.present || h.route.grh) wc.wcFlags = verbs::wc_flags::kGrh;
   if (h.flags & wire::kFlagImm) {
     wc.wcFlags |= verbs::wc_flags::kWithImm;
     wc.immData = h.aux;
   }
+  // A receive's first 40 bytes hold the GRH when the send had one (and are left as they were
+  // when it had none, as a NIC leaves them).
   uint8_t grh[kGrhBytes] = {};
-  grh[0] = 0x60;  // IP version 6
-  uint16_t payloadLen = static_cast<uint16_t>(h.payloadLen);
-  grh[4] = static_cast<uint8_t>(payloadLen >> 8);
-  grh[5] = static_cast<uint8_t>(payloadLen);
-  grh[6] = 0x1b;  // next header: IBA transport
-  grh[7] = 64;    // hop limit
-  std::memcpy(grh + 8, h.srcGid.data(), 16);
-  std::memcpy(grh + 24, ctx_->gid().raw.data(), 16);
+  const bool withGrh = (wc.wcFlags & verbs::wc_flags::kGrh) != 0;
+  if (withGrh) writeGrh(h, grh);
   const size_t need = kGrhBytes + h.payloadLen;
   {
     std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
@@ -307,7 +334,8 @@ void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* pay
     bool ok = true;
     for (const auto& sge : rwqe.sges) {
       room += sge.length;
-      if (sge.length && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite)) {
+      if (sge.length &&
+          !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite)) {
         ok = false;
       }
     }
@@ -322,7 +350,7 @@ void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* pay
           size_t piece = std::min(left, need - done);
           const uint8_t* src = done < kGrhBytes ? grh + done : payload + (done - kGrhBytes);
           if (done < kGrhBytes) piece = std::min(piece, kGrhBytes - done);
-          {
+          if (withGrh || done >= kGrhBytes) {
             DeviceAccess device;
             std::memcpy(dst, src, piece);
           }

@@ -4,7 +4,10 @@
 // GID; it completes as soon as the kernel took it — delivery is not guaranteed, as on UD. At the
 // target, the context's progress thread hands the datagram to the QP it names: the Q_Key must
 // match, a receive must be posted (else the datagram is dropped), and the receive gets a 40-byte
-// GRH (sender's GID at bytes 8-23, receiver's at 24-39) followed by the message.
+// GRH as a NIC writes it (sender's GID at bytes 8-23, the destination GID the sender's AH named —
+// a multicast group's for a group send — at 24-39, the AH's traffic class, flow label and hop
+// limit) followed by the message. A send through an AH without a GRH (a LID-routed path to this
+// port) arrives without one: no IBV_WC_GRH, and the first 40 bytes of the receive untouched.
 #pragma once
 
 #include <array>
@@ -43,6 +46,13 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   void onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* payload);
 
  private:
+  // Whether wr can be posted (the refusals a NIC gives at post; mu_ held); *ah: its AH.
+  Status checkSendLocked(const verbs::SendWr& wr, std::shared_ptr<SoftAh>* ah);
+  // Sends wr's datagram (to each member of a multicast group) and returns its completion's status:
+  // kLocProtErr when an entry is outside its memory region, kLocLenErr above the MTU (mu_ held).
+  verbs::WcStatus sendLocked(const verbs::SendWr& wr, const SoftAh& ah);
+  // The 40-byte GRH of a received datagram: the sender's GID and route (wire::DatagramRoute).
+  void writeGrh(const wire::FrameHeader& h, uint8_t* grh) const;
   bool takeRecv(RecvWqe* out);
   void flushRecvs();
   void complete(const std::shared_ptr<SoftCq>& cq, const verbs::WorkCompletion& wc, bool solicited);
@@ -68,7 +78,7 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   // Send-queue slots held: a send holds its slot from its post until its completion (or the next
   // signaled one, when it is unsignaled) is polled, as on a NIC; a post past max_send_wr fails.
   std::shared_ptr<std::atomic<uint32_t>> sqHeld_ = std::make_shared<std::atomic<uint32_t>>(0);
-  uint32_t unsignaledRun_ = 0;  // unsignaled sends since the last signaled one
+  uint32_t unsignaledRun_ = 0;                // unsignaled sends since the last signaled one
   std::set<std::array<uint8_t, 16>> groups_;  // multicast groups attached (their GIDs)
 };
 

@@ -77,7 +77,9 @@ size_t headerLenFor(FrameType type) {
 
 size_t encodedHeaderLen(const FrameHeader& h) {
   size_t len = headerLenFor(h.type);
-  if (h.type == FrameType::kHelloReply && h.laneTicket != 0) {
+  if (h.type == FrameType::kDatagram && h.route.present) {
+    len += kDatagramRouteLen;
+  } else if (h.type == FrameType::kHelloReply && h.laneTicket != 0) {
     len += kHelloReplyLaneLen;
   } else if (h.type == FrameType::kHelloReply && h.sharePid != 0) {
     len += h.ringTicket != 0 ? kHelloReplyRingLen : kHelloReplyShareLen;
@@ -107,7 +109,16 @@ namespace {
 
 // The common header's first fault (kNone: none, and *headerLen is set). Kept apart from the words
 // of the refusal, so that a frame that passes builds no Status.
-enum class CommonFault : uint8_t { kNone, kTruncated, kMagic, kVersion, kType, kHeaderLen, kPayloadOnType, kPayloadLen };
+enum class CommonFault : uint8_t {
+  kNone,
+  kTruncated,
+  kMagic,
+  kVersion,
+  kType,
+  kHeaderLen,
+  kPayloadOnType,
+  kPayloadLen
+};
 
 CommonFault checkCommon(const uint8_t* p, size_t size, size_t* headerLen) {
   if (size < kCommonHeaderLen) return CommonFault::kTruncated;
@@ -152,6 +163,111 @@ Result<size_t> peekHeaderLen(std::span<const uint8_t> prefix) {
   return len;
 }
 
+namespace {
+
+// The type-specific readers of decodeHeader: each reads its fields at x (the bytes after the
+// common header, len - kCommonHeaderLen of them) into h, or says why the frame is refused.
+
+Status readHello(const uint8_t* x, FrameHeader& h) {
+  h.srcQpn = get32(x);
+  h.qpn = get32(x + 4) == 0 ? h.qpn : get32(x + 4);
+  h.psn = get32(x + 8);
+  h.maxRdAtomic = get32(x + 12);
+  std::memcpy(h.srcGid.data(), x + 16, 16);
+  h.nonce = get64(x + 32);
+  if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24) || h.psn >= (1u << 24)) {
+    return protocolError("hello with a QP number or PSN above 24 bits");
+  }
+  return Status::ok();
+}
+
+// WRITE, WRITE_WITH_IMM and READ_REQ: an address range, and the placed and laned flags.
+Status readRdma(const uint8_t* x, FrameHeader& h) {
+  h.remoteAddr = get64(x);
+  h.rkey = get32(x + 8);
+  h.length = get32(x + 12);
+  const bool read = h.type == FrameType::kReadReq;
+  if (read && h.length > kMaxMessage) return protocolError("read request above the message limit");
+  if ((h.flags & kFlagPlaced) &&
+      (h.type != FrameType::kWriteImm || h.payloadLen != 0 || h.length > kMaxMessage)) {
+    return protocolError("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
+  }
+  if (h.flags & kFlagLaned) {
+    const bool laneableWrite =
+        h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= kMaxMessage;
+    const bool laneableRead = read && h.length > 0;
+    if (!laneableWrite && !laneableRead) {
+      return protocolError(
+          "a laned-data flag on a frame that is not a WRITE of more than its payload or a READ");
+    }
+  }
+  // A laned WRITE's range is its whole length, the rest of it on the lane.
+  const uint64_t span = read || (h.flags & kFlagLaned) ? h.length : h.payloadLen;
+  if (h.remoteAddr + span < h.remoteAddr) {
+    return protocolError(read ? "read range wraps around the address space"
+                              : "write range wraps around the address space");
+  }
+  return Status::ok();
+}
+
+Status readDatagram(const uint8_t* x, size_t len, FrameHeader& h) {
+  h.srcQpn = get32(x);
+  h.qkey = get32(x + 4);
+  std::memcpy(h.srcGid.data(), x + 8, 16);
+  if (h.payloadLen > kMaxDatagram) return protocolError("datagram above the MTU");
+  if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24)) return protocolError("datagram QP number above 24 bits");
+  if (len < kCommonHeaderLen + 24 + kDatagramRouteLen) return Status::ok();  // no route: the defaults
+  h.route.present = true;
+  std::memcpy(h.route.dgid.data(), x + 24, 16);
+  h.route.flowLabel = get32(x + 40);
+  h.route.trafficClass = x[44];
+  h.route.hopLimit = x[45];
+  h.route.grh = (x[46] & kRouteGrh) != 0;
+  if (h.route.flowLabel >= (1u << 20)) return protocolError("datagram flow label above 20 bits");
+  if ((x[46] & ~kRouteGrh) != 0) return protocolError("datagram route with unknown flags");
+  return Status::ok();
+}
+
+Status readHelloReply(const uint8_t* x, size_t len, FrameHeader& h) {
+  if (h.aux > static_cast<uint32_t>(HelloResult::kNotReady))
+    return protocolError("hello reply with an unknown result");
+  if (len >= kCommonHeaderLen + kHelloReplyShareLen && get32(x) != 0) {  // pid 0: no table
+    h.sharePid = get32(x);
+    h.shareFd = get32(x + 4);
+    h.shareCookie = get64(x + 8);
+    if (len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
+  }
+  if (len >= kCommonHeaderLen + kHelloReplyLaneLen) h.laneTicket = get64(x + 24);
+  return Status::ok();
+}
+
+Status readTypeFields(const uint8_t* x, size_t len, FrameHeader& h) {
+  switch (h.type) {
+    case FrameType::kHello: return readHello(x, h);
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kReadReq: return readRdma(x, h);
+    case FrameType::kCmpSwap:
+    case FrameType::kFetchAdd:
+      h.remoteAddr = get64(x);
+      h.rkey = get32(x + 8);
+      h.compareAdd = get64(x + 16);
+      h.swap = get64(x + 24);
+      return Status::ok();
+    case FrameType::kAtomicResp: h.atomicResult = get64(x); return Status::ok();
+    case FrameType::kDatagram: return readDatagram(x, len, h);
+    case FrameType::kNak:
+      if (h.aux < static_cast<uint32_t>(Syndrome::kRnr) || h.aux > static_cast<uint32_t>(Syndrome::kRemOp)) {
+        return protocolError("NAK with an unknown syndrome");
+      }
+      return Status::ok();
+    case FrameType::kHelloReply: return readHelloReply(x, len, h);
+    default: return Status::ok();
+  }
+}
+
+}  // namespace
+
 Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
   const uint8_t* p = bytes.data();
   size_t len = 0;
@@ -161,7 +277,6 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
   if (len != bytes.size()) return protocolError("header length does not match the bytes given");
   // Into a copy: a refused header leaves *out as it was.
   FrameHeader h;
-  auto refuse = [](const char* what) { return protocolError(what); };
   h.type = static_cast<FrameType>(p[3]);
   h.headerLen = static_cast<uint16_t>(len);
   h.flags = get16(p + 6);
@@ -169,86 +284,7 @@ Status decodeHeader(std::span<const uint8_t> bytes, FrameHeader* out) {
   h.seq = get32(p + 12);
   h.qpn = get32(p + 16);
   h.aux = get32(p + 20);
-  const uint8_t* x = p + kCommonHeaderLen;
-  switch (h.type) {
-    case FrameType::kHello:
-      h.srcQpn = get32(x);
-      h.qpn = get32(x + 4) == 0 ? h.qpn : get32(x + 4);
-      h.psn = get32(x + 8);
-      h.maxRdAtomic = get32(x + 12);
-      std::memcpy(h.srcGid.data(), x + 16, 16);
-      h.nonce = get64(x + 32);
-      if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24) || h.psn >= (1u << 24)) {
-        return refuse("hello with a QP number or PSN above 24 bits");
-      }
-      break;
-    case FrameType::kWrite:
-    case FrameType::kWriteImm:
-    case FrameType::kReadReq:
-      h.remoteAddr = get64(x);
-      h.rkey = get32(x + 8);
-      h.length = get32(x + 12);
-      if (h.type == FrameType::kReadReq && h.length > kMaxMessage) {
-        return refuse("read request above the message limit");
-      }
-      if (h.flags & kFlagPlaced) {
-        if (h.type != FrameType::kWriteImm || h.payloadLen != 0 || h.length > kMaxMessage) {
-          return refuse("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
-        }
-      }
-      if (h.flags & kFlagLaned) {
-        const bool laneableWrite = h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= kMaxMessage;
-        const bool laneableRead = h.type == FrameType::kReadReq && h.length > 0;
-        if (!laneableWrite && !laneableRead) {
-          return refuse("a laned-data flag on a frame that is not a WRITE of more than its payload or a READ");
-        }
-      }
-      // A laned WRITE's range is its whole length, the rest of it on the lane.
-      if (h.type != FrameType::kReadReq &&
-          h.remoteAddr + ((h.flags & kFlagLaned) ? h.length : h.payloadLen) < h.remoteAddr) {
-        return refuse("write range wraps around the address space");
-      }
-      if (h.type == FrameType::kReadReq && h.remoteAddr + h.length < h.remoteAddr) {
-        return refuse("read range wraps around the address space");
-      }
-      break;
-    case FrameType::kCmpSwap:
-    case FrameType::kFetchAdd:
-      h.remoteAddr = get64(x);
-      h.rkey = get32(x + 8);
-      h.compareAdd = get64(x + 16);
-      h.swap = get64(x + 24);
-      break;
-    case FrameType::kAtomicResp:
-      h.atomicResult = get64(x);
-      break;
-    case FrameType::kDatagram:
-      h.srcQpn = get32(x);
-      h.qkey = get32(x + 4);
-      std::memcpy(h.srcGid.data(), x + 8, 16);
-      if (h.payloadLen > kMaxDatagram) return refuse("datagram above the MTU");
-      if (h.srcQpn >= (1u << 24) || h.qpn >= (1u << 24)) return refuse("datagram QP number above 24 bits");
-      break;
-    case FrameType::kNak:
-      if (h.aux < static_cast<uint32_t>(Syndrome::kRnr) || h.aux > static_cast<uint32_t>(Syndrome::kRemOp)) {
-        return refuse("NAK with an unknown syndrome");
-      }
-      break;
-    case FrameType::kHelloReply:
-      if (h.aux > static_cast<uint32_t>(HelloResult::kNotReady)) {
-        return refuse("hello reply with an unknown result");
-      }
-      if (len >= kCommonHeaderLen + kHelloReplyShareLen && get32(x) != 0) {  // pid 0: no table
-        h.sharePid = get32(x);
-        h.shareFd = get32(x + 4);
-        h.shareCookie = get64(x + 8);
-        if (len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
-      }
-      if (len >= kCommonHeaderLen + kHelloReplyLaneLen) h.laneTicket = get64(x + 24);
-      break;
-    default:
-      break;
-  }
+  FERRY_RETURN_IF_ERROR(readTypeFields(p + kCommonHeaderLen, len, h));
   *out = h;
   return Status::ok();
 }
@@ -289,13 +325,18 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
       put64(x + 16, h.compareAdd);
       put64(x + 24, h.swap);
       break;
-    case FrameType::kAtomicResp:
-      put64(x, h.atomicResult);
-      break;
+    case FrameType::kAtomicResp: put64(x, h.atomicResult); break;
     case FrameType::kDatagram:
       put32(x, h.srcQpn);
       put32(x + 4, h.qkey);
       std::memcpy(x + 8, h.srcGid.data(), 16);
+      if (h.route.present) {
+        std::memcpy(x + 24, h.route.dgid.data(), 16);
+        put32(x + 40, h.route.flowLabel & 0xfffff);
+        x[44] = h.route.trafficClass;
+        x[45] = h.route.hopLimit;
+        x[46] = h.route.grh ? kRouteGrh : 0;
+      }
       break;
     case FrameType::kHelloReply:
       if (h.sharePid != 0) {
@@ -306,8 +347,7 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
       }
       if (h.laneTicket != 0) put64(x + 24, h.laneTicket);
       break;
-    default:
-      break;
+    default: break;
   }
   return len;
 }

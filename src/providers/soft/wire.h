@@ -25,25 +25,26 @@ inline constexpr size_t kMaxHeaderLen = 256;
 inline constexpr uint32_t kMaxMessage = 1u << 31;  // largest payload of one message (2 GiB)
 
 enum class FrameType : uint8_t {
-  kHello = 1,        // requester -> responder, first frame on a new connection
-  kHelloReply = 2,   // responder -> requester: aux = HelloResult; optionally sharePid, shareFd,
-                     // shareCookie: where a same-host requester finds the responder's table
-                     // (for kUseRing: the responder's ring listener)
-  kSend = 3,         // flags: kFlagSolicited; payload: the message
-  kSendImm = 4,      // aux = immediate
-  kWrite = 5,        // remoteAddr, rkey; payload: the data
-  kWriteImm = 6,     // aux = immediate; consumes a receive at the target; flags: kFlagPlaced
-  kReadReq = 7,      // remoteAddr, rkey, length
-  kCmpSwap = 8,      // remoteAddr, rkey, compareAdd, swap
-  kFetchAdd = 9,     // remoteAddr, rkey, compareAdd (the addend)
-  kAck = 10,         // seq: every request up to and including seq is done
-  kNak = 11,         // seq: the request refused; aux = Syndrome; flags low 5 bits: RNR timer code
-  kReadResp = 12,    // seq; payload: the data; trailer: u32 Syndrome (0 = all data valid)
-  kAtomicResp = 13,  // seq; atomicResult: the original value
-  kDatagram = 14,    // UD over UDP: qpn = destination QP; srcQpn, qkey, srcGid; aux = immediate
-                     // when flags has kFlagImm; payload: the message (at most kMaxDatagram)
-  kLaneData = 15,    // on a lane (kFlagLane): seq = the laned WRITE's; payload: the WRITE's bytes
-                     // from payloadLen to length, placed after that WRITE's own frame is checked
+  kHello = 1,          // requester -> responder, first frame on a new connection
+  kHelloReply = 2,     // responder -> requester: aux = HelloResult; optionally sharePid, shareFd,
+                       // shareCookie: where a same-host requester finds the responder's table
+                       // (for kUseRing: the responder's ring listener)
+  kSend = 3,           // flags: kFlagSolicited; payload: the message
+  kSendImm = 4,        // aux = immediate
+  kWrite = 5,          // remoteAddr, rkey; payload: the data
+  kWriteImm = 6,       // aux = immediate; consumes a receive at the target; flags: kFlagPlaced
+  kReadReq = 7,        // remoteAddr, rkey, length
+  kCmpSwap = 8,        // remoteAddr, rkey, compareAdd, swap
+  kFetchAdd = 9,       // remoteAddr, rkey, compareAdd (the addend)
+  kAck = 10,           // seq: every request up to and including seq is done
+  kNak = 11,           // seq: the request refused; aux = Syndrome; flags low 5 bits: RNR timer code
+  kReadResp = 12,      // seq; payload: the data; trailer: u32 Syndrome (0 = all data valid)
+  kAtomicResp = 13,    // seq; atomicResult: the original value
+  kDatagram = 14,      // UD over UDP: qpn = destination QP; srcQpn, qkey, srcGid; aux = immediate
+                       // when flags has kFlagImm; optionally the sender's route (DatagramRoute);
+                       // payload: the message (at most kMaxDatagram)
+  kLaneData = 15,      // on a lane (kFlagLane): seq = the laned WRITE's; payload: the WRITE's bytes
+                       // from payloadLen to length, placed after that WRITE's own frame is checked
   kLaneReadResp = 16,  // on a lane, back to the requester: seq = the laned READ's; payload: its data
                        // from the first part's end on; trailer: u32 Syndrome (0 = all data valid)
 };
@@ -71,40 +72,55 @@ inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 
 enum class Syndrome : uint32_t {
   kOk = 0,
-  kRnr = 1,          // receiver not ready: retry after the RNR timer
-  kRemAccess = 2,    // bad rkey, range or permission
-  kRemInvReq = 3,    // invalid request (message too long, misaligned atomic, ...)
-  kRemOp = 4,        // the responder failed to carry out a valid request
+  kRnr = 1,        // receiver not ready: retry after the RNR timer
+  kRemAccess = 2,  // bad rkey, range or permission
+  kRemInvReq = 3,  // invalid request (message too long, misaligned atomic, ...)
+  kRemOp = 4,      // the responder failed to carry out a valid request
 };
 
 enum class HelloResult : uint32_t {
   kAccepted = 0,
-  kNoSuchQp = 1,     // no QP with that number, or it is closed or in ERR: the peer's QP is gone
-  kMismatch = 2,     // the QP is connected to another peer, or the PSN differs
-  kBusy = 3,         // the QP already has a live connection from its peer
-  kUseRing = 4,      // (to a hello with kFlagRingOffer) the QP would accept: connect again over
-                     // shared-memory rings; sharePid = the responder's pid, shareCookie = the nonce
-                     // in its ring listener's name (ringListenerName), ringTicket = the one-time
-                     // secret the ring setup must carry (the name is visible to every process of
-                     // the host; the ticket went only over this connection)
-  kNotReady = 5,     // the QP exists but is not in RTR/RTS yet (RESET, INIT): try again, as a NIC
-                     // retries a QP that drops its packets until it is ready
+  kNoSuchQp = 1,  // no QP with that number, or it is closed or in ERR: the peer's QP is gone
+  kMismatch = 2,  // the QP is connected to another peer, or the PSN differs
+  kBusy = 3,      // the QP already has a live connection from its peer
+  kUseRing = 4,   // (to a hello with kFlagRingOffer) the QP would accept: connect again over
+                  // shared-memory rings; sharePid = the responder's pid, shareCookie = the nonce
+                  // in its ring listener's name (ringListenerName), ringTicket = the one-time
+                  // secret the ring setup must carry (the name is visible to every process of
+                  // the host; the ticket went only over this connection)
+  kNotReady = 5,  // the QP exists but is not in RTR/RTS yet (RESET, INIT): try again, as a NIC
+                  // retries a QP that drops its packets until it is ready
+};
+
+// A datagram's route, as the sender's address handle gave it: what a NIC writes into the GRH the
+// receive gets. Optional on the wire (24 bytes after the datagram's fields: dgid[16], u32 flow
+// label, u8 traffic class, u8 hop limit, u8 flags, u8 reserved); without it the receiver takes a
+// GRH to its own GID with flow label 0, traffic class 0 and hop limit 64.
+inline constexpr size_t kDatagramRouteLen = 24;
+inline constexpr uint8_t kRouteGrh = 1;  // the route's flags: the send had a GRH (a global AH)
+struct DatagramRoute {
+  bool present = false;            // encode: write the section; decode: the frame carried it
+  std::array<uint8_t, 16> dgid{};  // the AH's destination GID: a multicast group's, or the target's
+  uint32_t flowLabel = 0;          // 20 bits
+  uint8_t trafficClass = 0;
+  uint8_t hopLimit = 64;
+  bool grh = true;  // false: the AH had no GRH (a LID-routed path); the receive has no GRH either
 };
 
 struct FrameHeader {
   FrameType type = FrameType::kAck;
-  uint16_t headerLen = 0;   // set by encode
+  uint16_t headerLen = 0;  // set by encode
   uint16_t flags = 0;
   uint32_t payloadLen = 0;
   uint32_t seq = 0;
-  uint32_t qpn = 0;         // the destination QP number
+  uint32_t qpn = 0;  // the destination QP number
   uint32_t aux = 0;
   // kWrite*, kReadReq, kCmpSwap, kFetchAdd
   uint64_t remoteAddr = 0;
   uint32_t rkey = 0;
-  uint32_t length = 0;      // kReadReq
-  uint64_t compareAdd = 0;  // kCmpSwap, kFetchAdd
-  uint64_t swap = 0;        // kCmpSwap
+  uint32_t length = 0;        // kReadReq
+  uint64_t compareAdd = 0;    // kCmpSwap, kFetchAdd
+  uint64_t swap = 0;          // kCmpSwap
   uint64_t atomicResult = 0;  // kAtomicResp
   // kHello, kDatagram
   uint32_t srcQpn = 0;
@@ -112,6 +128,7 @@ struct FrameHeader {
   uint32_t maxRdAtomic = 0;
   std::array<uint8_t, 16> srcGid{};  // kHello, kDatagram
   uint32_t qkey = 0;                 // kDatagram
+  DatagramRoute route = {};          // kDatagram (optional)
   uint64_t nonce = 0;
   // kHelloReply (optional: present when sharePid != 0; a shorter reply means "none")
   uint32_t sharePid = 0;
