@@ -13,6 +13,7 @@ namespace ferry::python {
 void bindVerbs(py::module_& m);     // verbs_bindings.cc -> ferry._core.verbs
 void bindEndpoint(py::module_& m);  // endpoint_bindings.cc -> ferry._core.endpoint
 void bindAgent(py::module_& m);     // agent_bindings.cc -> ferry._core.agent
+void bindStore(py::module_& m);     // store_bindings.cc -> ferry._core.agent.Store
 void bindConnect(py::module_& m);   // connect_bindings.cc -> ferry._core.connect
 void bindObjects(py::module_& m);   // objects_bindings.cc -> ferry._core.objects
 }  // namespace ferry::python
@@ -97,6 +98,7 @@ PYBIND11_MODULE(_core, m) {
   ferry::python::bindEndpoint(endpoint);
   py::module_ agent = m.def_submodule("agent", "The agent: wireup, lanes, discovery, reconnection");
   ferry::python::bindAgent(agent);
+  ferry::python::bindStore(agent);
   py::module_ connect = m.def_submodule("connect", "The connector: readable and writable operations");
   ferry::python::bindConnect(connect);
   py::module_ objects = m.def_submodule("objects", "The object store and its client");

@@ -440,6 +440,69 @@ def test_metadata_listener_and_partial_metadata(nixl, capfd):
     init.invalidate_local_metadata("127.0.0.1", port)
 
 
+def test_metadata_through_etcd(nixl, monkeypatch):
+    """NIXL_ETCD_ENDPOINTS: metadata without an address goes through a real etcd on loopback, under
+    {NIXL_ETCD_NAMESPACE}{agent}/{label}; a fetch made before the publish sees it arrive."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_agent import server_or_skip
+    from ferry._core.agent import Store
+    # Without the variable, an address-less exchange says what is missing.
+    plain = nixl.nixl_agent("E0")
+    with pytest.raises(nixl.nixlNotSupportedError, match="NIXL_ETCD_ENDPOINTS"):
+        plain.send_local_metadata()
+    etcd = server_or_skip("etcd")
+    try:
+        namespace = "/ferry-test-%d/agents/" % os.getpid()
+        monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://127.0.0.1:%d" % etcd.port)
+        monkeypatch.setenv("NIXL_ETCD_NAMESPACE", namespace)
+        store = Store("etcd://127.0.0.1:%d" % etcd.port)
+        target = nixl.nixl_agent("E1")
+        tbuf = pattern(7, 8192)
+        target.register_memory(tbuf)
+        init = nixl.nixl_agent("E2")
+        ibuf = np.zeros(8192, np.uint8)
+        init.register_memory(ibuf)
+        init.fetch_remote_metadata("E1")  # before it is published: the watch sees the put
+        time.sleep(0.2)
+        target.send_local_metadata()
+        assert wait_for(lambda: init.check_remote_metadata("E1"))
+        assert store.get(namespace + "E1/metadata") == target.get_agent_metadata()
+        h = init.initialize_xfer("READ", init.get_xfer_descs(ibuf), init.get_xfer_descs(tbuf), "E1")
+        init.transfer(h)
+        wait_done(init, h)
+        assert (ibuf == tbuf).all()
+        # Partial metadata under a label of its own.
+        more = pattern(8, 4096)
+        reg2 = target.register_memory(more)
+        with pytest.raises(nixl.nixlNotFoundError):
+            init.initialize_xfer("READ", init.get_xfer_descs(ibuf[:4096]), init.get_xfer_descs(more), "E1")
+        with pytest.raises(nixl.nixlInvalidParamError):
+            target.send_partial_agent_metadata(reg2)  # etcd needs a label
+        target.send_partial_agent_metadata(reg2, label="second")
+        assert wait_for(lambda: store.get(namespace + "E1/second") is not None)
+        init.fetch_remote_metadata("E1", label="second")
+        assert wait_for(lambda: init.check_remote_metadata("E1", init.get_xfer_descs(more)))
+        h = init.initialize_xfer("READ", init.get_xfer_descs(ibuf[:4096]), init.get_xfer_descs(more), "E1")
+        init.transfer(h)
+        wait_done(init, h)
+        assert (ibuf[:4096] == more).all()
+        # Invalidation removes every key of the agent, and only those.
+        init.send_local_metadata()
+        assert wait_for(lambda: store.get(namespace + "E2/metadata") is not None)
+        target.invalidate_local_metadata()
+        assert wait_for(lambda: store.list(namespace + "E1/") == [])
+        assert store.get(namespace + "E2/metadata") is not None
+        # A malformed endpoint is refused when the agent is made.
+        monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "https://127.0.0.1:%d" % etcd.port)
+        with pytest.raises(nixl.nixlInvalidParamError, match="NIXL_ETCD_ENDPOINTS"):
+            nixl.nixl_agent("E3")
+        for a in (target, init):
+            a.agent.close()
+    finally:
+        plain.agent.close()
+        etcd.close()
+
+
 @pytest.mark.parametrize("blob", [b"", b"\xff\x00garbage", b"{}", b'{"ferry_nixl": 1}', b'[1, 2]',
                                   b'{"ferry_nixl": 1, "name": "x", "regions": [["k", -1, 2, 0]]}',
                                   b'{"ferry_nixl": 1, "name": "x", "regions": [], "conn": {"address": "zz", '

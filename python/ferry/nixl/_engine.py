@@ -42,6 +42,7 @@ import weakref
 import numpy as np
 
 from .. import errors as _ferry_errors
+from .._core import agent as _core_agent
 from ..agent import PeerAgent
 from . import _wire
 from ._descs import DRAM_SEG, nixl_mem_t, nixlRegDList, nixlXferDList
@@ -266,6 +267,7 @@ class nixlAgent:
         self._handle_ids = itertools.count(1)
         self._keys = itertools.count(1)
         self._closed = False
+        self._etcd = _central_store()  # (Store, namespace) when NIXL_ETCD_ENDPOINTS is set, else None
         self._engine = PeerAgent(alias=name)
         listen = bool(getattr(self._cfg, "useListenThread", False))
         port = int(getattr(self._cfg, "listenPort", 0)) if listen else 0
@@ -573,21 +575,49 @@ class nixlAgent:
                 _log.info("ferry.nixl: %s: %s", what, e)
         threading.Thread(target=run, name="ferry.nixl " + what, daemon=True).start()
 
+    # Without an address, metadata goes through etcd (NIXL_ETCD_ENDPOINTS), as NIXL's does: an
+    # agent's metadata under {namespace}{agent}/{label}, the full one under the label "metadata".
+    def _etcd_key(self, agent, label, what):
+        if self._etcd is None:
+            raise nixlNotSupportedError("%s without ip_addr uses etcd: set NIXL_ETCD_ENDPOINTS (e.g. "
+                                        "http://127.0.0.1:2379) before creating the agent, or give ip_addr "
+                                        "and port" % what)
+        return "%s%s/%s" % (self._etcd[1], agent, label or ETCD_METADATA_LABEL)
+
     def sendLocalMD(self, ip_addr="", port=0):
-        _need_ip(ip_addr, "sendLocalMD")
         md = self.getLocalMD()
+        if not ip_addr:
+            key = self._etcd_key(self._name, "", "sendLocalMD")
+            self._async(lambda: self._etcd[0].set(key, md), "publishing metadata to etcd at %s" % key)
+            return
         self._async(lambda: _wire.request(ip_addr, port, _wire.pack_frame("md", self._name, md), False),
                     "sending metadata to %s:%d" % (ip_addr, port))
 
     def sendLocalPartialMD(self, descs, inc_conn_info=False, backends=(), ip_addr="", port=0, label=""):
-        _need_ip(ip_addr, "sendLocalPartialMD")
         md = self.getLocalPartialMD(descs, inc_conn_info, backends)
+        if not ip_addr:
+            if not label or label == ETCD_METADATA_LABEL:
+                raise nixlInvalidParamError("sendLocalPartialMD to etcd needs a label of its own (not %r)"
+                                            % ETCD_METADATA_LABEL)
+            key = self._etcd_key(self._name, label, "sendLocalPartialMD")
+            self._async(lambda: self._etcd[0].set(key, md), "publishing partial metadata to etcd at %s" % key)
+            return
         self._async(lambda: _wire.request(ip_addr, port, _wire.pack_frame("md", self._name, md), False),
                     "sending partial metadata to %s:%d" % (ip_addr, port))
 
     def fetchRemoteMD(self, remote_agent, ip_addr="", port=0, label=""):
-        _need_ip(ip_addr, "fetchRemoteMD")
         name = _name(remote_agent)
+        if not ip_addr:
+            key = self._etcd_key(name, label, "fetchRemoteMD")
+
+            def watch():
+                md = self._etcd[0].wait(key, ETCD_WATCH_TIMEOUT)
+                if md is None:
+                    raise nixlNotFoundError("no metadata at %s in etcd within %g s" % (key, ETCD_WATCH_TIMEOUT))
+                self.loadRemoteMD(md)
+
+            self._async(watch, "fetching %r's metadata from etcd" % name)
+            return
 
         def fetch():
             reply = _wire.request(ip_addr, port, _wire.pack_frame("fetch", self._name, name=name), True)
@@ -598,7 +628,15 @@ class nixlAgent:
         self._async(fetch, "fetching %r's metadata from %s:%d" % (name, ip_addr, port))
 
     def invalidateLocalMD(self, ip_addr="", port=0):
-        _need_ip(ip_addr, "invalidateLocalMD")
+        if not ip_addr:
+            prefix = self._etcd_key(self._name, "", "invalidateLocalMD").rsplit("/", 1)[0] + "/"
+
+            def erase_all():
+                for key, _ in self._etcd[0].list(prefix):
+                    self._etcd[0].erase(key)
+
+            self._async(erase_all, "removing our metadata from etcd under %s" % prefix)
+            return
         self._async(lambda: _wire.request(ip_addr, port, _wire.pack_frame("invalidate", self._name), False),
                     "invalidating our metadata at %s:%d" % (ip_addr, port))
 
@@ -918,10 +956,34 @@ def _bytes(msg):
     raise TypeError("a notification is bytes or str, not %s" % type(msg).__name__)
 
 
-def _need_ip(ip, what):
-    if not ip:
-        raise nixlNotSupportedError("%s without an address uses a central store (etcd), which ferry.nixl does "
-                                    "not serve: give ip_addr and port" % what)
+ETCD_METADATA_LABEL = "metadata"  # the label of an agent's full metadata in etcd
+ETCD_WATCH_TIMEOUT = 5.0  # seconds fetch_remote_metadata waits for a key etcd does not hold yet
+
+
+def _central_store():
+    """(ferry's etcd store, namespace) from NIXL_ETCD_ENDPOINTS and NIXL_ETCD_NAMESPACE, or None.
+
+    NIXL takes a comma-separated list of endpoints such as ``http://127.0.0.1:2379``; ferry's etcd
+    client speaks to one, the first. A malformed value is a nixlInvalidParamError at agent creation."""
+    endpoints = os.environ.get("NIXL_ETCD_ENDPOINTS", "").strip()
+    if not endpoints:
+        return None
+    first = endpoints.split(",")[0].strip()
+    scheme, sep, rest = first.partition("://")
+    if not sep:
+        scheme, rest = "http", first
+    host, _, port = rest.rstrip("/").rpartition(":")
+    if scheme != "http" or not host or not port.isdigit() or "/" in host:
+        raise nixlInvalidParamError("NIXL_ETCD_ENDPOINTS: %r is not http://host:port (ferry's etcd client speaks "
+                                    "plain HTTP)" % first)
+    namespace = os.environ.get("NIXL_ETCD_NAMESPACE", "/nixl/agents/")
+    if not namespace.endswith("/"):
+        namespace += "/"
+    try:
+        store = _core_agent.Store("etcd://%s:%s" % (host, port))
+    except _ferry_errors.Error as e:
+        raise from_ferry(e, "NIXL_ETCD_ENDPOINTS") from None
+    return store, namespace
 
 
 def _indices(indices, count, what):
