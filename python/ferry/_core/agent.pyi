@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import ferry._core.endpoint
 import typing
-__all__: list[str] = ['Agent', 'PeerConnection']
+__all__: list[str] = ['Agent', 'PeerConnection', 'Store']
 class PeerConnection:
     """
     The connection to one peer: usable at once.
@@ -94,3 +94,34 @@ class Agent:
     @property
     def uuid(self) -> str:
         ...
+class Store:
+    """
+    A discovery store by URL (memory://name, ferry://host:port, redis://host:port[/db], etcd://host:port): a key-value store of bytes. Every call has a deadline of `timeout` seconds; a store that is down raises ferry.Unavailable (or ferry.TimedOut) naming the URL, and a later call tries again.
+    """
+    def __init__(self, url: str, *, timeout: typing.SupportsFloat | typing.SupportsIndex = 3.0) -> None:
+        ...
+    def erase(self, key: str) -> None:
+        """
+        Deletes key; a key that is not there is not an error.
+        """
+    def get(self, key: str) -> bytes | None:
+        """
+        The value of key, or None when there is none.
+        """
+    def list(self, prefix: str) -> list[tuple[str, bytes]]:
+        """
+        Every (key, value) whose key starts with prefix.
+        """
+    def set(self, key: str, value: bytes) -> None:
+        """
+        Sets key (text, 1 to 1024 bytes) to value (bytes, up to 1 MiB).
+        """
+    def wait(self, key: str, timeout: typing.SupportsFloat | typing.SupportsIndex) -> bytes | None:
+        """
+        The value of key: at once when it is there, else the first one set within timeout seconds; None when none came.
+        """
+    @property
+    def url(self) -> str:
+        """
+        The URL the store was opened with.
+        """
