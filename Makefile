@@ -32,7 +32,7 @@ TEST_JOBS ?= 2
 # Seconds each fuzz target runs in `make fuzz`, and in `make test` (sized for CI's time budget);
 # 0 builds the fuzzers but runs none.
 FUZZ_SECONDS ?= 60
-TEST_FUZZ_SECONDS ?= 30
+TEST_FUZZ_SECONDS ?= 15
 # Sanitizer runtime options for the build-asan/ test run.
 TEST_ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
@@ -43,11 +43,12 @@ TEST_TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
 TSAN_CTEST_ARGS ?= -LE 'rdma|packaging|bench|netns|python' -E KillAndStopCampaign
 # Extra arguments for `ferry demo`.
 DEMO_ARGS ?=
-# The rxe VM (QEMU guest with the kernel's soft-RoCE, rdma_rxe) that runs the RDMA tests, and the
-# time limit of its one boot in seconds. FERRY_REQUIRE_RDMA_VM=1 makes a VM that
-# cannot be built or booted a failure; otherwise test-rdma says why and passes.
-RXEVM_TOOLS ?= $(abspath $(ROOT)/../shared/tools/rxe-vm)
-RXEVM_DIR ?= /var/tmp/rxe-vm
+# The rxe VM (QEMU guest with the kernel's soft-RoCE, rdma_rxe) that runs the RDMA tests: its
+# scripts (scripts/rxe-vm/README.md), where its image is built, and the time limit of its one boot
+# in seconds. FERRY_REQUIRE_RDMA_VM=1 makes a VM that cannot be built or booted a failure;
+# otherwise test-rdma says why and passes.
+RXEVM_TOOLS ?= $(ROOT)/scripts/rxe-vm
+RXEVM_DIR ?= /var/tmp/ferry-rxe-vm
 RDMA_TIMEOUT ?= 1500
 CLANG_FORMAT ?= clang-format-14
 CLANG_TIDY ?= clang-tidy-14
@@ -190,9 +191,10 @@ test-run:
 test-rdma: build ## The RDMA tests (ctest -L rdma: ibverbs on rxe0) in one boot of the rxe VM
 	@$(MAKE) test-rdma-run
 
-# Builds the VM image when it is missing or older than make-image.sh, boots the VM with the checkout
-# (sources, build/ and .venv) shared read-write and runs ctest -L rdma there. A VM that cannot be built or booted (no qemu,
-# no kernel package, TCG failure: run-in-vm.sh exits 125) fails only under
+# Builds the VM image (scripts/rxe-vm/make-image.sh) when it is missing or older than the scripts
+# baked into it, boots the VM with the checkout (sources, build/ and .venv) shared read-write and
+# runs ctest -L rdma there (scripts/rxe-vm/run-in-vm.sh). A VM that cannot be built or booted (no
+# qemu, no kernel package, TCG failure: run-in-vm.sh exits 125) fails only under
 # FERRY_REQUIRE_RDMA_VM=1; a test failure or a timeout (124) always fails.
 test-rdma-run:
 	@$(RUN)
@@ -211,7 +213,8 @@ test-rdma-run:
 	  unavailable "no tests labelled rdma in $(BUILD_DIR) (the ibverbs provider needs libibverbs-dev to build)"
 	fi
 	image=$(RXEVM_DIR)/initrd.img
-	if [[ ! -f $$image || ! -f $(RXEVM_DIR)/vmlinuz || $(RXEVM_TOOLS)/make-image.sh -nt $$image ]]; then
+	if [[ ! -f $$image || ! -f $(RXEVM_DIR)/vmlinuz || $(RXEVM_TOOLS)/make-image.sh -nt $$image \
+	  || $(RXEVM_TOOLS)/guest-init.sh -nt $$image ]]; then
 	  if ! run env RXEVM_DIR=$(RXEVM_DIR) bash $(RXEVM_TOOLS)/make-image.sh; then
 	    unavailable "the VM image could not be built (make-image.sh failed, see above)"
 	  fi

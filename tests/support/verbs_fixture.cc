@@ -24,7 +24,7 @@ const std::vector<ProviderPath>& providerPaths() {
   // The soft provider over TCP on the loopback interface; with its same-host path (one-copy WRITE
   // and READ between contexts of this host, everything else over shared-memory rings); with rings
   // only (the path where cross-memory attach is refused); the ibverbs provider on the kernel's soft-RoCE
-  // device rxe0 (the rxe VM, shared/tools/rxe-vm). Further paths are one entry each.
+  // device rxe0 (the rxe VM, scripts/rxe-vm). Further paths are one entry each.
   static const std::vector<ProviderPath> paths = {
       // soft_tcp keeps one connection per QP (no lane); soft_tcp_lane below shares WRITEs.
       {.name = "soft_tcp",
