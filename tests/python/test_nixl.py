@@ -72,6 +72,9 @@ def peer_main(name):
             r = {"ok": bool((buf[o:o + n] == pattern(cmd["seed"], n, o)).all())}
         elif op == "sum":
             r = {"sum": int(buf.sum(dtype=np.uint64))}
+        elif op == "diff":
+            bad = np.nonzero(buf != pattern(cmd["seed"], SIZE))[0]
+            r = {"n": int(len(bad)), "first": int(bad[0]) if len(bad) else -1, "last": int(bad[-1]) if len(bad) else -1}
         elif op == "fill":
             buf[:] = pattern(cmd["seed"], SIZE)
             r = {"ok": True}
@@ -719,6 +722,50 @@ def test_repost_active_and_release_of_a_running_request(nixl, peer):
     a.transfer(h2)
     wait_done(a, h2)
     assert peer.ask(cmd="notifs", count=2, timeout=1) == {"releaser": [b"after".hex()]}
+
+
+def test_release_stops_a_request_that_moves_in_batches(nixl, peer, monkeypatch):
+    """A request above BATCH_BYTES moves WINDOW batches at a time: releasing it while it runs posts
+    nothing more, waits for the batches in flight, and after that no byte of it lands."""
+    import signal
+    from ferry.nixl import _engine
+    batch = 64 << 10
+    monkeypatch.setattr(_engine, "BATCH_BYTES", batch)
+    monkeypatch.setattr(_engine, "WINDOW", 2)
+    a = nixl.nixl_agent("stopper")
+    buf = pattern(22, SIZE)
+    a.register_memory(buf)
+    a.add_remote_agent(peer.md)
+    peer.ask(cmd="fill", seed=0)
+    # Released while its first two batches cannot end: the target's process is stopped before the
+    # first connection to it, so they wait for its wireup.
+    os.kill(peer.proc.pid, signal.SIGSTOP)
+    timer = threading.Timer(0.3, os.kill, (peer.proc.pid, signal.SIGCONT))
+    try:
+        h = a.initialize_xfer("WRITE", a.get_xfer_descs(buf), a.get_xfer_descs([(peer.addr, SIZE, 0)], "DRAM"),
+                              "target", b"must not arrive")
+        assert a.transfer(h) == "PROC"
+        timer.start()
+        a.release_xfer_handle(h)
+    finally:
+        timer.cancel()
+        os.kill(peer.proc.pid, signal.SIGCONT)
+    landed = peer.ask(cmd="diff", seed=0)
+    time.sleep(0.3)
+    assert peer.ask(cmd="diff", seed=0) == landed, "bytes landed after release_xfer_handle returned"
+    # Exactly the two batches in flight landed over what was there, and nothing else.
+    assert landed == {"n": 2 * batch - int((pattern(0, 2 * batch) == buf[:2 * batch]).sum()),
+                      "first": 0, "last": 2 * batch - 1}, landed
+    assert peer.ask(cmd="check", seed=22, offset=0, length=2 * batch) == {"ok": True}
+    assert peer.ask(cmd="notifs", count=1, timeout=0.5) == {}
+    # Whole, it moves every byte, and its notification arrives once.
+    h = a.initialize_xfer("WRITE", a.get_xfer_descs(buf), a.get_xfer_descs([(peer.addr, SIZE, 0)], "DRAM"),
+                          "target", b"whole")
+    assert a.transfer(h) in ("PROC", "DONE")
+    wait_done(a, h)
+    assert peer.ask(cmd="check", seed=22, offset=0, length=SIZE) == {"ok": True}
+    assert peer.ask(cmd="notifs", count=1) == {"stopper": [b"whole".hex()]}
+    a.release_xfer_handle(h)
 
 
 def test_process_exits_promptly_with_agents_and_handles_alive(peer):

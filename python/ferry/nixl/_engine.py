@@ -29,6 +29,7 @@ while waiting for the network or a transfer. Waits release the GIL (ferry's futu
 """
 
 import asyncio
+import collections
 import ctypes
 import itertools
 import logging
@@ -233,6 +234,110 @@ class _Request:
         self.post_us = 0
         self.xfer_us = 0
         self.released = False
+        self.batches = [assignments]  # what one post sends: several lists for a request above BATCH_BYTES
+
+
+# A request above BATCH_BYTES moves in batches of at most that many bytes, WINDOW of them in flight:
+# what lets release_xfer_handle stop a running request instead of waiting for all of it.
+BATCH_BYTES = 64 << 20
+WINDOW = 4
+
+
+def _batches(assignments, limit):
+    """ferry's assignments (local, remote, local offset, remote offset, length) cut into lists of
+    at most `limit` bytes each (a longer assignment is split across lists)."""
+    out, cur, size = [], [], 0
+    for lk, rk, lo, ro, n in assignments:
+        if n == 0:
+            cur.append((lk, rk, lo, ro, 0))
+        while n > 0:
+            take = min(n, limit - size)
+            cur.append((lk, rk, lo, ro, take))
+            lo, ro, n, size = lo + take, ro + take, n - take, size + take
+            if size == limit:
+                out.append(cur)
+                cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+class _Pipeline:
+    """One post of a request in batches: `window` of them in flight, the next posted (on the agent's
+    loop thread) as the oldest ends. cancel() posts nothing more; wait() returns once the batches in
+    flight ended, and then no byte of the request lands any more. Stands in for the engine's future
+    of a one-batch post (done(), wait())."""
+
+    def __init__(self, post, batches, loop, window, on_done):
+        self._post = post
+        self._todo = collections.deque(batches)
+        self._loop = loop
+        self._window = window
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._inflight = collections.deque()
+        self._stopped = False
+        self._error = None
+        self._done = threading.Event()
+
+    def start(self):
+        """Posts the first window from the caller's thread: a refusal of the first batch raises, as
+        the post of a one-batch request does; a later one ends the request with that error."""
+        self._inflight.append(self._post(self._todo.popleft()))
+        with self._lock:
+            self._fill()
+        asyncio.run_coroutine_threadsafe(self._pump(), self._loop)
+
+    def _fill(self):
+        while not self._stopped and self._todo and len(self._inflight) < self._window:
+            try:
+                self._inflight.append(self._post(self._todo.popleft()))
+            except _ferry_errors.Error as e:
+                self._fail(e)
+
+    def _fail(self, error):
+        if self._error is None:
+            self._error = error
+        self._stopped = True
+
+    async def _pump(self):
+        while True:
+            with self._lock:
+                if not self._inflight:
+                    break
+                oldest = self._inflight[0]
+            try:
+                await oldest
+            except _ferry_errors.Error as e:
+                with self._lock:
+                    self._fail(e)
+            with self._lock:
+                self._inflight.popleft()
+                self._fill()
+        self._done.set()
+        try:
+            self._on_done()
+        except Exception as e:  # noqa: BLE001  (logged: nobody is there to raise it to)
+            _log.warning("ferry.nixl: completing a transfer: %s", e)
+
+    def cancel(self):
+        with self._lock:
+            self._stopped = True
+
+    def abandon(self):
+        """The agent is closing: nothing more is posted and nobody waits for the loop."""
+        self.cancel()
+        self._done.set()
+
+    def done(self):
+        return self._done.is_set()
+
+    def wait(self, timeout=None):
+        if not self._done.wait(timeout):
+            raise _ferry_errors.TimedOut("the transfer did not end within %s s" % timeout)
+        if self._error is not None:
+            raise self._error
+        return 0
 
 
 def _us(seconds):
@@ -301,6 +406,10 @@ class nixlAgent:
             self._closed = True
             remotes = list(self._remotes.values())
         self._server.close()
+        with self._lock:
+            pipelines = [r.future for r in self._requests.values() if isinstance(r.future, _Pipeline)]
+        for p in pipelines:
+            p.abandon()
         for r in remotes:
             if r.sender is not None:
                 r.sender.close()
@@ -767,6 +876,7 @@ class nixlAgent:
             rkeys = [remote.keys[i] for i in rk.tolist()]
             tuples = list(zip(lkeys, rkeys, lo.tolist(), ro.tolist(), lengths.tolist()))
             req = _Request(operation, None, tuples, remote.agent_name, _bytes(notif_msg), total, len(li), False)
+            req.batches = _batches(tuples, BATCH_BYTES) if total > BATCH_BYTES else [tuples]
         with self._lock:
             h = next(self._handle_ids)
             self._requests[h] = req
@@ -802,7 +912,11 @@ class nixlAgent:
                 conn = self._connection(remote)
                 try:
                     post = conn.read if req.op == NIXL_READ else conn.write
-                    req.future = post(req.assignments)
+                    if len(req.batches) == 1:
+                        req.future = post(req.assignments)
+                    else:
+                        req.future = _Pipeline(post, req.batches, self._loop, WINDOW, lambda: self._finalize(req))
+                        req.future.start()
                 except _ferry_errors.Error as e:
                     req.state = "ERR"
                     raise from_ferry(e, "posting a transfer to agent %r" % req.remote_name) from None
@@ -811,7 +925,7 @@ class nixlAgent:
         if req.state == "PROC":
             if req.future is None or req.future.done():
                 self._finalize(req)
-            elif req.post_notif:
+            elif req.post_notif and not isinstance(req.future, _Pipeline):  # a pipeline finalizes itself
                 # Only a notification needs completion to be acted on without anyone polling; a
                 # request without one is finalized by the next getXferStatus (waking the loop
                 # thread costs more than the transfer of a small request).
@@ -886,12 +1000,15 @@ class nixlAgent:
         raise nixlNotPostedError("the request was never posted (transfer)")
 
     def releaseXferReq(self, handle):
-        """Frees a request. A running one cannot be recalled from the wire by ferry: it is waited for
-        until it settled (no byte of it lands afterwards) and its notification is not sent."""
+        """Frees a request. A running one is stopped: nothing more of it is posted, the batches in
+        flight (at most WINDOW x BATCH_BYTES) are waited for, and when this returns no byte of it
+        lands any more; its notification is not sent."""
         req = self._req(handle)
         with req.lock:
             req.cancelled = True
             future = req.future if req.state == "PROC" else None
+        if isinstance(future, _Pipeline):
+            future.cancel()
         if future is not None:
             try:
                 future.wait()
