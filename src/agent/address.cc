@@ -152,6 +152,45 @@ Result<DeviceAddress> decodeDevice(std::string_view value) {
   return d;
 }
 
+// One field of an address into `a` (a field of a newer version is skipped).
+Status readField(uint8_t tag, std::string_view value, WorkerAddress& a, bool* haveUuid) {
+  switch (tag) {
+    case kTagUuid:
+      if (value.size() != 16) return malformed("the uuid is not 16 bytes");
+      std::memcpy(a.uuid.data(), value.data(), 16);
+      *haveUuid = true;
+      break;
+    case kTagStart: {
+      Reader v(value);
+      if (value.size() != 8 || !v.u64(&a.startNs)) return malformed("the start time is not 8 bytes");
+      break;
+    }
+    case kTagAlias:
+      if (value.size() > kMaxAliasBytes || !validUtf8Text(value))
+        return malformed("the alias is too long or unprintable");
+      a.alias.assign(value);
+      break;
+    case kTagHost:
+      if (!validUtf8Text(value)) return malformed("the host identity is unprintable");
+      a.hostId.assign(value);
+      break;
+    case kTagControl: {
+      if (a.control.size() >= kMaxAddressListEntries) return malformed("too many control endpoints");
+      FERRY_ASSIGN_OR_RETURN(ControlEndpoint c, decodeControl(value));
+      a.control.push_back(std::move(c));
+      break;
+    }
+    case kTagDevice: {
+      if (a.devices.size() >= kMaxAddressListEntries) return malformed("too many devices");
+      FERRY_ASSIGN_OR_RETURN(DeviceAddress d, decodeDevice(value));
+      a.devices.push_back(std::move(d));
+      break;
+    }
+    default: break;  // a field of a newer version
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 std::string uuidText(const Uuid& uuid) {
@@ -239,39 +278,7 @@ Result<WorkerAddress> WorkerAddress::decode(std::string_view bytes) {
     uint16_t n;
     std::string_view value;
     if (!r.u8(&tag) || !r.u16(&n) || !r.bytes(n, &value)) return malformed("a field is truncated");
-    switch (tag) {
-      case kTagUuid:
-        if (value.size() != 16) return malformed("the uuid is not 16 bytes");
-        std::memcpy(a.uuid.data(), value.data(), 16);
-        haveUuid = true;
-        break;
-      case kTagStart: {
-        Reader v(value);
-        if (value.size() != 8 || !v.u64(&a.startNs)) return malformed("the start time is not 8 bytes");
-        break;
-      }
-      case kTagAlias:
-        if (value.size() > kMaxAliasBytes || !validUtf8Text(value)) return malformed("the alias is too long or unprintable");
-        a.alias.assign(value);
-        break;
-      case kTagHost:
-        if (!validUtf8Text(value)) return malformed("the host identity is unprintable");
-        a.hostId.assign(value);
-        break;
-      case kTagControl: {
-        if (a.control.size() >= kMaxAddressListEntries) return malformed("too many control endpoints");
-        FERRY_ASSIGN_OR_RETURN(ControlEndpoint c, decodeControl(value));
-        a.control.push_back(std::move(c));
-        break;
-      }
-      case kTagDevice: {
-        if (a.devices.size() >= kMaxAddressListEntries) return malformed("too many devices");
-        FERRY_ASSIGN_OR_RETURN(DeviceAddress d, decodeDevice(value));
-        a.devices.push_back(std::move(d));
-        break;
-      }
-      default: break;  // a field of a newer version
-    }
+    FERRY_RETURN_IF_ERROR(readField(tag, value, a, &haveUuid));
   }
   if (!haveUuid) return malformed("no uuid");
   if (a.control.empty()) return malformed("no wireup listener address");

@@ -2,6 +2,14 @@
 // links, the store and the memory pools; PeerImpl is one connection's state machine and its queue
 // of operations that wait for the wireup.
 //
+// One file per job: agent.cc (start, shutdown, the Agent façade), peer_registry.cc (connections by
+// uuid and alias), discovery.cc (the store: this agent's entry, alias lookup), handshake.cc (the
+// wireup state machine), channel.cc (sending wireup lines, dispatching those that arrive),
+// guard.cc (what a stranger can reach and cost), liveness.cc (finding dead peers), messages.cc
+// (application messages), regions.cc (the region registry and MR_QUERY), peer.cc (PeerImpl and
+// PeerConnection). Beneath them: wireup.cc (the codec), link.cc (one TCP link), lanes.cc,
+// address.cc, crypto.cc.
+//
 // Threads: the wireup state machine runs on the agent's reactor thread (loop_); store calls on a
 // second reactor (storeLoop_) so that a slow store never delays the wireup. AgentImpl::mu_ guards
 // the maps; PeerImpl::mu_ its state and queue. Lock order: AgentImpl::mu_ before PeerImpl::mu_;
@@ -36,6 +44,9 @@ using Clock = std::chrono::steady_clock;
 // How long a connection that a peer's REQUEST made waits for its ACK (guard.cc): the shorter of
 // connectTimeout and a few seconds, so that unfinished handshakes do not hold endpoints for long.
 std::chrono::milliseconds handshakeTimeout(std::chrono::milliseconds connectTimeout);
+
+// The first 8 hex digits of a uuid, for log lines (agent.cc).
+std::string shortId(const Uuid& uuid);
 
 // An operation as the caller gave it (views of its batch or chunks, valid during the call).
 struct OpRequest {
@@ -160,62 +171,108 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
 
 class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
  public:
+  // ---- agent.cc: start, shutdown, counters ----
   static Result<std::shared_ptr<AgentImpl>> start(AgentOptions options);
   ~AgentImpl();
   void shutdown();
+  AgentStats stats() const;
 
   const AgentOptions& options() const { return opts_; }
   const WorkerAddress& self() const { return self_; }
   const std::string& selfBytes() const { return selfBytes_; }
 
+  // ---- peer_registry.cc ----
   Result<std::shared_ptr<PeerImpl>> peerByAlias(std::string_view alias, size_t numQp, bool create);
   Result<std::shared_ptr<PeerImpl>> peerByAddress(std::string_view bytes, size_t numQp);
   std::shared_ptr<PeerImpl> findAlias(std::string_view alias) const;
   std::vector<std::string> peerAliases() const;
+  // For PeerImpl (any thread): an endpoint failed; forget the peer so the next use wires anew.
+  void retire(const std::shared_ptr<PeerImpl>& peer);
 
+  // ---- regions.cc ----
   Status registerRegion(std::string_view name, void* addr, uint64_t length, endpoint::RegionOptions options);
   Result<std::map<std::string, endpoint::RegionView>> regionKeys(std::string_view name) const;
-  void disconnect(const std::shared_ptr<PeerImpl>& peer, const std::string& reason);
   Status unregisterRegion(std::string_view name);
   // A local region's range check (for bad input refused before the wireup).
   Status checkLocalRange(const RegionRef& ref, uint64_t offset, uint64_t length, bool forWrite) const;
   Result<std::string> getMrInfo(std::string_view alias, std::string_view name);
+  // For PeerImpl (loop thread): ask the peer for a region's metadata.
+  void queryRegion(const std::shared_ptr<PeerImpl>& peer, const std::string& name);
+
+  // ---- discovery.cc ----
   Result<std::vector<std::string>> listAgents();
-  AgentStats stats() const;
+
+  // ---- liveness.cc ----
+  void disconnect(const std::shared_ptr<PeerImpl>& peer, const std::string& reason);
+
+  // ---- messages.cc ----
   void setMessageHandler(std::string channel, Agent::MessageHandler handler);
   // Any thread: sends an upper layer's message to a connected peer (in order with the wireup).
   void sendMessage(const WorkerAddress& to, std::string_view channel, std::string_view body);
 
-  // For PeerImpl (loop thread): ask the peer for a region's metadata.
-  void queryRegion(const std::shared_ptr<PeerImpl>& peer, const std::string& name);
-  // For PeerImpl (any thread): an endpoint failed; forget the peer so the next use wires anew.
-  void retire(const std::shared_ptr<PeerImpl>& peer);
   Reactor& loop() { return loop_; }
   std::mutex& statsMu() { return statsMu_; }
   AgentStats& mutableStats() { return stats_; }
 
  private:
   explicit AgentImpl(AgentOptions options) : opts_(std::move(options)) {}
+
+  // ---- agent.cc ----
   Status init();
   Status openDevices();
   Status listen();
-  void registerInStore();
-  void keepAliveInStore();
-
-  // Loop thread.
-  void onAccept(int listenFd);
   // Protected mode: listens on ::1 too, on `port`; advertised when it could.
   void listenLoopback6(uint16_t port);
-  void onLine(Link& link, std::string_view line);
-  void onLinkClosed(Link& link, const Status& why, bool connected);
-  void send(const std::shared_ptr<PeerImpl>& peer, const WorkerAddress& to, WireupMessage m);
-  void sendLine(const WorkerAddress& to, const std::string& line);
+
+  // ---- discovery.cc (the store thread, but for joinStore and startResolve) ----
+  // From init(): starts the store thread, registers this agent before start() returns and keeps
+  // its lease alive.
+  Status joinStore();
+  void registerInStore();
+  void keepAliveInStore();
+  std::string storeKey(std::string_view kind, std::string_view name) const;
+  // Loop thread: looks the peer's alias up (again until the deadline), then wires up.
   void startResolve(const std::shared_ptr<PeerImpl>& peer);
+
+  // ---- peer_registry.cc ----
+  std::shared_ptr<PeerImpl> findUuid(const Uuid& uuid) const;
+  void forget(const std::shared_ptr<PeerImpl>& peer);
+
+  // ---- channel.cc (loop thread) ----
+  void onLine(Link& link, std::string_view line);
+  void sendLine(const WorkerAddress& to, const std::string& line);
+
+  // ---- handshake.cc: the wireup state machine (loop thread) ----
   void startWireup(const std::shared_ptr<PeerImpl>& peer);
   void armRetry(const std::shared_ptr<PeerImpl>& peer);
   void armDeadline(const std::shared_ptr<PeerImpl>& peer, std::chrono::milliseconds timeout);
   void armDeadline(const std::shared_ptr<PeerImpl>& peer) { armDeadline(peer, opts_.connectTimeout); }
-  // guard.cc: what an unauthenticated peer can reach, and what it can cost.
+  void onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from);
+  // With a secret: false for a REQUEST whose clock is too far off or whose nonce was seen (a
+  // replay; a resend of one we answered passes, for the duplicate rule).
+  bool requestIsFresh(const WireupMessage& m, const WorkerAddress& from);
+  // The connection a REQUEST is for (found, taken over from a pending connect, or new within the
+  // caps), or nullptr when it is dropped or already answered; *abandoned: our REQUEST it supersedes.
+  std::shared_ptr<PeerImpl> peerForRequest(Link& link, const WireupMessage& m, const WorkerAddress& from,
+                                           uint64_t* abandoned);
+  // peerForRequest for a uuid no connection has: the pending connect to its alias (which this
+  // REQUEST locates), else a new connection within the caps, each registered under the uuid and
+  // the alias; nullptr when the REQUEST is dropped (an older life, or a connected one not known
+  // to be gone).
+  std::shared_ptr<PeerImpl> peerForNewUuid(Link& link, const WireupMessage& m, const WorkerAddress& from);
+  // Connects `peer`'s endpoints to the REQUEST's and answers REPLY (or REJECT).
+  void answerRequest(std::shared_ptr<PeerImpl> peer, const WireupMessage& m, const WorkerAddress& from,
+                     uint64_t abandoned);
+  void onReply(Link& link, const WireupMessage& m);
+  void onAck(Link& link, const WireupMessage& m);
+  void onReject(const WireupMessage& m);
+  Result<std::map<std::string, std::shared_ptr<endpoint::Endpoint>>> makeEndpoints(const LaneSet& lanes,
+                                                                                 size_t numQp);
+  Status connectEndpoints(PeerImpl& peer, const json::Value& theirs);
+  json::Value endpointInfos(const PeerImpl& peer) const;
+
+  // ---- guard.cc: what an unauthenticated peer can reach, and what it can cost (loop thread) ----
+  void onAccept(int listenFd);
   Status openAdmission();
   void sweepInboundLinks();
   // Closes the unauthenticated inbound link silent the longest; false when there is none.
@@ -241,39 +298,25 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void onChallenge(const WireupMessage& m);
   // Whether one more REQUEST may make a connection now (the caps on handshakes not finished).
   bool admitHandshake(Link& link, const WorkerAddress& from);
-  void logRefused(const Status& why);
-  bool protectedMode() const { return secret_.empty() && !allowRemote_; }
-  void onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from);
-  // With a secret: false for a REQUEST whose clock is too far off or whose nonce was seen (a
-  // replay; a resend of one we answered passes, for the duplicate rule).
-  bool requestIsFresh(const WireupMessage& m, const WorkerAddress& from);
-  // The connection a REQUEST is for (found, taken over from a pending connect, or new within the
-  // caps), or nullptr when it is dropped or already answered; *abandoned: our REQUEST it supersedes.
-  std::shared_ptr<PeerImpl> peerForRequest(Link& link, const WireupMessage& m, const WorkerAddress& from,
-                                           uint64_t* abandoned);
-  // Connects `peer`'s endpoints to the REQUEST's and answers REPLY (or REJECT).
-  void answerRequest(std::shared_ptr<PeerImpl> peer, const WireupMessage& m, const WorkerAddress& from,
-                     uint64_t abandoned);
-  void onReply(Link& link, const WireupMessage& m);
-  void onAck(Link& link, const WireupMessage& m);
   // Marks `link` as the one `peer`'s wireup authenticated (an inbound link; ours need nothing).
   void authenticate(Link& link, PeerImpl& peer);
-  void onReject(const WireupMessage& m);
-  void onMrQuery(const WireupMessage& m);
-  void onMrInfo(const WireupMessage& m);
-  void onMessage(const WireupMessage& m);
+  void logRefused(const Status& why);
+  bool protectedMode() const { return secret_.empty() && !allowRemote_; }
+
+  // ---- liveness.cc (loop thread) ----
+  void onLinkClosed(Link& link, const Status& why, bool connected);
   void sweep();
   void peerGone(const std::shared_ptr<PeerImpl>& peer, const std::string& why);
-  Result<std::map<std::string, std::shared_ptr<endpoint::Endpoint>>> makeEndpoints(const LaneSet& lanes,
-                                                                                 size_t numQp);
-  Status connectEndpoints(PeerImpl& peer, const json::Value& theirs);
-  json::Value endpointInfos(const PeerImpl& peer) const;
-  std::shared_ptr<PeerImpl> findUuid(const Uuid& uuid) const;
-  void forget(const std::shared_ptr<PeerImpl>& peer);
+
+  // ---- messages.cc (loop thread) ----
+  void onMessage(const WireupMessage& m);
+
+  // ---- regions.cc ----
+  void onMrQuery(const WireupMessage& m);
+  void onMrInfo(const WireupMessage& m);
   std::string regionInfoJson(const std::string& name) const;
   // A region's store entry: its length only.
   std::string publishedRegionJson(const std::string& name) const;
-  std::string storeKey(std::string_view kind, std::string_view name) const;
 
   const AgentOptions opts_;
   std::string secret_;

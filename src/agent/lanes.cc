@@ -8,59 +8,70 @@
 namespace ferry::agent {
 namespace {
 
+using DevicePair = std::pair<const DeviceAddress*, const DeviceAddress*>;
+
+// The first pair `accept` takes: `first`'s devices in order, each with `second`'s in order.
+template <typename Accept>
+std::optional<DevicePair> firstPair(const WorkerAddress& first, const WorkerAddress& second,
+                                    Accept&& accept) {
+  for (const auto& a : first.devices) {
+    for (const auto& b : second.devices) {
+      if (accept(a, b)) return std::make_pair(&a, &b);
+    }
+  }
+  return std::nullopt;
+}
+
+// The pair of software TCP devices: in one IPv4 subnet if there is one, else any (routed).
+std::optional<DevicePair> tcpPair(const WorkerAddress& first, const WorkerAddress& second, std::string* why) {
+  auto v4 = [](const std::string& ip) {
+    in_addr a{};
+    inet_pton(AF_INET, ip.c_str(), &a);
+    return ntohl(a.s_addr);
+  };
+  auto soft = [](const DeviceAddress& d) { return d.kind == DeviceAddress::Kind::kSoft; };
+  bool sameHost = !first.hostId.empty() && first.hostId == second.hostId;
+  auto sameSubnet = [&](const DeviceAddress& a, const DeviceAddress& b) {
+    if (!soft(a) || !soft(b)) return false;
+    // Loopback reaches only this host's own loopback.
+    if (a.loopback() || b.loopback()) return sameHost && a.loopback() && b.loopback();
+    uint8_t len = std::min(a.prefixLength, b.prefixLength);
+    uint32_t mask = len == 0 ? 0 : ~uint32_t{0} << (32 - len);
+    return (v4(a.ip) & mask) == (v4(b.ip) & mask);
+  };
+  if (auto p = firstPair(first, second, sameSubnet)) {
+    *why = "software TCP devices in one IPv4 subnet";
+    return p;
+  }
+  auto routed = firstPair(first, second, [&](const DeviceAddress& a, const DeviceAddress& b) {
+    return soft(a) && soft(b) && !a.loopback() && !b.loopback();
+  });
+  if (routed) *why = "software TCP devices (different subnets: routed)";
+  return routed;
+}
+
 // The device pair of one kind, or nothing. `first` is the side with the smaller uuid: candidates
 // are enumerated in its device order, then the other's, so both sides find the same pair.
-std::optional<std::pair<const DeviceAddress*, const DeviceAddress*>> findPair(
-    LaneKind kind, const WorkerAddress& first, const WorkerAddress& second, std::string* why) {
-  auto pairs = [&](auto&& accept) -> std::optional<std::pair<const DeviceAddress*, const DeviceAddress*>> {
-    for (const auto& a : first.devices) {
-      for (const auto& b : second.devices) {
-        if (accept(a, b)) return std::make_pair(&a, &b);
-      }
-    }
-    return std::nullopt;
-  };
+std::optional<DevicePair> findPair(LaneKind kind, const WorkerAddress& first, const WorkerAddress& second,
+                                   std::string* why) {
   switch (kind) {
     case LaneKind::kSameHost: {
       if (first.hostId.empty() || first.hostId != second.hostId) return std::nullopt;
-      auto p = pairs([](const DeviceAddress& a, const DeviceAddress& b) { return a.loopback() && b.loopback(); });
+      auto p = firstPair(first, second, [](const DeviceAddress& a, const DeviceAddress& b) {
+        return a.loopback() && b.loopback();
+      });
       if (p) *why = "both agents run on this host (same kernel and network namespace)";
       return p;
     }
     case LaneKind::kRdma: {
-      auto p = pairs([](const DeviceAddress& a, const DeviceAddress& b) {
+      auto p = firstPair(first, second, [](const DeviceAddress& a, const DeviceAddress& b) {
         return a.kind == DeviceAddress::Kind::kRdma && b.kind == DeviceAddress::Kind::kRdma &&
                a.linkLayer == b.linkLayer && std::equal(a.gid.begin(), a.gid.begin() + 8, b.gid.begin());
       });
       if (p) *why = "both have an RDMA port on the same fabric (link layer and GID subnet prefix)";
       return p;
     }
-    case LaneKind::kTcp: {
-      auto v4 = [](const std::string& ip) {
-        in_addr a{};
-        inet_pton(AF_INET, ip.c_str(), &a);
-        return ntohl(a.s_addr);
-      };
-      auto soft = [](const DeviceAddress& d) { return d.kind == DeviceAddress::Kind::kSoft; };
-      bool sameHost = !first.hostId.empty() && first.hostId == second.hostId;
-      auto sameSubnet = [&](const DeviceAddress& a, const DeviceAddress& b) {
-        if (!soft(a) || !soft(b)) return false;
-        // Loopback reaches only this host's own loopback.
-        if (a.loopback() || b.loopback()) return sameHost && a.loopback() && b.loopback();
-        uint8_t len = std::min(a.prefixLength, b.prefixLength);
-        uint32_t mask = len == 0 ? 0 : ~uint32_t{0} << (32 - len);
-        return (v4(a.ip) & mask) == (v4(b.ip) & mask);
-      };
-      if (auto p = pairs(sameSubnet)) {
-        *why = "software TCP devices in one IPv4 subnet";
-        return p;
-      }
-      auto routed = pairs([&](const DeviceAddress& a, const DeviceAddress& b) {
-        return soft(a) && soft(b) && !a.loopback() && !b.loopback();
-      });
-      if (routed) *why = "software TCP devices (different subnets: routed)";
-      return routed;
-    }
+    case LaneKind::kTcp: return tcpPair(first, second, why);
   }
   return std::nullopt;
 }

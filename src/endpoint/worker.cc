@@ -58,6 +58,13 @@ struct Worker::State {
   }
 
   void run();
+  // How long run() may sleep (-1: until woken): until the next probe while an endpoint has a
+  // receive waiting (else the probe period starts again), or until a CQ left unarmed is due.
+  int sleepMs(std::chrono::steady_clock::time_point& nextProbe,
+              std::chrono::steady_clock::duration probeEvery);
+  // Adds to `ready` the endpoints to progress: those whose completion channel is among the
+  // `n` events, and those whose CQ was left unarmed and is due.
+  void collectReady(const epoll_event* events, int n, std::vector<std::shared_ptr<Endpoint>>& ready);
 };
 
 namespace {
@@ -109,58 +116,13 @@ void Worker::State::run() {
   epoll_event events[64];
   std::vector<std::shared_ptr<Endpoint>> ready;
   while (!stopping.load(std::memory_order_acquire)) {
-    // Sleep without a timeout unless an endpoint has a receive waiting (then probe its peer), or
-    // a CQ left unarmed while its waiters poll (then look again when their lease ends).
-    int timeoutMs = -1;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      bool probing = false;
-      const int64_t nowNs = steadyNs();
-      for (const auto& [key, entry] : entries) {
-        probing = probing || (options.probeIntervalSeconds > 0 && entry.raw->wantsProbe());
-        if (std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs)) {
-          const int64_t ms = (std::max<int64_t>(*due - nowNs, 0) + 999'999) / 1'000'000;
-          timeoutMs = timeoutMs < 0 ? static_cast<int>(ms) : std::min(timeoutMs, static_cast<int>(ms));
-        }
-      }
-      if (probing) {
-        auto left = std::chrono::ceil<std::chrono::milliseconds>(nextProbe - Clock::now()).count();
-        const int probeMs = static_cast<int>(std::max<int64_t>(left, 0));
-        timeoutMs = timeoutMs < 0 ? probeMs : std::min(timeoutMs, probeMs);
-      } else {
-        nextProbe = Clock::now() + probeEvery;
-      }
-    }
-    int n = ::epoll_wait(epfd, events, 64, timeoutMs);
+    int n = ::epoll_wait(epfd, events, 64, sleepMs(nextProbe, probeEvery));
     if (n < 0 && errno != EINTR) {
       FERRY_LOG(kError, "endpoint worker %d: epoll_wait: %s", options.id, std::strerror(errno));
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (int i = 0; i < n; ++i) {
-        uint64_t key = events[i].data.u64;
-        if (key == 0) {
-          uint64_t value;
-          ssize_t r = ::read(wakefd, &value, sizeof value);
-          (void)r;
-          continue;
-        }
-        auto it = entries.find(key);
-        if (it == entries.end()) continue;
-        if (auto ep = it->second.endpoint.lock()) ready.push_back(std::move(ep));
-      }
-      // CQs left unarmed whose pollers stopped: take what is there and arm them (or, while the
-      // pollers still attend, look again later).
-      const int64_t nowNs = steadyNs();
-      for (const auto& [key, entry] : entries) {
-        std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs);
-        if (!due || *due > nowNs) continue;
-        auto ep = entry.endpoint.lock();
-        if (ep && std::find(ready.begin(), ready.end(), ep) == ready.end()) ready.push_back(std::move(ep));
-      }
-    }
+    collectReady(events, n, ready);
     // Outside the lock: an endpoint whose last reference goes here detaches (takes the lock).
     for (auto& ep : ready) ep->progressFromWorker();
     ready.clear();
@@ -177,6 +139,58 @@ void Worker::State::run() {
       for (auto& ep : ready) ep->probeFromWorker();
       ready.clear();
     }
+  }
+}
+
+int Worker::State::sleepMs(std::chrono::steady_clock::time_point& nextProbe,
+                           std::chrono::steady_clock::duration probeEvery) {
+  using Clock = std::chrono::steady_clock;
+  // Sleep without a timeout unless an endpoint has a receive waiting (then probe its peer), or
+  // a CQ left unarmed while its waiters poll (then look again when their lease ends).
+  int timeoutMs = -1;
+  std::lock_guard<std::mutex> lock(mu);
+  bool probing = false;
+  const int64_t nowNs = steadyNs();
+  for (const auto& [key, entry] : entries) {
+    probing = probing || (options.probeIntervalSeconds > 0 && entry.raw->wantsProbe());
+    if (std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs)) {
+      const int64_t ms = (std::max<int64_t>(*due - nowNs, 0) + 999'999) / 1'000'000;
+      timeoutMs = timeoutMs < 0 ? static_cast<int>(ms) : std::min(timeoutMs, static_cast<int>(ms));
+    }
+  }
+  if (probing) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(nextProbe - Clock::now()).count();
+    const int probeMs = static_cast<int>(std::max<int64_t>(left, 0));
+    timeoutMs = timeoutMs < 0 ? probeMs : std::min(timeoutMs, probeMs);
+  } else {
+    nextProbe = Clock::now() + probeEvery;
+  }
+  return timeoutMs;
+}
+
+void Worker::State::collectReady(const epoll_event* events, int n,
+                                 std::vector<std::shared_ptr<Endpoint>>& ready) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < n; ++i) {
+    uint64_t key = events[i].data.u64;
+    if (key == 0) {
+      uint64_t value;
+      ssize_t r = ::read(wakefd, &value, sizeof value);
+      (void)r;
+      continue;
+    }
+    auto it = entries.find(key);
+    if (it == entries.end()) continue;
+    if (auto ep = it->second.endpoint.lock()) ready.push_back(std::move(ep));
+  }
+  // CQs left unarmed whose pollers stopped: take what is there and arm them (or, while the
+  // pollers still attend, look again later).
+  const int64_t nowNs = steadyNs();
+  for (const auto& [key, entry] : entries) {
+    std::optional<int64_t> due = entry.raw->unarmedDueNs(nowNs);
+    if (!due || *due > nowNs) continue;
+    auto ep = entry.endpoint.lock();
+    if (ep && std::find(ready.begin(), ready.end(), ep) == ready.end()) ready.push_back(std::move(ep));
   }
 }
 

@@ -1,0 +1,102 @@
+// The endpoint's metadata and connection (endpoint.h): endpointInfo() describes this side (the
+// codec is metadata.cc), connect() checks the peer's, brings every queue pair to RTS against its
+// peer and records the peer's regions.
+#include <algorithm>
+
+#include "endpoint/endpoint_internal.h"
+#include "endpoint/lane.h"
+#include "endpoint/metadata.h"
+
+namespace ferry::endpoint {
+namespace {
+
+namespace v = ferry::verbs;
+
+}  // namespace
+
+std::string Endpoint::endpointInfo() const {
+  EndpointMetadata m{.device = context_->deviceName(),
+                     .ibPort = context_->ibPort(),
+                     .linkType = context_->linkType(),
+                     .numQp = static_cast<uint32_t>(options_.numQp),
+                     .recvBufferSize = options_.recvBufferSize,
+                     .recvDepth = options_.recvDepth,
+                     .paths = {},
+                     .regions = {}};
+  for (const auto& lane : lanes_) m.paths.push_back(lane->local);
+  return encodeMetadata(m, pool_->mrInfo());
+}
+
+std::string Endpoint::mrInfo() const { return pool_->mrInfo(); }
+
+Status Endpoint::connect(std::string_view peerInfo) {
+  // Check everything first: malformed metadata changes nothing.
+  FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadata(peerInfo, "connect: peer metadata"));
+  if (peer.numQp != options_.numQp) {
+    return invalidArgument("connect: peer metadata: the peer has num_qp=" + std::to_string(peer.numQp) +
+                           ", this endpoint " + std::to_string(options_.numQp) +
+                           ": both sides need the same num_qp");
+  }
+  std::vector<v::Path>& peerPaths = peer.paths;
+  std::vector<RegionMetadata>& regions = peer.regions;
+  const uint32_t recvBufferSize = peer.recvBufferSize;
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kShutdown) return closedError("connect: the endpoint was shut down");
+    if (state_ == State::kFailed) return failure_;
+    if (state_ == State::kConnected) return invalidArgument("connect: the endpoint is already connected");
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      QpLane& lane = *lanes_[i];
+      v::Path path = peerPaths[i];
+      path.reverse();
+      path.portNum = lane.local.portNum;
+      path.sgidIndex = lane.local.sgidIndex;
+      Status st = v::fillPath(context_->verbs(), lane.qp, path);
+      if (st.isOk()) {
+        // Our side as published; our own transport policy (never the peer's timeouts for our QP).
+        path.sgid = lane.local.sgid;
+        path.sqpsn = lane.local.sqpsn;
+        path.retries = lane.local.retries;
+        path.rnrRetries = lane.local.rnrRetries;
+        path.minRnrTimer = lane.local.minRnrTimer;
+        path.packetLifeTime = lane.local.packetLifeTime;
+        st = lane.qp.establish(path, kQpAccess);
+      }
+      if (!st.isOk()) {
+        Status why(st.code(),
+                   "connect: bringing up queue pair " + std::to_string(i) + " failed: " + st.message() +
+                       " (this endpoint cannot be used any more)",
+                   st.cause());
+        failLocked(why);
+        return why;
+      }
+    }
+    peerRecvBufferSize_ = static_cast<uint32_t>(recvBufferSize);
+    state_ = State::kConnected;
+    updateProbeLocked();
+  }
+  {
+    std::unique_lock<std::shared_mutex> lock(remoteMu_);
+    // In the peer's handle order, so its handles are kept wherever they are free here.
+    std::sort(regions.begin(), regions.end(), [](const RegionMetadata& a, const RegionMetadata& b) {
+      return a.handle.value_or(~MrHandle{0}) < b.handle.value_or(~MrHandle{0});
+    });
+    for (auto& r : regions) {
+      recordRemoteLocked(
+          RemoteRegion{
+              .name = r.name, .addr = r.addr, .length = r.length, .rkey = r.rkey, .writable = r.writable},
+          r.handle);
+    }
+  }
+  auto worker = this->worker();
+  if (worker) worker->wake();
+  return Status::ok();
+}
+
+bool Endpoint::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kConnected;
+}
+
+}  // namespace ferry::endpoint
