@@ -1,4 +1,5 @@
-// Subcommands of the `ferry` command-line tool.
+// Subcommands of the `ferry` command-line tool. Each takes the words after its name and returns the
+// exit code: 0 when done, 1 when it failed, 2 for a bad command line (cli_args.h).
 #pragma once
 
 #include <string>
@@ -6,7 +7,9 @@
 
 namespace ferry::cli {
 
-// `ferry info [--device NAME]`: providers, devices, ports, limits and GIDs (like ibv_devinfo -v).
+// `ferry info [--device NAME] [--json]`: providers, devices, ports, limits and GIDs (like
+// ibv_devinfo -v); `--config`: every FERRY_* variable; `--peer ALIAS --store URL`: the lanes to that
+// agent first, then this host's agent (the devices after them only with --devices or --device).
 int runInfo(const std::vector<std::string>& args);
 // `ferry demo [--device NAME] [--size BYTES]`: two processes move data with RDMA WRITE and READ
 // over one RC queue pair, verify it byte for byte and print the throughput.

@@ -21,12 +21,13 @@
 #include <thread>
 #include <vector>
 
-#include "cli_args.h"
-#include "commands.h"
-#include "ferry/common/config.h"
 #include "agent/store/ferry_store_server.h"
 #include "agent/wireup.h"
+#include "cli_args.h"
+#include "commands.h"
 #include "ferry/agent/agent.h"
+#include "ferry/agent/store.h"
+#include "ferry/common/config.h"
 #include "ferry/devices.h"
 
 extern char** environ;
@@ -90,8 +91,8 @@ struct Side {
   size_t size = 0;
 };
 
-bool setUp(Side& s, const std::string& device, const std::string& store, const std::string& alias, size_t size,
-           const char* who) {
+bool setUp(Side& s, const std::string& device, const std::string& store, const std::string& alias,
+           size_t size, const char* who) {
   s.size = size;
   s.buf.reset(new (std::nothrow) uint8_t[size]);
   if (!s.buf) return fail(who, resourceExhausted("cannot allocate the buffer"));
@@ -106,6 +107,25 @@ bool setUp(Side& s, const std::string& device, const std::string& store, const s
   Status st = s.agent->registerMemoryRegion("buf", s.buf.get(), size);
   if (!st.isOk()) return fail(who, st);
   return true;
+}
+
+// The initiator's arguments, checked before the target starts: the devices exist (the target's
+// only when it runs here: through a launcher it may be on another host) and --store is a store URL.
+Status checkArguments(const std::string& device, const std::string& targetDevice, bool targetHere,
+                      const std::string& store) {
+  auto devices = listDevices();
+  if (!devices.isOk()) return devices.status();
+  for (const std::string& name : {device, targetHere ? targetDevice : device}) {
+    bool listed = false;
+    for (const auto& d : *devices) listed = listed || d.name == name;
+    if (!listed)
+      return Status(StatusCode::kInvalidArgument, "no device named '" + name + "' (ferry info lists them)");
+  }
+  if (!store.empty()) {
+    auto opened = agent::Store::open(store);
+    if (!opened.isOk()) return Status(StatusCode::kInvalidArgument, "--store: " + opened.status().message());
+  }
+  return Status::ok();
 }
 
 // ---- target: serves the initiator's commands on stdin/stdout ----
@@ -160,29 +180,43 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   size_t size = size_t{1} << 30;
   bool target = false;
   std::string sizeOption = "1G";
-  CLI::App app("Two processes find each other through a store and move data by RDMA WRITE and READ, verified",
-               "ferry demo");
-  app.add_option("--device", device, "This side's device")->capture_default_str();
-  app.add_option("--target-device", targetDevice, "The target's device (default: --device)");
-  app.add_option("--target-via", via, "Start the target through this launcher, e.g. 'ip netns exec NS'");
-  app.add_option("--size", sizeOption, "Bytes to move, a multiple of 8 (4096, 64M, 1G)")->capture_default_str();
-  app.add_option("--store", store, "The discovery store (default: one served from this process)");
-  app.add_option("--alias", alias, "The target's alias (with --target)");
-  app.add_flag("--target", target, "Run as the target (started by the demo itself)");
-  if (auto code = parseCommand(app, "demo", args)) return *code;
+  CLI::App app(
+      "Two processes find each other through a discovery store and move data by RDMA WRITE and READ; "
+      "both check every byte, and the initiator prints the throughput.",
+      "ferry demo");
+  app.add_option("--device", device, "this side's device")->option_text("NAME")->capture_default_str();
+  app.add_option("--target-device", targetDevice, "the target's device (default: --device)")
+      ->option_text("NAME");
+  app.add_option("--target-via", via, "start the target through this launcher, e.g. 'ip netns exec NS'")
+      ->option_text("'LAUNCHER ...'");
+  app.add_option("--size", sizeOption, "bytes to move, a multiple of 8 (4096, 64M, 1G)")
+      ->option_text("BYTES")
+      ->capture_default_str();
+  app.add_option("--store", store, "the discovery store (default: one served from this process)")
+      ->option_text("URL");
+  // The target's side: the demo starts itself with these; not for users.
+  app.add_option("--alias", alias)->group("");
+  app.add_flag("--target", target)->group("");
+  const CommandHelp help{.usage = {},
+                         .commands = {},
+                         .done = "the data arrived and came back intact",
+                         .failed = "the target did not start, a transfer failed, or a byte differs"};
+  if (auto code = parseCommand(app, help, args)) return *code;
   Result<uint64_t> bytes = config::parseByteSize(sizeOption);
   if (!bytes.isOk() || *bytes < 8 || *bytes % 8 != 0 || *bytes > (uint64_t{64} << 30)) {
-    std::fprintf(stderr, "ferry demo: --size '%s': takes a byte count, a multiple of 8, up to 64G (e.g. 64M)\n",
-                 sizeOption.c_str());
-    return 2;
+    return usageError("ferry demo", "--size '" + sizeOption +
+                                        "': takes a byte count, a multiple of 8, up to 64G (e.g. 64M)");
   }
   size = static_cast<size_t>(*bytes);
   if (target) {
-    if (store.empty() || alias.empty()) {
-      std::fprintf(stderr, "ferry demo --target: needs --store URL and --alias NAME\n");
-      return 2;
-    }
+    if (store.empty() || alias.empty())
+      return usageError("ferry demo --target", "needs --store URL and --alias NAME");
     return runTarget(device, store, alias, size);
+  }
+  if (targetDevice.empty()) targetDevice = device;
+  if (Status st = checkArguments(device, targetDevice, via.empty(), store); !st.isOk()) {
+    if (st.code() == StatusCode::kInvalidArgument) return usageError("ferry demo", st.message());
+    return fail("initiator", st), 1;
   }
 
   // The two agents share a secret: this run's own unless FERRY_AGENT_SECRET gives one. The target
@@ -217,15 +251,14 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   posix_spawn_file_actions_adddup2(&actions, toTarget[0], 0);
   posix_spawn_file_actions_adddup2(&actions, fromTarget[1], 1);
   std::string sizeText = std::to_string(size);
-  if (targetDevice.empty()) targetDevice = device;
   // The target may start through a launcher (e.g. "ip netns exec NS"): its words come first.
   std::vector<std::string> argvText;
   std::istringstream viaWords(via);
   for (std::string word; viaWords >> word;) argvText.push_back(word);
   std::string program = argvText.empty() ? self : argvText.front();
-  for (std::string word : {self, std::string("demo"), std::string("--target"), std::string("--device"), targetDevice,
-                           std::string("--size"), sizeText, std::string("--store"), store, std::string("--alias"),
-                           targetAlias}) {
+  for (std::string word : {self, std::string("demo"), std::string("--target"), std::string("--device"),
+                           targetDevice, std::string("--size"), sizeText, std::string("--store"), store,
+                           std::string("--alias"), targetAlias}) {
     argvText.push_back(word);
   }
   std::vector<char*> argv;
@@ -258,7 +291,8 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
               targetDevice.c_str(), static_cast<int>(getpid()), static_cast<int>(pid),
               static_cast<double>(size) / (1u << 30));
   Side s;
-  if (!setUp(s, device, store, "demo-initiator-" + std::to_string(getpid()), size, "initiator")) return finish(1);
+  if (!setUp(s, device, store, "demo-initiator-" + std::to_string(getpid()), size, "initiator"))
+    return finish(1);
   std::string line;
   if (!readLine(in, &line) || line != "ready") {
     std::fprintf(stderr, "ferry demo: the target process did not start\n");
@@ -285,7 +319,8 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return finish(1);
   }
   std::printf("  RDMA WRITE %.2f GiB in %.3f s: %.2f GB/s, verified by the target byte for byte\n",
-              static_cast<double>(size) / (1u << 30), writeSeconds, static_cast<double>(size) / writeSeconds / 1e9);
+              static_cast<double>(size) / (1u << 30), writeSeconds,
+              static_cast<double>(size) / writeSeconds / 1e9);
 
   std::fprintf(out, "fill %" PRIu64 "\n", readSeed);
   std::fflush(out);
@@ -302,7 +337,8 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return finish(1);
   }
   std::printf("  RDMA READ  %.2f GiB in %.3f s: %.2f GB/s, verified byte for byte\n",
-              static_cast<double>(size) / (1u << 30), readSeconds, static_cast<double>(size) / readSeconds / 1e9);
+              static_cast<double>(size) / (1u << 30), readSeconds,
+              static_cast<double>(size) / readSeconds / 1e9);
   int code = finish(0);
   std::printf("ferry demo: done\n");
   return code;

@@ -1,17 +1,18 @@
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "cli_args.h"
 #include "commands.h"
 #include "common/json.h"
-#include "ferry/common/config.h"
-#include "ferry/common/version.h"
 #include "ferry/agent/agent.h"
 #include "ferry/agent/lanes.h"
 #include "ferry/agent/store.h"
+#include "ferry/common/config.h"
+#include "ferry/common/version.h"
 #include "ferry/devices.h"
 #include "ferry/verbs/verbs.h"
 
@@ -36,16 +37,76 @@ const char* linkLayerName(verbs::LinkLayer l) {
   }
 }
 
-// The agent's view of this host, and with --peer the lanes to that agent (found in --store):
-// what agent.lanes(peer) would say, computed here by the same function from both addresses.
-int printAgent(const std::string& peer, const std::string& store, const std::string& scope) {
-  auto self = agent::Agent::start({.alias = "ferry-info", .store = "", .listenHost = "127.0.0.1"});
-  std::printf("\nagent:\n");
-  if (!self.isOk()) {
-    std::printf("  (no agent can start here: %s)\n", self.status().toString().c_str());
-    return peer.empty() ? 0 : 1;
+bool hasDevice(const std::vector<verbs::DeviceInfo>& devices, const std::string& name) {
+  return std::any_of(devices.begin(), devices.end(),
+                     [&](const verbs::DeviceInfo& d) { return d.name == name; });
+}
+
+int noSuchDevice(const std::string& name) {
+  std::fprintf(stderr, "ferry info: no device named '%s' (ferry info lists them)\n", name.c_str());
+  return 1;
+}
+
+// What `ferry info --peer ALIAS` answers: the peer's address in the store and the lanes to it,
+// computed by the function agent.lanes(peer) uses, from both addresses.
+struct PeerAnswer {
+  std::shared_ptr<agent::Agent> self;
+  agent::WorkerAddress theirs;
+  Result<agent::LaneSet> lanes = Status(StatusCode::kUnavailable, "not computed");
+};
+
+// Everything --peer needs, fetched before a line is printed: an error here is the command's only output.
+Result<PeerAnswer> askPeer(const std::string& peer, const std::string& store, const std::string& scope) {
+  auto opened = agent::Store::open(store);
+  if (!opened.isOk()) return Status(opened.status().code(), "--store: " + opened.status().message());
+  auto bytes = (*opened)->get("/ferry/" + scope + "/agents/" + peer);
+  if (!bytes.isOk()) {
+    if (bytes.status().code() == StatusCode::kNotFound)
+      return Status(StatusCode::kNotFound, "no agent '" + peer + "' in " + store + " (scope " + scope + ")");
+    return bytes.status();
   }
-  const agent::WorkerAddress& mine = (*self)->workerAddress();
+  auto theirs = agent::WorkerAddress::decode(*bytes);
+  if (!theirs.isOk()) {
+    return Status(theirs.status().code(),
+                  "agent '" + peer + "' in " + store + ": " + theirs.status().message());
+  }
+  auto self = agent::Agent::start({.alias = "ferry-info", .store = "", .listenHost = "127.0.0.1"});
+  if (!self.isOk())
+    return Status(self.status().code(), "no agent can start here: " + self.status().message());
+  agent::LaneOverrides overrides;
+  if (const std::string forced = config::agentLanes(); !forced.empty()) {
+    auto parsed = agent::parseLaneOverrides(forced);
+    if (parsed.isOk()) overrides = *parsed;
+  }
+  PeerAnswer answer{.self = *self, .theirs = *theirs};
+  answer.lanes = agent::selectLanes((*self)->workerAddress(), answer.theirs, overrides);
+  return answer;
+}
+
+// Returns 1 when no lanes reach the peer.
+int printPeer(const std::string& peer, const std::string& store, const PeerAnswer& answer) {
+  std::printf("peer '%s' in %s:\n", peer.c_str(), store.c_str());
+  std::printf("  address:             %s\n", answer.theirs.describe().c_str());
+  if (!answer.lanes.isOk()) {
+    std::printf("  lanes:               none: %s\n", answer.lanes.status().message().c_str());
+    return 1;
+  }
+  for (int i = 0; i < agent::kNumOpClasses; ++i) {
+    const agent::Lane& l = answer.lanes->lanes[i];
+    std::printf("  lane %-9s        %-10s %s -> %s: %s\n", agent::opClassName(static_cast<agent::OpClass>(i)),
+                l.label().c_str(), l.localDevice.c_str(), l.remoteDevice.c_str(), l.why.c_str());
+  }
+  return 0;
+}
+
+// The agent's view of this host: what it offers peers and how it picks lanes.
+void printAgent(const agent::Agent* self, const Status& whyNone) {
+  std::printf("\nagent:\n");
+  if (self == nullptr) {
+    std::printf("  (no agent can start here: %s)\n", whyNone.toString().c_str());
+    return;
+  }
+  const agent::WorkerAddress& mine = self->workerAddress();
   std::printf("  host identity:       %s\n", mine.hostId.c_str());
   std::string devices;
   for (const auto& d : mine.devices) devices += (devices.empty() ? "" : ", ") + d.name;
@@ -53,44 +114,6 @@ int printAgent(const std::string& peer, const std::string& store, const std::str
   const std::string forced = config::agentLanes();
   std::printf("  lane rules:          same_host, then rdma (same fabric), then tcp%s%s\n",
               forced.empty() ? "" : "; FERRY_AGENT_LANES=", forced.c_str());
-  if (peer.empty()) return 0;
-  if (store.empty()) {
-    std::fprintf(stderr, "ferry info: --peer needs --store URL\n");
-    return 2;
-  }
-  auto opened = agent::Store::open(store);
-  if (!opened.isOk()) {
-    std::fprintf(stderr, "ferry info: %s\n", opened.status().toString().c_str());
-    return 2;
-  }
-  auto bytes = (*opened)->get("/ferry/" + scope + "/agents/" + peer);
-  if (!bytes.isOk()) {
-    std::fprintf(stderr, "ferry info: agent '%s' in %s: %s\n", peer.c_str(), store.c_str(),
-                 bytes.status().toString().c_str());
-    return 1;
-  }
-  auto theirs = agent::WorkerAddress::decode(*bytes);
-  if (!theirs.isOk()) {
-    std::fprintf(stderr, "ferry info: agent '%s': %s\n", peer.c_str(), theirs.status().toString().c_str());
-    return 1;
-  }
-  agent::LaneOverrides overrides;
-  if (!forced.empty()) {
-    auto parsed = agent::parseLaneOverrides(forced);
-    if (parsed.isOk()) overrides = *parsed;
-  }
-  std::printf("  peer '%s':           %s\n", peer.c_str(), theirs->describe().c_str());
-  auto lanes = agent::selectLanes(mine, *theirs, overrides);
-  if (!lanes.isOk()) {
-    std::printf("  lanes:               none: %s\n", lanes.status().message().c_str());
-    return 1;
-  }
-  for (int i = 0; i < agent::kNumOpClasses; ++i) {
-    const agent::Lane& l = lanes->lanes[i];
-    std::printf("  lane %-9s        %-10s %s -> %s: %s\n", agent::opClassName(static_cast<agent::OpClass>(i)),
-                l.label().c_str(), l.localDevice.c_str(), l.remoteDevice.c_str(), l.why.c_str());
-  }
-  return 0;
 }
 
 // `ferry info --config`: every FERRY_* variable, its setting here and the value in effect.
@@ -107,7 +130,8 @@ int printConfig(bool asJson) {
       row.set("default", s.variable->defaultText);
       row.set("valid", s.variable->validValues);
       row.set("set", s.set);
-      row.set("value", s.set ? json::Value(config::isSecret(s.variable->name) ? s.effective : s.raw) : json::Value());
+      row.set("value",
+              s.set ? json::Value(config::isSecret(s.variable->name) ? s.effective : s.raw) : json::Value());
       row.set("effective", s.effective);
       row.set("error", s.error.empty() ? json::Value() : json::Value(s.error));
       rows.push_back(std::move(row));
@@ -167,6 +191,8 @@ int printConfig(bool asJson) {
 
 // `ferry info --json`: providers, devices with their attributes, ports and GIDs, and the settings.
 int printJson(const std::string& only) {
+  auto listed = listDevices();
+  if (listed.isOk() && !only.empty() && !hasDevice(*listed, only)) return noSuchDevice(only);
   json::Value doc = json::Value::emptyObject();
   doc.set("version", version());
   Status valid = config::check();
@@ -185,7 +211,6 @@ int printJson(const std::string& only) {
   }
   doc.set("providers", json::Value(std::move(providers)));
   json::Array devices;
-  auto listed = listDevices();
   for (const auto& d : listed.isOk() ? *listed : std::vector<verbs::DeviceInfo>{}) {
     if (!only.empty() && d.name != only) continue;
     json::Value o = json::Value::emptyObject();
@@ -255,48 +280,62 @@ int printJson(const std::string& only) {
   return 0;
 }
 
-}  // namespace
-
-int runInfo(const std::vector<std::string>& args) {
-  std::string only;
-  std::string peer, store, scope = "default";
-  bool asJson = false, configOnly = false;
-  CLI::App app("Providers, devices, ports, limits and GIDs (like ibv_devinfo -v); the agent's lanes to a peer",
-               "ferry info");
-  app.add_option("--device", only, "Only this device");
-  app.add_flag("--json", asJson, "One JSON document on stdout");
-  app.add_flag("--config", configOnly, "Every FERRY_* variable, its setting here and the value in effect");
-  app.add_option("--peer", peer, "The lanes to this agent (needs --store)");
-  app.add_option("--store", store, "The discovery store the peer registered in");
-  app.add_option("--scope", scope, "The store's scope")->capture_default_str();
-  if (auto code = parseCommand(app, "info", args)) return *code;
-  if (configOnly) return printConfig(asJson);
-  if (asJson) {
-    if (!peer.empty()) {
-      std::fprintf(stderr, "ferry info: --json does not combine with --peer\n");
-      return 2;
+// A device's limits and each port, with the GIDs in use.
+void printAttributes(const verbs::Context& ctx, const verbs::DeviceAttr& a) {
+  std::printf("  fw_ver:              %s\n", a.fwVer.c_str());
+  std::printf("  vendor_id:           0x%04x\n", a.vendorId);
+  std::printf("  phys_port_cnt:       %u\n", a.physPortCnt);
+  std::printf("  max_mr_size:         0x%" PRIx64 "\n", a.maxMrSize);
+  std::printf("  max_qp:              %d\n", a.maxQp);
+  std::printf("  max_qp_wr:           %d\n", a.maxQpWr);
+  std::printf("  max_sge:             %d\n", a.maxSge);
+  std::printf("  max_cq:              %d\n", a.maxCq);
+  std::printf("  max_cqe:             %d\n", a.maxCqe);
+  std::printf("  max_mr:              %d\n", a.maxMr);
+  std::printf("  max_pd:              %d\n", a.maxPd);
+  std::printf("  max_qp_rd_atom:      %d\n", a.maxQpRdAtom);
+  std::printf("  max_qp_init_rd_atom: %d\n", a.maxQpInitRdAtom);
+  std::printf("  max_srq:             %d\n", a.maxSrq);
+  std::printf("  max_srq_wr:          %d\n", a.maxSrqWr);
+  std::printf("  max_inline_data:     %u\n", a.maxInlineData);
+  std::printf("  atomic_cap:          %s\n", a.atomicCap == 0   ? "ATOMIC_NONE"
+                                             : a.atomicCap == 1 ? "ATOMIC_HCA"
+                                                                : "ATOMIC_GLOB");
+  for (uint8_t port = 1; port <= a.physPortCnt; ++port) {
+    auto p = ctx.queryPort(port);
+    if (!p.isOk()) continue;
+    std::printf("  port: %u\n", port);
+    std::printf("    state:             %s\n", portStateName(p->state));
+    std::printf("    max_mtu:           %u\n", verbs::mtuBytes(p->maxMtu));
+    std::printf("    active_mtu:        %u\n", verbs::mtuBytes(p->activeMtu));
+    std::printf("    max_msg_sz:        0x%x\n", p->maxMsgSz);
+    std::printf("    link_layer:        %s\n", linkLayerName(p->linkLayer));
+    std::printf("    lid:               %u\n", p->lid);
+    // Only the GIDs in use: NICs have tables of hundreds of entries, mostly empty.
+    for (int i = 0; i < p->gidTblLen; ++i) {
+      auto gid = ctx.queryGid(port, i);
+      if (gid.isOk() && (!gid->isZero() || i == 0)) {
+        std::printf("    GID[%d]:            %s\n", i, gid->toString().c_str());
+      }
     }
-    return printJson(only);
   }
+}
+
+// Providers, then each device with its attributes, ports and GIDs (like ibv_devinfo -v).
+void printDevices(const std::vector<verbs::DeviceInfo>& devices, const std::string& only) {
   std::printf("providers:\n");
   for (const auto& p : listProviders()) {
-    std::printf("  %-8s priority %-3d %s%s%s\n", p.name.c_str(), p.priority, p.available ? "available" : "unavailable",
-                p.reason.empty() ? "" : ": ", p.reason.c_str());
+    std::printf("  %-8s priority %-3d %s%s%s\n", p.name.c_str(), p.priority,
+                p.available ? "available" : "unavailable", p.reason.empty() ? "" : ": ", p.reason.c_str());
     for (const auto& path : p.paths) std::printf("           %s\n", path.c_str());
   }
-  auto devices = listDevices();
-  if (!devices.isOk()) {
-    std::fprintf(stderr, "ferry info: %s\n", devices.status().toString().c_str());
-    return devices.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  int shown = 0;
-  for (const auto& d : *devices) {
+  for (const auto& d : devices) {
     if (!only.empty() && d.name != only) continue;
-    ++shown;
     std::printf("\nhca_id: %s\n", d.name.c_str());
     std::printf("  provider:            %s\n", d.provider.c_str());
     std::printf("  transport:           %s\n", d.transport.c_str());
-    if (!d.netdev.empty()) std::printf("  netdev:              %s (%s)\n", d.netdev.c_str(), d.address.c_str());
+    if (!d.netdev.empty())
+      std::printf("  netdev:              %s (%s)\n", d.netdev.c_str(), d.address.c_str());
     std::printf("  node_guid:           %016" PRIx64 "\n", d.guid);
     std::printf("  numa_node:           %d\n", d.numaNode);
     auto ctx = openDevice(d.name);
@@ -304,51 +343,84 @@ int runInfo(const std::vector<std::string>& args) {
       std::printf("  (cannot open: %s)\n", ctx.status().toString().c_str());
       continue;
     }
-    auto attr = ctx->queryDevice();
-    if (attr.isOk()) {
-      const auto& a = *attr;
-      std::printf("  fw_ver:              %s\n", a.fwVer.c_str());
-      std::printf("  vendor_id:           0x%04x\n", a.vendorId);
-      std::printf("  phys_port_cnt:       %u\n", a.physPortCnt);
-      std::printf("  max_mr_size:         0x%" PRIx64 "\n", a.maxMrSize);
-      std::printf("  max_qp:              %d\n", a.maxQp);
-      std::printf("  max_qp_wr:           %d\n", a.maxQpWr);
-      std::printf("  max_sge:             %d\n", a.maxSge);
-      std::printf("  max_cq:              %d\n", a.maxCq);
-      std::printf("  max_cqe:             %d\n", a.maxCqe);
-      std::printf("  max_mr:              %d\n", a.maxMr);
-      std::printf("  max_pd:              %d\n", a.maxPd);
-      std::printf("  max_qp_rd_atom:      %d\n", a.maxQpRdAtom);
-      std::printf("  max_qp_init_rd_atom: %d\n", a.maxQpInitRdAtom);
-      std::printf("  max_srq:             %d\n", a.maxSrq);
-      std::printf("  max_srq_wr:          %d\n", a.maxSrqWr);
-      std::printf("  max_inline_data:     %u\n", a.maxInlineData);
-      std::printf("  atomic_cap:          %s\n", a.atomicCap == 0 ? "ATOMIC_NONE" : a.atomicCap == 1 ? "ATOMIC_HCA" : "ATOMIC_GLOB");
-      for (uint8_t port = 1; port <= a.physPortCnt; ++port) {
-        auto p = ctx->queryPort(port);
-        if (!p.isOk()) continue;
-        std::printf("  port: %u\n", port);
-        std::printf("    state:             %s\n", portStateName(p->state));
-        std::printf("    max_mtu:           %u\n", verbs::mtuBytes(p->maxMtu));
-        std::printf("    active_mtu:        %u\n", verbs::mtuBytes(p->activeMtu));
-        std::printf("    max_msg_sz:        0x%x\n", p->maxMsgSz);
-        std::printf("    link_layer:        %s\n", linkLayerName(p->linkLayer));
-        std::printf("    lid:               %u\n", p->lid);
-        // Only the GIDs in use: NICs have tables of hundreds of entries, mostly empty.
-        for (int i = 0; i < p->gidTblLen; ++i) {
-          auto gid = ctx->queryGid(port, i);
-          if (gid.isOk() && (!gid->isZero() || i == 0)) {
-            std::printf("    GID[%d]:            %s\n", i, gid->toString().c_str());
-          }
-        }
-      }
-    }
+    if (auto attr = ctx->queryDevice(); attr.isOk()) printAttributes(*ctx, *attr);
   }
-  if (shown == 0) {
-    std::printf("\nno devices%s%s\n", only.empty() ? "" : " named ", only.c_str());
-    return only.empty() ? 0 : 1;
+  if (devices.empty()) std::printf("\nno devices\n");
+}
+
+// `ferry info --peer`: the peer's answer, this host's agent, then the devices when `devices` is given.
+int infoOfPeer(const std::string& peer, const std::string& store, const std::string& scope,
+               const std::vector<verbs::DeviceInfo>* devices, const std::string& only) {
+  auto answer = askPeer(peer, store, scope);
+  if (!answer.isOk() && answer.status().code() == StatusCode::kInvalidArgument)
+    return usageError("ferry info", answer.status().message());
+  if (!answer.isOk()) {
+    std::fprintf(stderr, "ferry info: %s\n", answer.status().toString().c_str());
+    return 1;
   }
-  return only.empty() || !peer.empty() ? printAgent(peer, store, scope) : 0;
+  int code = printPeer(peer, store, *answer);
+  printAgent(answer->self.get(), Status::ok());
+  if (devices != nullptr) {
+    std::printf("\n");
+    printDevices(*devices, only);
+  }
+  return code;
+}
+
+}  // namespace
+
+int runInfo(const std::vector<std::string>& args) {
+  std::string only;
+  std::string peer, store, scope = "default";
+  bool asJson = false, configOnly = false, withDevices = false;
+  CLI::App app(
+      "Providers, devices, ports, limits and GIDs (like ibv_devinfo -v), then this host's agent. With "
+      "--peer, only the answer about that peer: its address in the store and the lane of each operation "
+      "class, and why (the devices follow with --devices).",
+      "ferry info");
+  app.add_option("--device", only, "only this device")->option_text("NAME");
+  app.add_flag("--json", asJson, "one JSON document on stdout (not with --peer)");
+  app.add_flag("--config", configOnly, "every FERRY_* variable, its setting here and the value in effect");
+  app.add_option("--peer", peer, "the lanes to the agent of this alias (needs --store)")
+      ->option_text("ALIAS");
+  app.add_option("--store", store, "the discovery store the peer registered in")->option_text("URL");
+  app.add_option("--scope", scope, "the peer's scope in the store")
+      ->option_text("NAME")
+      ->capture_default_str();
+  app.add_flag("--devices", withDevices, "with --peer: the providers and devices too, after the peer");
+  const CommandHelp help{
+      .usage = {"ferry info [--device NAME] [--json]", "ferry info --config [--json]",
+                "ferry info --peer ALIAS --store URL [--scope NAME] [--devices] [--device NAME]"},
+      .commands = {},
+      .done = "listed (with --peer: the lanes to the peer are known)",
+      .failed =
+          "no devices can be listed, no device has --device's name, or (--peer) the store does not "
+          "answer, has no such agent, or no lane reaches it"};
+  if (auto code = parseCommand(app, help, args)) return *code;
+  const bool peerOptions = !store.empty() || app.count("--scope") > 0 || withDevices;
+  if (configOnly && (!only.empty() || !peer.empty() || peerOptions))
+    return usageError("ferry info",
+                      "--config lists the FERRY_* variables only: drop --device, --peer and its options");
+  if (configOnly) return printConfig(asJson);
+  if (peer.empty() && peerOptions)
+    return usageError("ferry info", "--store, --scope and --devices go with --peer ALIAS");
+  if (!peer.empty() && asJson) return usageError("ferry info", "--json does not combine with --peer");
+  if (!peer.empty() && store.empty()) return usageError("ferry info", "--peer needs --store URL");
+  if (asJson) return printJson(only);
+
+  auto devices = listDevices();
+  if (!devices.isOk()) {
+    std::fprintf(stderr, "ferry info: %s\n", devices.status().toString().c_str());
+    return devices.status().code() == StatusCode::kInvalidArgument ? kBadUsage : 1;
+  }
+  if (!only.empty() && !hasDevice(*devices, only)) return noSuchDevice(only);
+  if (!peer.empty())
+    return infoOfPeer(peer, store, scope, withDevices || !only.empty() ? &*devices : nullptr, only);
+  printDevices(*devices, only);
+  if (!only.empty() || devices->empty()) return 0;
+  auto self = agent::Agent::start({.alias = "ferry-info", .store = "", .listenHost = "127.0.0.1"});
+  printAgent(self.isOk() ? self->get() : nullptr, self.status());
+  return 0;
 }
 
 }  // namespace ferry::cli

@@ -7,44 +7,49 @@
 #include <vector>
 
 #include "bench.h"
+#include "cli_args.h"
 #include "commands.h"
 #include "ferry/common/version.h"
 
 namespace {
 
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: ferry <command> [options]\n"
-               "\n"
-               "commands:\n"
-               "  info [--device NAME] [--json]        providers, devices, ports, limits, GIDs\n"
-               "  info --config [--json]               every FERRY_* variable and the value in effect\n"
-               "  demo [--device NAME] [--size BYTES]  two processes move data with RDMA WRITE and READ,\n"
-               "       [--target-device NAME]          verify it byte for byte and print throughput; the\n"
-               "       [--target-via 'LAUNCHER ...']   target may use another device and start through a\n"
-               "                                       launcher such as 'ip netns exec NS'\n"
-               "  bench --local|--server|HOST[:PORT]   perftest-style bandwidth and latency of WRITE, READ,\n"
-               "        [--op OP] [--mode bw|lat]      SEND, WRITE_WITH_IMM and atomics between two\n"
-               "        [--size N | --sweep] [--json]  processes; `ferry bench --help` lists every option\n"
-               "  store [--host ADDRESS] [--port N]    serve the discovery store ferry://ADDRESS:N (default\n"
-               "                                       127.0.0.1:4479) until SIGINT or SIGTERM\n"
-               "  objects serve|put|get|ls|mb|rb|rm    the object store (S3-style HTTP, payloads by RDMA) and\n"
-               "                                       its client; `ferry objects help` lists the forms\n"
-               "  help                                 this text\n"
-               "  --version                            ferry's version\n"
-               "\n"
-               "environment: `ferry info --config` lists every FERRY_* variable (docs/configuration.md)\n");
+std::string help() {
+  ferry::cli::CommandHelp h{
+      .usage = {"ferry COMMAND [options]", "ferry COMMAND --help"},
+      .commands = {{"info",
+                    "providers, devices, ports, limits and GIDs; --config: every FERRY_* variable; "
+                    "--peer ALIAS --store URL: the lanes to that agent and why"},
+                   {"demo",
+                    "two processes move data with RDMA WRITE and READ, verify it byte for byte and "
+                    "print the throughput"},
+                   {"bench",
+                    "perftest-style bandwidth and latency of WRITE, READ, SEND, WRITE_WITH_IMM and "
+                    "atomics between two processes"},
+                   {"store", "serve the discovery store ferry://ADDRESS:N until SIGINT or SIGTERM"},
+                   {"objects",
+                    "the object store (S3-style HTTP, payloads by RDMA) and its client: serve, put, "
+                    "get, ls, mb, rb, rm"},
+                   {"help [COMMAND]", "this help, or the command's"},
+                   {"--version", "ferry's version"}},
+      .done = "the command did what it was asked",
+      .failed = "it could not (each command's --help says when)"};
+  return ferry::cli::renderHelp("ferry",
+                                "ferry moves data with RDMA semantics between processes and hosts. `ferry "
+                                "COMMAND --help` describes each command; `ferry info --config` lists every "
+                                "FERRY_* variable (docs/configuration.md).",
+                                h);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return 2;
-  }
+  if (argc < 2) return ferry::cli::usageError("ferry", "no command given (ferry help lists them)");
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "help" && !args.empty()) {  // `ferry help COMMAND` is `ferry COMMAND --help`
+    command = args.front();
+    args = {"--help"};
+  }
   if (command == "info") return ferry::cli::runInfo(args);
   if (command == "store") return ferry::cli::runStore(args);
   if (command == "objects") return ferry::cli::runObjects(args);
@@ -61,9 +66,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "help" || command == "--help" || command == "-h") {
-    usage(stdout);
+    std::fputs(help().c_str(), stdout);
     return 0;
   }
-  std::fprintf(stderr, "ferry: unknown command '%s' (ferry help lists them)\n", command.c_str());
-  return 2;
+  return ferry::cli::usageError("ferry", "unknown command '" + command + "' (ferry help lists them)");
 }

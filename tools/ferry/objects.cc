@@ -1,19 +1,26 @@
 // `ferry objects`: the object store (include/ferry/objects/store.h) and its client.
-//   ferry objects serve [--host A] [--port N] [--rdma-host A] [--rdma-port N] [--data-dir DIR]
-//                       [--max-body SIZE] [--max-receiving SIZE] [--max-connections N]
-//                       [--max-memory SIZE] [--upload-expiry SECONDS]
-//                       [--header-timeout MS] [--idle-timeout MS] [--insecure-allow-remote]
-//   ferry objects mb URL | rb URL | ls URL | rm URL
+//   ferry objects serve [options]          (ferry objects serve --help lists them)
 //   ferry objects put FILE URL [--http] [--piece SIZE]
 //   ferry objects get URL FILE [--http] [--piece SIZE]
-// URL: http://HOST:PORT/BUCKET[/KEY]. put and get draw a progress bar on a terminal and print the
-// bytes and rate when done; --http moves the payload in the HTTP body instead of by RDMA.
+//   ferry objects ls|mb|rb|rm URL
+// URL: http://HOST:PORT[/BUCKET[/KEY]]. put without a KEY, or with one ending in '/', adds FILE's
+// name (as `aws s3 cp` does); get into a directory writes DIR/(the key's last part). put and get
+// draw a progress bar on a terminal and print the bytes and rate when done; --http moves the
+// payload in the HTTP body instead of by RDMA.
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,9 +33,81 @@
 namespace ferry::cli {
 namespace {
 
+// A bad argument is its message alone and exit code 2, like a bad option; any other error names its
+// status code and is exit code 1.
 int fail(const std::string& what, const Status& st) {
+  if (st.code() == StatusCode::kInvalidArgument) return usageError("ferry objects " + what, st.message());
   std::fprintf(stderr, "ferry objects %s: %s\n", what.c_str(), st.toString().c_str());
-  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  return 1;
+}
+
+// Why nothing takes a TCP connection at `base` (http://HOST:PORT), or "" when something does: the
+// HTTP client says only "Connection", and "connection refused" tells a user the server is down.
+std::string whyUnreachable(const std::string& base) {
+  std::string authority = base.substr(std::strlen("http://"));
+  const size_t colon = authority.rfind(':');
+  std::string host = authority.substr(0, colon), port = authority.substr(colon + 1);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
+  }
+  int error = ETIMEDOUT;
+  for (addrinfo* a = found; a != nullptr && error != 0; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    error = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd p{.fd = fd, .events = POLLOUT, .revents = 0};
+      socklen_t len = sizeof error;
+      error =
+          poll(&p, 1, 3000) == 1 ? (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len), error) : ETIMEDOUT;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (error == 0) return "";
+  std::string why = std::strerror(error);
+  if (!why.empty()) why.front() = static_cast<char>(std::tolower(static_cast<unsigned char>(why.front())));
+  return why;
+}
+
+// The client's error in the words a user acts on: that no server answers at the URL, or which of
+// the bucket and the object is missing. The store names it in its S3 error document (Code
+// NoSuchBucket or NoSuchKey, which the client's message carries); a HEAD answer has no document,
+// so then the bucket list tells.
+Status explain(const Status& st, const objects::ObjectUrl& u, objects::ObjectClient* client) {
+  if (st.code() == StatusCode::kUnavailable) {
+    std::string why = whyUnreachable(u.base);
+    if (!why.empty())
+      return Status(StatusCode::kUnavailable, "no server answers at " + u.base + " (" + why + ")");
+    return st;
+  }
+  if (st.code() != StatusCode::kNotFound || st.message().find(": HTTP 404") == std::string::npos) return st;
+  const std::string& text = st.message();
+  bool noBucket = text.find("HTTP 404 NoSuchBucket") != std::string::npos;
+  bool noKey = text.find("HTTP 404 NoSuchKey") != std::string::npos;
+  if (!noBucket && !noKey && client != nullptr) {
+    auto buckets = client->buckets();
+    if (!buckets.isOk()) return st;
+    noBucket = std::find(buckets->begin(), buckets->end(), u.bucket) == buckets->end();
+    noKey = !noBucket && !u.key.empty();
+  }
+  if (noBucket) return Status(StatusCode::kNotFound, "no bucket '" + u.bucket + "'");
+  if (noKey) return Status(StatusCode::kNotFound, "no object '" + u.key + "' in bucket '" + u.bucket + "'");
+  return st;
+}
+
+// The exit codes of the client's commands.
+CommandHelp clientHelp(const std::string& done) {
+  return {.usage = {},
+          .commands = {},
+          .done = done,
+          .failed =
+              "no server answers at URL, or the store refused the request (the line says why: no bucket, "
+              "no object, access denied, ...)"};
 }
 
 int serve(const std::vector<std::string>& args) {
@@ -36,50 +115,71 @@ int serve(const std::vector<std::string>& args) {
   o.port = 9000;
   int port = 9000, rdmaPort = 0;
   CLI::App app(
-      "Serves the object store (S3-style HTTP; payloads by RDMA with ferry's client) until SIGINT or SIGTERM",
+      "Serves the object store (S3-style HTTP; payloads by RDMA with ferry's client) in the foreground until "
+      "SIGINT or SIGTERM; prints \"ferry objects: serving URL\" when ready.",
       "ferry objects serve");
-  app.add_option("--host", o.host, "The HTTP address (and the object server's, unless --rdma-host)")
+  app.add_option("--host", o.host, "the HTTP address (and the object server's, unless --rdma-host)")
+      ->option_text("ADDRESS")
       ->capture_default_str();
-  app.add_option("--port", port, "The HTTP port (0 picks a free one)")
+  app.add_option("--port", port, "the HTTP port (0 picks a free one)")
+      ->option_text("N")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  app.add_option("--rdma-host", o.rdmaHost, "The object server's session address (default: --host)");
-  app.add_option("--rdma-port", rdmaPort, "Its port (0 picks one)")
+  app.add_option("--rdma-host", o.rdmaHost, "the object server's session address (default: --host)")
+      ->option_text("ADDRESS");
+  app.add_option("--rdma-port", rdmaPort, "its port (0 picks one)")
+      ->option_text("N")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  app.add_option("--data-dir", o.dataDir, "Keep objects as files DIR/BUCKET/KEY too, and load them at start");
-  app.add_option("--threads", o.threads, "HTTP workers started at once (more start on demand)")
+  app.add_option("--data-dir", o.dataDir, "keep objects as files DIR/BUCKET/KEY too, and load them at start")
+      ->option_text("DIR");
+  app.add_option("--threads", o.threads, "the HTTP workers started at once (more start on demand)")
+      ->option_text("N")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   std::string maxBody = "5G", maxReceiving = "16G";
-  app.add_option("--max-body", maxBody, "The largest body of one PUT (larger: 400 EntityTooLarge)")
+  app.add_option("--max-body", maxBody, "the largest body of one PUT (larger: 400 EntityTooLarge)")
+      ->option_text("SIZE")
       ->capture_default_str();
-  app.add_option("--max-receiving", maxReceiving,
-                 "Declared bytes of bodies and uploads received at once, over all clients (past it: 503 SlowDown)")
+  app.add_option(
+         "--max-receiving", maxReceiving,
+         "declared bytes of bodies and uploads received at once, over all clients (past it: 503 SlowDown)")
+      ->option_text("SIZE")
       ->capture_default_str();
   std::string maxMemory;
   app.add_option(
-      "--max-memory", maxMemory,
-      "Bytes of objects and uploads held in memory (past it: 507 InsufficientStorage; default: half "
-      "of physical memory)");
+         "--max-memory", maxMemory,
+         "bytes of objects and uploads held in memory (past it: 507 InsufficientStorage; default: half "
+         "of physical memory)")
+      ->option_text("SIZE");
   app.add_option("--upload-expiry", o.abandonedUploadSeconds,
-                 "Seconds after which a multipart upload with no call is dropped with its parts")
+                 "seconds after which a multipart upload with no call is dropped with its parts")
+      ->option_text("SECONDS")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600));
-  app.add_option("--max-connections", o.maxConnections, "Connections served at once (past it: 503 SlowDown)")
+  app.add_option("--max-connections", o.maxConnections, "connections served at once (past it: 503 SlowDown)")
+      ->option_text("N")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
-  app.add_option("--header-timeout", o.headerTimeoutMs, "Milliseconds for a request's line and headers")
+  app.add_option("--header-timeout", o.headerTimeoutMs, "milliseconds for a request's line and headers")
+      ->option_text("MS")
       ->capture_default_str()
       ->check(CLI::Range(100, 3600000));
   app.add_option("--idle-timeout", o.idleTimeoutMs,
-                 "Milliseconds a connection may wait for the next byte of a body or request")
+                 "milliseconds a connection may wait for the next byte of a body or request")
+      ->option_text("MS")
       ->capture_default_str()
       ->check(CLI::Range(100, 3600000));
-  app.add_flag("--insecure-allow-remote", o.allowRemoteWithoutCredentials,
-               "Without credentials, serve clients of other hosts too (anyone who can reach the port may read, "
-               "replace and delete every object)");
-  if (auto code = parseCommand(app, "objects serve", args)) return *code;
+  app.add_flag(
+      "--insecure-allow-remote", o.allowRemoteWithoutCredentials,
+      "without credentials, serve clients of other hosts too (anyone who can reach the port may read, "
+      "replace and delete every object)");
+  const CommandHelp help{
+      .usage = {},
+      .commands = {},
+      .done = "stopped by SIGINT or SIGTERM",
+      .failed = "the store could not start (the port is taken, --data-dir cannot be read, ...)"};
+  if (auto code = parseCommand(app, help, args)) return *code;
   auto bodyBytes = config::parseByteSize(maxBody);
   if (!bodyBytes.isOk()) return fail("serve", bodyBytes.status());
   auto receivingBytes = config::parseByteSize(maxReceiving);
@@ -130,52 +230,98 @@ Result<std::unique_ptr<objects::ObjectClient>> client(const std::string& base, c
   return objects::ObjectClient::connect(base, o);
 }
 
+std::string objectUrl(const objects::ObjectUrl& u) { return u.base + "/" + u.bucket + "/" + u.key; }
+
+// put's FILE and URL, checked before anything moves: FILE a readable file; a URL without a key, or
+// with one ending in '/', takes FILE's name after it.
+Status resolvePut(const std::string& file, objects::ObjectUrl& u) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return invalidArgument("no file '" + file + "'");
+  if (std::filesystem::is_directory(file, ec))
+    return invalidArgument("'" + file + "' is a directory, not a file");
+  if (access(file.c_str(), R_OK) != 0)
+    return invalidArgument("cannot read '" + file + "': " + std::strerror(errno));
+  if (u.bucket.empty()) return invalidArgument("the URL names no bucket (http://HOST:PORT/BUCKET[/KEY])");
+  if (u.key.empty() || u.key.back() == '/') u.key += std::filesystem::path(file).filename().string();
+  return Status::ok();
+}
+
+// get's URL and FILE: the URL names an object; FILE an existing directory takes the key's last part
+// after it, and a FILE elsewhere needs its directory to exist.
+Status resolveGet(const objects::ObjectUrl& u, std::string& file) {
+  if (u.bucket.empty() || u.key.empty() || u.key.back() == '/')
+    return invalidArgument("the URL names no object (http://HOST:PORT/BUCKET/KEY)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) {
+    file = (std::filesystem::path(file) / std::filesystem::path(u.key).filename()).string();
+    return Status::ok();
+  }
+  std::filesystem::path dir = std::filesystem::path(file).parent_path();
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+    return invalidArgument("no directory '" + dir.string() + "' for '" + file + "'");
+  return Status::ok();
+}
+
 int transfer(bool put, const std::vector<std::string>& args) {
   const char* name = put ? "put" : "get";
   std::string first, second;
   ClientArgs a;
-  CLI::App app(put ? "Stores FILE as the object at URL (http://HOST:PORT/BUCKET/KEY)"
-                   : "Writes the object at URL (http://HOST:PORT/BUCKET/KEY) to FILE",
-               std::string("ferry objects ") + name);
-  app.add_option(put ? "FILE" : "URL", first, put ? "The file to store" : "The object")->required();
-  app.add_option(put ? "URL" : "FILE", second, put ? "Where to store it" : "The file to write")->required();
-  app.add_flag("--http", a.http, "Move the payload in the HTTP body (no RDMA)");
-  app.add_option("--piece", a.piece, "Bytes per request (64M, 1G, ...)")->capture_default_str();
-  if (auto code = parseCommand(app, std::string("objects ") + name, args)) return *code;
-  const std::string& url = put ? second : first;
-  const std::string& file = put ? first : second;
-  auto u = objects::parseObjectUrl(url);
+  CLI::App app(
+      put ? "Stores FILE as the object at URL. Without a KEY, or with a KEY ending in '/', the key ends "
+            "with FILE's name (as with `aws s3 cp`): put w.bin http://HOST:PORT/models/ stores models/w.bin."
+          : "Writes the object at URL to FILE; into DIR/NAME when FILE is a directory (NAME: the key's "
+            "last part).",
+      std::string("ferry objects ") + name);
+  app.add_option(put ? "FILE" : "URL", first, put ? "the file to store" : "http://HOST:PORT/BUCKET/KEY")
+      ->required();
+  app.add_option(put ? "URL" : "FILE", second,
+                 put ? "http://HOST:PORT/BUCKET[/KEY]" : "the file (or directory) to write")
+      ->required();
+  app.add_flag("--http", a.http, "move the payload in the HTTP body (no RDMA)");
+  app.add_option("--piece", a.piece, "bytes per request (64M, 1G, ...)")
+      ->option_text("SIZE")
+      ->capture_default_str();
+  if (auto code = parseCommand(app, clientHelp(put ? "stored" : "fetched"), args)) return *code;
+  std::string file = put ? first : second;
+  auto u = objects::parseObjectUrl(put ? second : first);
   if (!u.isOk()) return fail(name, u.status());
-  if (u->bucket.empty() || u->key.empty())
-    return fail(name, invalidArgument("the URL names no bucket and key"));
+  if (Status st = put ? resolvePut(file, *u) : resolveGet(*u, file); !st.isOk()) return fail(name, st);
   ProgressBar bar(isatty(STDERR_FILENO) == 1);
   auto c = client(u->base, a, &bar, u->key.size() > 18 ? u->key.substr(u->key.size() - 18) : u->key);
   if (!c.isOk()) return fail(name, c.status());
   auto start = std::chrono::steady_clock::now();
   Status st = put ? (*c)->putFile(u->bucket, u->key, file) : (*c)->getFile(u->bucket, u->key, file);
   bar.clear();
-  if (!st.isOk()) return fail(name, st);
+  if (!st.isOk()) return fail(name, explain(st, *u, c->get()));
   auto info = (*c)->head(u->bucket, u->key);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   uint64_t bytes = info.isOk() ? info->size : 0;
   std::printf("%s %s %s: %llu bytes in %.3f s (%.1f MB/s, %s)\n", put ? "stored" : "fetched", file.c_str(),
-              url.c_str(), static_cast<unsigned long long>(bytes), secs, secs > 0 ? bytes / secs / 1e6 : 0.0,
-              a.http ? "HTTP body" : "RDMA");
+              objectUrl(*u).c_str(), static_cast<unsigned long long>(bytes), secs,
+              secs > 0 ? bytes / secs / 1e6 : 0.0, a.http ? "HTTP body" : "RDMA");
   return 0;
 }
 
 int simple(const std::string& what, const std::vector<std::string>& args) {
   std::string url;
   CLI::App app(what == "ls"
-                   ? "Lists the buckets (URL without a bucket) or a bucket's objects (a key is a prefix)"
-               : what == "mb" ? "Creates the bucket of URL"
-               : what == "rb" ? "Removes the (empty) bucket of URL"
-                              : "Removes the object at URL",
+                   ? "Lists the buckets (a URL without a bucket) or a bucket's objects (a key: only those "
+                     "under that prefix)."
+               : what == "mb" ? "Makes the bucket of URL."
+               : what == "rb" ? "Removes the bucket of URL; it must be empty."
+                              : "Removes the object at URL.",
                "ferry objects " + what);
-  app.add_option("URL", url, "http://HOST:PORT[/BUCKET[/KEY]]")->required();
-  if (auto code = parseCommand(app, "objects " + what, args)) return *code;
+  app.add_option("URL", url,
+                 what == "ls"   ? "http://HOST:PORT[/BUCKET[/PREFIX]]"
+                 : what == "rm" ? "http://HOST:PORT/BUCKET/KEY"
+                                : "http://HOST:PORT/BUCKET")
+      ->required();
+  const char* done = what == "ls" ? "listed" : what == "mb" ? "made" : "removed";
+  if (auto code = parseCommand(app, clientHelp(done), args)) return *code;
   auto u = objects::parseObjectUrl(url);
   if (!u.isOk()) return fail(what, u.status());
+  if (what != "ls" && u->bucket.empty()) return fail(what, invalidArgument("the URL names no bucket"));
+  if (what == "rm" && u->key.empty()) return fail(what, invalidArgument("the URL names no key"));
   ClientArgs a;
   a.http = true;  // no payloads: no RDMA session needed
   auto c = client(u->base, a, nullptr, "");
@@ -183,42 +329,54 @@ int simple(const std::string& what, const std::vector<std::string>& args) {
   if (what == "ls") {
     if (u->bucket.empty()) {
       auto b = (*c)->buckets();
-      if (!b.isOk()) return fail(what, b.status());
+      if (!b.isOk()) return fail(what, explain(b.status(), *u, nullptr));
       for (const auto& name : *b) std::printf("%s/\n", name.c_str());
       return 0;
     }
     auto objects = (*c)->list(u->bucket, u->key);
-    if (!objects.isOk()) return fail(what, objects.status());
+    if (!objects.isOk()) return fail(what, explain(objects.status(), *u, c->get()));
     for (const auto& o : *objects)
       std::printf("%12llu  %s\n", static_cast<unsigned long long>(o.size), o.key.c_str());
     return 0;
   }
-  if (u->bucket.empty()) return fail(what, invalidArgument("the URL names no bucket"));
-  Status st;
-  if (what == "mb")
-    st = (*c)->createBucket(u->bucket);
-  else if (what == "rb")
-    st = (*c)->deleteBucket(u->bucket);
-  else if (u->key.empty())
-    st = invalidArgument("the URL names no key");
-  else
-    st = (*c)->remove(u->bucket, u->key);
-  return st.isOk() ? 0 : fail(what, st);
+  Status st = what == "mb"   ? (*c)->createBucket(u->bucket)
+              : what == "rb" ? (*c)->deleteBucket(u->bucket)
+                             : (*c)->remove(u->bucket, u->key);
+  return st.isOk() ? 0 : fail(what, explain(st, *u, c->get()));
+}
+
+std::string objectsHelp() {
+  CommandHelp h{
+      .usage = {"ferry objects COMMAND ARGUMENTS [options]", "ferry objects COMMAND --help"},
+      .commands = {{"serve", "serve the object store (S3-style HTTP; payloads by RDMA with ferry's client)"},
+                   {"put FILE URL",
+                    "store FILE as the object at URL (no KEY, or one ending in '/': FILE's name)"},
+                   {"get URL FILE", "write the object at URL to FILE (or into the directory FILE)"},
+                   {"ls URL", "list the buckets, or a bucket's objects (under a prefix)"},
+                   {"mb URL", "make the bucket of URL"},
+                   {"rb URL", "remove the (empty) bucket of URL"},
+                   {"rm URL", "remove the object at URL"}},
+      .done = "done",
+      .failed =
+          "the store could not start (serve), no server answers at URL, or the store refused the request"};
+  return renderHelp(
+      "ferry objects",
+      "The object store and its client. URL is http://HOST:PORT[/BUCKET[/KEY]]; FERRY_OBJECTS_ACCESS_KEY "
+      "and FERRY_OBJECTS_SECRET_KEY set the credentials of both (docs/objects.md).",
+      h);
 }
 
 }  // namespace
 
 int runObjects(const std::vector<std::string>& args) {
-  const char* usage =
-      "usage: ferry objects serve [--host A] [--port N] [--rdma-host A] [--rdma-port N] [--data-dir DIR]\n"
-      "                           [--max-body SIZE] [--max-receiving SIZE] [--max-connections N]\n"
-      "                           [--header-timeout MS] [--idle-timeout MS] [--insecure-allow-remote]\n"
-      "       ferry objects put FILE URL [--http] [--piece SIZE]\n"
-      "       ferry objects get URL FILE [--http] [--piece SIZE]\n"
-      "       ferry objects ls|mb|rb|rm URL          (URL: http://HOST:PORT[/BUCKET[/KEY]])\n";
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(usage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  if (args.empty()) {
+    return usageError("ferry objects",
+                      "which command? serve, put, get, ls, mb, rb or rm (ferry objects --help)");
+  }
+  if (args[0] == "help" && args.size() > 1) return runObjects({args[1], "--help"});
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(objectsHelp().c_str(), stdout);
+    return 0;
   }
   if (Status st = config::check(); !st.isOk()) return fail(args[0], st);
   std::vector<std::string> rest(args.begin() + 1, args.end());
@@ -226,8 +384,7 @@ int runObjects(const std::vector<std::string>& args) {
   if (args[0] == "put") return transfer(true, rest);
   if (args[0] == "get") return transfer(false, rest);
   if (args[0] == "ls" || args[0] == "mb" || args[0] == "rb" || args[0] == "rm") return simple(args[0], rest);
-  std::fprintf(stderr, "ferry objects: unknown command '%s'\n%s", args[0].c_str(), usage);
-  return 2;
+  return usageError("ferry objects", "unknown command '" + args[0] + "' (ferry objects --help lists them)");
 }
 
 }  // namespace ferry::cli

@@ -17,33 +17,36 @@ namespace {
 
 constexpr uint16_t kDefaultStorePort = 4479;
 
-int usageError(const std::string& message) {
-  std::fprintf(stderr, "ferry store: %s (usage: ferry store [--host ADDRESS] [--port N])\n", message.c_str());
-  return 2;
-}
-
 }  // namespace
 
 int runStore(const std::vector<std::string>& args) {
   std::string host = "127.0.0.1";
-  uint16_t port = kDefaultStorePort;
   std::string portText = std::to_string(kDefaultStorePort);
-  CLI::App app("Serves the discovery store ferry://ADDRESS:N until SIGINT or SIGTERM; nothing is kept across restarts",
-               "ferry store");
-  app.add_option("--host", host, "The address to listen on")->capture_default_str();
-  app.add_option("--port", portText, "The port (0 picks a free one)")->capture_default_str();
   bool allowRemote = false;
+  CLI::App app(
+      "Serves the discovery store ferry://ADDRESS:PORT in the foreground until SIGINT or SIGTERM; prints "
+      "\"ferry store: listening on ADDRESS:PORT\" when ready. Nothing is kept across restarts.",
+      "ferry store");
+  app.add_option("--host", host, "the address to listen on")->option_text("ADDRESS")->capture_default_str();
+  app.add_option("--port", portText, "the port (0 picks a free one)")
+      ->option_text("N")
+      ->capture_default_str();
   app.add_flag("--allow-remote", allowRemote,
-               "Serve clients of other hosts too (the store has no authentication: docs/security.md); "
+               "serve clients of other hosts too (the store has no authentication: docs/security.md); "
                "without it, clients of other hosts are refused");
-  if (auto code = parseCommand(app, "store", args)) return *code;
-  if (host.empty()) return usageError("--host needs an address");
+  const CommandHelp help{
+      .usage = {},
+      .commands = {},
+      .done = "stopped by SIGINT or SIGTERM",
+      .failed = "the store could not start (the port is taken, the address is not this host's)"};
+  if (auto code = parseCommand(app, help, args)) return *code;
+  if (host.empty()) return usageError("ferry store", "--host needs an address");
   unsigned n = 0;
   auto [end, ec] = std::from_chars(portText.data(), portText.data() + portText.size(), n);
   if (portText.empty() || ec != std::errc() || end != portText.data() + portText.size() || n > 65535) {
-    return usageError("--port '" + portText + "' is not a port number in [0, 65535]");
+    return usageError("ferry store", "--port '" + portText + "' is not a port number in [0, 65535]");
   }
-  port = static_cast<uint16_t>(n);
+  const auto port = static_cast<uint16_t>(n);
 
   // The signals are taken synchronously with sigwait, so no handler runs inside the server's code;
   // blocked before start() so the server's thread inherits the mask and never takes them.
