@@ -4,9 +4,13 @@ rate codes, timer codes (the `rdma.IBA` names of the verbs specification).
 ferry has no subnet manager or MADs, so this holds only what paths and queue pairs need.
 """
 
+from __future__ import annotations
+
 import ipaddress as _ipaddress
 import math as _math
 import sys as _sys
+import types as _types
+from typing import Optional, Tuple, Union
 
 __all__ = [
     "GID", "GUID", "PKEY_DEFAULT", "DEFAULT_PKEY", "PKEY_PARTIAL_DEFAULT", "PKEY_MEMBERSHIP_BIT",
@@ -32,8 +36,11 @@ IB_DEFAULT_QP0_QKEY = 0
 #: sending QP's own Q_Key (IBA 10.2.5), so two QPs set up with it talk to each other.
 IB_DEFAULT_QP1_QKEY = 0x80010000
 
+#: The permissive LID (any port).
 LID_PERMISSIVE = 0xFFFF
+#: The first multicast LID.
 LID_MULTICAST = 0xC000
+#: The link-local subnet prefix (fe80::/64), as the upper 64 bits of a GID.
 GID_DEFAULT_PREFIX = 0xFE80 << 48
 
 # Path MTU codes (the same numbers as ibv_mtu).
@@ -55,14 +62,14 @@ PR_RATE_80Gb = 9
 PR_RATE_120Gb = 10
 
 
-def mtu_bytes(code):
-    """Bytes of an MTU code: 1 -> 256 ... 5 -> 4096."""
+def mtu_bytes(code: int) -> int:
+    """Bytes of an MTU code: 1 -> 256 ... 5 -> 4096. Raises ValueError for another code."""
     if code not in (MTU_256, MTU_512, MTU_1024, MTU_2048, MTU_4096):
         raise ValueError("unknown MTU code %r" % (code,))
     return 128 << code
 
 
-def to_timer(seconds):
+def to_timer(seconds: float) -> int:
     """The IBA timer code (4.096 us * 2**code) of the shortest time at least `seconds` long,
     between 1 and 31 (0 means 'infinite' and is never returned)."""
     if seconds <= 0:
@@ -71,12 +78,12 @@ def to_timer(seconds):
     return max(1, min(31, code))
 
 
-def from_timer(code):
+def from_timer(code: int) -> float:
     """Seconds of an IBA timer code (4.096 us * 2**code)."""
     return 4.096e-6 * (2 ** code)
 
 
-def const_str(prefix, value, with_prefix=False, mod=None):
+def const_str(prefix: str, value: int, with_prefix: bool = False, mod: Optional[_types.ModuleType] = None) -> str:
     """The name of the constant starting with `prefix` whose value is `value` in module `mod`
     (default: :mod:`ferry.verbs`), e.g. ``const_str("IBV_WC_", 10)`` -> ``"REM_ACCESS_ERR"``.
     Unknown values give their number."""
@@ -89,6 +96,12 @@ def const_str(prefix, value, with_prefix=False, mod=None):
     return "%s%r" % (prefix if with_prefix else "", value)
 
 
+#: What :class:`GID` takes: None, a GID, bytes, an int or the IPv6 text form.
+GIDLike = Union["GID", bytes, bytearray, memoryview, int, str, None]
+#: What :class:`GUID` takes: None, a GUID, bytes, an int or hex digits.
+GUIDLike = Union["GUID", bytes, bytearray, memoryview, int, str, None]
+
+
 class GID(bytes):
     """A 128-bit global identifier, as 16 bytes in network order. Prints like an IPv6 address.
 
@@ -98,7 +111,10 @@ class GID(bytes):
 
     __slots__ = ()
 
-    def __new__(cls, value=None, raw=False):
+    def __new__(cls, value: GIDLike = None, raw: bool = False) -> GID:
+        """``value`` as a GID: None (all zero), a GID, 16 bytes (any length with ``raw``), a
+        128-bit int or the IPv6 text form. ValueError for a value out of range or malformed text,
+        TypeError for another type."""
         if value is None:
             data = bytes(16)
         elif isinstance(value, GID):
@@ -121,29 +137,30 @@ class GID(bytes):
             raise ValueError("a GID is 16 bytes, got %d" % len(data))
         return super().__new__(cls, data)
 
-    def __int__(self):
+    def __int__(self) -> int:
         return int.from_bytes(self, "big")
 
     @property
-    def prefix(self):
+    def prefix(self) -> int:
         """The upper 64 bits (subnet prefix)."""
         return int(self) >> 64
 
     @property
-    def guid(self):
+    def guid(self) -> GUID:
         """The lower 64 bits as a :class:`GUID`."""
         return GUID(bytes(self)[8:], raw=True)
 
-    def is_zero(self):
+    def is_zero(self) -> bool:
+        """Whether all 128 bits are 0 (no GID)."""
         return not any(self)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return str(_ipaddress.IPv6Address(bytes(self)))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "GID(%r)" % str(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[type, Tuple[bytes, bool]]:
         return (GID, (bytes(self), True))
 
 
@@ -153,7 +170,10 @@ class GUID(bytes):
 
     __slots__ = ()
 
-    def __new__(cls, value=None, raw=False):
+    def __new__(cls, value: GUIDLike = None, raw: bool = False) -> GUID:
+        """``value`` as a GUID: None (all zero), a GUID, 8 bytes (any length with ``raw``), a
+        64-bit int or hex digits (colons and a ``0x`` prefix allowed). ValueError for a value out
+        of range or malformed text, TypeError for another type."""
         if value is None:
             data = bytes(8)
         elif isinstance(value, GUID):
@@ -178,15 +198,15 @@ class GUID(bytes):
             raise ValueError("a GUID is 8 bytes, got %d" % len(data))
         return super().__new__(cls, data)
 
-    def __int__(self):
+    def __int__(self) -> int:
         return int.from_bytes(self, "big")
 
-    def __str__(self):
+    def __str__(self) -> str:
         h = bytes(self).hex()
         return ":".join(h[i:i + 4] for i in range(0, 16, 4))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "GUID(%r)" % str(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[type, Tuple[bytes, bool]]:
         return (GUID, (bytes(self), True))

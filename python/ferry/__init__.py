@@ -19,6 +19,8 @@ Layers, each its own module:
   ``FERRY_*`` variable; ferry's log lines go to the ``logging`` logger ``"ferry"``.
 """
 
+from typing import Any, Dict, List
+
 from ._core import __version__
 from ._core import check_config
 from ._logging import forward_to_logging
@@ -36,7 +38,7 @@ from . import objects
 
 
 
-def config():
+def config() -> List[Dict[str, Any]]:
     """Every ``FERRY_*`` variable ferry reads, as a list of dicts: ``name``, ``meaning``,
     ``default``, ``valid`` (the values it takes), ``set`` (whether this process has it),
     ``value`` (as set), ``effective`` (the value in effect) and ``error`` (why a set value is
@@ -48,7 +50,7 @@ def config():
     return _core.config()
 
 
-def unknown_config():
+def unknown_config() -> List[Dict[str, str]]:
     """The ``FERRY_*`` variables set in this process that ferry does not read (most likely
     misspelt), as a list of dicts: ``name``, ``suggestion`` (the nearest variable ferry reads, at
     most two edits away; empty when none is) and ``warning`` (the line ferry logs once at WARN when

@@ -14,9 +14,12 @@ level at import (unless the program gave the logger a level before), and the pro
 ``setLevel`` on it changes it afterwards. Without it, the logger has no level of its own and
 follows its parents: warn under Python's default WARNING."""
 
+from __future__ import annotations
+
 import logging
 import os
 import threading
+from typing import Any, Dict, Tuple
 
 from . import _core
 
@@ -24,19 +27,19 @@ _LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "INFO": logging.INFO
 logger = logging.getLogger("ferry")
 
 _lock = threading.Lock()
-_state = {"read": -1, "write": -1, "enabled": False}
+_state: Dict[str, Any] = {"read": -1, "write": -1, "enabled": False}
 
 
 _level_lock = threading.Lock()
-_level_state = {"seen": None}
+_level_state: Dict[str, Any] = {"seen": None}
 
 
-def _logger_state():
+def _logger_state() -> Tuple[int, int, bool]:
     # Read without logging's lock: this runs inside logging's own calls, which may hold it.
     return (logger.getEffectiveLevel(), logger.manager.disable, logger.disabled)
 
 
-def _core_level(state):
+def _core_level(state: Tuple[int, int, bool]) -> str:
     """The core's threshold for a logger state: the most verbose level the logger lets through."""
     effective, disabled_up_to, disabled = state
     lowest = max(effective, disabled_up_to + 1)
@@ -47,7 +50,7 @@ def _core_level(state):
     return "info" if lowest > logging.DEBUG else "debug"
 
 
-def _follow_level(force=False):
+def _follow_level(force: bool = False) -> None:
     """Sets the core's threshold from the ``ferry`` logger when its effective level changed since
     the last look (or always, with ``force``)."""
     with _level_lock:
@@ -57,7 +60,7 @@ def _follow_level(force=False):
             _core.set_log_level(_core_level(state))
 
 
-def _watch_level_changes():
+def _watch_level_changes() -> None:
     # Every level change in ``logging`` (setLevel on any logger, logging.disable) clears the
     # manager's cache of enabled levels: following there sees a parent's change as well as the
     # ferry logger's own, at no cost to logging calls. Without that method, the ferry logger's own
@@ -65,22 +68,22 @@ def _watch_level_changes():
     manager = logging.Logger.manager
     clear = getattr(manager, "_clear_cache", None)
     if callable(clear):
-        def clear_and_follow():
+        def clear_and_follow() -> None:
             clear()
             _follow_level()
 
-        manager._clear_cache = clear_and_follow
+        manager._clear_cache = clear_and_follow  # type: ignore[attr-defined]
         return
     set_level = logger.setLevel
 
-    def set_level_and_follow(level):
+    def set_level_and_follow(level: int | str) -> None:
         set_level(level)
         _follow_level()
 
-    logger.setLevel = set_level_and_follow
+    logger.setLevel = set_level_and_follow  # type: ignore[method-assign]
 
 
-def _pump(read_fd):
+def _pump(read_fd: int) -> None:
     with os.fdopen(read_fd, "rb", buffering=0) as pipe:
         pending = b""
         while True:
@@ -98,16 +101,17 @@ def _pump(read_fd):
                 logger.log(_LEVELS.get(level, logging.WARNING), "%s", message)
 
 
-def _start():
+def _start() -> None:
     read_fd, write_fd = os.pipe()
     _state.update(read=read_fd, write=write_fd, enabled=True)
     _core.forward_log(write_fd)
     threading.Thread(target=_pump, args=(read_fd,), name="ferry-log", daemon=True).start()
 
 
-def forward_to_logging(enabled=True):
+def forward_to_logging(enabled: bool = True) -> None:
     """Forward ferry's log lines to the ``ferry`` logger (the default once ferry is imported), or
-    (``enabled=False``) write them to stderr."""
+    (``enabled=False``) write them to stderr. Idempotent; a child made by ``fork`` keeps the
+    setting with its own pipe and thread."""
     with _lock:
         if enabled == _state["enabled"]:
             return
@@ -119,7 +123,7 @@ def forward_to_logging(enabled=True):
             _state.update(read=-1, write=-1, enabled=False)
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     # The parent's reader thread does not exist here; the inherited pipe would feed the parent.
     global _lock, _level_lock
     _lock = threading.Lock()
@@ -137,7 +141,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 forward_to_logging(True)
 _FROM_ENVIRONMENT = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
-_LOG_LEVEL_SETTING = next((r for r in _core.config() if r["name"] == "FERRY_LOG_LEVEL"), {})
+_LOG_LEVEL_SETTING: Dict[str, Any] = next((r for r in _core.config() if r["name"] == "FERRY_LOG_LEVEL"), {})
 if logger.level == logging.NOTSET and _LOG_LEVEL_SETTING.get("set") and \
         _LOG_LEVEL_SETTING.get("effective") in _FROM_ENVIRONMENT:
     # The logger takes FERRY_LOG_LEVEL (as ferry's config reads it), so that its lines pass the

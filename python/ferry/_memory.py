@@ -15,6 +15,10 @@ reading only, like ``bytes``. A producer of the older, unversioned protocol cann
 its memory is taken as writable (as those producers refuse to export read-only memory).
 """
 
+from __future__ import annotations
+
+from typing import Any, List
+
 from .errors import InvalidArgument, NotSupported
 
 __all__ = ["registrable"]
@@ -29,16 +33,16 @@ _DEVICE_TYPES = {
 }
 
 
-def _is_dlpack(obj):
+def _is_dlpack(obj: object) -> bool:
     return hasattr(type(obj), "__dlpack__") and hasattr(type(obj), "__dlpack_device__")
 
 
-def _is_tensor(obj):
+def _is_tensor(obj: object) -> bool:
     # The test the bindings apply to take a tensor by data_ptr() (python/src/memory_args.cc).
     return hasattr(obj, "data_ptr") and hasattr(obj, "numel") and hasattr(obj, "element_size")
 
 
-def _has_buffer(obj):
+def _has_buffer(obj: Any) -> bool:
     try:
         memoryview(obj).release()
     except TypeError:
@@ -46,7 +50,7 @@ def _has_buffer(obj):
     return True
 
 
-def registrable(obj, what):
+def registrable(obj: Any, what: str) -> object:
     """``obj`` as the registration layers take it.
 
     Addresses, buffer objects (NumPy arrays among them) and tensors are returned unchanged. A
@@ -73,6 +77,7 @@ def registrable(obj, what):
         import numpy
     except ImportError:  # NumPy is optional for ferry
         raise NotSupported("%s: registering a DLPack object (%s) needs NumPy" % (what, type(obj).__name__)) from None
+    view: Any  # a NumPy array (numpy is imported here, when first needed)
     try:
         try:
             view = numpy.from_dlpack(obj, copy=False)
@@ -97,19 +102,19 @@ class _ArrayInterface:
     """The memory of a read-only NumPy view of an unversioned DLPack capsule, exported writable.
     Holds the view, and with it the capsule."""
 
-    def __init__(self, view):
+    def __init__(self, view: Any) -> None:
         self.view = view
         self.__array_interface__ = dict(view.__array_interface__, data=(view.__array_interface__["data"][0], False))
 
 
-def _writable(numpy, view):
+def _writable(numpy: Any, view: Any) -> Any:
     return view if view.flags.writeable else numpy.asarray(_ArrayInterface(view))
 
 
-_VIEW_CLASS = []
+_VIEW_CLASS: List[type] = []
 
 
-def _view_class(numpy):
+def _view_class(numpy: Any) -> type:
     """The ndarray subclass of the views (made on first use: NumPy is imported only then)."""
     if not _VIEW_CLASS:
         class DLPackView(numpy.ndarray):

@@ -13,9 +13,12 @@ An awaited future gives what its ``wait()`` gives, except ``recv`` (the message'
 in flight cannot be recalled); the future goes on and can be waited for again.
 """
 
+from __future__ import annotations
+
 import asyncio
 import itertools
 import weakref
+from typing import Any, Dict, Generator, Tuple
 
 from ._core import endpoint as _ep
 
@@ -25,25 +28,26 @@ __all__ = ["wait"]
 class _LoopWaiter:
     """One event loop's descriptor and the futures it waits for."""
 
-    def __init__(self, loop):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._notifier = _ep.DoneNotifier()
-        self._waiting = {}
+        self._waiting: Dict[int, Tuple[_ep.Future, asyncio.Future[int]]] = {}
         self._tokens = itertools.count(1)
         loop.add_reader(self._notifier.fileno(), self._dispatch)
 
-    def wait(self, future):
+    def wait(self, future: _ep.Future) -> asyncio.Future[int]:
         waiter = self._loop.create_future()
         token = next(self._tokens)
         self._waiting[token] = (future, waiter)
         self._notifier.watch(future, token)  # may report at once: _dispatch runs from the loop
         return waiter
 
-    def _dispatch(self):
+    def _dispatch(self) -> None:
         for token in self._notifier.drain():
-            future, waiter = self._waiting.pop(token, (None, None))
-            if waiter is None or waiter.done():
+            entry = self._waiting.pop(token, None)
+            if entry is None or entry[1].done():
                 continue
+            future, waiter = entry
             try:
                 result = future.wait(0)
                 if isinstance(future, _ep.RecvFuture):
@@ -56,11 +60,14 @@ class _LoopWaiter:
                 waiter.set_result(result)
 
 
-_waiters = weakref.WeakKeyDictionary()
+_waiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiter] = weakref.WeakKeyDictionary()
 
 
-def wait(future):
-    """An asyncio future of the running loop that completes with ``future``."""
+def wait(future: _ep.Future) -> asyncio.Future[int]:
+    """An asyncio future of the running loop that completes with ``future``: with what its
+    ``wait()`` returns (0), the message's length for a ``recv``, the immediate for an
+    ``imm_recv``, or the operation's error. Cancelling it leaves the operation running. Call it
+    from a coroutine (RuntimeError without a running loop)."""
     loop = asyncio.get_running_loop()
     waiter = _waiters.get(loop)
     if waiter is None:
@@ -68,8 +75,8 @@ def wait(future):
     return waiter.wait(future)
 
 
-def _await(self):
+def _await(self: _ep.Future) -> Generator[Any, None, int]:
     return wait(self).__await__()
 
 
-_ep.Future.__await__ = _await
+_ep.Future.__await__ = _await  # type: ignore[method-assign]

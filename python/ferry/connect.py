@@ -44,7 +44,7 @@ import mmap
 import secrets
 import socket
 import weakref
-from typing import List, Optional, Sequence, Union
+from typing import Any, Dict, Generator, List, Literal, NoReturn, Optional, Sequence, Tuple, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -67,7 +67,7 @@ class DeviceKind(enum.IntEnum):
     HOST = 1
     CUDA = 2
 
-    def __str__(self):
+    def __str__(self) -> str:
         return {DeviceKind.HOST: "cpu", DeviceKind.CUDA: "cuda"}.get(self, "<invalid>")
 
 
@@ -78,7 +78,7 @@ class OperationKind(enum.IntEnum):
     READ = 1
     WRITE = 2
 
-    def __str__(self):
+    def __str__(self) -> str:
         return {OperationKind.READ: "READ", OperationKind.WRITE: "WRITE"}.get(self, "<invalid>")
 
 
@@ -92,7 +92,7 @@ class OperationStatus(enum.IntEnum):
     CANCELLED = 4
     ERRORED = 5
 
-    def __str__(self):
+    def __str__(self) -> str:
         # The short forms programs written for the connector document log and compare.
         return _STATUS_TEXT.get(self, "<invalid>")
 
@@ -104,9 +104,12 @@ _STATUS_TEXT = {OperationStatus.INITIALIZED: "INIT", OperationStatus.IN_PROGRESS
 
 class Device:
     """A memory device: ``Device("cpu")`` (or ``"host"``), ``Device("cuda:0")`` (or ``"gpu:0"``; no
-    index is 0), or ``Device((DeviceKind.CUDA, 0))``."""
+    index is 0), or ``Device((DeviceKind.CUDA, 0))``. ferry.InvalidArgument for anything else."""
 
-    def __init__(self, metadata: Union[str, tuple, "Device", None] = "cpu"):
+    _kind: DeviceKind
+    _id: int
+
+    def __init__(self, metadata: Union[str, Tuple[int, int], "Device", None] = "cpu") -> None:
         if isinstance(metadata, Device):
             self._kind, self._id = metadata.kind, metadata.id
             return
@@ -146,22 +149,24 @@ class Device:
 
     @property
     def kind(self) -> DeviceKind:
+        """HOST or CUDA."""
         return self._kind
 
     @property
     def id(self) -> int:
+        """The device's index (0 for host memory)."""
         return self._id
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "cpu" if self._kind != DeviceKind.CUDA else "cuda:%d" % self._id
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Device(%r)" % str(self)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and (self._kind, self._id) == (other._kind, other._id)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self._kind, self._id))
 
 
@@ -184,11 +189,15 @@ class Descriptor:
     device's address for a host one. Errors: ferry.InvalidArgument for a form, size or device that
     does not fit, ferry.NotSupported for memory on another device."""
 
-    def __init__(self, data):
+    _ptr: int
+    _size: int
+    _device: Device
+
+    def __init__(self, data: Any) -> None:
         self._data = data
-        self._ref = None
+        self._ref: object = None
         self._read_only = False
-        self._users = weakref.WeakSet()   # the operations using the memory
+        self._users: weakref.WeakSet[AbstractOperation] = weakref.WeakSet()   # the operations using the memory
         if isinstance(data, tuple):
             self._from_tuple(data)
         else:
@@ -196,7 +205,7 @@ class Descriptor:
         if self._size == 0:
             raise InvalidArgument("Descriptor: the memory is empty (0 bytes)")
 
-    def _from_tuple(self, data):
+    def _from_tuple(self, data: Tuple[Any, ...]) -> None:
         if len(data) == 2 and not _is_int(data[0]):
             self._from_object(data[0], Device(data[1]))
             return
@@ -213,7 +222,7 @@ class Descriptor:
         self._device = Device(data[2] if len(data) > 2 else "cpu")
         self._ref = data[3] if len(data) > 3 else None
 
-    def _from_object(self, data, declared):
+    def _from_object(self, data: Any, declared: Optional[Device]) -> None:
         """Takes an object's memory; ``declared`` is the device a tuple gave with it."""
         if _is_tensor(data):
             dev = data.device
@@ -254,18 +263,23 @@ class Descriptor:
 
     @property
     def ptr(self) -> int:
+        """The memory's address."""
         return self._ptr
 
     @property
     def size(self) -> int:
+        """The memory's length in bytes."""
         return self._size
 
     @property
     def device(self) -> Device:
+        """Where the memory lives."""
         return self._device
 
     @property
     def read_only(self) -> bool:
+        """Whether the memory may only be read (``bytes``, a read-only buffer): it can be the
+        source of a transfer, never its destination."""
         return self._read_only
 
     @property
@@ -295,13 +309,13 @@ class Descriptor:
         """Refused (ferry.NotSupported): metadata carries no address to describe a peer's memory."""
         return serialized.to_descriptor()
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "ptr=0x%x, size=%d, device=%s" % (self._ptr, self._size, self._device)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Descriptor(%s)" % self
 
-    def _core_args(self):
+    def _core_args(self) -> Tuple[Any, Optional[int], Descriptor]:
         if self._device.kind == DeviceKind.CUDA:
             raise NotSupported("Descriptor on %s: CUDA memory is not available to ferry here "
                                "(Connector.is_cuda_available is False)" % self._device)
@@ -310,16 +324,16 @@ class Descriptor:
         return (self._data, None, self)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_declared(declared, actual, what):
+def _check_declared(declared: Optional[Device], actual: Device, what: str) -> None:
     if declared is not None and declared != actual:
         raise InvalidArgument("Descriptor: the %s is %s memory, given with device %s" % (what, actual, declared))
 
 
-def _cuda_array_interface(obj):
+def _cuda_array_interface(obj: object) -> Optional[Dict[str, Any]]:
     try:
         cuda = getattr(obj, "__cuda_array_interface__", None)
     except Exception:  # noqa: BLE001  (a producer may raise for memory that is not CUDA memory)
@@ -327,7 +341,7 @@ def _cuda_array_interface(obj):
     return cuda if isinstance(cuda, dict) else None
 
 
-def _has_buffer(obj) -> bool:
+def _has_buffer(obj: Any) -> bool:
     try:
         memoryview(obj).release()
     except TypeError:
@@ -335,12 +349,12 @@ def _has_buffer(obj) -> bool:
     return True
 
 
-def _cuda_device_id(obj) -> int:
+def _cuda_device_id(obj: object) -> int:
     ident = getattr(getattr(obj, "device", None), "id", 0)
     return ident if _is_int(ident) and ident >= 0 else 0
 
 
-def _cuda_array_extent(obj, cuda):
+def _cuda_array_extent(obj: object, cuda: Dict[str, Any]) -> Tuple[int, int]:
     """(address, size) of an array given by ``__cuda_array_interface__`` (v2 and later)."""
     try:
         ptr = int(cuda["data"][0])
@@ -354,7 +368,8 @@ def _cuda_array_extent(obj, cuda):
         count *= n
     strides = cuda.get("strides")
     if strides is not None:
-        expected, step = [], itemsize
+        expected: List[int] = []
+        step = itemsize
         for n in reversed(shape):
             expected.insert(0, step)
             step *= n
@@ -363,12 +378,12 @@ def _cuda_array_extent(obj, cuda):
     return ptr, count * itemsize
 
 
-def _is_tensor(obj) -> bool:
+def _is_tensor(obj: object) -> bool:
     return hasattr(obj, "data_ptr") and hasattr(obj, "element_size") and hasattr(obj, "numel") \
         and hasattr(obj, "device")
 
 
-def _descriptors(local, what):
+def _descriptors(local: object, what: str) -> Tuple[List[Descriptor], List[Tuple[Any, Optional[int], Descriptor]]]:
     """The Descriptors of ``local`` (one or a list), checked, and the core's arguments for them."""
     if isinstance(local, Descriptor):
         items = [local]
@@ -421,18 +436,19 @@ class RdmaMetadata(BaseModel):
 
     @property
     def operation_kind(self) -> OperationKind:
+        """What the metadata grants: READ or WRITE (UNSPECIFIED for another ``kind``)."""
         try:
             return OperationKind(self.kind)
         except ValueError:
             return OperationKind.UNSPECIFIED
 
-    def to_descriptors(self):
+    def to_descriptors(self) -> NoReturn:
         """Refused (ferry.NotSupported), as ``SerializedDescriptor.to_descriptor``."""
         raise NotSupported("RdmaMetadata.to_descriptors: ferry's metadata carries no memory address "
                            "(a peer's memory is reached through its operation only)")
 
 
-def _metadata_text(remote_metadata, what) -> str:
+def _metadata_text(remote_metadata: object, what: str) -> str:
     if isinstance(remote_metadata, RdmaMetadata):
         return remote_metadata.model_dump_json()
     if isinstance(remote_metadata, dict):  # model_dump()'s form
@@ -446,10 +462,13 @@ def _metadata_text(remote_metadata, what) -> str:
                           % (what, type(remote_metadata).__name__))
 
 
+_Op = TypeVar("_Op", bound="AbstractOperation")
+
+
 class AbstractOperation:
     """What every operation has: status, wait_for_completion(), cancel(), with / async with."""
 
-    def __init__(self, connector: "Connector", op, descriptors):
+    def __init__(self, connector: "Connector", op: _cc.Operation, descriptors: List[Descriptor]) -> None:
         self._connector = connector
         self._op = op
         self._descriptors = descriptors
@@ -458,10 +477,12 @@ class AbstractOperation:
 
     @property
     def status(self) -> OperationStatus:
+        """The operation's state now (COMPLETE, CANCELLED and ERRORED are final)."""
         return OperationStatus(self._op.status)
 
     @property
     def kind(self) -> OperationKind:
+        """READ for readable and read operations, WRITE for writable and write operations."""
         return OperationKind(self._op.kind)
 
     @property
@@ -476,6 +497,7 @@ class AbstractOperation:
 
     @property
     def nbytes(self) -> int:
+        """Bytes moved so far (by this side as owner, or for this side)."""
         return self._op.bytes
 
     async def wait_for_completion(self) -> None:
@@ -491,32 +513,32 @@ class AbstractOperation:
         this side's memory and no transfer touches it."""
         self._op.cancel()
 
-    def _dispose(self):
+    def _dispose(self) -> None:
         op = getattr(self, "_op", None)
         if op is not None and op.status < OperationStatus.COMPLETE:
             op.cancel()
 
-    def __enter__(self):
+    def __enter__(self: _Op) -> _Op:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self._dispose()
         return False
 
-    async def __aenter__(self):
+    async def __aenter__(self: _Op) -> _Op:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> Literal[False]:
         self._dispose()
         return False
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self._dispose()
         except Exception:  # noqa: BLE001  (never raise from a finalizer)
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<%s %d %s>" % (type(self).__name__, self._op.id, self.status.name)
 
 
@@ -526,11 +548,11 @@ class PassiveOperation(AbstractOperation):
     ``create_readable`` / ``create_writable`` return it ready: awaiting it (``await
     connector.create_readable(...)``, ``with await ...``) gives the operation itself."""
 
-    def __init__(self, connector, op, descriptors):
+    def __init__(self, connector: Connector, op: _cc.Operation, descriptors: List[Descriptor]) -> None:
         super().__init__(connector, op, descriptors)
-        self._metadata = None
+        self._metadata: Optional[RdmaMetadata] = None
 
-    def __await__(self):
+    def __await__(self: _Op) -> Generator[Any, None, _Op]:
         return self
         yield  # noqa  (makes this a generator: awaiting the operation gives it back at once)
 
@@ -553,32 +575,35 @@ class WritableOperation(PassiveOperation):
 class Remote:
     """The peer of a read or write: ``name`` is its worker id (its metadata's ``worker``)."""
 
-    def __init__(self, connector: "Connector", name: str):
+    def __init__(self, connector: "Connector", name: str) -> None:
         self._connector = connector
         self._name = name
 
     @property
     def connector(self) -> "Connector":
+        """The local Connector whose operation reads or writes the peer's."""
         return self._connector
 
     @property
     def name(self) -> str:
+        """The peer's worker id."""
         return self._name
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self._name
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Remote(name=%r, connector=%r)" % (self._name, self._connector.name)
 
 
 class ActiveOperation(AbstractOperation):
     """A read or write of a peer's operation, begun by its metadata."""
 
-    def __init__(self, connector, op, descriptors, metadata_text):
+    def __init__(self, connector: Connector, op: _cc.Operation, descriptors: List[Descriptor],
+                 metadata_text: str) -> None:
         super().__init__(connector, op, descriptors)
         self._metadata_text = metadata_text
-        self._remote = None
+        self._remote: Optional[Remote] = None
 
     @property
     def remote(self) -> Remote:
@@ -619,28 +644,28 @@ class Connector:
     for a transfer in flight to stop; ``secret`` is the agent's shared secret
     (``FERRY_AGENT_SECRET`` when None)."""
 
-    def __init__(self, worker_id: Optional[str] = None, *, runtime=None, store: Optional[str] = None,
+    def __init__(self, worker_id: Optional[str] = None, *, runtime: object = None, store: Optional[str] = None,
                  namespace: str = "default", secret: Optional[str] = None, listen_host: str = "",
                  metadata_ttl: float = 600.0, connect_timeout: float = 30.0, cancel_grace: float = 2.0,
-                 chunk_bytes: int = 64 << 20, window: int = 4):
+                 chunk_bytes: int = 64 << 20, window: int = 4) -> None:
         if worker_id is not None and not isinstance(worker_id, str):
             raise InvalidArgument("Connector: worker_id must be a str or None")
         if not worker_id:
             worker_id = "connector-" + secrets.token_hex(4)
         self._runtime = runtime
         self._hostname = socket.gethostname()
-        self._options = dict(worker_id=worker_id, store=store or "", scope=namespace,
+        self._options: Dict[str, Any] = dict(worker_id=worker_id, store=store or "", scope=namespace,
                              secret=secret or "", listen_host=listen_host, metadata_ttl=float(metadata_ttl),
                              connect_timeout=float(connect_timeout), cancel_grace=float(cancel_grace),
                              chunk_bytes=int(chunk_bytes), window=int(window))
         self._namespace = namespace
-        self._core = None
+        self._core: Optional[_cc.Connector] = None
 
     async def initialize(self) -> None:
         """Starts the connector's agent (idempotent)."""
         self._start()
 
-    def _start(self):
+    def _start(self) -> _cc.Connector:
         if self._core is None:
             self._core = _cc.Connector(**self._options)
         return self._core
@@ -657,6 +682,7 @@ class Connector:
 
     @property
     def namespace(self) -> str:
+        """The agent's scope in its store (``namespace`` of the constructor)."""
         return self._namespace
 
     @property
@@ -664,7 +690,7 @@ class Connector:
         """False: ferry moves host memory (no GPU path)."""
         return False
 
-    def runtime(self):
+    def runtime(self) -> object:
         """The runtime given to the constructor (None without one)."""
         return self._runtime
 
@@ -673,7 +699,12 @@ class Connector:
         """The agent's worker address."""
         return self._start().address
 
-    def stats(self) -> dict:
+    def stats(self) -> Dict[str, int]:
+        """The connector's counters: ``created`` (readable and writable operations), ``begun``
+        (reads and writes begun here), ``served`` (transfers moved as owner), ``refused`` (begins
+        refused: tag, expiry, state, sizes), ``completed``, ``cancelled``, ``errored``,
+        ``bytes_moved`` (as owner) and ``live`` (operations not ended). Starts the agent when it
+        is not running."""
         return self._start().stats()
 
     def create_readable(self, local_descriptors: Union[Descriptor, Sequence[Descriptor]]) -> ReadableOperation:
@@ -689,7 +720,7 @@ class Connector:
         items, args = _descriptors(local_descriptors, "create_writable")
         return WritableOperation(self, self._start().create_writable(args), items)
 
-    async def begin_read(self, remote_metadata: RdmaMetadata,
+    async def begin_read(self, remote_metadata: Union[RdmaMetadata, Dict[str, Any], str, bytes],
                          local_descriptors: Union[Descriptor, Sequence[Descriptor]]) -> ReadOperation:
         """Begins reading a remote ReadableOperation into local memory (sizes matched pairwise)."""
         text = _metadata_text(remote_metadata, "begin_read")
@@ -697,7 +728,7 @@ class Connector:
         return ReadOperation(self, self._start().begin_read(text, args), items, text)
 
     async def begin_write(self, local_descriptors: Union[Descriptor, Sequence[Descriptor]],
-                          remote_metadata: RdmaMetadata) -> WriteOperation:
+                          remote_metadata: Union[RdmaMetadata, Dict[str, Any], str, bytes]) -> WriteOperation:
         """Begins writing local memory into a remote WritableOperation (sizes matched pairwise)."""
         text = _metadata_text(remote_metadata, "begin_write")
         items, args = _descriptors(local_descriptors, "begin_write")
@@ -709,9 +740,10 @@ class Connector:
             self._core.shutdown()
 
     async def close(self) -> None:
+        """:meth:`shutdown`, awaitable (Dynamo's spelling)."""
         self.shutdown()
 
-    def __del__(self):
+    def __del__(self) -> None:
         # Shut down here, with the GIL released by the call, rather than in the core object's
         # destructor (which runs holding the GIL while the agent's thread may need it).
         try:
@@ -719,16 +751,16 @@ class Connector:
         except Exception:  # noqa: BLE001  (never raise from a finalizer)
             pass
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Connector:
         await self.initialize()
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> Literal[False]:
         self.shutdown()
         return False
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Connector %r hostname=%r namespace=%r>" % (self.name, self._hostname, self._namespace)

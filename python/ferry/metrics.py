@@ -21,10 +21,21 @@ alone. Recording costs a few atomic additions per operation; nothing is sampled.
 - ``ferry_operation_latency_seconds{device,port,kind}``: a histogram (``_bucket``, ``_sum``, ``_count``)
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
 from . import _core
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector as _CollectorBase
+    from prometheus_client.registry import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+else:
+    _CollectorBase = object
 
-def _merge(into, ops):
+
+def _merge(into: Dict[str, Dict[str, Any]], ops: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     for kind, m in ops.items():
         t = into.setdefault(kind, {"operations": 0, "bytes": 0, "errors": 0, "errors_by_status": {},
                                    "latency_sum_us": 0.0,
@@ -40,17 +51,20 @@ def _merge(into, ops):
     return into
 
 
-def stats():
-    """Every open context's operations, and their totals (see the module's documentation)."""
+def stats() -> Dict[str, Any]:
+    """Every open context's operations, and their totals: ``{"contexts": [...], "totals": {...}}``
+    (see the module's documentation; bytes, counts, latencies in microseconds)."""
     contexts = _core.endpoint.process_stats()
-    totals = {}
+    totals: Dict[str, Dict[str, Any]] = {}
     for ctx in contexts:
         _merge(totals, ctx["operations"])
     return {"contexts": contexts, "totals": totals}
 
 
-class _Collector:
-    def collect(self):
+class _Collector(_CollectorBase):
+    """A prometheus_client collector of ``ferry.stats()``, read when scraped."""
+
+    def collect(self) -> List[Metric]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         labels = ["device", "port", "kind"]
@@ -76,7 +90,7 @@ class _Collector:
         return [ops, moved, errors, latency]
 
 
-def register_prometheus(registry=None):
+def register_prometheus(registry: Optional[CollectorRegistry] = None) -> _CollectorBase:
     """Registers a collector of ``ferry.stats()`` with ``registry`` (prometheus_client's default
     REGISTRY when None) and returns it. Raises ImportError naming the package when
     prometheus_client is not installed."""

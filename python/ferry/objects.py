@@ -99,7 +99,7 @@ class ObjectStore:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, rdma_host: Optional[str] = None,
                  rdma_port: int = 0, data_dir: Optional[PathLike] = None, access_key: Optional[str] = None,
                  secret_key: Optional[str] = None, region: str = "us-east-1", threads: int = 8,
-                 max_object_bytes: int = 64 << 30):
+                 max_object_bytes: int = 64 << 30) -> None:
         self._store = _co.ObjectStore.start(
             host=host, port=port, rdma_host=_text(rdma_host), rdma_port=rdma_port,
             data_dir="" if data_dir is None else os.fspath(data_dir), access_key=_text(access_key),
@@ -154,7 +154,7 @@ class ObjectClient:
 
     def __init__(self, url: str, *, access_key: Optional[str] = None, secret_key: Optional[str] = None,
                  region: str = "us-east-1", rdma: bool = True, piece_bytes: int = 64 << 20,
-                 progress: Optional[ProgressCallback] = None, timeout: int = 120):
+                 progress: Optional[ProgressCallback] = None, timeout: int = 120) -> None:
         self._url = url
         self._rdma = bool(rdma)
         self._client = _co.ObjectClient.connect(
@@ -171,6 +171,7 @@ class ObjectClient:
 
     @property
     def url(self) -> str:
+        """The store's URL as given to the constructor."""
         return self._url
 
     @property
@@ -180,6 +181,7 @@ class ObjectClient:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._client.closed
 
     def close(self) -> None:

@@ -13,12 +13,21 @@ strict, versioned text encoding that is safe to read from an untrusted peer. :me
 exists (the specification's examples pickle paths), but never unpickle data you did not produce.
 """
 
+from __future__ import annotations
+
 import json as _json
 import secrets as _secrets
+from typing import TYPE_CHECKING, Any, Dict, Literal, Mapping, Optional, Tuple, TypeVar, Union, cast
 
 from . import IBA
 from . import errors as _errors
 from ._core import verbs as _core
+
+if TYPE_CHECKING:
+    from .rdma import EndPort
+    from .verbs import QP, Context
+
+_PathT = TypeVar("_PathT", bound="Path")
 
 __all__ = [
     "Path", "IBPath", "SAPathNotFoundError", "LocalPathResolver", "fill_path", "resolve_path", "get_mad_path",
@@ -48,11 +57,11 @@ class Path:
     looked up); *kwargs* set attributes."""
 
     #: Number of times a request is retried: the retry_cnt of an RC QP (0..7).
-    retries = 7
+    retries: int = 7
     #: The end port this path is associated with.
-    end_port = None
+    end_port: Optional[EndPort] = None
 
-    def __init__(self, end_port, **kwargs):
+    def __init__(self, end_port: Union[EndPort, str, None], **kwargs: Any) -> None:
         if isinstance(end_port, str):
             from . import rdma
             end_port = rdma.get_end_port(end_port)
@@ -63,29 +72,29 @@ class Path:
                 raise TypeError("%s has no attribute %r" % (cls.__name__, k))
             setattr(self, k, v)
 
-    def copy(self, **kwargs):
+    def copy(self: _PathT, **kwargs: Any) -> _PathT:
         """A new path with the same content (without cached objects); *kwargs* then set
-        attributes."""
+        attributes (TypeError for a name the path does not have)."""
         cls, args, state = self.__reduce__()
         state.update(kwargs)
         return cls(self.end_port, **state)
 
-    def drop_cache(self):
+    def drop_cache(self) -> None:
         """Release any cached information (address handles, derived indexes)."""
         for name in [k for k in self.__dict__ if k.startswith("_cached")]:
             del self.__dict__[name]
 
-    def _public_items(self):
+    def _public_items(self) -> Dict[str, Any]:
         cls = type(self)
         return {k: v for k, v in self.__dict__.items()
                 if k[0] != "_" and k != "end_port" and getattr(cls, k, None) != v}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         ep = None if self.end_port is None else str(self.end_port)
         keys = ", ".join("%s=%r" % (k, v) for k, v in sorted(self._public_items().items()))
         return "%s(end_port=%r, %s)" % (type(self).__name__, ep, keys)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[type, Tuple[None], Dict[str, Any]]:
         """For pickling: the attributes that differ from the defaults; *end_port* is not kept
         (set it again after unpickling). Pickle is not a safe exchange format: use
         :meth:`IBPath.to_json` with peers you do not control."""
@@ -129,64 +138,64 @@ class IBPath(Path):
     """
 
     #: Destination LID (0 on RoCE-style and ferry software devices).
-    DLID = 0
+    DLID: int = 0
     #: Source LID.
-    SLID = 0
+    SLID: int = 0
     #: Service level.
-    SL = 0
+    SL: int = 0
     #: Partition key (the value; :attr:`pkey_index` is its index at the end port).
-    pkey = IBA.PKEY_DEFAULT
+    pkey: int = IBA.PKEY_DEFAULT
     #: True if a GRH is present (always for RoCE-style GIDs).
-    has_grh = False
+    has_grh: bool = False
     #: Destination QP number.
-    dqpn = None
+    dqpn: Optional[int] = None
     #: Source QP number.
-    sqpn = None
+    sqpn: Optional[int] = None
     #: Q_Key (UD).
-    qkey = None
+    qkey: Optional[int] = None
     #: Path MTU code (IBA.MTU_*).
-    MTU = IBA.MTU_256
+    MTU: int = IBA.MTU_256
     #: Static rate (ibv_rate; 0 is the port's full rate).
-    rate = 0
+    rate: int = 0
     #: Source GID.
-    SGID = None
+    SGID: Optional[IBA.GID] = None
     #: Destination GID.
-    DGID = None
+    DGID: Optional[IBA.GID] = None
     #: GRH hop limit.
-    hop_limit = 0
+    hop_limit: int = 0
     #: GRH traffic class.
-    traffic_class = 0
+    traffic_class: int = 0
     #: GRH flow label.
-    flow_label = 0
+    flow_label: int = 0
     #: Response time of MADs (timer code); used by :attr:`mad_timeout`.
-    resp_time = 20
+    resp_time: int = 20
     #: Minimum RNR NAK timer code (12: 0.64 ms).
-    min_rnr_timer = 12
+    min_rnr_timer: int = 12
     #: Receiver-not-ready retries of an RC QP (7: retry forever).
-    rnr_retries = 7
+    rnr_retries: int = 7
     #: Destination's ACK delay (timer code); used by :attr:`qp_timeout`.
-    dack_resp_time = 20
+    dack_resp_time: int = 20
     #: Source's ACK delay (timer code), from the device (see :func:`fill_path`).
-    sack_resp_time = 20
+    sack_resp_time: int = 20
     #: Destination's first PSN (the peer's :attr:`sqpsn`).
-    dqpsn = 0
+    dqpsn: int = 0
     #: First PSN sent from here.
-    sqpsn = 0
+    sqpsn: int = 0
     #: READ/atomic requests the destination may have outstanding here (responder resources).
-    drdatomic = 255
+    drdatomic: int = 255
     #: READ/atomic requests this side may have outstanding.
-    srdatomic = 255
+    srdatomic: int = 255
 
     @property
-    def dpqn(self):
+    def dpqn(self) -> Optional[int]:
         """Same as :attr:`dqpn` (a spelling the specification's examples use)."""
         return self.dqpn
 
     @dpqn.setter
-    def dpqn(self, value):
+    def dpqn(self, value: Optional[int]) -> None:
         self.dqpn = value
 
-    def reverse(self, for_reply=True):
+    def reverse(self, for_reply: bool = True) -> IBPath:
         """Reverse this path in place (IBA 13.5.4): source and destination LIDs, GIDs, QP
         numbers, PSNs, ACK delays and READ/atomic depths swap. With *for_reply* the hop limit of a
         GRH becomes 255, as for a reply. Returns self."""
@@ -202,71 +211,74 @@ class IBPath(Path):
         return self
 
     @property
-    def SGID_index(self):
+    def SGID_index(self) -> int:
         """The index of :attr:`SGID` in the end port's GID table (cached). Assignment sets the
         SGID from the table. On ferry's software devices each verbs context has one GID, at
-        index 0."""
+        index 0. Reading raises :class:`ferry.RDMAError` when the SGID is not one of the end
+        port's."""
         cached = self.__dict__.get("_cached_SGID_index")
         if cached is not None:
             return cached
         if self.SGID is None:
             index = 0
         else:
-            index = self.end_port._gid_index(IBA.GID(self.SGID))
-            if index is None:
-                raise _errors.RDMAError("GID %s is not available on %s" % (self.SGID, self.end_port))
+            found = _end_port(self)._gid_index(IBA.GID(self.SGID))
+            if found is None:
+                raise _errors.RDMAError("GID %s is not available on %s" % (str(self.SGID), self.end_port))
+            index = found
         self.__dict__["_cached_SGID_index"] = index
         return index
 
     @SGID_index.setter
-    def SGID_index(self, value):
-        self.SGID = self.end_port.gids[value]
+    def SGID_index(self, value: int) -> None:
+        self.SGID = _end_port(self).gids[value]
         self.__dict__["_cached_SGID_index"] = value
 
     @property
-    def pkey_index(self):
+    def pkey_index(self) -> int:
         """The index of :attr:`pkey` in the end port's P_Key table (cached). Assignment sets the
-        pkey from the table."""
+        pkey from the table. Reading raises :class:`ferry.RDMAError` when the end port does not
+        have the P_Key."""
         cached = self.__dict__.get("_cached_pkey_index")
         if cached is not None:
             return cached
         try:
-            index = self.end_port.pkeys.index(self.pkey)
+            index = _end_port(self).pkeys.index(self.pkey)
         except ValueError:
             raise _errors.RDMAError("PKey 0x%x is not available on %s" % (self.pkey, self.end_port)) from None
         self.__dict__["_cached_pkey_index"] = index
         return index
 
     @pkey_index.setter
-    def pkey_index(self, value):
-        self.pkey = self.end_port.pkeys[value]
+    def pkey_index(self, value: int) -> None:
+        self.pkey = _end_port(self).pkeys[value]
         self.__dict__["_cached_pkey_index"] = value
 
     @property
-    def SLID_bits(self):
+    def SLID_bits(self) -> int:
         """The path bits (LMC part) of :attr:`SLID`. Assignment sets SLID from the end port's
         LID."""
         return self.SLID & 0xFF
 
     @SLID_bits.setter
-    def SLID_bits(self, value):
-        self.SLID = value | self.end_port.lid
+    def SLID_bits(self, value: int) -> None:
+        self.SLID = value | _end_port(self).lid
 
     @property
-    def DLID_bits(self):
+    def DLID_bits(self) -> int:
         """The path bits (LMC part) of :attr:`DLID`. Assignment sets DLID from the end port's
         LID."""
         return self.DLID & 0xFF
 
     @DLID_bits.setter
-    def DLID_bits(self, value):
-        self.DLID = value | self.end_port.lid
+    def DLID_bits(self, value: int) -> None:
+        self.DLID = value | _end_port(self).lid
 
     @property
-    def packet_life_time(self):
+    def packet_life_time(self) -> int:
         """The expected one-way transit time (timer code: 4.096 us * 2**value). When not set, the
         end port's :attr:`~ferry.EndPort.subnet_timeout`."""
-        value = self.__dict__.get("packet_life_time")
+        value: Optional[int] = self.__dict__.get("packet_life_time")
         if value is not None:
             return value
         if self.end_port is not None:
@@ -274,23 +286,23 @@ class IBPath(Path):
         return DEFAULT_SUBNET_TIMEOUT
 
     @packet_life_time.setter
-    def packet_life_time(self, value):
+    def packet_life_time(self, value: int) -> None:
         self.__dict__["packet_life_time"] = value
 
     @property
-    def mad_timeout(self):
+    def mad_timeout(self) -> float:
         """Timeout for a request/response on this path, in seconds."""
         return 4.096e-6 * (2 ** (self.packet_life_time + 1) + 2 ** self.resp_time)
 
     @property
-    def qp_timeout(self):
+    def qp_timeout(self) -> float:
         """The ACK timeout of an RC QP on this path, in seconds: 2 * packet_life_time + the
         destination's ACK delay."""
         return 4.096e-6 * (2 ** (self.packet_life_time + 1) + 2 ** self.dack_resp_time)
 
-    def __str__(self):
+    def __str__(self) -> str:
         if self.has_grh:
-            res = "%s %r -> %s %r TC=%r FL=%r HL=%r" % (self.SGID, self.SLID, self.DGID, self.DLID,
+            res = "%s %r -> %s %r TC=%r FL=%r HL=%r" % (str(self.SGID), self.SLID, str(self.DGID), self.DLID,
                                                         self.traffic_class, self.flow_label, self.hop_limit)
         else:
             res = "%r -> %r" % (self.SLID, self.DLID)
@@ -298,17 +310,17 @@ class IBPath(Path):
 
     # ---- the safe text encoding ----
 
-    def to_json(self):
+    def to_json(self) -> str:
         """This path as a JSON object (``{"ferry_path": 1, ...}``, the encoding of
         ``ferry::verbs::Path::toJson`` plus ``pkey``, ``dack_resp_time`` and ``sack_resp_time``).
         The end port is not encoded. Raises :class:`ferry.InvalidArgument` for a field out of
         range."""
-        def gid_text(gid):
+        def gid_text(gid: Optional[IBA.GIDLike]) -> str:
             return "::" if gid is None else str(IBA.GID(gid))
 
         sgid_index = self.__dict__.get("_cached_SGID_index", 0)
         pkey_index = self.__dict__.get("_cached_pkey_index", 0)
-        fields = {
+        fields: Dict[str, Any] = {
             "ferry_path": 1,
             "sgid": gid_text(self.SGID), "dgid": gid_text(self.DGID), "sgid_index": sgid_index,
             "slid": self.SLID, "dlid": self.DLID,
@@ -335,7 +347,7 @@ class IBPath(Path):
         return _json.dumps(doc, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text, end_port=None):
+    def from_json(cls, text: Union[str, bytes, bytearray, memoryview], end_port: Optional[EndPort] = None) -> IBPath:
         """Decode a path made by :meth:`to_json` (text or UTF-8 bytes) and attach it to
         *end_port*. The decoder is strict (``ferry::verbs::Path::fromJson``: types, ranges, the
         version) and runs no code, so the text may come from an untrusted peer. Raises
@@ -354,7 +366,7 @@ class IBPath(Path):
             doc = _json.loads(text)
         except (ValueError, RecursionError):
             raise _errors.InvalidArgument("path: malformed JSON") from None
-        extras = {}
+        extras: Dict[str, int] = {}
         for name, limit in (("pkey", 0xFFFF), ("dack_resp_time", 31), ("sack_resp_time", 31)):
             if name not in doc:
                 continue
@@ -363,7 +375,7 @@ class IBPath(Path):
                 raise _errors.InvalidArgument("path field %r must be an integer in [0, %d]" % (name, limit))
             extras[name] = value
 
-        def gid(raw):
+        def gid(raw: bytes) -> Optional[IBA.GID]:
             g = IBA.GID(raw, raw=True)
             return None if g.is_zero() else g
 
@@ -406,17 +418,18 @@ class LocalPathResolver:
     the end port (and, when given, the verbs context) knows. A context manager; :meth:`close` is
     idempotent."""
 
-    def __init__(self, end_port, verbs=None):
+    def __init__(self, end_port: EndPort, verbs: Optional[Context] = None) -> None:
         self.end_port = end_port
         self.verbs = verbs
         self.closed = False
 
     @property
-    def parent(self):
+    def parent(self) -> EndPort:
+        """The end port paths are resolved from (the specification's name for it)."""
         return self.end_port
 
     @property
-    def default_gid(self):
+    def default_gid(self) -> IBA.GID:
         """The source GID for paths resolved here: the GID of the verbs context when one was given,
         else :attr:`ferry.EndPort.default_gid`."""
         if self.verbs is not None and not self.verbs.closed:
@@ -424,21 +437,23 @@ class LocalPathResolver:
             return IBA.GID(self.verbs.query_gid(port_id, self.verbs._default_gid_index(port_id)), raw=True)
         return self.end_port.default_gid
 
-    def resolve_path(self, path, reversible=False, properties=None):
+    def resolve_path(self, path: IBPath, reversible: bool = False,
+                     properties: Optional[Mapping[str, Any]] = None) -> IBPath:
         """Same as :func:`resolve_path` with this resolver."""
         return resolve_path(self, path, reversible, properties)
 
-    def close(self):
+    def close(self) -> None:
+        """Marks the resolver closed (it holds nothing to release). Idempotent."""
         self.closed = True
 
-    def __enter__(self):
+    def __enter__(self) -> LocalPathResolver:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self.close()
         return False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "LocalPathResolver(%r)" % (str(self.end_port),)
 
 
@@ -451,13 +466,19 @@ _PROPERTY_ATTRS = {
 }
 
 
-def _is_soft_gid(gid):
+def _end_port(path: Path) -> EndPort:
+    """The path's end port, which the caller needs set."""
+    return cast("EndPort", path.end_port)
+
+
+def _is_soft_gid(gid: IBA.GID) -> bool:
     raw = bytes(gid)
     return (not any(raw[0:8]) and raw[10:12] == b"\xff\xff" and raw[8:10] != b"\x00\x00"
             and raw[12:16] != b"\x00\x00\x00\x00")
 
 
-def resolve_path(mad, path, reversible=False, properties=None):
+def resolve_path(mad: LocalPathResolver, path: IBPath, reversible: bool = False,
+                 properties: Optional[Mapping[str, Any]] = None) -> IBPath:
     """Resolve *path* to a full path for use with a QP. *path* must have at least a DGID (or, on
     InfiniBand, a DLID). *mad* is what :func:`ferry.get_gmp_mad` returned.
 
@@ -475,24 +496,22 @@ def resolve_path(mad, path, reversible=False, properties=None):
     if path.end_port is None:
         path.end_port = mad.end_port
     end_port = path.end_port
-    wanted_mtu = None
+    wanted_mtu: Optional[int] = None
     if properties:
         for key, value in properties.items():
             attr = _PROPERTY_ATTRS.get(key)
             if attr is None:
                 raise ValueError("path record property %r cannot be resolved without a subnet administrator "
                                  "(known: %s)" % (key, ", ".join(sorted(_PROPERTY_ATTRS))))
-            if attr in ("SGID", "DGID"):
-                value = IBA.GID(value)
             if attr == "MTU":
                 wanted_mtu = value
-            setattr(path, attr, value)
+            setattr(path, attr, IBA.GID(value) if attr in ("SGID", "DGID") else value)
     if path.DGID is None and not path.DLID:
         raise ValueError("the path needs a DGID (or a DLID) to resolve")
     if path.SGID is None:
         path.SGID = mad.default_gid
     if end_port._gid_index(IBA.GID(path.SGID)) is None:
-        raise SAPathNotFoundError("no path from %s: the source GID is not one of %s" % (path.SGID, end_port))
+        raise SAPathNotFoundError("no path from %s: the source GID is not one of %s" % (str(path.SGID), end_port))
     if path.pkey not in end_port.pkeys:
         raise SAPathNotFoundError("no path with P_Key 0x%x: %s has %s" % (
             path.pkey, end_port, ", ".join("0x%x" % p for p in end_port.pkeys)))
@@ -504,7 +523,7 @@ def resolve_path(mad, path, reversible=False, properties=None):
         dgid = IBA.GID(path.DGID)
         if end_port.parent.provider == "soft" and not _is_soft_gid(dgid):
             raise SAPathNotFoundError("no path to %s from %s: not the GID of a ferry software device "
-                                      "(a verbs context)" % (dgid, end_port))
+                                      "(a verbs context)" % (str(dgid), end_port))
         path.DGID = dgid
         path.has_grh = True
         if not path.hop_limit:
@@ -514,7 +533,7 @@ def resolve_path(mad, path, reversible=False, properties=None):
     else:
         if not path.DLID:
             raise SAPathNotFoundError("%s needs a DLID: there is no subnet administrator to look up %s"
-                                      % (end_port, path.DGID))
+                                      % (end_port, str(path.DGID)))
         if path.DGID is not None:
             path.has_grh = True
             if not path.hop_limit:
@@ -530,9 +549,9 @@ def resolve_path(mad, path, reversible=False, properties=None):
     return path
 
 
-def get_mad_path(mad, ep_addr, **kwargs):
+def get_mad_path(mad: LocalPathResolver, ep_addr: IBA.GIDLike, **kwargs: Any) -> IBPath:
     """A resolved, reversible path from the end port of *mad* to *ep_addr* (a GID, its text, or a
-    LID). *kwargs* set attributes first."""
+    LID). *kwargs* set attributes first. Raises as :func:`resolve_path`."""
     if isinstance(ep_addr, int) and not isinstance(ep_addr, bool) and ep_addr < 0x10000:
         path = IBPath(mad.end_port, DLID=ep_addr, **kwargs)
     else:
@@ -540,7 +559,7 @@ def get_mad_path(mad, ep_addr, **kwargs):
     return resolve_path(mad, path, True)
 
 
-def fill_path(qp, path, max_rd_atomic=255):
+def fill_path(qp: QP, path: IBPath, max_rd_atomic: int = 255) -> IBPath:
     """Fill in the fields of *path* that come from *qp*, for use with that QP: the source QP
     number, the source GID (the QP's context), the ACK delay of the device, the READ/atomic depths
     (the smaller of the path's, the device's and *max_rd_atomic*) and random initial PSNs where

@@ -12,8 +12,11 @@ Importing :mod:`ferry` also makes :mod:`ferry.verbs`, :mod:`ferry.path`, :mod:`f
 :mod:`ferry.IBA` and :mod:`ferry.tools` available as attributes.
 """
 
+from __future__ import annotations
+
 import threading as _threading
 import weakref as _weakref
+from typing import Any, List, Literal, Mapping, Optional, Union
 
 from . import IBA, tools  # noqa: F401  (imported so that ferry.IBA, ferry.tools exist)
 from . import errors as _errors
@@ -36,20 +39,22 @@ class RDMADevice:
     :attr:`address` (its IP address), :attr:`node_guid`, :attr:`numa_node`, and
     :attr:`end_ports`, a list of :class:`EndPort` (index 0 is port 1)."""
 
-    def __init__(self, info):
-        self.name = info["name"]
-        self.provider = info["provider"]
-        self.transport = info["transport"]
-        self.netdev = info["netdev"]
-        self.address = info["address"]
+    def __init__(self, info: Mapping[str, Any]) -> None:
+        self.name: str = info["name"]
+        self.provider: str = info["provider"]
+        self.transport: str = info["transport"]
+        self.netdev: str = info["netdev"]
+        self.address: str = info["address"]
         self.node_guid = IBA.GUID(info["guid"])
-        self.numa_node = info["numa_node"]
-        self._contexts = []
+        self.numa_node: int = info["numa_node"]
+        self._contexts: List[_weakref.ref[verbs.Context]] = []
         self._lock = _threading.Lock()
-        self._end_ports = None
+        self._end_ports: Optional[List[EndPort]] = None
 
     @property
-    def end_ports(self):
+    def end_ports(self) -> List[EndPort]:
+        """The device's ports, as :class:`EndPort` objects (index 0 is port 1). A software device
+        has one; another device is asked once, through a verbs context opened for the query."""
         if self._end_ports is None:
             if self.provider == "soft":
                 count = 1
@@ -59,12 +64,12 @@ class RDMADevice:
             self._end_ports = [EndPort(self, i + 1) for i in range(count)]
         return self._end_ports
 
-    def _context_opened(self, ctx):
+    def _context_opened(self, ctx: verbs.Context) -> None:
         with self._lock:
-            self._contexts = [w for w in self._contexts if w() is not None and not w().closed]
+            self._contexts = [w for w in self._contexts if _live(w) is not None]
             self._contexts.append(_weakref.ref(ctx))
 
-    def _live_context(self):
+    def _live_context(self) -> Optional[verbs.Context]:
         """The most recently opened verbs context of this device that is still open, or None."""
         with self._lock:
             for ref in reversed(self._contexts):
@@ -73,23 +78,29 @@ class RDMADevice:
                     return ctx
         return None
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "RDMADevice(%r, provider=%r, address=%r)" % (self.name, self.provider, self.address)
+
+
+def _live(ref: _weakref.ref[verbs.Context]) -> Optional[verbs.Context]:
+    """The context ``ref`` holds while it is open, else None."""
+    ctx = ref()
+    return ctx if ctx is not None and not ctx.closed else None
 
 
 class _TemporaryContext:
     """A verbs context opened only to query the device, closed on exit."""
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self._ctx = _core.Context(name)
 
-    def __enter__(self):
+    def __enter__(self) -> _core.Context:
         return self._ctx
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self._ctx.close()
         return False
 
@@ -105,14 +116,14 @@ class EndPort:
 
     #: Packet lifetime (IBA timer code) used for paths that do not set one. ferry's devices have no
     #: subnet manager, so this is ferry's default rather than a value read from the port.
-    subnet_timeout = path.DEFAULT_SUBNET_TIMEOUT
+    subnet_timeout: int = path.DEFAULT_SUBNET_TIMEOUT
 
-    def __init__(self, parent, port_id):
+    def __init__(self, parent: RDMADevice, port_id: int) -> None:
         self.parent = parent
         self.port_id = port_id
-        self._cached_attr = None
+        self._cached_attr: Optional[dict] = None
 
-    def _port_attr(self):
+    def _port_attr(self) -> dict:
         if self._cached_attr is None:
             ctx = self.parent._live_context()
             if ctx is not None:
@@ -123,9 +134,11 @@ class EndPort:
         return self._cached_attr
 
     @property
-    def default_gid(self):
+    def default_gid(self) -> IBA.GID:
         """The GID paths from this port use by default: index 0, or the one the device prefers
-        (a RoCE v2 GID on RoCE ports). See the class note for software devices."""
+        (a RoCE v2 GID on RoCE ports). See the class note for software devices. Raises
+        :class:`ferry.RDMAError` when no verbs context of the device is open (open one with
+        :func:`ferry.get_verbs`)."""
         ctx = self.parent._live_context()
         if ctx is None:
             raise _errors.RDMAError(
@@ -134,7 +147,7 @@ class EndPort:
         return IBA.GID(ctx.query_gid(self.port_id, ctx._default_gid_index(self.port_id)), raw=True)
 
     @property
-    def gids(self):
+    def gids(self) -> List[IBA.GID]:
         """The GID table of this port (of the most recent open context, for software devices)."""
         ctx = self.parent._live_context()
         if ctx is None:
@@ -142,7 +155,7 @@ class EndPort:
         count = max(1, min(self._port_attr()["gid_tbl_len"], 256))
         return [IBA.GID(ctx.query_gid(self.port_id, i), raw=True) for i in range(count)]
 
-    def _gid_index(self, gid):
+    def _gid_index(self, gid: IBA.GIDLike) -> Optional[int]:
         """The GID table index of *gid* at this port, or None if it is not one of the port's."""
         gid = IBA.GID(gid)
         if self.parent.provider == "soft":
@@ -156,28 +169,32 @@ class EndPort:
         return gids.index(gid) if gid in gids else None
 
     @property
-    def pkeys(self):
+    def pkeys(self) -> List[int]:
         """The P_Key table (ferry's devices have the default P_Key only)."""
         return [IBA.PKEY_DEFAULT] * max(1, self._port_attr()["pkey_tbl_len"])
 
     @property
-    def lid(self):
+    def lid(self) -> int:
+        """The port's LID (0 on RoCE-style and software devices, which route by GID)."""
         return self._port_attr()["lid"]
 
     @property
-    def lmc(self):
+    def lmc(self) -> int:
+        """The LID mask control: 0 (one LID per port)."""
         return 0
 
     @property
-    def sm_lid(self):
+    def sm_lid(self) -> int:
+        """The subnet manager's LID (the port's own on ferry's devices, which have none)."""
         return self._port_attr()["sm_lid"]
 
     @property
-    def sm_sl(self):
+    def sm_sl(self) -> int:
+        """The service level to reach the subnet manager: 0."""
         return 0
 
     @property
-    def sa_path(self):
+    def sa_path(self) -> path.IBPath:
         """The path to this port's subnet administrator: QP1 at the subnet manager's LID
         (:attr:`sm_lid`, :attr:`sm_sl`) with the GSI Q_Key and the default P_Key, a new
         :class:`ferry.path.IBPath` on each access (change it freely). ferry's devices have no
@@ -188,60 +205,60 @@ class EndPort:
                            qkey=IBA.IB_DEFAULT_QP1_QKEY, pkey=IBA.PKEY_DEFAULT)
 
     @property
-    def state(self):
+    def state(self) -> int:
         """The IBV_PORT_* state."""
         return self._port_attr()["state"]
 
     @property
-    def mtu(self):
+    def mtu(self) -> int:
         """The active MTU code (IBA.MTU_*)."""
         return self._port_attr()["active_mtu"]
 
     @property
-    def link_layer(self):
+    def link_layer(self) -> int:
         """IBV_LINK_LAYER_*: 2 (Ethernet) for RoCE-style ports and ferry's software devices."""
         return self._port_attr()["link_layer"]
 
     @property
-    def rate(self):
+    def rate(self) -> int:
         """The static rate to use on paths from this port (0: the port's full rate)."""
         return 0
 
-    def lid_change(self):
+    def lid_change(self) -> None:
         """Forget cached port attributes (called on IBV_EVENT_LID_CHANGE)."""
         self._cached_attr = None
 
-    def pkey_change(self):
+    def pkey_change(self) -> None:
         """Forget cached port attributes (called on IBV_EVENT_PKEY_CHANGE)."""
         self._cached_attr = None
 
-    def sm_change(self):
+    def sm_change(self) -> None:
         """Forget cached port attributes (called on IBV_EVENT_SM_CHANGE and port events)."""
         self._cached_attr = None
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, EndPort):
             return NotImplemented
         return self.parent.name == other.parent.name and self.port_id == other.port_id
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.parent.name, self.port_id))
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "%s/%d" % (self.parent.name, self.port_id)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "EndPort(%r)" % str(self)
 
 
-_devices = None
+_devices: Optional[List[RDMADevice]] = None
 _devices_lock = _threading.Lock()
 
 
-def get_devices(refresh=False):
+def get_devices(refresh: bool = False) -> List[RDMADevice]:
     """Every visible device (``FERRY_DEVICES=name,...`` restricts them), highest-priority
-    provider first, as :class:`RDMADevice` objects. The list is cached; *refresh* reads it
-    again."""
+    provider first, as :class:`RDMADevice` objects (an empty list when there is none). The list
+    is cached; *refresh* reads it again."""
     global _devices
     with _devices_lock:
         if _devices is None or refresh:
@@ -249,8 +266,9 @@ def get_devices(refresh=False):
         return list(_devices)
 
 
-def get_device(name=None):
-    """The device called *name*, or the first device when None."""
+def get_device(name: Optional[str] = None) -> RDMADevice:
+    """The device called *name*, or the first device when None. Raises
+    :class:`ferry.NotFound` (a ``DeviceNotFoundError``) when there is no such device."""
     devices = get_devices()
     if name is None:
         if not devices:
@@ -265,9 +283,10 @@ def get_device(name=None):
     raise DeviceNotFoundError("RDMA device %r not found" % (name,))
 
 
-def get_end_port(name=None):
+def get_end_port(name: Union[str, EndPort, None] = None) -> EndPort:
     """The :class:`EndPort` called *name*: ``"soft_lo"`` (port 1), ``"soft_lo/1"`` or
-    ``"soft_lo:1"``; with None, port 1 of the first device."""
+    ``"soft_lo:1"``; with None, port 1 of the first device; an EndPort is returned as it is.
+    Raises :class:`ferry.NotFound` (a ``DeviceNotFoundError``) for an unknown device or port."""
     if isinstance(name, EndPort):
         return name
     if name is None:
@@ -287,15 +306,18 @@ def get_end_port(name=None):
     return dev.end_ports[port - 1]
 
 
-def get_verbs(end_port=None):
+def get_verbs(end_port: Union[EndPort, RDMADevice, str, None] = None) -> verbs.Context:
     """Open a :class:`ferry.verbs.Context` for *end_port* (an :class:`EndPort`, an
-    :class:`RDMADevice`, a name, or None for the default end port)."""
+    :class:`RDMADevice`, a name, or None for the default end port). Raises
+    :class:`ferry.NotFound` for an unknown name, and the device's error when it cannot be
+    opened."""
     if end_port is None or isinstance(end_port, str):
         end_port = get_end_port(end_port)
     return verbs.Context(end_port)
 
 
-def get_gmp_mad(end_port=None, verbs=None):
+def get_gmp_mad(end_port: Union[EndPort, str, None] = None,
+                verbs: Optional[verbs.Context] = None) -> path.LocalPathResolver:
     """The path resolver for *end_port*, a context manager standing in for the specification's
     GMP MAD object: pass it to :func:`ferry.path.resolve_path`. With *verbs* (a :class:`ferry.verbs.Context`)
     resolved paths start at that context's GID. ferry's devices have no subnet administrator:

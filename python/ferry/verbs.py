@@ -25,15 +25,24 @@ Threads: objects may be used from several threads. Waits (:meth:`Context.get_asy
 completion channel tools of :mod:`ferry.vtools`) release the GIL and take a timeout.
 """
 
-import collections as _collections
+from __future__ import annotations
+
 import select as _select
+import types as _types
 import weakref as _weakref
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, NamedTuple, Optional, Tuple, Type,
+                    TypeVar, Union, cast)
 
 from . import IBA
 from . import errors as _errors
 from . import path as _path
 from ._core import verbs as _core
 from ._memory import registrable as _registrable
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from .rdma import EndPort, RDMADevice
 
 SharedMemory = _core.SharedMemory
 alloc_shared = _core.alloc_shared
@@ -258,12 +267,12 @@ _WC_OPCODE_NAMES = {
 }
 
 
-def wc_opcode_str(opcode):
+def wc_opcode_str(opcode: int) -> str:
     """The IBV_WC_* name of a :attr:`wc.opcode` value."""
     return _WC_OPCODE_NAMES.get(opcode, "IBV_WC_%d" % opcode)
 
 
-def wc_status_str(status):
+def wc_status_str(status: int) -> str:
     """Convert a :attr:`wc.status` value into a string (as libibverbs' ibv_wc_status_str)."""
     return _WC_STATUS_TEXT.get(status, "unknown")
 
@@ -280,15 +289,19 @@ send_wr = _core.send_wr
 recv_wr = _core.recv_wr
 wc = _core.wc
 
+_S = TypeVar("_S", bound="_Struct")
+_M = TypeVar("_M", bound="_MaskedStruct")
+_T = TypeVar("_T")
+
 
 class _Struct:
     """Base of the Python verbs structures: fixed fields, keyword (or positional) construction."""
 
     __slots__ = ()
-    _fields = ()   # (name, default or zero-argument factory)
-    _names = ()
+    _fields: ClassVar[Tuple[Tuple[str, Any], ...]] = ()   # (name, default or zero-argument factory)
+    _names: ClassVar[Tuple[str, ...]] = ()
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         if len(args) > len(self._names):
             raise TypeError("%s() takes at most %d positional arguments" % (type(self).__name__, len(self._names)))
         for name, default in self._fields:
@@ -300,27 +313,27 @@ class _Struct:
                 raise TypeError("%s has no field %r" % (type(self).__name__, name))
             setattr(self, name, value)
 
-    def _asdict(self):
+    def _asdict(self) -> Dict[str, Any]:
         return {name: getattr(self, name) for name in self._names}
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
         return all(getattr(self, n) == getattr(other, n) for n in self._names)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in self._names))
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[type, Tuple[()], None, None, Iterator[Tuple[str, Any]]]:
         return (type(self), (), None, None, iter(self._asdict().items()))
 
-    def __setitem__(self, name, value):
+    def __setitem__(self, name: str, value: Any) -> None:
         # Pickle/copy restore (see __reduce__): state arrives as (name, value) pairs.
         setattr(self, name, value)
 
-    def __copy__(self):
+    def __copy__(self: _S) -> _S:
         return type(self)(**self._asdict())
 
 
@@ -329,71 +342,151 @@ class _MaskedStruct(_Struct):
     says which members ibv_modify_qp applies)."""
 
     __slots__ = ()
-    _masks = {}
+    _masks: ClassVar[Dict[str, int]] = {}
+    MASK: int
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         object.__setattr__(self, "MASK", 0)
         super().__init__(*args, **kwargs)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         bit = self._masks.get(name)
         if bit:
             object.__setattr__(self, "MASK", self.MASK | bit)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[type, Tuple[()], None, None, Iterator[Tuple[str, Any]]]:
         items = list(self._asdict().items()) + [("MASK", self.MASK)]
         return (type(self), (), None, None, iter(items))
 
-    def __copy__(self):
+    def __copy__(self: _M) -> _M:
         other = type(self)(**self._asdict())
         object.__setattr__(other, "MASK", self.MASK)
         return other
 
 
-def _struct(name, fields, doc, masks=None):
-    names = tuple(f[0] for f in fields)
-    base = _MaskedStruct if masks is not None else _Struct
-    slots = names + (("MASK",) if masks is not None else ())
-    namespace = {"__slots__": slots, "_fields": tuple(fields), "_names": names, "__doc__": doc,
-                 "__module__": __name__}
-    if masks is not None:
-        namespace["_masks"] = masks
-    return type(name, (base,), namespace)
+class _Factory:
+    """A field default made anew for each structure, by calling ``make``."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
 
 
-global_route = _struct("global_route", (
-    ("dgid", IBA.GID), ("flow_label", 0), ("sgid_index", 0), ("hop_limit", 0), ("traffic_class", 0)),
-    "The GRH part of an address vector (ibv_global_route).")
+def _new(make: Callable[[], _T]) -> _T:
+    """The default of a field that is a new ``make()`` in each structure (typed as its value)."""
+    return cast(_T, _Factory(make))
 
-ah_attr = _struct("ah_attr", (
-    ("grh", global_route), ("dlid", 0), ("sl", 0), ("src_path_bits", 0), ("static_rate", 0),
-    ("is_global", 0), ("port_num", 1)),
-    "An address vector (ibv_ah_attr).")
 
-qp_cap = _struct("qp_cap", (
-    ("max_send_wr", 0), ("max_recv_wr", 0), ("max_send_sge", 1), ("max_recv_sge", 1), ("max_inline_data", 0)),
-    "Queue pair capacities (ibv_qp_cap).")
+def _struct(cls: Type[_S]) -> Type[_S]:
+    """The structure a class body describes: its annotated fields, in order, with their defaults
+    (``_new(factory)`` for a fresh object each time), become the slots and the fields."""
+    names = tuple(name for name in cls.__dict__.get("__annotations__", {}) if not name.startswith("_"))
+    fields = []
+    for name in names:
+        default = cls.__dict__.get(name, 0)
+        fields.append((name, default.make if isinstance(default, _Factory) else default))
+    base = cls.__bases__[0]
+    slots = names + (("MASK",) if issubclass(cls, _MaskedStruct) else ())
+    namespace: Dict[str, Any] = {"__slots__": slots, "_fields": tuple(fields), "_names": names,
+                                 "__doc__": cls.__doc__, "__module__": cls.__module__}
+    if "_masks" in cls.__dict__:
+        namespace["_masks"] = cls.__dict__["_masks"]
+    return cast(Type[_S], type(cls.__name__, (base,), namespace))
 
-qp_init_attr = _struct("qp_init_attr", (
-    ("send_cq", None), ("recv_cq", None), ("srq", None), ("cap", qp_cap), ("qp_type", IBV_QPT_RC),
-    ("sq_sig_all", 1)),
-    "Queue pair creation attributes (ibv_qp_init_attr), for :meth:`PD.qp_raw`.")
 
-srq_init_attr = _struct("srq_init_attr", (("max_wr", 100), ("max_sge", 1), ("srq_limit", 0)),
-                        "Shared receive queue creation attributes (ibv_srq_init_attr).")
+@_struct
+class global_route(_Struct):
+    """The GRH part of an address vector (ibv_global_route)."""
 
-qp_attr = _struct("qp_attr", (
-    ("qp_state", 0), ("cur_qp_state", 0), ("path_mtu", 0), ("path_mig_state", 0), ("qkey", 0),
-    ("rq_psn", 0), ("sq_psn", 0), ("dest_qp_num", 0), ("qp_access_flags", 0), ("cap", qp_cap),
-    ("ah_attr", ah_attr), ("alt_ah_attr", ah_attr), ("pkey_index", 0), ("alt_pkey_index", 0),
-    ("en_sqd_async_notify", 0), ("sq_draining", 0), ("max_rd_atomic", 0), ("max_dest_rd_atomic", 0),
-    ("min_rnr_timer", 0), ("port_num", 0), ("timeout", 0), ("retry_cnt", 0), ("rnr_retry", 0),
-    ("alt_port_num", 0), ("alt_timeout", 0)),
+    dgid: IBA.GID = _new(IBA.GID)
+    flow_label: int = 0
+    sgid_index: int = 0
+    hop_limit: int = 0
+    traffic_class: int = 0
+
+
+@_struct
+class ah_attr(_Struct):
+    """An address vector (ibv_ah_attr)."""
+
+    grh: global_route = _new(global_route)
+    dlid: int = 0
+    sl: int = 0
+    src_path_bits: int = 0
+    static_rate: int = 0
+    is_global: int = 0
+    port_num: int = 1
+
+
+@_struct
+class qp_cap(_Struct):
+    """Queue pair capacities (ibv_qp_cap)."""
+
+    max_send_wr: int = 0
+    max_recv_wr: int = 0
+    max_send_sge: int = 1
+    max_recv_sge: int = 1
+    max_inline_data: int = 0
+
+
+@_struct
+class qp_init_attr(_Struct):
+    """Queue pair creation attributes (ibv_qp_init_attr), for :meth:`PD.qp_raw`."""
+
+    send_cq: Optional[CQ] = None
+    recv_cq: Optional[CQ] = None
+    srq: Optional[SRQ] = None
+    cap: qp_cap = _new(qp_cap)
+    qp_type: int = IBV_QPT_RC
+    sq_sig_all: int = 1
+
+
+@_struct
+class srq_init_attr(_Struct):
+    """Shared receive queue creation attributes (ibv_srq_init_attr)."""
+
+    max_wr: int = 100
+    max_sge: int = 1
+    srq_limit: int = 0
+
+
+# The address vector's class, under a name that qp_attr's field of the same name does not hide.
+_AhAttr = ah_attr
+
+
+@_struct
+class qp_attr(_MaskedStruct):
     """QP attributes (ibv_qp_attr). Assigning a member (also through the constructor) sets its bit
     in ``MASK``, so ``qp.modify(attr, attr.MASK)`` applies exactly what was set. ``ah_attr`` may be
-    an :class:`ah_attr` or a :class:`ferry.path.IBPath`.""",
-    masks={
+    an :class:`ah_attr` or a :class:`ferry.path.IBPath`."""
+
+    qp_state: int = 0
+    cur_qp_state: int = 0
+    path_mtu: int = 0
+    path_mig_state: int = 0
+    qkey: int = 0
+    rq_psn: int = 0
+    sq_psn: int = 0
+    dest_qp_num: int = 0
+    qp_access_flags: int = 0
+    cap: qp_cap = _new(qp_cap)
+    ah_attr: Union[_AhAttr, _path.IBPath] = _new(_AhAttr)
+    alt_ah_attr: Union[_AhAttr, _path.IBPath] = _new(_AhAttr)
+    pkey_index: int = 0
+    alt_pkey_index: int = 0
+    en_sqd_async_notify: int = 0
+    sq_draining: int = 0
+    max_rd_atomic: int = 0
+    max_dest_rd_atomic: int = 0
+    min_rnr_timer: int = 0
+    port_num: int = 0
+    timeout: int = 0
+    retry_cnt: int = 0
+    rnr_retry: int = 0
+    alt_port_num: int = 0
+    alt_timeout: int = 0
+
+    _masks = {
         "qp_state": IBV_QP_STATE, "cur_qp_state": IBV_QP_CUR_STATE, "path_mtu": IBV_QP_PATH_MTU,
         "path_mig_state": IBV_QP_PATH_MIG_STATE, "qkey": IBV_QP_QKEY, "rq_psn": IBV_QP_RQ_PSN,
         "sq_psn": IBV_QP_SQ_PSN, "dest_qp_num": IBV_QP_DEST_QPN, "qp_access_flags": IBV_QP_ACCESS_FLAGS,
@@ -403,26 +496,99 @@ qp_attr = _struct("qp_attr", (
         "max_dest_rd_atomic": IBV_QP_MAX_DEST_RD_ATOMIC, "min_rnr_timer": IBV_QP_MIN_RNR_TIMER,
         "port_num": IBV_QP_PORT, "timeout": IBV_QP_TIMEOUT, "retry_cnt": IBV_QP_RETRY_CNT,
         "rnr_retry": IBV_QP_RNR_RETRY, "alt_port_num": IBV_QP_ALT_PATH, "alt_timeout": IBV_QP_ALT_PATH,
-    })
+    }
 
-srq_attr = _collections.namedtuple("srq_attr", "max_wr max_sge srq_limit")
 
-port_attr = _collections.namedtuple("port_attr", (
-    "state max_mtu active_mtu gid_tbl_len port_cap_flags max_msg_sz bad_pkey_cntr qkey_viol_cntr "
-    "pkey_tbl_len lid sm_lid lmc max_vl_num sm_sl subnet_timeout init_type_reply active_width "
-    "active_speed phys_state link_layer"))
+class srq_attr(NamedTuple):
+    """What :meth:`SRQ.query` returns (ibv_srq_attr)."""
 
-device_attr = _collections.namedtuple("device_attr", (
-    "fw_ver node_guid sys_image_guid max_mr_size page_size_cap vendor_id vendor_part_id hw_ver "
-    "max_qp max_qp_wr device_cap_flags max_sge max_sge_rd max_cq max_cqe max_mr max_pd "
-    "max_qp_rd_atom max_ee_rd_atom max_res_rd_atom max_qp_init_rd_atom max_ee_init_rd_atom "
-    "atomic_cap max_ee max_rdd max_mw max_raw_ipv6_qp max_raw_ethy_qp max_mcast_grp "
-    "max_mcast_qp_attach max_total_mcast_qp_attach max_ah max_fmr max_map_per_fmr max_srq "
-    "max_srq_wr max_srq_sge max_pkeys local_ca_ack_delay phys_port_cnt max_inline_data"))
+    max_wr: int
+    max_sge: int
+    srq_limit: int
 
-#: What :meth:`Context.get_async_event` returns: the IBV_EVENT_* type and the object it concerns
-#: (a :class:`CQ`, :class:`QP`, :class:`SRQ`, :class:`ferry.EndPort` or :class:`ferry.RDMADevice`).
-async_event = _collections.namedtuple("async_event", "event_type obj")
+
+class port_attr(NamedTuple):
+    """What :meth:`Context.query_port` returns (ibv_port_attr): the IBV_PORT_* ``state``, MTU codes,
+    table lengths, LIDs, IBV_LINK_LAYER_* ``link_layer`` ..."""
+
+    state: int
+    max_mtu: int
+    active_mtu: int
+    gid_tbl_len: int
+    port_cap_flags: int
+    max_msg_sz: int
+    bad_pkey_cntr: int
+    qkey_viol_cntr: int
+    pkey_tbl_len: int
+    lid: int
+    sm_lid: int
+    lmc: int
+    max_vl_num: int
+    sm_sl: int
+    subnet_timeout: int
+    init_type_reply: int
+    active_width: int
+    active_speed: int
+    phys_state: int
+    link_layer: int
+
+
+class device_attr(NamedTuple):
+    """What :meth:`Context.query_device` returns (ibv_device_attr): firmware version, GUIDs and
+    the device's limits (0 for what ferry's devices do not offer)."""
+
+    fw_ver: str
+    node_guid: IBA.GUID
+    sys_image_guid: IBA.GUID
+    max_mr_size: int
+    page_size_cap: int
+    vendor_id: int
+    vendor_part_id: int
+    hw_ver: int
+    max_qp: int
+    max_qp_wr: int
+    device_cap_flags: int
+    max_sge: int
+    max_sge_rd: int
+    max_cq: int
+    max_cqe: int
+    max_mr: int
+    max_pd: int
+    max_qp_rd_atom: int
+    max_ee_rd_atom: int
+    max_res_rd_atom: int
+    max_qp_init_rd_atom: int
+    max_ee_init_rd_atom: int
+    atomic_cap: int
+    max_ee: int
+    max_rdd: int
+    max_mw: int
+    max_raw_ipv6_qp: int
+    max_raw_ethy_qp: int
+    max_mcast_grp: int
+    max_mcast_qp_attach: int
+    max_total_mcast_qp_attach: int
+    max_ah: int
+    max_fmr: int
+    max_map_per_fmr: int
+    max_srq: int
+    max_srq_wr: int
+    max_srq_sge: int
+    max_pkeys: int
+    local_ca_ack_delay: int
+    phys_port_cnt: int
+    max_inline_data: int
+
+
+class async_event(NamedTuple):
+    """What :meth:`Context.get_async_event` returns: the IBV_EVENT_* type and the object it
+    concerns (a :class:`CQ`, :class:`QP`, :class:`SRQ`, :class:`ferry.EndPort` or
+    :class:`ferry.RDMADevice`; the QP number when that QP is not known here; None for a port
+    the device does not have)."""
+
+    event_type: int
+    obj: Union[CQ, QP, SRQ, EndPort, RDMADevice, int, None]
+
 
 # ACK delay of ferry's software devices, as an IBA timer code (4.096 us * 2**code = 4 ms): the
 # progress thread acknowledges well within it. The C++ DeviceAttr has no such field yet.
@@ -436,18 +602,19 @@ class WRError(_errors.SysError):
     """Raised when an error occurs posting work requests. :attr:`bad_index` is the index into
     the work request list of the one that failed to post; the ones before it were posted."""
 
-    def __init__(self, message="", cause=0, func=None, bad_index=None):
+    def __init__(self, message: str = "", cause: int = 0, func: Optional[str] = None,
+                 bad_index: Optional[int] = None) -> None:
         super().__init__(message, cause, func)
         self.bad_index = bad_index
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "%s [work request %s]" % (super().__str__(), self.bad_index)
 
 
-_WR_ERROR_CLASSES = {}
+_WR_ERROR_CLASSES: Dict[int, Type[WRError]] = {}
 
 
-def _make_wr_error(code, message, cause, func, bad_index):
+def _make_wr_error(code: int, message: str, cause: int, func: Optional[str], bad_index: Optional[int]) -> WRError:
     """The WRError for a refused post (also an instance of the class of its status code)."""
     cls = _WR_ERROR_CLASSES.get(code)
     if cls is None:
@@ -466,13 +633,14 @@ class WCError(_errors.RDMAError, _errors.WorkCompletionError):
     is known to apply to the receive queue of the QP, False if known to apply to its send queue,
     None if unknown. Attributes: :attr:`wc`, :attr:`cq`, :attr:`qp`, :attr:`srq`, :attr:`is_rq`."""
 
-    is_rq = None
-    cq = None
-    qp = None
-    srq = None
+    is_rq: Optional[bool] = None
+    cq: Optional[CQ] = None
+    qp: Optional[QP] = None
+    srq: Optional[SRQ] = None
 
-    def __init__(self, wc, cq=None, msg="Error work completion", obj=None, is_rq=None):
-        qp = None
+    def __init__(self, wc: _core.wc, cq: Optional[CQ] = None, msg: str = "Error work completion",
+                 obj: Union[QP, SRQ, None] = None, is_rq: Optional[bool] = None) -> None:
+        qp: Optional[QP] = None
         if obj is not None:
             if isinstance(obj, QP):
                 qp = obj
@@ -508,18 +676,18 @@ class AsyncError(_errors.RDMAError):
     """Raised when an asynchronous error event is received. :attr:`event` is the
     :data:`async_event`."""
 
-    def __init__(self, event, msg="Asynchronous error event"):
+    def __init__(self, event: async_event, msg: str = "Asynchronous error event") -> None:
         text = "%s - %s for %r" % (msg, IBA.const_str("IBV_EVENT_", event[0], True, _module()), event[1])
         super().__init__(text)
         self.event = event
 
 
-def _module():
+def _module() -> _types.ModuleType:
     import sys
     return sys.modules[__name__]
 
 
-def _not_supported(func, what):
+def _not_supported(func: str, what: str) -> _errors.Error:
     return _errors.make_error(_errors.NotSupported.code, what, 95, func)
 
 
@@ -527,7 +695,7 @@ def _not_supported(func, what):
 # Paths.
 
 
-def _ah_attr_from_path(path):
+def _ah_attr_from_path(path: _path.IBPath) -> ah_attr:
     """The address vector of an :class:`ferry.path.IBPath` (see the table in the module docs)."""
     if path.end_port is None:
         raise ValueError("the path has no end_port: set path.end_port before using it with verbs")
@@ -543,7 +711,7 @@ def _ah_attr_from_path(path):
                    is_global=1 if has_grh else 0, port_num=path.end_port.port_id)
 
 
-def _checked_ah_attr(attr):
+def _checked_ah_attr(attr: ah_attr) -> ah_attr:
     """*attr* with its grh.dgid as an IBA.GID (a GID may be given as text)."""
     grh = attr.grh
     if grh is not None and grh.dgid is not None and not isinstance(grh.dgid, IBA.GID):
@@ -554,7 +722,8 @@ def _checked_ah_attr(attr):
     return attr
 
 
-def WCPath(end_port, wc, buf=None, off=0, **kwargs):
+def WCPath(end_port: Union[EndPort, str, None], wc: _core.wc, buf: Optional[Buffer] = None, off: int = 0,
+           **kwargs: Any) -> _path.IBPath:
     """Create a :class:`ferry.path.IBPath` from a work completion. *buf* should be the receive
     buffer when this is used with a UD QP: the first 40 bytes of it (from *off*) hold the GRH when
     ``wc.wc_flags`` has :data:`IBV_WC_GRH`. *kwargs* are applied to the path.
@@ -598,7 +767,10 @@ class Context(_core.Context):
     :attr:`node` is the :class:`ferry.RDMADevice`, :attr:`end_port` the :class:`ferry.EndPort`
     it was opened for (None when opened for a whole device)."""
 
-    def __init__(self, parent):
+    node: RDMADevice
+    end_port: Optional[EndPort]
+
+    def __init__(self, parent: Union[EndPort, RDMADevice, str]) -> None:
         from . import rdma
         if isinstance(parent, str):
             parent = rdma.get_end_port(parent)
@@ -613,21 +785,21 @@ class Context(_core.Context):
         self.end_port = end_port
         node._context_opened(self)
 
-    def pd(self):
+    def pd(self) -> PD:
         """Create a new :class:`PD` for this context."""
         return PD(self)
 
-    def cq(self, nelems=100, cc=None, vec=0):
+    def cq(self, nelems: int = 100, cc: Optional[CompChannel] = None, vec: int = 0) -> CQ:
         """Create a new :class:`CQ` of at least *nelems* entries, reporting to completion channel
         *cc* (a :class:`CompChannel` or None). *vec* (the completion vector) is accepted and
         unused: ferry's devices have one."""
         return CQ(self, nelems, cc)
 
-    def comp_channel(self):
+    def comp_channel(self) -> CompChannel:
         """Create a new :class:`CompChannel` for this context."""
         return CompChannel(self)
 
-    def query_device(self):
+    def query_device(self) -> device_attr:
         """Return a :data:`device_attr` for the device.
 
         :rtype: :data:`device_attr`"""
@@ -647,7 +819,7 @@ class Context(_core.Context):
             max_pkeys=d["max_pkeys"], local_ca_ack_delay=_SOFT_LOCAL_CA_ACK_DELAY if soft else 16,
             phys_port_cnt=d["phys_port_cnt"], max_inline_data=d["max_inline_data"])
 
-    def query_port(self, port_id=None):
+    def query_port(self, port_id: Optional[int] = None) -> port_attr:
         """Return a :data:`port_attr` for *port_id*. If *port_id* is None the end port this
         context was created against is queried (port 1 when opened for a whole device).
 
@@ -665,7 +837,7 @@ class Context(_core.Context):
             active_speed=p["active_speed"], phys_state=5 if p["state"] == IBV_PORT_ACTIVE else 3,
             link_layer=p["link_layer"])
 
-    def from_qp_num(self, num):
+    def from_qp_num(self, num: int) -> Optional[QP]:
         """Return the :class:`QP` with QP number *num*, or None if there is none."""
         for pd in self._pds():
             qp = pd.from_qp_num(num)
@@ -673,7 +845,7 @@ class Context(_core.Context):
                 return qp
         return None
 
-    def get_async_event(self, timeout=0):
+    def get_async_event(self, timeout: Optional[float] = 0) -> Optional[async_event]:
         """Get a single async event for this context: an :data:`async_event` ``(event_type,
         obj)`` where *obj* is the :class:`CQ`, :class:`QP`, :class:`SRQ`,
         :class:`ferry.EndPort` or :class:`ferry.RDMADevice` the event concerns. Waits up to
@@ -683,6 +855,7 @@ class Context(_core.Context):
         if raw is None:
             return None
         etype, qp_num, cq, srq, port_num = raw
+        obj: Union[CQ, QP, SRQ, EndPort, RDMADevice, int, None]
         if etype == IBV_EVENT_DEVICE_FATAL:
             obj = self.node
         elif etype in (IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR, IBV_EVENT_LID_CHANGE, IBV_EVENT_PKEY_CHANGE,
@@ -694,12 +867,11 @@ class Context(_core.Context):
         elif etype == IBV_EVENT_CQ_ERR:
             obj = cq
         else:
-            obj = self.from_qp_num(qp_num)
-            if obj is None:
-                obj = qp_num
+            qp = self.from_qp_num(qp_num)
+            obj = qp if qp is not None else qp_num
         return async_event(etype, obj)
 
-    def handle_async_event(self, event):
+    def handle_async_event(self, event: async_event) -> None:
         """A generic handler for async events. Depending on the event it will raise an
         :exc:`AsyncError` (fatal device, QP, CQ and SRQ errors) or reload what the end port caches
         (LID, P_Key, SM and GID changes)."""
@@ -710,6 +882,7 @@ class Context(_core.Context):
         port = event[1]
         if port is None or not hasattr(port, "lid_change"):
             return
+        port = cast("EndPort", port)
         if etype == IBV_EVENT_LID_CHANGE:
             port.lid_change()
         elif etype == IBV_EVENT_PKEY_CHANGE:
@@ -718,30 +891,32 @@ class Context(_core.Context):
                        IBV_EVENT_PORT_ERR, IBV_EVENT_GID_CHANGE):
             port.sm_change()
 
-    def register_poll(self, poll):
+    def register_poll(self, poll: _select.poll) -> None:
         """Add the async event FD of this context to :class:`select.poll` object *poll*."""
         poll.register(self.async_fd, _select.POLLIN)
 
-    def check_poll(self, pevent):
+    def check_poll(self, pevent: Tuple[int, int]) -> bool:
         """Return True if *pevent* (an entry of ``poll.poll()``) indicates that
         :meth:`get_async_event` will return data."""
         return pevent[0] == self.async_fd and bool(pevent[1] & _select.POLLIN)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "context:%s" % (self.node,)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Context(%r%s)" % (str(self.node), ", closed" if self.closed else "")
 
 
 class PD(_core.PD):
     """Protection domain handle, this is a context manager."""
 
-    def __init__(self, ctx):
+    ctx: Context
+
+    def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._path_ah = "_cached_pd%x_ah" % id(self)
 
-    def mr(self, buf, access=0):
+    def mr(self, buf: object, access: int = 0) -> MR:
         """Create a new :class:`MR` over *buf*, anything supporting the buffer protocol (bytes,
         bytearray, mmap, memoryview, NumPy arrays) or exporting CPU memory through DLPack
         (``__dlpack__``; registered through a zero-copy view that keeps *buf* alive). Write access
@@ -752,10 +927,9 @@ class PD(_core.PD):
             if access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC):
                 raise TypeError("a str is immutable: register a bytearray for write access")
             buf = buf.encode("utf-8")
-        buf = _registrable(buf, "PD.mr")
-        return MR(self, buf, access)
+        return MR(self, _registrable(buf, "PD.mr"), access)
 
-    def alloc_mr(self, length, access=0):
+    def alloc_mr(self, length: int, access: int = 0) -> MR:
         """Allocate *length* bytes of zero-filled memory and register them: a new :class:`MR`
         whose :attr:`MR.buf` is a :class:`SharedMemory` (a writable buffer; ``np.frombuffer(mr.buf,
         np.uint8)`` and ``torch.frombuffer(mr.buf, dtype=torch.uint8)`` view it without a copy).
@@ -764,8 +938,9 @@ class PD(_core.PD):
         any view of it does."""
         return MR(self, alloc_shared(length), access)
 
-    def qp(self, qp_type, max_send_wr, send_cq, max_recv_wr, recv_cq, srq=None, sq_sig_all=1, max_send_sge=1,
-           max_recv_sge=1, max_inline_data=0):
+    def qp(self, qp_type: int, max_send_wr: int, send_cq: CQ, max_recv_wr: int, recv_cq: CQ,
+           srq: Optional[SRQ] = None, sq_sig_all: int = 1, max_send_sge: int = 1, max_recv_sge: int = 1,
+           max_inline_data: int = 0) -> QP:
         """Create a new :class:`QP` for this protection domain, with the creation attributes as
         arguments."""
         cap = qp_cap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr, max_send_sge=max_send_sge,
@@ -773,29 +948,29 @@ class PD(_core.PD):
         return QP(self, qp_init_attr(send_cq=send_cq, recv_cq=recv_cq, srq=srq, cap=cap, qp_type=qp_type,
                                      sq_sig_all=sq_sig_all))
 
-    def qp_raw(self, init):
+    def qp_raw(self, init: qp_init_attr) -> QP:
         """Create a new :class:`QP` for this protection domain. *init* is a
         :class:`qp_init_attr`."""
         return QP(self, init)
 
-    def srq(self, max_wr=100, max_sge=1):
+    def srq(self, max_wr: Union[int, srq_init_attr] = 100, max_sge: int = 1) -> SRQ:
         """Create a new :class:`SRQ` for this protection domain (an :class:`srq_init_attr` is
         accepted as *max_wr* too)."""
         if isinstance(max_wr, srq_init_attr):
             return SRQ(self, max_wr.max_wr, max_wr.max_sge, max_wr.srq_limit)
         return SRQ(self, max_wr, max_sge)
 
-    def cq(self, nelems=100, cc=None, vec=0):
+    def cq(self, nelems: int = 100, cc: Optional[CompChannel] = None, vec: int = 0) -> CQ:
         """Create a new :class:`CQ` in this PD's context (same as ``pd.ctx.cq``)."""
         return self.ctx.cq(nelems, cc, vec)
 
-    def ah(self, attr):
+    def ah(self, attr: Union[ah_attr, _path.IBPath]) -> AH:
         """Create a new :class:`AH` for this protection domain. *attr* may be an :class:`ah_attr`
         or a :class:`ferry.path.IBPath`. With an IBPath the AH is cached in the path, so asking
         again for the same path returns the same AH;
         :meth:`ferry.path.Path.drop_cache` releases it."""
         if isinstance(attr, _path.IBPath):
-            cached = attr.__dict__.get(self._path_ah)
+            cached: Optional[AH] = attr.__dict__.get(self._path_ah)
             if cached is not None and not cached.closed:
                 return cached
             ah = AH(self, _ah_attr_from_path(attr))
@@ -805,17 +980,17 @@ class PD(_core.PD):
             raise TypeError("attr must be a ferry.verbs.ah_attr or ferry.path.IBPath")
         return AH(self, _checked_ah_attr(attr))
 
-    def from_qp_num(self, num):
+    def from_qp_num(self, num: int) -> Optional[QP]:
         """Return the :class:`QP` of this PD with QP number *num*, or None."""
         for qp in self._qps():
             if qp.qp_num == num:
                 return qp
         return None
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "pd:%x:%s" % (id(self) & 0xFFFFFFFF, self.ctx.node)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "PD(%r%s)" % (self.ctx, ", closed" if self.closed else "")
 
 
@@ -823,12 +998,15 @@ class MR(_core.MR):
     """Memory registration, this is a context manager. :attr:`addr`, :attr:`length`,
     :attr:`lkey`, :attr:`rkey` describe it; :meth:`sge` makes scatter/gather entries over it."""
 
-    def __str__(self):
+    pd: PD
+    ctx: Context
+
+    def __str__(self) -> str:
         if self.closed:
             return "mr:closed"
         return "mr:0x%x+%u:%s" % (self.addr, self.length, self.pd)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.closed:
             return "MR(closed)"
         return "MR(%r,0x%x,%u,lkey=0x%x,rkey=0x%x)" % (self.pd, self.addr, self.length, self.lkey, self.rkey)
@@ -837,42 +1015,50 @@ class MR(_core.MR):
 class CompChannel(_core.CompChannel):
     """Completion channel, this is a context manager."""
 
-    def register_poll(self, poll):
+    ctx: Context
+
+    def register_poll(self, poll: _select.poll) -> None:
         """Add the FD of this channel to :class:`select.poll` object *poll*."""
         poll.register(self.fileno(), _select.POLLIN)
 
-    def check_poll(self, pevent):
+    def check_poll(self, pevent: Tuple[int, int]) -> Optional[CQ]:
         """Returns the :class:`CQ` that got at least one completion event, or None. *pevent* is an
         entry of ``poll.poll()``. This takes the event from the channel and counts it in
         ``cq.comp_events``. After this call the CQ must be re-armed with :meth:`CQ.req_notify`."""
         if pevent[0] != self.fileno() or not pevent[1] & _select.POLLIN:
             return None
-        cq = self._get_event(0)
+        cq: Optional[CQ] = self._get_event(0)
         if cq is not None:
             cq.comp_events += 1
         return cq
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "comp_channel:%s:%s" % ("closed" if self.closed else self.fileno(), self.ctx.node)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "CompChannel(%r)" % (self.ctx,)
 
 
 class CQ(_core.CQ):
     """Completion queue, this is a context manager. :meth:`poll` returns a list of :class:`wc`."""
 
-    def __str__(self):
+    ctx: Context
+    comp_chan: Optional[CompChannel]
+
+    def __str__(self) -> str:
         return "cq:%x:%s" % (id(self) & 0xFFFFFFFF, self.ctx.node)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "CQ(%r%s)" % (self.ctx, ", closed" if self.closed else "")
 
 
 class SRQ(_core.SRQ):
     """Shared receive queue, this is a context manager."""
 
-    def modify(self, srq_limit=None, max_wr=None):
+    pd: PD
+    ctx: Context
+
+    def modify(self, srq_limit: Optional[int] = None, max_wr: Optional[int] = None) -> None:
         """Modify the *srq_limit* and *max_wr* values of the SRQ. An argument that is None is not
         changed. Arming *srq_limit* makes an IBV_EVENT_SRQ_LIMIT_REACHED async event fire once
         fewer receives than that remain. ferry's devices cannot resize an SRQ: a *max_wr* other
@@ -882,25 +1068,28 @@ class SRQ(_core.SRQ):
         if srq_limit is not None:
             self._arm_limit(srq_limit)
 
-    def query(self):
-        """Return a :data:`srq_attr`."""
+    def query(self) -> srq_attr:
+        """Return a :class:`srq_attr`."""
         q = self._query()
         return srq_attr(max_wr=q["max_wr"], max_sge=q["max_sge"], srq_limit=q["srq_limit"])
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "srq:%x:%s" % (id(self) & 0xFFFFFFFF, self.pd)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "SRQ(%r)" % (self.pd,)
 
 
 class AH(_core.AH):
     """Address handle, this is a context manager."""
 
-    def __str__(self):
+    pd: PD
+    ctx: Context
+
+    def __str__(self) -> str:
         return "ah:%x" % (id(self) & 0xFFFFFFFF)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "AH(%r%s)" % (self.pd, ", closed" if self.closed else "")
 
 
@@ -910,7 +1099,13 @@ _QP_QUERY_ALL = (1 << 21) - 1
 class QP(_core.QP):
     """Queue pair, this is a context manager."""
 
-    def __init__(self, pd, init):
+    pd: PD
+    ctx: Context
+    _send_cq: Optional[CQ]
+    _recv_cq: Optional[CQ]
+    _srq: Optional[SRQ]
+
+    def __init__(self, pd: PD, init: qp_init_attr) -> None:
         if not isinstance(init, qp_init_attr):
             raise TypeError("init must be a ferry.verbs.qp_init_attr")
         cap = init.cap if init.cap is not None else qp_cap()
@@ -918,11 +1113,11 @@ class QP(_core.QP):
                          cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data, bool(init.sq_sig_all))
 
     @property
-    def state(self):
+    def state(self) -> int:
         """The current IBV_QPS_* state."""
         return self._query()["qp_state"]
 
-    def modify(self, attr, mask):
+    def modify(self, attr: qp_attr, mask: int) -> None:
         """ibv_modify_qp: apply the members of *attr* (a :class:`qp_attr`) named by *mask*
         (IBV_QP_* bits; ``attr.MASK`` holds the ones assigned). ``attr.ah_attr`` may be an
         :class:`ah_attr` or a :class:`ferry.path.IBPath`."""
@@ -942,7 +1137,7 @@ class QP(_core.QP):
                 object.__setattr__(attr, "ah_attr", converted)
         self._modify(attr, mask)
 
-    def query(self, mask=_QP_QUERY_ALL):
+    def query(self, mask: int = _QP_QUERY_ALL) -> Tuple[qp_attr, qp_init_attr]:
         """Return information about the QP: ``(qp_attr, qp_init_attr)``. *mask* selects which
         fields are wanted (ferry's devices return them all).
 
@@ -951,7 +1146,7 @@ class QP(_core.QP):
         ah = q["ah_attr"]
         grh = ah["grh"]
 
-        def make_ah(d, g):
+        def make_ah(d: Dict[str, Any], g: Dict[str, Any]) -> ah_attr:
             return ah_attr(grh=global_route(dgid=IBA.GID(g["dgid"], raw=True), flow_label=g["flow_label"],
                                             sgid_index=g["sgid_index"], hop_limit=g["hop_limit"],
                                             traffic_class=g["traffic_class"]),
@@ -972,20 +1167,20 @@ class QP(_core.QP):
                             qp_type=self.qp_type, sq_sig_all=int(self.sq_sig_all))
         return (attr, init)
 
-    def modify_to_init(self, path, qp_access_flags=0):
+    def modify_to_init(self, path: _path.IBPath, qp_access_flags: int = 0) -> None:
         """Modify the QP to the INIT state (P_Key index, port, and the Q_Key for UD or the access
         flags otherwise, from *path*)."""
         if self.qp_type == IBV_QPT_UD:
             if path.qkey is None:
                 raise ValueError("path.qkey must be set for a UD QP")
-            attr = qp_attr(qp_state=IBV_QPS_INIT, pkey_index=path.pkey_index, port_num=path.end_port.port_id,
-                           qkey=path.qkey)
+            attr = qp_attr(qp_state=IBV_QPS_INIT, pkey_index=path.pkey_index,
+                           port_num=cast("EndPort", path.end_port).port_id, qkey=path.qkey)
         else:
-            attr = qp_attr(qp_state=IBV_QPS_INIT, pkey_index=path.pkey_index, port_num=path.end_port.port_id,
-                           qp_access_flags=qp_access_flags)
+            attr = qp_attr(qp_state=IBV_QPS_INIT, pkey_index=path.pkey_index,
+                           port_num=cast("EndPort", path.end_port).port_id, qp_access_flags=qp_access_flags)
         self.modify(attr, attr.MASK)
 
-    def modify_to_rtr(self, path):
+    def modify_to_rtr(self, path: _path.IBPath) -> None:
         """Modify the QP to the RTR state (for RC: MTU, destination QP number and PSN, responder
         resources, RNR timer and the address vector, from *path*)."""
         if self.qp_type == IBV_QPT_UD:
@@ -1000,7 +1195,7 @@ class QP(_core.QP):
                            max_dest_rd_atomic=path.drdatomic, min_rnr_timer=path.min_rnr_timer, ah_attr=path)
         self.modify(attr, attr.MASK)
 
-    def modify_to_rts(self, path):
+    def modify_to_rts(self, path: _path.IBPath) -> None:
         """Modify the QP to the RTS state (for RC: send PSN, ack timeout, retry counts and
         outstanding READ/atomic depth, from *path*)."""
         if self.qp_type in (IBV_QPT_UD, IBV_QPT_UC):
@@ -1010,7 +1205,7 @@ class QP(_core.QP):
                            rnr_retry=path.rnr_retries, sq_psn=path.sqpsn, max_rd_atomic=path.srdatomic)
         self.modify(attr, attr.MASK)
 
-    def establish(self, path, qp_access_flags=0):
+    def establish(self, path: _path.IBPath, qp_access_flags: int = 0) -> None:
         """Perform :meth:`modify_to_init`, :meth:`modify_to_rtr` and :meth:`modify_to_rts`. This
         is most useful for UD QPs, which need no external sequencing; for RC the peer must have
         the path too (see :func:`ferry.path.fill_path`)."""
@@ -1018,7 +1213,7 @@ class QP(_core.QP):
         self.modify_to_rtr(path)
         self.modify_to_rts(path)
 
-    def attach_mcast(self, path):
+    def attach_mcast(self, path: _path.IBPath) -> None:
         """Attach this QP to receive the multicast group described by ``path.DGID`` and
         ``path.DLID`` (a UD QP; the GID is in ff00::/8). On ferry's software devices every QP of
         the host attached to the group, in any process of the same user, receives a send to it
@@ -1028,17 +1223,17 @@ class QP(_core.QP):
             raise ValueError("attach_mcast: the path has no DGID (the multicast group)")
         self._attach_mcast(bytes(IBA.GID(path.DGID)), int(path.DLID or 0))
 
-    def detach_mcast(self, path):
+    def detach_mcast(self, path: _path.IBPath) -> None:
         """Detach this QP from the multicast group described by ``path.DGID`` and ``path.DLID``
         (:class:`ferry.InvalidArgument` when it is not attached)."""
         if path.DGID is None:
             raise ValueError("detach_mcast: the path has no DGID (the multicast group)")
         self._detach_mcast(bytes(IBA.GID(path.DGID)), int(path.DLID or 0))
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "qp:%u:%s" % (self.qp_num, self.pd)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         qp_type = IBA.const_str("IBV_QPT_", self.qp_type, True, _module())
         return "QP(%r,%u,qp_type=%s%s)" % (self.pd, self.qp_num, qp_type, ", closed" if self.closed else "")
 

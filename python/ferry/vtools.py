@@ -2,13 +2,21 @@
 verbs specification): :class:`BufferPool`, a pool of fixed-size registered buffers, and
 :class:`CQPoller`, a blocking iterator over the completions of a CQ."""
 
+from __future__ import annotations
+
 import collections as _collections
 import mmap as _mmap
 import select as _select
+from typing import TYPE_CHECKING, Deque, Iterable, Iterator, Literal, Optional, Union, cast
+
+from . import path as _path
 
 from . import errors as _errors
 from . import verbs as ibv
 from .tools import clock_monotonic
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["BufferPool", "CQPoller"]
 
@@ -36,11 +44,11 @@ class BufferPool:
     RECV_FLAG = 1 << 32
 
     #: Number of buffers.
-    count = 0
+    count: int = 0
     #: Size of a single buffer.
-    size = 0
+    size: int = 0
 
-    def __init__(self, pd, count, size):
+    def __init__(self, pd: ibv.PD, count: int, size: int) -> None:
         if count <= 0 or size <= 0:
             raise ValueError("a BufferPool needs count > 0 and size > 0")
         if count >= self.NO_WR_ID:
@@ -48,16 +56,16 @@ class BufferPool:
         self.pd = pd
         self.count = count
         self.size = size
-        self._mem = _mmap.mmap(-1, count * size)
-        self._mr = pd.mr(self._mem, ibv.IBV_ACCESS_LOCAL_WRITE)
-        self._buffers = _collections.deque(range(count))
+        self._mem: Optional[_mmap.mmap] = _mmap.mmap(-1, count * size)
+        self._mr: Optional[ibv.MR] = pd.mr(self._mem, ibv.IBV_ACCESS_LOCAL_WRITE)
+        self._buffers: Deque[int] = _collections.deque(range(count))
 
     @property
-    def mr(self):
-        """The :class:`ferry.verbs.MR` holding the buffers."""
-        return self._mr
+    def mr(self) -> ibv.MR:
+        """The :class:`ferry.verbs.MR` holding the buffers (None once closed)."""
+        return cast(ibv.MR, self._mr)
 
-    def close(self):
+    def close(self) -> None:
         """Close held objects (the MR, then the memory)."""
         if self._mr is not None:
             self._mr.close()
@@ -66,32 +74,33 @@ class BufferPool:
             self._mem.close()
             self._mem = None
 
-    def __enter__(self):
+    def __enter__(self) -> BufferPool:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self.close()
         return False
 
-    def pop(self):
+    def pop(self) -> int:
         """Return a new buffer index. Raises IndexError when every buffer is in use."""
         try:
             return self._buffers.popleft()
         except IndexError:
             raise IndexError("BufferPool: all %d buffers are in use" % self.count) from None
 
-    def push(self, buf_idx):
+    def push(self, buf_idx: int) -> None:
         """Give buffer *buf_idx* (or a wr_id naming it) back to the pool."""
         self._buffers.append(buf_idx & self.BUF_ID_MASK)
 
     @property
-    def free(self):
+    def free(self) -> int:
         """Number of buffers not in use."""
         return len(self._buffers)
 
-    def post_recvs(self, qp, count):
+    def post_recvs(self, qp: Union[ibv.QP, ibv.SRQ], count: int) -> None:
         """Post *count* buffers for receive to *qp*, which may be any object with a `post_recv`
-        method."""
+        method. IndexError when fewer buffers are free; :class:`ferry.verbs.WRError` when the
+        queue refuses one (the buffers from the refused one on return to the pool)."""
         if count == 0:
             return
         if count > len(self._buffers):
@@ -107,7 +116,7 @@ class BufferPool:
                 self._buffers.append(buf_idx)
             raise
 
-    def finish_wcs(self, qp, wcs):
+    def finish_wcs(self, qp: Union[ibv.QP, ibv.SRQ], wcs: Union[ibv.wc, Iterable[Optional[ibv.wc]]]) -> None:
         """Process work completion list *wcs* to recover buffers attached to completed work and
         re-post recv buffers to *qp*. Every work request with an attached buffer must have a
         signaled completion to recover the buffer. *wcs* may be a single wc.
@@ -134,7 +143,7 @@ class BufferPool:
             if new_recvs:
                 self.post_recvs(qp, new_recvs)
 
-    def make_send_wr(self, buf_idx, buf_len, path=None):
+    def make_send_wr(self, buf_idx: int, buf_len: int, path: Optional[_path.IBPath] = None) -> ibv.send_wr:
         """Return a :class:`ferry.verbs.send_wr` (a signaled SEND) for *buf_idx* and *path*. If
         *path* is None the wr does not contain path information (eg for connected QPs);
         otherwise it carries the path's AH (cached in the path), dqpn and qkey."""
@@ -142,32 +151,34 @@ class BufferPool:
                          opcode=ibv.IBV_WR_SEND, send_flags=ibv.IBV_SEND_SIGNALED)
         if path is not None:
             wr.ah = self.pd.ah(path)
-            wr.remote_qpn = path.dqpn
-            wr.remote_qkey = path.qkey
+            # A path to a UD peer names its QP and Q_Key; None is refused here (TypeError).
+            wr.remote_qpn = cast(int, path.dqpn)
+            wr.remote_qkey = cast(int, path.qkey)
         return wr
 
-    def make_sge(self, buf_idx, buf_len):
-        """Return a :class:`ferry.verbs.sge` for *buf_len* bytes of buffer *buf_idx*."""
+    def make_sge(self, buf_idx: int, buf_len: int) -> ibv.sge:
+        """Return a :class:`ferry.verbs.sge` for *buf_len* bytes of buffer *buf_idx*. ValueError
+        when *buf_len* exceeds the buffer size, IndexError for an index outside the pool."""
         if not 0 <= buf_len <= self.size:
             raise ValueError("buf_len %d is outside the buffer size %d" % (buf_len, self.size))
-        return self._mr.sge(buf_len, self._offset(buf_idx))
+        return self.mr.sge(buf_len, self._offset(buf_idx))
 
-    def _offset(self, buf_idx):
+    def _offset(self, buf_idx: int) -> int:
         idx = buf_idx & self.BUF_ID_MASK
         if idx >= self.count:
             raise IndexError("buffer index %d is outside the pool (%d buffers)" % (idx, self.count))
         return idx * self.size
 
-    def copy_from(self, buf_idx, offset=0, length=0xFFFFFFFF):
+    def copy_from(self, buf_idx: int, offset: int = 0, length: int = 0xFFFFFFFF) -> bytearray:
         """Return a copy of buffer *buf_idx* (from *offset*, at most *length* bytes). *buf_idx*
         may be a wr_id.
 
         :rtype: bytearray"""
         base = self._offset(buf_idx)
         length = max(0, min(length, self.size - offset))
-        return bytearray(self._mem[base + offset:base + offset + length])
+        return bytearray(self._memory()[base + offset:base + offset + length])
 
-    def copy_to(self, buf, buf_idx, offset=0, length=0xFFFFFFFF):
+    def copy_to(self, buf: Union[Buffer, str], buf_idx: int, offset: int = 0, length: int = 0xFFFFFFFF) -> None:
         """Copy *buf* (bytes-like, or a str as UTF-8) into the buffer *buf_idx* at *offset*, at most
         *length* bytes and no more than fit."""
         if isinstance(buf, str):
@@ -175,7 +186,10 @@ class BufferPool:
         data = memoryview(buf).cast("B")
         base = self._offset(buf_idx)
         length = max(0, min(length, self.size - offset, len(data)))
-        self._mem[base + offset:base + offset + length] = data[:length]
+        self._memory()[base + offset:base + offset + length] = data[:length]
+
+    def _memory(self) -> _mmap.mmap:
+        return cast(_mmap.mmap, self._mem)
 
 
 class CQPoller:
@@ -192,35 +206,37 @@ class CQPoller:
     solicited (and error) completions only."""
 
     #: True if iteration was stopped due to a timeout.
-    timedout = False
+    timedout: bool = False
     #: Value of :func:`ferry.tools.clock_monotonic` to stop iterating (None: never). This can be
     #: altered while iterating.
-    wakeat = None
+    wakeat: Optional[float] = None
 
-    def __init__(self, cq, async_events=True, solicited_only=False):
+    def __init__(self, cq: ibv.CQ, async_events: bool = True, solicited_only: bool = False) -> None:
         self.cq = cq
         self._cc = cq.comp_chan
         self._ctx = cq.ctx
         self._async_events = async_events
         self._solicited_only = solicited_only
-        self._poll = None
+        self._poll: Optional[_select.poll] = None
         if self._cc is not None:
             self._poll = _select.poll()
             self._cc.register_poll(self._poll)
             if async_events:
                 self._ctx.register_poll(self._poll)
 
-    def sleep(self, wakeat):
+    def sleep(self, wakeat: Optional[float]) -> Optional[bool]:
         """Go to sleep until the cq gets a completion. *wakeat* is the value of
         :func:`ferry.tools.clock_monotonic` after which the function returns None (None: no
         limit). Returns True if the completion channel triggered.
 
-        If no completion channel is in use this just returns True.
+        If no completion channel is in use this just returns True. Raises :class:`ferry.Closed`
+        when the CQ or its channel is closed meanwhile, and what
+        :meth:`ferry.verbs.Context.handle_async_event` raises for an async error.
 
         Note: It is necessary to call :meth:`ferry.verbs.CQ.req_notify` on the CQ, then poll the
         CQ before calling sleep(). Otherwise the edge triggered nature of the completion channels
         can cause deadlock."""
-        if self._cc is None:
+        if self._cc is None or self._poll is None:
             return True
         while True:
             if self._cc.closed or self.cq.closed:
@@ -246,7 +262,8 @@ class CQPoller:
             if triggered:
                 return True
 
-    def iterwc(self, count=None, timeout=None, wakeat=None):
+    def iterwc(self, count: Optional[int] = None, timeout: Optional[float] = None,
+               wakeat: Optional[float] = None) -> Iterator[ibv.wc]:
         """Generator that returns work completions from the CQ. If not None at most *count* wcs
         will be returned. *timeout* is the number of seconds this function can run for, and
         *wakeat* is the value of :func:`ferry.tools.clock_monotonic` after which iteration stops.

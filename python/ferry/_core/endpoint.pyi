@@ -52,11 +52,11 @@ class MemoryPool:
         ...
     def get_handle(self, name: str) -> int:
         ...
-    def mr_info(self):
+    def mr_info(self) -> dict[str, dict[str, typing.Any]]:
         """
         ``{name: {"handle", "addr", "length", "rkey", "writable"}}`` of every region.
         """
-    def register_memory_region(self, *args, **kwargs):
+    def register_memory_region(self, *args: typing.Any, **kwargs: typing.Any) -> int:
         """
         Registers memory and returns its handle. Forms: ``(key, ptr, offset, length)`` (memory at
                 ptr + offset), ``(key, ptr, length)``, ``(key, buffer[, offset, length])`` and
@@ -105,7 +105,7 @@ class Future:
     """
     An asynchronous operation of an endpoint.
     """
-    def __await__(self):
+    def __await__(self) -> typing.Generator[typing.Any, None, int]:
         ...
     def __repr__(self) -> str:
         ...

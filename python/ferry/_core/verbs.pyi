@@ -3,6 +3,7 @@ The verbs layer
 """
 from __future__ import annotations
 import typing
+import typing_extensions
 __all__: list[str] = ['AH', 'CQ', 'CompChannel', 'Context', 'MR', 'PD', 'QP', 'SRQ', 'SharedMemory', 'alloc_shared', 'list_devices', 'list_providers', 'path_from_json', 'path_normalize_json', 'recv_wr', 'send_wr', 'sge', 'wc']
 class sge:
     """
@@ -253,9 +254,9 @@ class Context:
     """
     An opened verbs device.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, device_name: str) -> None:
         ...
@@ -298,9 +299,9 @@ class PD:
     """
     A protection domain.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, ctx: typing.Any) -> None:
         ...
@@ -337,9 +338,9 @@ class MR:
     """
     A memory registration over a Python buffer.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, pd: typing.Any, buf: typing.Any, access: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
@@ -386,9 +387,9 @@ class CompChannel:
     """
     A completion channel.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, ctx: typing.Any) -> None:
         ...
@@ -414,9 +415,9 @@ class CQ:
     """
     A completion queue.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, ctx: typing.Any, cqe: typing.SupportsInt | typing.SupportsIndex = 100, comp_chan: typing.Any | None = None) -> None:
         ...
@@ -462,9 +463,9 @@ class SRQ:
     """
     A shared receive queue.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, pd: typing.Any, max_wr: typing.SupportsInt | typing.SupportsIndex = 100, max_sge: typing.SupportsInt | typing.SupportsIndex = 1, srq_limit: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
@@ -495,9 +496,9 @@ class AH:
     """
     An address handle.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, pd: typing.Any, ah_attr: typing.Any) -> None:
         ...
@@ -522,9 +523,9 @@ class QP:
     """
     A queue pair.
     """
-    def __enter__(self) -> typing.Any:
+    def __enter__(self) -> typing_extensions.Self:
         ...
-    def __exit__(self, *args) -> bool:
+    def __exit__(self, *args: object) -> typing.Literal[False]:
         ...
     def __init__(self, pd: typing.Any, qp_type: typing.SupportsInt | typing.SupportsIndex, send_cq: typing.Any, recv_cq: typing.Any, srq: typing.Any, max_send_wr: typing.SupportsInt | typing.SupportsIndex, max_recv_wr: typing.SupportsInt | typing.SupportsIndex, max_send_sge: typing.SupportsInt | typing.SupportsIndex, max_recv_sge: typing.SupportsInt | typing.SupportsIndex, max_inline_data: typing.SupportsInt | typing.SupportsIndex, sq_sig_all: bool) -> None:
         ...
