@@ -9,6 +9,7 @@ limit. And a send through the SA path's LID-routed AH, which arrives without a G
 """
 
 import os
+import sys
 
 import pytest
 
@@ -19,21 +20,13 @@ import ferry.verbs as ibv
 import ferry.vtools
 from ferry.path import IBPath
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_verbs_ud import ud_supported  # noqa: E402
+
 WAIT = 5.0
 DEPTH = 16
 
-
-def _ud_refusal():
-    with ferry.get_verbs(ferry.get_end_port()) as ctx:
-        cq = ctx.cq(1)
-        try:
-            ctx.pd().qp(ibv.IBV_QPT_UD, 1, cq, 1, cq)
-        except ferry.NotSupported as err:
-            return str(err)
-    return None
-
-
-_REFUSAL = _ud_refusal()
+_REFUSAL = ud_supported()
 pytestmark = pytest.mark.skipif(_REFUSAL is not None, reason="no UD QPs on this provider: %s" % _REFUSAL)
 
 
