@@ -206,8 +206,10 @@ F post(Fn&& fn) {
 void bindAgent(py::module_& m) {
   py::class_<PeerConnection, std::shared_ptr<PeerConnection>>(m, "PeerConnection",
                                                               "The connection to one peer: usable at once.")
-      .def_property_readonly("peer_alias", &PeerConnection::peerAlias)
-      .def_property_readonly("peer_uuid", &PeerConnection::peerUuid)
+      .def_property_readonly("peer_alias", &PeerConnection::peerAlias,
+          "The peer's alias (its address's alias when connected by address).")
+      .def_property_readonly("peer_uuid", &PeerConnection::peerUuid,
+          "The peer's uuid as hex ('' before its address is known).")
       .def("is_connected", &PeerConnection::isConnected, "Whether the wireup finished and the peer is there.")
       .def("ready", &PeerConnection::ready,
            "The wireup as a future (wait() it, or await it): done when connected or failed.")
@@ -231,23 +233,44 @@ void bindAgent(py::module_& m) {
             if (cls == "atomics") return c.endpoint(agent::OpClass::kAtomics);
             raiseInvalid("operation class must be 'messages', 'rma' or 'atomics'");
           },
-          py::arg("op_class"))
-      .def("lanes", [](const PeerConnection& c) { return lanesDict(unwrap(c.lanes())); })
-      .def("lanes_detail", [](const PeerConnection& c) { return lanesDetail(unwrap(c.lanes())); })
+          py::arg("op_class"),
+          "The Endpoint of an operation class's lane: op_class is 'messages', 'rma' or 'atomics' (None "
+          "before the wireup finished). Raises ferry.InvalidArgument for another class.")
+      .def("lanes", [](const PeerConnection& c) { return lanesDict(unwrap(c.lanes())); },
+          "The lane of each operation class: {'messages', 'rma', 'atomics'} to 'same_host', 'tcp' or "
+          "'rdma:<local device>'. Raises ferry.Unavailable before the peer's address is known.")
+      .def("lanes_detail", [](const PeerConnection& c) { return lanesDetail(unwrap(c.lanes())); },
+          "The lanes with their devices: per operation class, {'lane', 'local_device', 'remote_device', "
+          "'why'} (why: the reason it was chosen). Raises ferry.Unavailable before the peer's address is "
+          "known.")
       .def(
           "write",
           [](PeerConnection& c, py::object batch) {
             auto list = toAssignments(batch, OpKind::kWrite);
             return post<endpoint::ReadWriteFuture>([&] { return c.write(list); });
           },
-          py::arg("assignments"))
+          py::arg("assignments"),
+          "WRITEs a batch to the peer; a ReadWriteFuture, done when every byte is placed at the peer. "
+          "assignments is one assignment or a list of them: (region, local_offset, remote_offset, length), "
+          "(local_region, remote_region, local_offset, remote_offset, length), the Endpoint API's raw tuple "
+          "or a ferry.Assignment; regions by name, offsets and lengths in bytes. Allowed before the wireup "
+          "finished (queued, then posted in order). Bad local input (an unknown local region, a range "
+          "outside it, an empty batch) raises at once; a remote region the peer does not have fails the "
+          "future with ferry.NotFound.")
       .def(
           "read",
           [](PeerConnection& c, py::object batch) {
             auto list = toAssignments(batch, OpKind::kRead);
             return post<endpoint::ReadWriteFuture>([&] { return c.read(list); });
           },
-          py::arg("assignments"))
+          py::arg("assignments"),
+          "READs a batch from the peer; a ReadWriteFuture, done when every byte is in local memory. "
+          "assignments is one assignment or a list of them: (region, local_offset, remote_offset, length), "
+          "(local_region, remote_region, local_offset, remote_offset, length), the Endpoint API's raw tuple "
+          "or a ferry.Assignment; regions by name, offsets and lengths in bytes. Allowed before the wireup "
+          "finished (queued, then posted in order). Bad local input (an unknown local region, a range "
+          "outside it, an empty batch) raises at once; a remote region the peer does not have fails the "
+          "future with ferry.NotFound.")
       .def(
           "write_with_imm",
           [](PeerConnection& c, py::object batch, py::object imm) {
@@ -255,22 +278,35 @@ void bindAgent(py::module_& m) {
             uint32_t v = toImm(imm);
             return post<endpoint::ReadWriteFuture>([&] { return c.writeWithImm(list, v); });
           },
-          py::arg("assignments"), py::arg("imm_data") = 0)
+          py::arg("assignments"), py::arg("imm_data") = 0,
+          "write() followed by the immediate imm_data (-2^31 .. 2^32-1, delivered as unsigned 32-bit), which"
+          " the peer's imm_recv() gets once every byte of the batch is in place there. Returns a "
+          "ReadWriteFuture.")
       .def(
           "send",
           [](PeerConnection& c, py::object chunks) {
             auto list = toChunks(chunks);
             return post<endpoint::SendFuture>([&] { return c.send(list); });
           },
-          py::arg("chunks"))
+          py::arg("chunks"),
+          "Sends one message gathered in order from the chunks; a SendFuture, done when the message is in "
+          "the peer's receive buffers. Sends and receives match by order. chunks is (region, offset, length)"
+          " or a list of them: regions by name, offsets and lengths in bytes.")
       .def(
           "recv",
           [](PeerConnection& c, py::object chunks) {
             auto list = toChunks(chunks);
             return post<endpoint::RecvFuture>([&] { return c.recv(list); });
           },
-          py::arg("chunks"))
-      .def("imm_recv", [](PeerConnection& c) { return post<endpoint::ImmRecvFuture>([&] { return c.immRecv(); }); })
+          py::arg("chunks"),
+          "Receives the peer's next message, scattered in order over the chunks; a RecvFuture whose nbytes()"
+          " is the message's length (a longer message fails it with ferry.InvalidArgument). chunks is "
+          "(region, offset, length) or a list of them: regions by name, offsets and lengths in bytes.")
+      .def(
+          "imm_recv",
+          [](PeerConnection& c) { return post<endpoint::ImmRecvFuture>([&] { return c.immRecv(); }); },
+          "The peer's next write_with_imm immediate, in the order the peer issued them: an ImmRecvFuture, "
+          "done when all that write's data is in place here; imm_data() is the value.")
       .def("__repr__", [](const PeerConnection& c) {
         return "<ferry PeerConnection to '" + c.peerAlias() + "' " + (c.isConnected() ? "connected" : "not connected") +
                ">";

@@ -518,13 +518,17 @@ void bindEndpoint(py::module_& m) {
              return unwrap(std::move(ctx));
            }),
            py::arg("device_name") = "", py::arg("ib_port") = 1, py::arg("link_type") = "RoCE")
-      .def_property_readonly("device_name", &RdmaContext::deviceName)
-      .def_property_readonly("ib_port", &RdmaContext::ibPort)
-      .def_property_readonly("link_type", &RdmaContext::linkType)
+      .def_property_readonly("device_name", &RdmaContext::deviceName,
+          "The device's name, as available_nic() reports it.")
+      .def_property_readonly("ib_port", &RdmaContext::ibPort,
+          "The port number on the device (1 .. its port count).")
+      .def_property_readonly("link_type", &RdmaContext::linkType,
+          "'RoCE' for an Ethernet link layer, 'IB' for InfiniBand, else the device's transport name.")
       .def(
           "stats", [](const RdmaContext& c) { return operationsDict(c.metrics()->snapshot()); },
           "Per kind of operation of every endpoint on this context: completed, bytes, errors by status, latency")
-      .def_property_readonly("socket_id", &RdmaContext::socketId);
+      .def_property_readonly("socket_id", &RdmaContext::socketId,
+          "The NUMA node of the device; 0 where unknown.");
 
   py::class_<MemoryPool, std::shared_ptr<MemoryPool>>(m, "MemoryPool",
                                                       "Local memory regions shared by endpoints.")
@@ -544,9 +548,11 @@ void bindEndpoint(py::module_& m) {
           py::arg("key"), "Deregisters a region (by handle or name); its memory may be freed afterwards.")
       .def(
           "get_handle", [](MemoryPool& pool, const std::string& name) { return unwrap(pool.handleOf(name)); },
-          py::arg("name"))
+          py::arg("name"),
+          "The handle (int) of the region registered under name; raises ferry.NotFound when there is none.")
       .def("_mr_info_json", &MemoryPool::mrInfo)
-      .def_property_readonly("context", &MemoryPool::context)
+      .def_property_readonly("context", &MemoryPool::context,
+          "The Context (device port) the pool's regions are registered on.")
       .def("__len__", &MemoryPool::size);
 
   py::class_<Worker, std::shared_ptr<Worker>>(m, "Worker", "A progress thread for one or more endpoints.")
@@ -561,8 +567,12 @@ void bindEndpoint(py::module_& m) {
            [](Worker& w) {
              check(w.start());
              return 0;
-           })
-      .def("stop", &Worker::stop, py::call_guard<py::gil_scoped_release>())
+           },
+           "Starts the progress thread (idempotent; attaching an endpoint starts it too). Returns 0; raises "
+           "ferry.Closed after stop().")
+      .def("stop", &Worker::stop, py::call_guard<py::gil_scoped_release>(),
+          "Shuts down every endpoint this worker progresses (their pending futures raise ferry.Cancelled), "
+          "then ends the thread. Idempotent; returns when the thread has exited (without holding the GIL).")
       .def(
           "add_endpoint",
           [](Worker& w, const std::shared_ptr<Endpoint>& ep) {
@@ -573,10 +583,15 @@ void bindEndpoint(py::module_& m) {
             }
             check(st);
           },
-          py::arg("endpoint"))
-      .def_property_readonly("socket_id", &Worker::socketId)
-      .def_property_readonly("id", &Worker::id)
-      .def_property_readonly("running", &Worker::running)
+          py::arg("endpoint"),
+          "Moves an endpoint to this worker (from its own worker or another). Raises ferry.Closed when this "
+          "worker was stopped or the endpoint was shut down.")
+      .def_property_readonly("socket_id", &Worker::socketId,
+          "The NUMA node whose CPUs the thread runs on; -1: not pinned.")
+      .def_property_readonly("id", &Worker::id,
+          "The number given at creation (for logs and thread names).")
+      .def_property_readonly("running", &Worker::running,
+          "Whether the progress thread is running (started and not stopped).")
       .def("__len__", &Worker::endpointCount);
 
   py::class_<endpoint::Future>(m, "Future", "An asynchronous operation of an endpoint.")
@@ -585,18 +600,39 @@ void bindEndpoint(py::module_& m) {
           py::arg("timeout") = py::none(),
           "Waits for the operation (timeout in seconds; None: until it completes). Returns 0; raises the "
           "operation's error (ferry.WorkCompletionError, ferry.Cancelled, ...) or ferry.TimedOut.")
-      .def("done", &endpoint::Future::done)
+      .def("done", &endpoint::Future::done,
+           "Whether the operation completed (with success or an error); never blocks, and takes no completion "
+           "itself: another thread must have taken it (poll() takes the completions that are there).")
+      .def("poll", &endpoint::Future::poll, py::call_guard<py::gil_scoped_release>(),
+           "Takes the completions that are there once, on this thread, without blocking, and returns whether the "
+           "operation is done: the step of a poll loop, which completes an operation without waking the "
+           "endpoint's thread.")
       .def("__repr__", [](const endpoint::Future& f) {
         std::string state = !f.done()           ? "pending"
                             : f.status().isOk() ? "done"
                                                 : "failed: " + f.status().message();
         return "<ferry future " + state + ">";
       });
-  py::class_<endpoint::ReadWriteFuture, endpoint::Future>(m, "ReadWriteFuture");
-  py::class_<endpoint::SendFuture, endpoint::Future>(m, "SendFuture");
-  py::class_<endpoint::RecvFuture, endpoint::Future>(m, "RecvFuture")
+  py::class_<endpoint::ReadWriteFuture, endpoint::Future>(m, "ReadWriteFuture",
+      "The future of read(), write() and write_with_imm(): done when every byte of the batch is placed (in "
+      "local memory for a READ, at the peer for a WRITE). wait() returns 0, and so does await. It completes "
+      "once, on the endpoint's worker thread or on a thread waiting for it: with success, the operation's "
+      "error, ferry.Cancelled (shutdown) or the endpoint's failure.");
+  py::class_<endpoint::SendFuture, endpoint::Future>(m, "SendFuture",
+      "The future of send(): done when the whole message is in the peer's receive buffers. wait() returns 0,"
+      " and so does await. It completes once, on the endpoint's worker thread or on a thread waiting for it:"
+      " with success, the operation's error, ferry.Cancelled (shutdown) or the endpoint's failure.");
+  py::class_<endpoint::RecvFuture, endpoint::Future>(m, "RecvFuture",
+      "The future of recv(): done when a whole message is in the chunks; nbytes() is its length in bytes, "
+      "which await gives. A message longer than the chunks fails it with ferry.InvalidArgument. It completes"
+      " once, on the endpoint's worker thread or on a thread waiting for it: with success, the operation's "
+      "error, ferry.Cancelled (shutdown) or the endpoint's failure.")
       .def("nbytes", &endpoint::RecvFuture::bytes, "The received message's length (once done).");
-  py::class_<endpoint::ImmRecvFuture, endpoint::Future>(m, "ImmRecvFuture")
+  py::class_<endpoint::ImmRecvFuture, endpoint::Future>(m, "ImmRecvFuture",
+      "The future of imm_recv(): done when the peer's next write_with_imm (in the order the peer issued "
+      "them) has placed all its data here; imm_data() is the immediate (unsigned 32-bit), which await gives."
+      " It completes once, on the endpoint's worker thread or on a thread waiting for it: with success, the "
+      "operation's error, ferry.Cancelled (shutdown) or the endpoint's failure.")
       .def("imm_data", &endpoint::ImmRecvFuture::immData, "The immediate value (once done).");
 
   py::class_<Endpoint, std::shared_ptr<Endpoint>>(m, "Endpoint",
@@ -614,7 +650,9 @@ void bindEndpoint(py::module_& m) {
           py::arg("key"), py::arg("target"), py::arg("offset") = 0, py::arg("length") = py::none())
       .def(
           "unregister_memory_region", [](Endpoint& ep, py::handle key) { unregisterInPool(*ep.pool(), key); },
-          py::arg("key"))
+          py::arg("key"),
+          "Deregisters a region of the endpoint's pool (by handle or name): once it returns the device no "
+          "longer touches the memory, which may be freed. Raises ferry.NotFound for an unknown one.")
       .def(
           "_register_remote",
           [](Endpoint& ep, const std::string& name, const std::string& info) {
@@ -689,17 +727,27 @@ void bindEndpoint(py::module_& m) {
       .def(
           "local_handle",
           [](const Endpoint& ep, const std::string& name) { return unwrap(ep.localHandle(name)); },
-          py::arg("name"))
+          py::arg("name"),
+          "The handle (int) of the local region registered under name; raises ferry.NotFound when none.")
       .def(
           "remote_handle",
           [](const Endpoint& ep, const std::string& name) { return unwrap(ep.remoteHandle(name)); },
-          py::arg("name"))
-      .def_property_readonly("num_qp", &Endpoint::numQp)
-      .def_property_readonly("connected", &Endpoint::connected)
-      .def_property_readonly("is_shutdown", &Endpoint::isShutdown)
-      .def("get_pool", &Endpoint::pool)
-      .def_property_readonly("context", &Endpoint::context)
-      .def_property_readonly("worker", &Endpoint::worker)
+          py::arg("name"),
+          "The handle (int) of the peer's region recorded under name (by connect() from the peer's mr_info, "
+          "or registered as a remote region); raises ferry.NotFound when none.")
+      .def_property_readonly("num_qp", &Endpoint::numQp,
+          "The number of reliable-connected queue pairs (1 .. 64); both peers use the same.")
+      .def_property_readonly("connected", &Endpoint::connected,
+          "Whether connect() succeeded and the endpoint is not shut down.")
+      .def_property_readonly("is_shutdown", &Endpoint::isShutdown,
+          "Whether the endpoint was shut down (shutdown(), its worker's stop()); its operations then fail.")
+      .def("get_pool", &Endpoint::pool,
+          "The MemoryPool holding this endpoint's local regions (shared with the endpoints given the same "
+          "pool).")
+      .def_property_readonly("context", &Endpoint::context,
+          "The Context (device port) of the endpoint's queue pairs.")
+      .def_property_readonly("worker", &Endpoint::worker,
+          "The Worker whose thread progresses this endpoint.")
       .def("stats", [](const Endpoint& ep) {
         endpoint::EndpointStats s = ep.stats();
         py::list lanes;
@@ -719,7 +767,12 @@ void bindEndpoint(py::module_& m) {
         out["immediates_queued"] = s.immediatesQueued;
         out["worker_wakeups"] = s.workerWakeups;
         return out;
-      });
+      },
+      "Counters of this endpoint: 'operations' (per kind: operations, bytes, errors, errors_by_status, "
+      "latency_sum_us and latency_buckets as (upper bound in us, count)), 'lanes' (per queue pair: "
+      "work_requests, bytes, max_outstanding, receives_posted), 'operations_queued', 'unexpected_bytes' "
+      "(messages held before their recv()), 'immediates_queued' and 'worker_wakeups' (the times the worker "
+      "took the endpoint's completions).");
 }
 
 }  // namespace ferry::python

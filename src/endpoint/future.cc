@@ -1,11 +1,10 @@
 #include "ferry/endpoint/future.h"
 
-#include "ferry/endpoint/op_state.h"
-
 #include <algorithm>
 #include <thread>
 
 #include "ferry/common/config.h"
+#include "ferry/endpoint/op_state.h"
 
 namespace ferry::endpoint {
 
@@ -28,7 +27,9 @@ bool OpState::complete(Status status, uint32_t immData, uint64_t bytes) {
   if (metrics_[0] || metrics_[1]) {
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count();
     for (const auto& m : metrics_) {
-      if (m) m->record(static_cast<int>(kind_), status_.code(), bytes_, static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
+      if (m)
+        m->record(static_cast<int>(kind_), status_.code(), bytes_,
+                  static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
     }
   }
   cv_.notify_all();
@@ -66,6 +67,16 @@ void OpState::onDone(DoneCb cb) {
     return;
   }
   cb(*this);
+}
+
+bool OpState::pollOnce() const {
+  if (done()) return true;
+  if (std::shared_ptr<Progressor> progressor = progressor_.lock()) {
+    progressor->pollBegins();
+    progressor->progressOnce();
+    progressor->pollEnds(done());
+  }
+  return done();
 }
 
 Status OpState::waitUntil(Clock::time_point deadline) const {

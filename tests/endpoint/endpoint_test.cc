@@ -150,7 +150,8 @@ TEST(EndpointTest, AnImmediateThatArrivedIsDeliveredByAShutdownThatFollows) {
   Chunk sc{.mr = *oh, .offset = 0, .length = 64};
   auto sent = q.b->send({&sc, 1});
   ASSERT_TRUE(sent.isOk());
-  ASSERT_EQ(entered.get_future().wait_for(kWait), std::future_status::ready) << "the worker never took q.a's message";
+  ASSERT_EQ(entered.get_future().wait_for(kWait), std::future_status::ready)
+      << "the worker never took q.a's message";
 
   std::vector<uint8_t> src(4096), dst(4096, 0);
   fill(src, 40);
@@ -639,6 +640,40 @@ TEST(EndpointTest, WaitersThatPollSpareTheWorkerAWakeUpPerOperation) {
                               << " polled writes";
   EXPECT_EQ(mismatch(remote, 0, kOps * 8, 7, 0), -1);
   EXPECT_EQ(remote[kOps * 8], 0);
+}
+
+// A poll loop (Future::poll) completes operations on its own thread: the worker is not woken for
+// each of them, and every byte lands. An empty future polls as not done.
+TEST(EndpointTest, APollLoopCompletesOperationsWithoutTheWorker) {
+  EXPECT_FALSE(Future().poll());
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> local(4096), remote(4096, 0);
+  fill(local, 9);
+  auto [lh, unused] = share(*p.a, *p.b, "local", local);
+  auto [unused2, rh] = share(*p.b, *p.a, "remote", remote);
+  (void)unused;
+  (void)unused2;
+  constexpr uint64_t kOps = 200;
+  uint64_t fewest = kOps;
+  for (int round = 0; round < 5 && fewest >= kOps / 4; ++round) {
+    const uint64_t before = p.a->stats().workerWakeups;
+    for (uint64_t i = 0; i < kOps; ++i) {
+      std::this_thread::sleep_for(200us);
+      const uint64_t off = i * 8;
+      Assignment w{.local = lh, .remote = rh, .localOffset = off, .remoteOffset = off, .length = 8};
+      auto f = p.a->write({&w, 1});
+      ASSERT_TRUE(f.isOk()) << f.status().toString();
+      const auto deadline = std::chrono::steady_clock::now() + kWait;
+      while (!f->poll()) ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the poll loop never ended";
+      ASSERT_TRUE(f->status().isOk()) << f->status().toString();
+      EXPECT_TRUE(f->poll()) << "a done operation polls as done";
+    }
+    fewest = std::min(fewest, p.a->stats().workerWakeups - before);
+  }
+  EXPECT_LT(fewest, kOps / 4) << "the worker was woken " << fewest << " times for " << kOps
+                              << " polled writes";
+  EXPECT_EQ(mismatch(remote, 0, kOps * 8, 9, 0), -1);
 }
 
 // What needs the worker while pollers hold the CQ unarmed still completes: a waiter that sleeps

@@ -30,6 +30,9 @@ class Future {
 
   bool valid() const { return op_ != nullptr; }
   bool done() const { return op_ && op_->done(); }
+  // Takes the completions that are there once, on this thread, without blocking, and says whether
+  // the operation is done: a poll loop's step (done() alone waits for another thread to take them).
+  bool poll() const { return op_ && op_->pollOnce(); }
   OpKind kind() const { return op_ ? op_->kind() : OpKind::kRead; }
   // Waits up to `timeout` for the operation: its status when it completed, kTimedOut when it is
   // still running (it goes on; wait again), kInvalidArgument for an empty future.

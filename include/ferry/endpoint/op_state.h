@@ -72,6 +72,9 @@ class OpState {
 
   OpKind kind() const { return kind_; }
   bool done() const { return done_.load(std::memory_order_acquire); }
+  // One progressOnce() of the progressor, as a polling waiter (pollBegins/pollEnds), unless the
+  // operation is done already; returns done().
+  bool pollOnce() const;
 
   // Completes the operation; the first call wins and wakes every waiter, later calls change
   // nothing. Returns whether this call completed it.

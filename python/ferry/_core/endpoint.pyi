@@ -28,16 +28,24 @@ class Context:
         """
     @property
     def device_name(self) -> str:
-        ...
+        """
+        The device's name, as available_nic() reports it.
+        """
     @property
     def ib_port(self) -> int:
-        ...
+        """
+        The port number on the device (1 .. its port count).
+        """
     @property
     def link_type(self) -> str:
-        ...
+        """
+        'RoCE' for an Ethernet link layer, 'IB' for InfiniBand, else the device's transport name.
+        """
     @property
     def socket_id(self) -> int:
-        ...
+        """
+        The NUMA node of the device; 0 where unknown.
+        """
 class MemoryPool:
     """
     Local memory regions shared by endpoints.
@@ -51,7 +59,9 @@ class MemoryPool:
     def _register(self, key: typing.Any, target: typing.Any, offset: typing.SupportsInt | typing.SupportsIndex = 0, length: typing.Any | None = None) -> int:
         ...
     def get_handle(self, name: str) -> int:
-        ...
+        """
+        The handle (int) of the region registered under name; raises ferry.NotFound when there is none.
+        """
     def mr_info(self) -> dict[str, dict[str, typing.Any]]:
         """
         ``{name: {"handle", "addr", "length", "rkey", "writable"}}`` of every region.
@@ -70,7 +80,9 @@ class MemoryPool:
         """
     @property
     def context(self) -> Context:
-        ...
+        """
+        The Context (device port) the pool's regions are registered on.
+        """
 class Worker:
     """
     A progress thread for one or more endpoints.
@@ -87,20 +99,35 @@ class Worker:
     def __len__(self) -> int:
         ...
     def add_endpoint(self, endpoint: Endpoint) -> None:
-        ...
+        """
+        Moves an endpoint to this worker (from its own worker or another). Raises ferry.Closed when this
+        worker was stopped or the endpoint was shut down.
+        """
     def start(self) -> int:
-        ...
+        """
+        Starts the progress thread (idempotent; attaching an endpoint starts it too). Returns 0; raises
+        ferry.Closed after stop().
+        """
     def stop(self) -> None:
-        ...
+        """
+        Shuts down every endpoint this worker progresses (their pending futures raise ferry.Cancelled), then
+        ends the thread. Idempotent; returns when the thread has exited (without holding the GIL).
+        """
     @property
     def id(self) -> int:
-        ...
+        """
+        The number given at creation (for logs and thread names).
+        """
     @property
     def running(self) -> bool:
-        ...
+        """
+        Whether the progress thread is running (started and not stopped).
+        """
     @property
     def socket_id(self) -> int:
-        ...
+        """
+        The NUMA node whose CPUs the thread runs on; -1: not pinned.
+        """
 class Future:
     """
     An asynchronous operation of an endpoint.
@@ -110,21 +137,48 @@ class Future:
     def __repr__(self) -> str:
         ...
     def done(self) -> bool:
-        ...
+        """
+        Whether the operation completed (with success or an error); never blocks, and takes no completion itself: another thread must have taken it (poll() takes the completions that are there).
+        """
+    def poll(self) -> bool:
+        """
+        Takes the completions that are there once, on this thread, without blocking, and returns whether the operation is done: the step of a poll loop, which completes an operation without waking the endpoint's thread.
+        """
     def wait(self, timeout: typing.Any | None = None) -> int:
         """
         Waits for the operation (timeout in seconds; None: until it completes). Returns 0; raises the operation's error (ferry.WorkCompletionError, ferry.Cancelled, ...) or ferry.TimedOut.
         """
 class ReadWriteFuture(Future):
-    pass
+    """
+    The future of read(), write() and write_with_imm(): done when every byte of the batch is placed (in
+    local memory for a READ, at the peer for a WRITE). wait() returns 0, and so does await. It completes
+    once, on the endpoint's worker thread or on a thread waiting for it: with success, the operation's
+    error, ferry.Cancelled (shutdown) or the endpoint's failure.
+    """
 class SendFuture(Future):
-    pass
+    """
+    The future of send(): done when the whole message is in the peer's receive buffers. wait() returns
+    0, and so does await. It completes once, on the endpoint's worker thread or on a thread waiting for
+    it: with success, the operation's error, ferry.Cancelled (shutdown) or the endpoint's failure.
+    """
 class RecvFuture(Future):
+    """
+    The future of recv(): done when a whole message is in the chunks; nbytes() is its length in bytes,
+    which await gives. A message longer than the chunks fails it with ferry.InvalidArgument. It
+    completes once, on the endpoint's worker thread or on a thread waiting for it: with success, the
+    operation's error, ferry.Cancelled (shutdown) or the endpoint's failure.
+    """
     def nbytes(self) -> int:
         """
         The received message's length (once done).
         """
 class ImmRecvFuture(Future):
+    """
+    The future of imm_recv(): done when the peer's next write_with_imm (in the order the peer issued
+    them) has placed all its data here; imm_data() is the immediate (unsigned 32-bit), which await
+    gives. It completes once, on the endpoint's worker thread or on a thread waiting for it: with
+    success, the operation's error, ferry.Cancelled (shutdown) or the endpoint's failure.
+    """
     def imm_data(self) -> int:
         """
         The immediate value (once done).
@@ -146,13 +200,18 @@ class Endpoint:
     def _register_remote(self, name: str, info: str) -> int:
         ...
     def get_pool(self) -> MemoryPool:
-        ...
+        """
+        The MemoryPool holding this endpoint's local regions (shared with the endpoints given the same
+        pool).
+        """
     def imm_recv(self, stream: typing.Any | None = None) -> ImmRecvFuture:
         """
         The peer's next write_with_imm immediate.
         """
     def local_handle(self, name: str) -> int:
-        ...
+        """
+        The handle (int) of the local region registered under name; raises ferry.NotFound when none.
+        """
     def read(self, assign: typing.Any, stream: typing.Any | None = None) -> ReadWriteFuture:
         """
         READ a batch: [(mr_key, remote_mr_key, target_offset, source_offset, length), ...] where the target is local. Returns a ReadWriteFuture.
@@ -162,7 +221,10 @@ class Endpoint:
         Receives the next message into [(mr_key, offset, length), ...].
         """
     def remote_handle(self, name: str) -> int:
-        ...
+        """
+        The handle (int) of the peer's region recorded under name (by connect() from the peer's mr_info, or
+        registered as a remote region); raises ferry.NotFound when none.
+        """
     def send(self, chunk: typing.Any, stream_handler: typing.Any | None = None) -> SendFuture:
         """
         Sends one message gathered from [(mr_key, offset, length), ...].
@@ -172,9 +234,18 @@ class Endpoint:
         Fails every pending operation with ferry.Cancelled and releases the queue pairs. Idempotent.
         """
     def stats(self) -> dict:
-        ...
+        """
+        Counters of this endpoint: 'operations' (per kind: operations, bytes, errors, errors_by_status,
+        latency_sum_us and latency_buckets as (upper bound in us, count)), 'lanes' (per queue pair:
+        work_requests, bytes, max_outstanding, receives_posted), 'operations_queued', 'unexpected_bytes'
+        (messages held before their recv()), 'immediates_queued' and 'worker_wakeups' (the times the worker
+        took the endpoint's completions).
+        """
     def unregister_memory_region(self, key: typing.Any) -> None:
-        ...
+        """
+        Deregisters a region of the endpoint's pool (by handle or name): once it returns the device no
+        longer touches the memory, which may be freed. Raises ferry.NotFound for an unknown one.
+        """
     def write(self, assign: typing.Any, stream: typing.Any | None = None) -> ReadWriteFuture:
         """
         WRITE a batch: [(mr_key, remote_mr_key, target_offset, source_offset, length), ...] where the target is remote. Returns a ReadWriteFuture.
@@ -185,19 +256,29 @@ class Endpoint:
         """
     @property
     def connected(self) -> bool:
-        ...
+        """
+        Whether connect() succeeded and the endpoint is not shut down.
+        """
     @property
     def context(self) -> Context:
-        ...
+        """
+        The Context (device port) of the endpoint's queue pairs.
+        """
     @property
     def is_shutdown(self) -> bool:
-        ...
+        """
+        Whether the endpoint was shut down (shutdown(), its worker's stop()); its operations then fail.
+        """
     @property
     def num_qp(self) -> int:
-        ...
+        """
+        The number of reliable-connected queue pairs (1 .. 64); both peers use the same.
+        """
     @property
     def worker(self) -> Worker:
-        ...
+        """
+        The Worker whose thread progresses this endpoint.
+        """
 def available_nic() -> list[str]:
     """
     The names of every usable device (software devices included), in ferry's device order.

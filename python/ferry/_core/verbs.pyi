@@ -27,19 +27,25 @@ class sge:
         ...
     @property
     def addr(self) -> int:
-        ...
+        """
+        The start address of the buffer (int).
+        """
     @addr.setter
     def addr(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def length(self) -> int:
-        ...
+        """
+        The buffer's length in bytes (up to 2^32-1).
+        """
     @length.setter
     def length(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def lkey(self) -> int:
-        ...
+        """
+        The local key of the memory region that holds the buffer (MR.lkey).
+        """
     @lkey.setter
     def lkey(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
@@ -50,7 +56,9 @@ class send_wr:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     _fields: typing.ClassVar[tuple] = ('wr_id', 'sg_list', 'opcode', 'send_flags', 'imm_data', 'remote_addr', 'rkey', 'compare_add', 'swap', 'ah', 'remote_qpn', 'remote_qkey')
     ah: typing.Any
+    """UD: the AH of the destination (created in the QP's PD)."""
     sg_list: typing.Any
+    """The data to send or write, or where a READ or atomic puts its result: an sge, a list/tuple of sge, or None (no data)."""
     def __copy__(self) -> send_wr:
         ...
     def __deepcopy__(self, arg0: typing.Any) -> send_wr:
@@ -67,61 +75,84 @@ class send_wr:
         ...
     @property
     def compare_add(self) -> int:
-        ...
+        """
+        Atomics: the value compared (IBV_WR_ATOMIC_CMP_AND_SWP) or added (IBV_WR_ATOMIC_FETCH_AND_ADD); 64
+        bits.
+        """
     @compare_add.setter
     def compare_add(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def imm_data(self) -> int:
-        ...
+        """
+        The immediate of IBV_WR_SEND_WITH_IMM and IBV_WR_RDMA_WRITE_WITH_IMM: 32 bits, delivered unchanged
+        in the receiver's wc.imm_data.
+        """
     @imm_data.setter
     def imm_data(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def opcode(self) -> int:
-        ...
+        """
+        The operation: IBV_WR_* (IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, ...); 0 is
+        IBV_WR_RDMA_WRITE.
+        """
     @opcode.setter
     def opcode(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def remote_addr(self) -> int:
-        ...
+        """
+        RDMA and atomic opcodes: the peer's address, in the region of rkey (8-byte aligned for atomics).
+        """
     @remote_addr.setter
     def remote_addr(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def remote_qkey(self) -> int:
-        ...
+        """
+        UD: the destination QP's Q_Key.
+        """
     @remote_qkey.setter
     def remote_qkey(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def remote_qpn(self) -> int:
-        ...
+        """
+        UD: the destination QP number.
+        """
     @remote_qpn.setter
     def remote_qpn(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def rkey(self) -> int:
-        ...
+        """
+        RDMA and atomic opcodes: the remote key of the peer's region (its MR.rkey).
+        """
     @rkey.setter
     def rkey(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def send_flags(self) -> int:
-        ...
+        """
+        IBV_SEND_* flags, or'ed: SIGNALED (a completion even without sq_sig_all), FENCE, SOLICITED, INLINE.
+        """
     @send_flags.setter
     def send_flags(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def swap(self) -> int:
-        ...
+        """
+        IBV_WR_ATOMIC_CMP_AND_SWP: the value written when the comparison matches; 64 bits.
+        """
     @swap.setter
     def swap(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def wr_id(self) -> int:
-        ...
+        """
+        A value of the caller's choosing, returned in the completion's wc.wr_id.
+        """
     @wr_id.setter
     def wr_id(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
@@ -132,6 +163,7 @@ class recv_wr:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     _fields: typing.ClassVar[tuple] = ('wr_id', 'sg_list')
     sg_list: typing.Any
+    """Where an incoming message goes: an sge, a list/tuple of sge, or None; on UD its first 40 bytes take the GRH."""
     def __copy__(self) -> recv_wr:
         ...
     def __deepcopy__(self, arg0: typing.Any) -> recv_wr:
@@ -148,7 +180,9 @@ class recv_wr:
         ...
     @property
     def wr_id(self) -> int:
-        ...
+        """
+        A value of the caller's choosing, returned in the completion's wc.wr_id.
+        """
     @wr_id.setter
     def wr_id(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
@@ -174,79 +208,109 @@ class wc:
         ...
     @property
     def byte_len(self) -> int:
-        ...
+        """
+        Bytes received for a receive (including the 40-byte GRH on UD); the bytes transferred for RDMA READ
+        and atomics.
+        """
     @byte_len.setter
     def byte_len(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def dlid_path_bits(self) -> int:
-        ...
+        """
+        UD receives: the destination LID's path bits.
+        """
     @dlid_path_bits.setter
     def dlid_path_bits(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def imm_data(self) -> int:
-        ...
+        """
+        The immediate the sender gave (32 bits, unchanged), valid when wc_flags has IBV_WC_WITH_IMM.
+        """
     @imm_data.setter
     def imm_data(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def opcode(self) -> int:
-        ...
+        """
+        The operation that completed: IBV_WC_* (IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RECV,
+        IBV_WC_RECV_RDMA_WITH_IMM, ...).
+        """
     @opcode.setter
     def opcode(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def pkey_index(self) -> int:
-        ...
+        """
+        The P_Key index of the receive (GSI QPs only).
+        """
     @pkey_index.setter
     def pkey_index(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def qp_num(self) -> int:
-        ...
+        """
+        The number of the local QP the work request was posted to.
+        """
     @qp_num.setter
     def qp_num(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def sl(self) -> int:
-        ...
+        """
+        UD receives: the service level of the message.
+        """
     @sl.setter
     def sl(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def slid(self) -> int:
-        ...
+        """
+        UD receives: the sender's LID.
+        """
     @slid.setter
     def slid(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def src_qp(self) -> int:
-        ...
+        """
+        UD receives: the QP number of the sender.
+        """
     @src_qp.setter
     def src_qp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def status(self) -> int:
-        ...
+        """
+        IBV_WC_SUCCESS, else the IBV_WC_* error; in an error completion only wr_id, status, qp_num and
+        vendor_err are valid.
+        """
     @status.setter
     def status(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def vendor_err(self) -> int:
-        ...
+        """
+        The device's own error syndrome, for an error completion.
+        """
     @vendor_err.setter
     def vendor_err(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def wc_flags(self) -> int:
-        ...
+        """
+        IBV_WC_* flags, or'ed: IBV_WC_GRH (the buffer's first 40 bytes hold a GRH), IBV_WC_WITH_IMM
+        (imm_data is valid).
+        """
     @wc_flags.setter
     def wc_flags(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def wr_id(self) -> int:
-        ...
+        """
+        The wr_id of the work request that completed.
+        """
     @wr_id.setter
     def wr_id(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
@@ -286,7 +350,10 @@ class Context:
         """
     @property
     def async_fd(self) -> int:
-        ...
+        """
+        The file descriptor of the device's asynchronous events: readable while an event is queued
+        (get_async_event() takes it).
+        """
     @property
     def closed(self) -> bool:
         """
@@ -294,7 +361,9 @@ class Context:
         """
     @property
     def device_name(self) -> str:
-        ...
+        """
+        The device's name, as list_devices() gives it.
+        """
 class PD:
     """
     A protection domain.
@@ -324,7 +393,9 @@ class PD:
         """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context this PD was allocated on.
+        """
 class SharedMemory:
     """
     Zero-filled memory a same-host peer maps.
@@ -333,7 +404,9 @@ class SharedMemory:
         ...
     @property
     def addr(self) -> int:
-        ...
+        """
+        The address of the memory's first byte (int).
+        """
 class MR:
     """
     A memory registration over a Python buffer.
@@ -354,10 +427,14 @@ class MR:
         """
     @property
     def access(self) -> int:
-        ...
+        """
+        The IBV_ACCESS_* flags the memory was registered with, or'ed.
+        """
     @property
     def addr(self) -> int:
-        ...
+        """
+        The address of the registered memory's first byte (int).
+        """
     @property
     def buf(self) -> typing.Any:
         """
@@ -370,19 +447,30 @@ class MR:
         """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context of the MR's PD.
+        """
     @property
     def length(self) -> int:
-        ...
+        """
+        The registered length in bytes.
+        """
     @property
     def lkey(self) -> int:
-        ...
+        """
+        The local key: what an sge over this memory carries as its lkey.
+        """
     @property
     def pd(self) -> typing.Any:
-        ...
+        """
+        The PD this MR is registered in.
+        """
     @property
     def rkey(self) -> int:
-        ...
+        """
+        The remote key: what a peer puts in send_wr.rkey to READ, WRITE or do atomics on this memory (as far
+        as the access flags allow).
+        """
 class CompChannel:
     """
     A completion channel.
@@ -410,7 +498,9 @@ class CompChannel:
         """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context this completion channel was created on.
+        """
 class CQ:
     """
     A completion queue.
@@ -444,7 +534,9 @@ class CQ:
         """
     @property
     def comp_chan(self) -> typing.Any:
-        ...
+        """
+        The CompChannel that reports this CQ's completion events (after req_notify()), or None.
+        """
     @property
     def comp_events(self) -> int:
         """
@@ -455,10 +547,14 @@ class CQ:
         ...
     @property
     def cqe(self) -> int:
-        ...
+        """
+        The number of completions the CQ holds (at least the number asked for; resize() changes it).
+        """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context this CQ was created on.
+        """
 class SRQ:
     """
     A shared receive queue.
@@ -488,10 +584,14 @@ class SRQ:
         """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context of the SRQ's PD.
+        """
     @property
     def pd(self) -> typing.Any:
-        ...
+        """
+        The PD this SRQ was created in.
+        """
 class AH:
     """
     An address handle.
@@ -515,10 +615,14 @@ class AH:
         """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context of the address handle's PD.
+        """
     @property
     def pd(self) -> typing.Any:
-        ...
+        """
+        The PD this address handle was created in.
+        """
 class QP:
     """
     A queue pair.
@@ -565,34 +669,55 @@ class QP:
         """
     @property
     def ctx(self) -> typing.Any:
-        ...
+        """
+        The Context of the QP's PD.
+        """
     @property
     def max_inline_data(self) -> int:
-        ...
+        """
+        The most bytes a send work request may carry inline (IBV_SEND_INLINE), as asked for at creation.
+        """
     @property
     def max_recv_sge(self) -> int:
-        ...
+        """
+        The most sge per receive work request, as asked for at creation.
+        """
     @property
     def max_recv_wr(self) -> int:
-        ...
+        """
+        The most work requests outstanding on the receive queue, as asked for at creation.
+        """
     @property
     def max_send_sge(self) -> int:
-        ...
+        """
+        The most sge per send work request, as asked for at creation.
+        """
     @property
     def max_send_wr(self) -> int:
-        ...
+        """
+        The most work requests outstanding on the send queue, as asked for at creation.
+        """
     @property
     def pd(self) -> typing.Any:
-        ...
+        """
+        The PD this QP was created in.
+        """
     @property
     def qp_num(self) -> int:
-        ...
+        """
+        The QP number (24 bits) a peer addresses: the dest_qp_num of a connected peer, a UD send's
+        remote_qpn.
+        """
     @property
     def qp_type(self) -> int:
-        ...
+        """
+        The transport: IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD.
+        """
     @property
     def sq_sig_all(self) -> bool:
-        ...
+        """
+        Whether every send work request generates a completion (else only those with IBV_SEND_SIGNALED).
+        """
 def alloc_shared(length: typing.SupportsInt | typing.SupportsIndex) -> SharedMemory:
     """
     Allocates length bytes of zero-filled memory that a same-host peer of the software provider maps (WRITE and READ on it are then loads and stores). Register it with PD.mr, or use PD.alloc_mr.
