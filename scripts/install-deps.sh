@@ -45,6 +45,7 @@ packages=(
   python3 python3-venv
   libssl-dev libhiredis-dev libcurl4-openssl-dev libcli11-dev libcpp-httplib-dev
   redis-server etcd-server etcd-client
+  rclone
 )
 if ((want_lint)); then
   packages+=(clang-format-14 clang-tidy-14)
