@@ -68,19 +68,10 @@ std::string encodeRecord(const Descriptor& d) {
   return b;
 }
 
-// Reads a record to the end of r: anything after it is an error.
-Result<Descriptor> decodeRecord(Reader& r) {
-  std::string magic;
-  uint64_t version = 0, op = 0, reserved = 0, n = 0, len = 0;
-  Descriptor d;
-  if (!r.bytes(kMagic.size(), magic) || magic != kMagic) return bad("bad magic");
-  if (!r.u(1, version) || version != kVersion) return bad("unknown version");
-  if (!r.u(1, op) || op > 1) return bad("the operation is neither GET nor PUT");
-  if (!r.u(2, reserved) || reserved != 0) return bad("reserved bytes are not zero");
-  if (!r.u(8, d.expiresNs) || !r.u(8, d.addr) || !r.u(8, d.length)) return bad("truncated");
-  d.op = static_cast<uint8_t>(op);
-  if (d.length == 0) return bad("empty range");
-  if (d.addr == 0 || d.addr + d.length < d.addr) return bad("the range is null or wraps");
+// The record's keys: a count (1..16), then per key a device name (1..kMaxDeviceName bytes, each
+// device once) and its rkey.
+Status decodeKeys(Reader& r, Descriptor& d) {
+  uint64_t n = 0, len = 0;
   if (!r.u(1, n) || n == 0 || n > kMaxDescriptorKeys) return bad("no keys, or more than 16");
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t rkey = 0;
@@ -93,6 +84,23 @@ Result<Descriptor> decodeRecord(Reader& r) {
     }
     d.keys.emplace_back(std::move(name), static_cast<uint32_t>(rkey));
   }
+  return Status::ok();
+}
+
+// Reads a record to the end of r: anything after it is an error.
+Result<Descriptor> decodeRecord(Reader& r) {
+  std::string magic;
+  uint64_t version = 0, op = 0, reserved = 0, len = 0;
+  Descriptor d;
+  if (!r.bytes(kMagic.size(), magic) || magic != kMagic) return bad("bad magic");
+  if (!r.u(1, version) || version != kVersion) return bad("unknown version");
+  if (!r.u(1, op) || op > 1) return bad("the operation is neither GET nor PUT");
+  if (!r.u(2, reserved) || reserved != 0) return bad("reserved bytes are not zero");
+  if (!r.u(8, d.expiresNs) || !r.u(8, d.addr) || !r.u(8, d.length)) return bad("truncated");
+  d.op = static_cast<uint8_t>(op);
+  if (d.length == 0) return bad("empty range");
+  if (d.addr == 0 || d.addr + d.length < d.addr) return bad("the range is null or wraps");
+  FERRY_RETURN_IF_ERROR(decodeKeys(r, d));
   if (!r.u(2, len) || len == 0 || len > kMaxAgentAddress || !r.bytes(len, d.agentAddress)) {
     return bad("the agent address is missing, truncated or too long");
   }

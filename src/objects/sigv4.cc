@@ -185,15 +185,12 @@ std::string signV4(const SignedRequest& r, std::string_view accessKey, std::stri
          ", SignedHeaders=" + signedHeaders + ", Signature=" + sig;
 }
 
-Status verifyV4(const SignedRequest& r, std::string_view authorization, std::string_view accessKey,
-                std::string_view secretKey) {
-  auto denied = [](const std::string& why) { return Status(StatusCode::kPermissionDenied, why); };
-  constexpr std::string_view kAlgo = "AWS4-HMAC-SHA256 ";
-  if (authorization.empty()) return denied("the request is not signed (no Authorization header)");
-  if (authorization.substr(0, kAlgo.size()) != kAlgo)
-    return denied("only AWS4-HMAC-SHA256 signatures are accepted");
-  std::string credential, signedHeaders, sig;
-  std::string_view rest = authorization.substr(kAlgo.size());
+namespace {
+
+// The Credential, SignedHeaders and Signature fields of an Authorization header's value after the
+// algorithm (comma-separated key=value pairs; others are ignored).
+void authorizationFields(std::string_view rest, std::string& credential, std::string& signedHeaders,
+                         std::string& sig) {
   while (!rest.empty()) {
     size_t comma = rest.find(',');
     std::string_view part = rest.substr(0, comma);
@@ -211,15 +208,34 @@ Status verifyV4(const SignedRequest& r, std::string_view authorization, std::str
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  // Credential = AK/date/region/s3/aws4_request
-  std::vector<std::string> parts;
+}
+
+// The pieces of `text` between `sep`s (an empty text is one empty piece).
+std::vector<std::string> splitAt(const std::string& text, char sep) {
+  std::vector<std::string> pieces;
   size_t start = 0;
-  for (size_t i = 0; i <= credential.size(); ++i) {
-    if (i == credential.size() || credential[i] == '/') {
-      parts.push_back(credential.substr(start, i - start));
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == sep) {
+      pieces.push_back(text.substr(start, i - start));
       start = i + 1;
     }
   }
+  return pieces;
+}
+
+}  // namespace
+
+Status verifyV4(const SignedRequest& r, std::string_view authorization, std::string_view accessKey,
+                std::string_view secretKey) {
+  auto denied = [](const std::string& why) { return Status(StatusCode::kPermissionDenied, why); };
+  constexpr std::string_view kAlgo = "AWS4-HMAC-SHA256 ";
+  if (authorization.empty()) return denied("the request is not signed (no Authorization header)");
+  if (authorization.substr(0, kAlgo.size()) != kAlgo)
+    return denied("only AWS4-HMAC-SHA256 signatures are accepted");
+  std::string credential, signedHeaders, sig;
+  authorizationFields(authorization.substr(kAlgo.size()), credential, signedHeaders, sig);
+  // Credential = AK/date/region/s3/aws4_request
+  const std::vector<std::string> parts = splitAt(credential, '/');
   if (parts.size() != 5 || parts[3] != "s3" || parts[4] != "aws4_request" || signedHeaders.empty() ||
       sig.empty()) {
     return denied("a malformed Authorization header");
@@ -232,13 +248,7 @@ Status verifyV4(const SignedRequest& r, std::string_view authorization, std::str
   if (amzDate.size() < 8 || amzDate.substr(0, 8) != parts[1])
     return denied("x-amz-date does not match the scope");
   std::vector<std::string> names;
-  start = 0;
-  for (size_t i = 0; i <= signedHeaders.size(); ++i) {
-    if (i == signedHeaders.size() || signedHeaders[i] == ';') {
-      names.push_back(lower(signedHeaders.substr(start, i - start)));
-      start = i + 1;
-    }
-  }
+  for (const std::string& name : splitAt(signedHeaders, ';')) names.push_back(lower(name));
   if (std::find(names.begin(), names.end(), "host") == names.end())
     return denied("the host header is not signed");
   std::string scope = parts[1] + "/" + parts[2] + "/s3/aws4_request";

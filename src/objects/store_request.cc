@@ -132,6 +132,43 @@ class XmlReader {
     return root;
   }
 
+  // The rest of a start tag after its name: attributes (xmlns; at most 8, read and ignored), then
+  // '>' or '/>' (empty set). false when malformed.
+  bool startTagRest(bool& empty) {
+    for (int attributes = 0;; ++attributes) {
+      skipSpace();
+      if (at('/')) {
+        ++pos_;
+        if (!at('>')) return false;
+        ++pos_;
+        empty = true;
+        return true;
+      }
+      if (at('>')) {
+        ++pos_;
+        return true;
+      }
+      if (attributes >= 8 || !attribute()) return false;
+    }
+  }
+
+  // One attribute: a name, '=', and a quoted value without '<'.
+  bool attribute() {
+    std::string attribute;
+    if (!name(attribute)) return false;
+    skipSpace();
+    if (!at('=')) return false;
+    ++pos_;
+    skipSpace();
+    if (!at('"') && !at('\'')) return false;
+    const char quote = in_[pos_++];
+    size_t end = in_.find(quote, pos_);
+    if (end == std::string_view::npos || in_.substr(pos_, end - pos_).find('<') != std::string_view::npos)
+      return false;
+    pos_ = end + 1;
+    return true;
+  }
+
  private:
   static bool space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
   static bool nameChar(char c, bool first) {
@@ -198,31 +235,9 @@ class XmlReader {
     if (depth > kMaxDepth || ++elements_ > kMaxElements || !at('<')) return false;
     ++pos_;
     if (!name(node.name)) return false;
-    for (int attributes = 0;; ++attributes) {  // attributes (xmlns) are read and ignored
-      skipSpace();
-      if (at('/')) {
-        ++pos_;
-        if (!at('>')) return false;
-        ++pos_;
-        return true;
-      }
-      if (at('>')) {
-        ++pos_;
-        break;
-      }
-      std::string attribute;
-      if (attributes >= 8 || !name(attribute)) return false;
-      skipSpace();
-      if (!at('=')) return false;
-      ++pos_;
-      skipSpace();
-      if (!at('"') && !at('\'')) return false;
-      const char quote = in_[pos_++];
-      size_t end = in_.find(quote, pos_);
-      if (end == std::string_view::npos || in_.substr(pos_, end - pos_).find('<') != std::string_view::npos)
-        return false;
-      pos_ = end + 1;
-    }
+    bool empty = false;  // <name/>
+    if (!startTagRest(empty)) return false;
+    if (empty) return true;
     bool textSeen = false;
     while (pos_ < in_.size()) {
       if (at('<')) {
@@ -300,18 +315,101 @@ std::pair<BodyFraming, std::optional<RequestRefusal>> decideFraming(
   return {framing, std::nullopt};
 }
 
-OperationDecision decideOperation(std::string_view method, StoreCall call,
-                                  const std::vector<std::pair<std::string, std::string>>& params,
-                                  const std::vector<std::string>& headerNames) {
+namespace {
+
+// The rule for a method on a call: the one whose subresource the request names, else the one
+// without a subresource; nullptr when there is none.
+const OperationRule* findRule(std::string_view method, StoreCall call,
+                              const std::vector<std::pair<std::string, std::string>>& params) {
   const OperationRule* rule = nullptr;
   for (const OperationRule& r : kRules) {
     if (r.method != method || r.call != call) continue;
-    if (!r.subresource.empty() && hasParam(params, r.subresource)) {
-      rule = &r;
-      break;
-    }
+    if (!r.subresource.empty() && hasParam(params, r.subresource)) return &r;
     if (r.subresource.empty() && rule == nullptr) rule = &r;
   }
+  return rule;
+}
+
+// An object's PUT: a copy (x-amz-copy-source) becomes CopyObject, with CopyObject's x-id names;
+// conditional and ranged copies, UploadPartCopy and UploadPart without partNumber are refused.
+std::optional<RequestRefusal> decideObjectPut(const std::vector<std::pair<std::string, std::string>>& params,
+                                              const std::vector<std::string>& headerNames,
+                                              OperationDecision& out,
+                                              std::initializer_list<std::string_view>& names) {
+  static const std::initializer_list<std::string_view> kCopyNames = {"CopyObject"};
+  for (std::string_view h :
+       {"x-amz-copy-source-range", "x-amz-copy-source-if-match", "x-amz-copy-source-if-none-match",
+        "x-amz-copy-source-if-modified-since", "x-amz-copy-source-if-unmodified-since"}) {
+    if (hasHeader(headerNames, h)) return notImplemented("copying with " + std::string(h));
+  }
+  if (hasHeader(headerNames, "x-amz-copy-source")) {
+    if (out.operation == Op::kUploadPart) return notImplemented("copying into a part (UploadPartCopy)");
+    out.operation = Op::kCopyObject;
+    names = kCopyNames;
+  }
+  if (out.operation == Op::kUploadPart && !hasParam(params, "partNumber")) {
+    return RequestRefusal{400, "InvalidArgument", "UploadPart needs partNumber"};
+  }
+  return std::nullopt;
+}
+
+// The query's parameters: an x-id among the operation's names, the rule's subresource, the
+// parameters the rule takes (list-type 2, encoding-type url); anything else is refused.
+std::optional<RequestRefusal> checkParams(std::string_view method, const OperationRule& rule,
+                                          std::initializer_list<std::string_view> names,
+                                          const std::vector<std::pair<std::string, std::string>>& params) {
+  for (const auto& [name, value] : params) {
+    if (name == "x-id") {
+      if (std::find(names.begin(), names.end(), value) == names.end()) {
+        return notImplemented("the operation '" + value.substr(0, 64) + "'");
+      }
+      continue;
+    }
+    if (!rule.subresource.empty() && name == rule.subresource) continue;
+    if (std::find(rule.params.begin(), rule.params.end(), name) == rule.params.end()) {
+      return notImplemented("the subresource or parameter '" + name.substr(0, 64) + "' of " +
+                            std::string(method));
+    }
+    if (name == "list-type" && value != "2") {
+      return RequestRefusal{400, "InvalidArgument", "list-type must be 2 (or absent for version 1)"};
+    }
+    if (name == "encoding-type" && value != "url") {
+      return RequestRefusal{400, "InvalidArgument", "encoding-type must be url"};
+    }
+  }
+  return std::nullopt;
+}
+
+// One <Part> of a CompleteMultipartUpload: its number and ETag (quotes taken off).
+std::optional<RequestRefusal> completedPartOf(const XmlNode& part, CompletedPart& out) {
+  if (part.name != "Part") return malformed("<" + part.name.substr(0, 64) + "> in CompleteMultipartUpload");
+  const XmlNode* etag = nullptr;
+  const XmlNode* number = nullptr;
+  for (const XmlNode& field : part.children) {
+    const XmlNode** slot = field.name == "ETag" ? &etag : field.name == "PartNumber" ? &number : nullptr;
+    if (slot == nullptr && isChecksumElement(field.name) && field.children.empty()) continue;
+    if (slot == nullptr || *slot != nullptr || !field.children.empty())
+      return malformed("a Part holds one ETag and one PartNumber");
+    *slot = &field;
+  }
+  if (etag == nullptr || number == nullptr) return malformed("a Part holds one ETag and one PartNumber");
+  auto n = decimal(trimmed(number->text));
+  if (!n || *n < 1 || *n > kMaxParts) {
+    return RequestRefusal{400, "InvalidArgument", "part numbers must be 1.." + std::to_string(kMaxParts)};
+  }
+  std::string_view tag = trimmed(etag->text);
+  if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"') tag = tag.substr(1, tag.size() - 2);
+  if (tag.empty() || tag.size() > 128) return malformed("an ETag of 1..128 characters");
+  out = {static_cast<uint32_t>(*n), std::string(tag)};
+  return std::nullopt;
+}
+
+}  // namespace
+
+OperationDecision decideOperation(std::string_view method, StoreCall call,
+                                  const std::vector<std::pair<std::string, std::string>>& params,
+                                  const std::vector<std::string>& headerNames) {
+  const OperationRule* rule = findRule(method, call, params);
   OperationDecision out;
   if (rule == nullptr) {
     out.refusal = notImplemented(std::string(method) + " of " +
@@ -323,52 +421,11 @@ OperationDecision decideOperation(std::string_view method, StoreCall call,
   }
   out.operation = rule->operation;
   std::initializer_list<std::string_view> names = rule->names;
-  static const std::initializer_list<std::string_view> kCopyNames = {"CopyObject"};
   if (method == "PUT" && call == StoreCall::kObject) {
-    for (std::string_view h :
-         {"x-amz-copy-source-range", "x-amz-copy-source-if-match", "x-amz-copy-source-if-none-match",
-          "x-amz-copy-source-if-modified-since", "x-amz-copy-source-if-unmodified-since"}) {
-      if (hasHeader(headerNames, h)) {
-        out.refusal = notImplemented("copying with " + std::string(h));
-        return out;
-      }
-    }
-    if (hasHeader(headerNames, "x-amz-copy-source")) {
-      if (out.operation == Op::kUploadPart) {
-        out.refusal = notImplemented("copying into a part (UploadPartCopy)");
-        return out;
-      }
-      out.operation = Op::kCopyObject;
-      names = kCopyNames;
-    }
-    if (out.operation == Op::kUploadPart && !hasParam(params, "partNumber")) {
-      out.refusal = RequestRefusal{400, "InvalidArgument", "UploadPart needs partNumber"};
-      return out;
-    }
+    out.refusal = decideObjectPut(params, headerNames, out, names);
+    if (out.refusal) return out;
   }
-  for (const auto& [name, value] : params) {
-    if (name == "x-id") {
-      if (std::find(names.begin(), names.end(), value) == names.end()) {
-        out.refusal = notImplemented("the operation '" + value.substr(0, 64) + "'");
-        return out;
-      }
-      continue;
-    }
-    if (!rule->subresource.empty() && name == rule->subresource) continue;
-    if (std::find(rule->params.begin(), rule->params.end(), name) == rule->params.end()) {
-      out.refusal = notImplemented("the subresource or parameter '" + name.substr(0, 64) + "' of " +
-                                   std::string(method));
-      return out;
-    }
-    if (name == "list-type" && value != "2") {
-      out.refusal = RequestRefusal{400, "InvalidArgument", "list-type must be 2 (or absent for version 1)"};
-      return out;
-    }
-    if (name == "encoding-type" && value != "url") {
-      out.refusal = RequestRefusal{400, "InvalidArgument", "encoding-type must be url"};
-      return out;
-    }
-  }
+  out.refusal = checkParams(method, *rule, names, params);
   return out;
 }
 
@@ -381,34 +438,15 @@ std::pair<std::vector<CompletedPart>, std::optional<RequestRefusal>> decideCompl
     return {parts, malformed("the root is not CompleteMultipartUpload")};
   if (doc->children.empty() || doc->children.size() > kMaxParts)
     return {parts, malformed("CompleteMultipartUpload lists 1.." + std::to_string(kMaxParts) + " parts")};
-  for (const XmlNode& part : doc->children) {
-    if (part.name != "Part")
-      return {{}, malformed("<" + part.name.substr(0, 64) + "> in CompleteMultipartUpload")};
-    const XmlNode* etag = nullptr;
-    const XmlNode* number = nullptr;
-    for (const XmlNode& field : part.children) {
-      const XmlNode** slot = field.name == "ETag" ? &etag : field.name == "PartNumber" ? &number : nullptr;
-      if (slot == nullptr && isChecksumElement(field.name) && field.children.empty()) continue;
-      if (slot == nullptr || *slot != nullptr || !field.children.empty())
-        return {{}, malformed("a Part holds one ETag and one PartNumber")};
-      *slot = &field;
-    }
-    if (etag == nullptr || number == nullptr)
-      return {{}, malformed("a Part holds one ETag and one PartNumber")};
-    auto n = decimal(trimmed(number->text));
-    if (!n || *n < 1 || *n > kMaxParts) {
-      return {{},
-              RequestRefusal{400, "InvalidArgument", "part numbers must be 1.." + std::to_string(kMaxParts)}};
-    }
-    std::string_view tag = trimmed(etag->text);
-    if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"') tag = tag.substr(1, tag.size() - 2);
-    if (tag.empty() || tag.size() > 128) return {{}, malformed("an ETag of 1..128 characters")};
-    if (!parts.empty() && parts.back().number >= *n) {
+  for (const XmlNode& node : doc->children) {
+    CompletedPart part;
+    if (auto refusal = completedPartOf(node, part)) return {{}, refusal};
+    if (!parts.empty() && parts.back().number >= part.number) {
       return {{},
               RequestRefusal{400, "InvalidPartOrder",
                              "the list of parts was not in ascending order: list each part once, by number"}};
     }
-    parts.push_back({static_cast<uint32_t>(*n), std::string(tag)});
+    parts.push_back(std::move(part));
   }
   return {std::move(parts), std::nullopt};
 }
