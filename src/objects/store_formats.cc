@@ -136,4 +136,28 @@ std::optional<std::string> contentMd5(std::string_view text) {
   return out;
 }
 
+Result<UserMetadata> userMetadataOf(const httplib::Request& req) {
+  static constexpr std::string_view kPrefix = "x-amz-meta-";
+  UserMetadata meta;
+  size_t bytes = 0;
+  for (const auto& [name, value] : req.headers) {
+    if (name.size() <= kPrefix.size()) continue;
+    std::string lower(name);
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (lower.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    bytes += lower.size() - kPrefix.size() + value.size();
+    if (bytes > kMaxUserMetadataBytes) {
+      return invalidArgument("the x-amz-meta-* headers hold more than " +
+                             std::to_string(kMaxUserMetadataBytes) + " bytes of names and values");
+    }
+    meta.emplace_back(std::move(lower), value);
+  }
+  return meta;
+}
+
+void setUserMetadata(httplib::Response& res, const UserMetadata& meta) {
+  for (const auto& [name, value] : meta) res.set_header(name, value);
+}
+
 }  // namespace ferry::objects

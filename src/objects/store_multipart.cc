@@ -75,6 +75,9 @@ void ObjectStore::Impl::createUpload(const httplib::Request& req, httplib::Respo
   upload->id = agent::randomHex(16);
   upload->initiatedNs = upload->touchedNs = nowNs();
   if (req.has_header("Content-Type")) upload->contentType = req.get_header_value("Content-Type");
+  Result<UserMetadata> meta = userMetadataOf(req);
+  if (!meta.isOk()) return error(res, 400, "MetadataTooLarge", meta.status().message(), req.path);
+  upload->meta = std::move(meta).value();
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!buckets.count(bucket))
@@ -133,6 +136,7 @@ std::optional<ObjectStore::Impl::ListedParts> ObjectStore::Impl::listedParts(
     return std::nullopt;
   }
   out.contentType = upload->contentType;
+  out.meta = upload->meta;
   for (size_t i = 0; i < listed.size(); ++i) {
     auto it = upload->parts.find(listed[i].number);
     if (it == upload->parts.end() || !equalsHex(agent::hexOf(it->second->md5), listed[i].etag)) {
@@ -186,6 +190,7 @@ void ObjectStore::Impl::completeUpload(const httplib::Request& req, httplib::Res
   }
   if (Status st = registerObject(o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
   o->contentType = found->contentType;
+  o->meta = found->meta;
   o->etag = "\"" + agent::hexOf(md5Of(found->md5s.data(), found->md5s.size())) + "-" +
             std::to_string(found->parts.size()) + "\"";
   found.reset();

@@ -30,6 +30,7 @@ void ObjectStore::Impl::onGet(const httplib::Request& req, httplib::Response& re
   res.set_header("ETag", o->etag);
   res.set_header("Last-Modified", httpTime(o->modifiedNs));
   res.set_header("x-ferry-object-size", std::to_string(o->size));
+  setUserMetadata(res, o->meta);
   if (req.has_header("x-ferry-rdma-descriptor")) return rdmaGet(req, res, bucket + "/" + key, o);
   res.set_header("Accept-Ranges", "bytes");
   const ByteRange range = decideRange(req.get_header_value("Range"), o->size);
@@ -109,8 +110,11 @@ void ObjectStore::Impl::onPut(const httplib::Request& req, httplib::Response& re
   const StoreOperation op = decide(req).operation;
   if (op == StoreOperation::kCopyObject) return copyObject(req, res, bucket, key);
   if (op == StoreOperation::kUploadPart) return uploadPart(req, res, reader, bucket, key);
+  Result<UserMetadata> meta = userMetadataOf(req);
+  if (!meta.isOk()) return error(res, 400, "MetadataTooLarge", meta.status().message(), req.path);
   ObjectPtr o = receiveBody(req, res, reader);
   if (!o) return;
+  o->meta = std::move(meta).value();
   if (Status st = registerObject(o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
   commit(res, bucket, key, o, req.path);
 }
@@ -221,6 +225,8 @@ void ObjectStore::Impl::copyObject(const httplib::Request& req, httplib::Respons
       req.has_header("x-amz-metadata-directive") ? req.get_header_value("x-amz-metadata-directive") : "COPY";
   if (directive != "COPY" && directive != "REPLACE")
     return error(res, 400, "InvalidArgument", "x-amz-metadata-directive must be COPY or REPLACE", req.path);
+  Result<UserMetadata> meta = userMetadataOf(req);
+  if (!meta.isOk()) return error(res, 400, "MetadataTooLarge", meta.status().message(), req.path);
   if (source->bucket == bucket && source->key == key && directive != "REPLACE") {
     return error(
         res, 400, "InvalidRequest",
@@ -252,6 +258,7 @@ void ObjectStore::Impl::copyObject(const httplib::Request& req, httplib::Respons
   o->contentType = directive == "REPLACE" && req.has_header("Content-Type")
                        ? req.get_header_value("Content-Type")
                        : from->contentType;
+  o->meta = directive == "REPLACE" ? std::move(meta).value() : from->meta;
   commit(res, bucket, key, o, req.path);
   if (res.status != 200) return;
   res.set_content(xmlHead("CopyObjectResult") + "<LastModified>" + isoTime(o->modifiedNs) +

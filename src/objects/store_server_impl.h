@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -28,6 +29,8 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "agent/crypto.h"
 #include "common/log.h"
@@ -76,6 +79,14 @@ sockaddr_storage socketAddress(const std::string& text);
 bool admitsClient(const StoreOptions& opts, const std::string& remoteAddr);
 // MD5 of one piece (16 bytes).
 std::string md5Of(const void* data, size_t n);
+// An object's user metadata: its x-amz-meta-* headers (names in lower case, values as sent), at
+// most kMaxUserMetadataBytes of names (without the prefix) and values together, as S3 allows.
+using UserMetadata = std::vector<std::pair<std::string, std::string>>;
+inline constexpr size_t kMaxUserMetadataBytes = 2048;
+// The request's user metadata; an error text (for 400 MetadataTooLarge) when it is above the limit.
+Result<UserMetadata> userMetadataOf(const httplib::Request& req);
+// Sets the object's user metadata as x-amz-meta-* headers of the answer.
+void setUserMetadata(httplib::Response& res, const UserMetadata& meta);
 // A Content-MD5 header's 16 bytes (strict base64), or nullopt.
 std::optional<std::string> contentMd5(std::string_view text);
 
@@ -133,6 +144,7 @@ struct StoredObject {
   std::string etag;
   int64_t modifiedNs = 0;
   std::string contentType = "application/octet-stream";
+  UserMetadata meta;      // x-amz-meta-* of its PUT, copy or multipart upload
   uint64_t received = 0;  // an upload's bytes so far
   int64_t touchedNs = 0;  // an upload's last piece
   BoundShare receiving;   // an RDMA upload's share of the receiving bound, until it completes
@@ -151,6 +163,7 @@ using ObjectPtr = std::shared_ptr<StoredObject>;
 struct MultipartUpload {
   std::string bucket, key, id;
   std::string contentType = "application/octet-stream";
+  UserMetadata meta;
   int64_t initiatedNs = 0;
   int64_t touchedNs = 0;                // its last call (abandonedUploadSeconds)
   std::map<uint32_t, ObjectPtr> parts;  // part number -> part (etag, md5, modifiedNs set)
@@ -330,6 +343,7 @@ struct ObjectStore::Impl {
   struct ListedParts {
     std::vector<ObjectPtr> parts;
     std::string contentType;
+    UserMetadata meta;
     uint64_t bytes = 0;
     std::string md5s;  // the parts' binary MD5s, concatenated
   };

@@ -466,6 +466,32 @@ def test_the_aws_cli_copies_and_syncs(daemon, tmp_path):
         assert (tmp_path / "copy" / name).read_bytes() == content, name
 
 
+def test_user_metadata_is_kept_copied_and_bounded(daemon):
+    c = s3(daemon.url)
+    c.create_bucket(Bucket="meta")
+    c.put_object(Bucket="meta", Key="a", Body=b"x", Metadata={"mtime": "1700000000.5", "Owner": "team-a"})
+    assert c.head_object(Bucket="meta", Key="a")["Metadata"] == {"mtime": "1700000000.5", "owner": "team-a"}
+    assert c.get_object(Bucket="meta", Key="a")["Metadata"] == {"mtime": "1700000000.5", "owner": "team-a"}
+    # A copy keeps the source's metadata (COPY) or takes the request's (REPLACE).
+    c.copy_object(Bucket="meta", Key="b", CopySource="meta/a")
+    assert c.head_object(Bucket="meta", Key="b")["Metadata"] == {"mtime": "1700000000.5", "owner": "team-a"}
+    c.copy_object(Bucket="meta", Key="b", CopySource="meta/a", MetadataDirective="REPLACE", Metadata={"k": "v"})
+    assert c.head_object(Bucket="meta", Key="b")["Metadata"] == {"k": "v"}
+    # A multipart upload's metadata is the object's once completed.
+    up = c.create_multipart_upload(Bucket="meta", Key="m", Metadata={"md5chksum": "abc"})
+    part = c.upload_part(Bucket="meta", Key="m", UploadId=up["UploadId"], PartNumber=1, Body=b"y" * 100)
+    c.complete_multipart_upload(Bucket="meta", Key="m", UploadId=up["UploadId"],
+                                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+    assert c.head_object(Bucket="meta", Key="m")["Metadata"] == {"md5chksum": "abc"}
+    # Above 2 KB of names and values: MetadataTooLarge, and nothing stored.
+    assert error_code(lambda: c.put_object(Bucket="meta", Key="big", Body=b"z", Metadata={"v": "q" * 2048})) \
+        == ("MetadataTooLarge", 400)
+    assert error_code(lambda: c.head_object(Bucket="meta", Key="big"))[1] == 404
+    assert error_code(lambda: c.create_multipart_upload(Bucket="meta", Key="big2", Metadata={"v": "q" * 2048})) \
+        == ("MetadataTooLarge", 400)
+    assert c.list_multipart_uploads(Bucket="meta").get("Uploads", []) == []
+
+
 def test_rclone_copies_checks_and_syncs(daemon, tmp_path):
     """rclone (Debian's) against the store as an S3 remote, configured from its environment: a tree
     with an empty file and one uploaded in parts goes up, `rclone check` compares sizes and MD5s,
@@ -474,7 +500,8 @@ def test_rclone_copies_checks_and_syncs(daemon, tmp_path):
     if rclone is None:
         pytest.skip("rclone is not installed (apt-get install rclone)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # AWS_CA_BUNDLE breaks plain HTTP
-    env.update(RCLONE_CONFIG=str(tmp_path / "none.conf"), RCLONE_CONFIG_F_TYPE="s3", RCLONE_CONFIG_F_PROVIDER="Other",
+    (tmp_path / "rclone.conf").write_text("")  # the remote comes from the environment
+    env.update(RCLONE_CONFIG=str(tmp_path / "rclone.conf"), RCLONE_CONFIG_F_TYPE="s3", RCLONE_CONFIG_F_PROVIDER="Other",
                RCLONE_CONFIG_F_ENDPOINT=daemon.url, RCLONE_CONFIG_F_ACCESS_KEY_ID="anonymous",
                RCLONE_CONFIG_F_SECRET_ACCESS_KEY="anonymous", RCLONE_CONFIG_F_REGION="us-east-1",
                RCLONE_CONFIG_F_FORCE_PATH_STYLE="true")
@@ -483,7 +510,7 @@ def test_rclone_copies_checks_and_syncs(daemon, tmp_path):
         out = subprocess.run([rclone, *args, "--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M", "--retries", "1",
                               "--low-level-retries", "1"], capture_output=True, text=True, env=env, timeout=180)
         assert out.returncode == 0, (args, out.stdout, out.stderr)
-        return out.stdout
+        return out.stdout + out.stderr
 
     run("mkdir", "f:rcl")
     src = tmp_path / "tree"
@@ -498,6 +525,10 @@ def test_rclone_copies_checks_and_syncs(daemon, tmp_path):
     run("sync", "f:rcl/tree", str(back))
     for name, content in files.items():
         assert (back / name).read_bytes() == content, name
+    # Its modification times and the part-uploaded file's MD5 are kept as user metadata: a sync of
+    # an unchanged tree sends nothing.
+    would = run("sync", str(src), "f:rcl/tree", "--dry-run", "-v")
+    assert "Skipped" not in would, would
     (src / "a.txt").unlink()
     run("sync", str(src), "f:rcl/tree")
     assert sorted(run("lsf", "-R", "--files-only", "f:rcl/tree").split()) == sorted(set(files) - {"a.txt"})
