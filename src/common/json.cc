@@ -338,36 +338,7 @@ class Parser {
       }
       if (c < 0x20) return fail("unescaped control character in a string");
       if (c == '\\') {
-        ++pos_;
-        if (atEnd()) return fail("unterminated escape");
-        char e = peek();
-        ++pos_;
-        switch (e) {
-          case '"': out += '"'; break;
-          case '\\': out += '\\'; break;
-          case '/': out += '/'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'n': out += '\n'; break;
-          case 'r': out += '\r'; break;
-          case 't': out += '\t'; break;
-          case 'u': {
-            uint32_t cp = 0;
-            if (!parseHex4(cp)) return false;
-            if (cp >= 0xDC00 && cp <= 0xDFFF) return fail("unpaired low surrogate in \\u escape");
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-              if (text_.substr(pos_, 2) != "\\u") return fail("unpaired high surrogate in \\u escape");
-              pos_ += 2;
-              uint32_t low = 0;
-              if (!parseHex4(low)) return false;
-              if (low < 0xDC00 || low > 0xDFFF) return fail("high surrogate not followed by a low one");
-              cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-            }
-            appendUtf8(out, cp);
-            break;
-          }
-          default: --pos_; return fail("invalid escape");
-        }
+        if (!parseEscape(out)) return false;
         continue;
       }
       size_t len =
@@ -378,62 +349,122 @@ class Parser {
     }
   }
 
+  // One escape sequence in a string, from its backslash.
+  bool parseEscape(std::string& out) {
+    ++pos_;
+    if (atEnd()) return fail("unterminated escape");
+    char e = peek();
+    ++pos_;
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': return parseUnicodeEscape(out);
+      default: --pos_; return fail("invalid escape");
+    }
+    return true;
+  }
+
+  // A \u escape after its "\u": one code point, or a surrogate pair written as two escapes.
+  bool parseUnicodeEscape(std::string& out) {
+    uint32_t cp = 0;
+    if (!parseHex4(cp)) return false;
+    if (cp >= 0xDC00 && cp <= 0xDFFF) return fail("unpaired low surrogate in \\u escape");
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      if (text_.substr(pos_, 2) != "\\u") return fail("unpaired high surrogate in \\u escape");
+      pos_ += 2;
+      uint32_t low = 0;
+      if (!parseHex4(low)) return false;
+      if (low < 0xDC00 || low > 0xDFFF) return fail("high surrogate not followed by a low one");
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+    }
+    appendUtf8(out, cp);
+    return true;
+  }
+
+  // What scanning a number learned, for its conversion.
+  struct NumberScan {
+    bool integral = true;      // no fraction and no exponent
+    bool significant = false;  // a nonzero digit was seen
+    // Decimal exponent of the leading significant digit, to tell overflow from underflow.
+    int64_t magnitude = 0;
+    int64_t exponent = 0;  // the written exponent, saturated
+  };
+
+  bool isDigitAt(size_t at) const { return at < text_.size() && text_[at] >= '0' && text_[at] <= '9'; }
+
   bool parseNumber(Value& out) {
     size_t start = pos_;
-    auto isDigit = [&](size_t at) { return at < text_.size() && text_[at] >= '0' && text_[at] <= '9'; };
     if (peek() == '-') ++pos_;
-    if (!isDigit(pos_)) return fail("expected a digit");
-    // Decimal exponent of the leading significant digit, to tell overflow from underflow below.
-    int64_t magnitude = 0;
-    bool significant = false;
+    NumberScan scan;
+    if (!scanIntegerPart(scan) || !scanFraction(scan) || !scanExponent(scan)) return false;
+    return convertNumber(start, scan, out);
+  }
+
+  bool scanIntegerPart(NumberScan& scan) {
+    if (!isDigitAt(pos_)) return fail("expected a digit");
     if (text_[pos_] == '0') {
       ++pos_;
-      if (isDigit(pos_)) return fail("leading zero in a number");
-      magnitude = -1;  // "0.00d": each further zero moves d one place down
+      if (isDigitAt(pos_)) return fail("leading zero in a number");
+      scan.magnitude = -1;  // "0.00d": each further zero moves d one place down
     } else {
-      significant = true;
-      magnitude = -1;
-      while (isDigit(pos_)) {
+      scan.significant = true;
+      scan.magnitude = -1;
+      while (isDigitAt(pos_)) {
         ++pos_;
-        if (magnitude < 1000000) ++magnitude;
+        if (scan.magnitude < 1000000) ++scan.magnitude;
       }
     }
-    bool integral = true;
-    if (pos_ < text_.size() && text_[pos_] == '.') {
-      integral = false;
-      ++pos_;
-      if (!isDigit(pos_)) return fail("expected a digit after '.'");
-      while (isDigit(pos_)) {
-        if (!significant) {
-          if (text_[pos_] != '0') {
-            significant = true;
-          } else if (magnitude > -1000000) {
-            --magnitude;
-          }
+    return true;
+  }
+
+  bool scanFraction(NumberScan& scan) {
+    if (pos_ >= text_.size() || text_[pos_] != '.') return true;
+    scan.integral = false;
+    ++pos_;
+    if (!isDigitAt(pos_)) return fail("expected a digit after '.'");
+    while (isDigitAt(pos_)) {
+      if (!scan.significant) {
+        if (text_[pos_] != '0') {
+          scan.significant = true;
+        } else if (scan.magnitude > -1000000) {
+          --scan.magnitude;
         }
-        ++pos_;
       }
-    }
-    int64_t exponent = 0;
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      integral = false;
       ++pos_;
-      bool negative = false;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) {
-        negative = text_[pos_] == '-';
-        ++pos_;
-      }
-      if (!isDigit(pos_)) return fail("expected a digit in the exponent");
-      while (isDigit(pos_)) {
-        // Saturate: the exact value of an absurd exponent does not matter, only its sign.
-        if (exponent < 1000000) exponent = exponent * 10 + (text_[pos_] - '0');
-        ++pos_;
-      }
-      if (negative) exponent = -exponent;
     }
+    return true;
+  }
+
+  bool scanExponent(NumberScan& scan) {
+    if (pos_ >= text_.size() || (text_[pos_] != 'e' && text_[pos_] != 'E')) return true;
+    scan.integral = false;
+    ++pos_;
+    bool negative = false;
+    if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) {
+      negative = text_[pos_] == '-';
+      ++pos_;
+    }
+    if (!isDigitAt(pos_)) return fail("expected a digit in the exponent");
+    while (isDigitAt(pos_)) {
+      // Saturate: the exact value of an absurd exponent does not matter, only its sign.
+      if (scan.exponent < 1000000) scan.exponent = scan.exponent * 10 + (text_[pos_] - '0');
+      ++pos_;
+    }
+    if (negative) scan.exponent = -scan.exponent;
+    return true;
+  }
+
+  // The scanned text [start, pos_) as an int64 when it is an integer that fits, else a double.
+  bool convertNumber(size_t start, const NumberScan& scan, Value& out) {
     const char* first = text_.data() + start;
     const char* last = text_.data() + pos_;
-    if (integral) {
+    if (scan.integral) {
       int64_t i = 0;
       auto [ptr, ec] = std::from_chars(first, last, i);
       if (ec == std::errc() && ptr == last) {
@@ -445,7 +476,7 @@ class Parser {
     double d = 0;
     auto [ptr, ec] = std::from_chars(first, last, d);
     if (ec == std::errc::result_out_of_range) {
-      if (significant && magnitude + exponent > 0) {
+      if (scan.significant && scan.magnitude + scan.exponent > 0) {
         pos_ = start;
         return fail("number out of range");
       }

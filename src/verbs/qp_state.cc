@@ -66,24 +66,9 @@ Rule ruleFor(QpType type, QpState from, QpState to) {
 
 Status refuse(const std::string& why) { return invalidArgument("modify QP: " + why); }
 
-}  // namespace
-
-Result<QpState> checkQpTransition(QpType type, QpState current, const QpAttr& attr, uint32_t mask) {
-  if (type != QpType::kRc && type != QpType::kUc && type != QpType::kUd) return refuse("unsupported QP type");
-  if ((mask & m::kCurState) && attr.curState != current) {
-    return refuse(std::string("cur_state ") + qpStateName(attr.curState) + " is not the QP's state " +
-                  qpStateName(current));
-  }
-  QpState next = (mask & m::kState) ? attr.state : current;
-  if (static_cast<uint8_t>(next) > static_cast<uint8_t>(QpState::kErr)) return refuse("unknown state");
-  if (next == QpState::kSqd || next == QpState::kSqe || current == QpState::kSqd ||
-      current == QpState::kSqe) {
-    return Status(StatusCode::kInvalidArgument, "modify QP: SQD/SQE states are not offered", EINVAL);
-  }
-  Rule rule = ruleFor(type, current, next);
-  if (!rule.valid) {
-    return refuse(std::string("illegal transition ") + qpStateName(current) + " -> " + qpStateName(next));
-  }
+// The mask against the transition's rule: every required attribute, nothing outside
+// required|optional.
+Status checkMask(QpState current, QpState next, const Rule& rule, uint32_t mask) {
   uint32_t attrs = mask & ~(m::kState);
   if ((attrs & rule.required) != rule.required) {
     return refuse(std::string("transition ") + qpStateName(current) + " -> " + qpStateName(next) +
@@ -103,6 +88,11 @@ Result<QpState> checkQpTransition(QpType type, QpState current, const QpAttr& at
     return refuse(std::string("attributes not allowed in ") + qpStateName(current) + " -> " +
                   qpStateName(next) + " (mask 0x" + buf + ")");
   }
+  return Status::ok();
+}
+
+// The values of the attributes in mask that have a range.
+Status checkAttrValues(const QpAttr& attr, uint32_t mask) {
   if ((mask & m::kPathMtu) && (static_cast<uint8_t>(attr.pathMtu) < 1 || static_cast<uint8_t>(attr.pathMtu) > 5)) {
     return refuse("path_mtu must be 1..5");
   }
@@ -117,6 +107,29 @@ Result<QpState> checkQpTransition(QpType type, QpState current, const QpAttr& at
     return refuse("unknown qp_access_flags bits");
   }
   if ((mask & m::kPort) && attr.portNum != 1) return refuse("port_num must be 1");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<QpState> checkQpTransition(QpType type, QpState current, const QpAttr& attr, uint32_t mask) {
+  if (type != QpType::kRc && type != QpType::kUc && type != QpType::kUd) return refuse("unsupported QP type");
+  if ((mask & m::kCurState) && attr.curState != current) {
+    return refuse(std::string("cur_state ") + qpStateName(attr.curState) + " is not the QP's state " +
+                  qpStateName(current));
+  }
+  QpState next = (mask & m::kState) ? attr.state : current;
+  if (static_cast<uint8_t>(next) > static_cast<uint8_t>(QpState::kErr)) return refuse("unknown state");
+  if (next == QpState::kSqd || next == QpState::kSqe || current == QpState::kSqd ||
+      current == QpState::kSqe) {
+    return Status(StatusCode::kInvalidArgument, "modify QP: SQD/SQE states are not offered", EINVAL);
+  }
+  Rule rule = ruleFor(type, current, next);
+  if (!rule.valid) {
+    return refuse(std::string("illegal transition ") + qpStateName(current) + " -> " + qpStateName(next));
+  }
+  FERRY_RETURN_IF_ERROR(checkMask(current, next, rule, mask));
+  FERRY_RETURN_IF_ERROR(checkAttrValues(attr, mask));
   return next;
 }
 

@@ -32,6 +32,7 @@ from ferry.connect import (Connector, Descriptor, Device, DeviceKind, OperationK
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from connect_peer import pattern  # noqa: E402
+from stopped import stop_process  # noqa: E402
 from test_connect import Peer, run, waited  # noqa: E402
 
 S = OperationStatus
@@ -126,7 +127,7 @@ def test_begin_read_and_begin_write_of_a_peers_awaited_operations_with_tuple_des
             # it. The owner moves the bytes, so while its process is stopped the read cannot end
             # before the cancel (1 MiB on the same host would otherwise land within the call).
             r = await peer.call("create", op="r2", what="readable", sizes=[SIZE], seeds=[207], awaited=True)
-            os.kill(peer.proc.pid, signal.SIGSTOP)
+            stop_process(peer.proc.pid)
             try:
                 op = await connector.begin_read(r["metadata"], Descriptor((np.zeros(SIZE, np.uint8), "cpu")))
                 assert op.status == S.IN_PROGRESS

@@ -694,11 +694,12 @@ def test_repost_active_and_release_of_a_running_request(nixl, peer):
     """A request that cannot finish yet (its peer is stopped): posting it again is refused, and
     releasing it returns only once it settled (its bytes landed), without its notification."""
     import signal
+    from stopped import stop_process
     a = nixl.nixl_agent("releaser")
     buf = pattern(21, SIZE)
     a.register_memory(buf)
     a.add_remote_agent(peer.md)
-    os.kill(peer.proc.pid, signal.SIGSTOP)
+    stop_process(peer.proc.pid)
     timer = threading.Timer(0.5, os.kill, (peer.proc.pid, signal.SIGCONT))
     try:
         h = a.initialize_xfer("WRITE", a.get_xfer_descs(buf), a.get_xfer_descs([(peer.addr, SIZE, 0)], "DRAM"),
@@ -729,6 +730,7 @@ def test_release_stops_a_request_that_moves_in_batches(nixl, peer, monkeypatch):
     nothing more, waits for the batches in flight, and after that no byte of it lands."""
     import signal
     from ferry.nixl import _engine
+    from stopped import stop_process
     batch = 64 << 10
     monkeypatch.setattr(_engine, "BATCH_BYTES", batch)
     monkeypatch.setattr(_engine, "WINDOW", 2)
@@ -739,7 +741,7 @@ def test_release_stops_a_request_that_moves_in_batches(nixl, peer, monkeypatch):
     peer.ask(cmd="fill", seed=0)
     # Released while its first two batches cannot end: the target's process is stopped before the
     # first connection to it, so they wait for its wireup.
-    os.kill(peer.proc.pid, signal.SIGSTOP)
+    stop_process(peer.proc.pid)
     timer = threading.Timer(0.3, os.kill, (peer.proc.pid, signal.SIGCONT))
     try:
         h = a.initialize_xfer("WRITE", a.get_xfer_descs(buf), a.get_xfer_descs([(peer.addr, SIZE, 0)], "DRAM"),
