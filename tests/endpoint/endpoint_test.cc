@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -607,6 +608,39 @@ TEST(EndpointTest, SendRecvSizesAndChecks) {
   EXPECT_EQ(p.b->stats().unexpectedBytes, 0u);
 }
 
+// 200 writes of 8 bytes, each after a 200 us pause and finished by `finish` (a wait, a poll
+// loop); the fewest worker wake-ups of up to five rounds (a round the scheduler held past the
+// lease proves nothing) and every byte checked.
+void expectPolledWritesSpareTheWorker(uint8_t seed,
+                                      const std::function<void(const ReadWriteFuture&)>& finish) {
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> local(4096), remote(4096, 0);
+  fill(local, seed);
+  auto [lh, unused] = share(*p.a, *p.b, "local", local);
+  auto [unused2, rh] = share(*p.b, *p.a, "remote", remote);
+  (void)unused;
+  (void)unused2;
+  constexpr uint64_t kOps = 200;
+  uint64_t fewest = kOps;
+  for (int round = 0; round < 5 && fewest >= kOps / 4; ++round) {
+    const uint64_t before = p.a->stats().workerWakeups;
+    for (uint64_t i = 0; i < kOps; ++i) {
+      std::this_thread::sleep_for(200us);
+      const uint64_t off = i * 8;
+      Assignment w{.local = lh, .remote = rh, .localOffset = off, .remoteOffset = off, .length = 8};
+      auto f = p.a->write({&w, 1});
+      ASSERT_TRUE(f.isOk()) << f.status().toString();
+      ASSERT_NO_FATAL_FAILURE(finish(*f));
+    }
+    fewest = std::min(fewest, p.a->stats().workerWakeups - before);
+  }
+  EXPECT_LT(fewest, kOps / 4) << "the worker was woken " << fewest << " times for " << kOps
+                              << " polled writes";
+  EXPECT_EQ(mismatch(remote, 0, kOps * 8, seed, 0), -1);
+  EXPECT_EQ(remote[kOps * 8], 0);
+}
+
 // A waiter that polls takes its completions itself. While waiters keep polling (and for
 // FERRY_WAIT_LEASE_US after one got its operation), the worker leaves the CQ unarmed, so it is not
 // woken for each completion. Each write follows a pause well within the lease and long enough for
@@ -614,66 +648,20 @@ TEST(EndpointTest, SendRecvSizesAndChecks) {
 // scheduler held the loop past the lease proves nothing, so the fewest wake-ups of up to five
 // rounds is judged. (Fails with FERRY_WAIT_LEASE_US=0.)
 TEST(EndpointTest, WaitersThatPollSpareTheWorkerAWakeUpPerOperation) {
-  Pair p = connectedPair();
-  ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> local(4096), remote(4096, 0);
-  fill(local, 7);
-  auto [lh, unused] = share(*p.a, *p.b, "local", local);
-  auto [unused2, rh] = share(*p.b, *p.a, "remote", remote);
-  (void)unused;
-  (void)unused2;
-  constexpr uint64_t kOps = 200;
-  uint64_t fewest = kOps;
-  for (int round = 0; round < 5 && fewest >= kOps / 4; ++round) {
-    const uint64_t before = p.a->stats().workerWakeups;
-    for (uint64_t i = 0; i < kOps; ++i) {
-      std::this_thread::sleep_for(200us);
-      const uint64_t off = i * 8;
-      Assignment w{.local = lh, .remote = rh, .localOffset = off, .remoteOffset = off, .length = 8};
-      auto f = p.a->write({&w, 1});
-      ASSERT_TRUE(f.isOk()) << f.status().toString();
-      ASSERT_TRUE(f->wait(kWait).isOk()) << f->status().toString();
-    }
-    fewest = std::min(fewest, p.a->stats().workerWakeups - before);
-  }
-  EXPECT_LT(fewest, kOps / 4) << "the worker was woken " << fewest << " times for " << kOps
-                              << " polled writes";
-  EXPECT_EQ(mismatch(remote, 0, kOps * 8, 7, 0), -1);
-  EXPECT_EQ(remote[kOps * 8], 0);
+  expectPolledWritesSpareTheWorker(
+      7, [](const ReadWriteFuture& f) { ASSERT_TRUE(f.wait(kWait).isOk()) << f.status().toString(); });
 }
 
 // A poll loop (Future::poll) completes operations on its own thread: the worker is not woken for
 // each of them, and every byte lands. An empty future polls as not done.
 TEST(EndpointTest, APollLoopCompletesOperationsWithoutTheWorker) {
   EXPECT_FALSE(Future().poll());
-  Pair p = connectedPair();
-  ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> local(4096), remote(4096, 0);
-  fill(local, 9);
-  auto [lh, unused] = share(*p.a, *p.b, "local", local);
-  auto [unused2, rh] = share(*p.b, *p.a, "remote", remote);
-  (void)unused;
-  (void)unused2;
-  constexpr uint64_t kOps = 200;
-  uint64_t fewest = kOps;
-  for (int round = 0; round < 5 && fewest >= kOps / 4; ++round) {
-    const uint64_t before = p.a->stats().workerWakeups;
-    for (uint64_t i = 0; i < kOps; ++i) {
-      std::this_thread::sleep_for(200us);
-      const uint64_t off = i * 8;
-      Assignment w{.local = lh, .remote = rh, .localOffset = off, .remoteOffset = off, .length = 8};
-      auto f = p.a->write({&w, 1});
-      ASSERT_TRUE(f.isOk()) << f.status().toString();
-      const auto deadline = std::chrono::steady_clock::now() + kWait;
-      while (!f->poll()) ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the poll loop never ended";
-      ASSERT_TRUE(f->status().isOk()) << f->status().toString();
-      EXPECT_TRUE(f->poll()) << "a done operation polls as done";
-    }
-    fewest = std::min(fewest, p.a->stats().workerWakeups - before);
-  }
-  EXPECT_LT(fewest, kOps / 4) << "the worker was woken " << fewest << " times for " << kOps
-                              << " polled writes";
-  EXPECT_EQ(mismatch(remote, 0, kOps * 8, 9, 0), -1);
+  expectPolledWritesSpareTheWorker(9, [](const ReadWriteFuture& f) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (!f.poll()) ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the poll loop never ended";
+    ASSERT_TRUE(f.status().isOk()) << f.status().toString();
+    EXPECT_TRUE(f.poll()) << "a done operation polls as done";
+  });
 }
 
 // What needs the worker while pollers hold the CQ unarmed still completes: a waiter that sleeps
