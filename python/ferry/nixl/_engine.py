@@ -271,7 +271,7 @@ class _Pipeline:
 
     def __init__(self, post, batches, loop, window, on_done):
         self._post = post
-        self._todo = collections.deque(batches)
+        self._waiting = collections.deque(batches)
         self._loop = loop
         self._window = window
         self._on_done = on_done
@@ -284,15 +284,15 @@ class _Pipeline:
     def start(self):
         """Posts the first window from the caller's thread: a refusal of the first batch raises, as
         the post of a one-batch request does; a later one ends the request with that error."""
-        self._inflight.append(self._post(self._todo.popleft()))
+        self._inflight.append(self._post(self._waiting.popleft()))
         with self._lock:
             self._fill()
         asyncio.run_coroutine_threadsafe(self._pump(), self._loop)
 
     def _fill(self):
-        while not self._stopped and self._todo and len(self._inflight) < self._window:
+        while not self._stopped and self._waiting and len(self._inflight) < self._window:
             try:
-                self._inflight.append(self._post(self._todo.popleft()))
+                self._inflight.append(self._post(self._waiting.popleft()))
             except _ferry_errors.Error as e:
                 self._fail(e)
 
