@@ -33,6 +33,8 @@ TEST_JOBS ?= 2
 # 0 builds the fuzzers but runs none.
 FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 15
+# Fuzz targets run at once (each is one process on one core).
+FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Sanitizer runtime options for the build-asan/ test run.
 TEST_ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 TEST_UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
@@ -50,13 +52,20 @@ DEMO_ARGS ?=
 RXEVM_TOOLS ?= $(ROOT)/scripts/rxe-vm
 RXEVM_DIR ?= /var/tmp/ferry-rxe-vm
 RDMA_TIMEOUT ?= 1500
+# Parallel ctest jobs inside the VM (it has RXEVM_SMP=2 CPUs).
+RDMA_TEST_JOBS ?= 2
 CLANG_FORMAT ?= clang-format-14
 CLANG_TIDY ?= clang-tidy-14
 TIDY_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 SOURCE_DIRS := $(wildcard $(addprefix $(ROOT)/,include src tools tests bench python))
 BUILD_JOBS_FLAG := $(if $(BUILD_JOBS),-j $(BUILD_JOBS))
-DEBUG_O1 := '-DCMAKE_C_FLAGS_DEBUG=-O1 -g' '-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g'
+# The sanitizer and fuzzing trees exist to run tests: they keep line tables only (-g1: a report's
+# stack names functions, files and lines) and compile as unity builds (FERRY_UNITY_BUILD), which
+# halves their compile time; build/ keeps full debug information and compiles file by file.
+CHECK_TREE_FLAGS ?= -DFERRY_UNITY_BUILD=ON
+DEBUG_O1 := '-DCMAKE_C_FLAGS_DEBUG=-O1 -g1' '-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1'
+RELWITHDEBINFO_G1 := '-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 
 # Shell prelude for recipes: `run CMD...` prints the command, then runs it.
 RUN := run() { printf '+ %s\n' "$$*"; "$$@"; }
@@ -96,60 +105,34 @@ check: build ## Build build/ and run its tests (the quick loop; no sanitizers, f
 	@$(RUN)
 	run $(CTEST) --test-dir $(BUILD_DIR) -LE 'rdma|packaging' -j$(TEST_JOBS) --output-on-failure
 
-build-asan: deps ## Build build-asan/ (AddressSanitizer + UBSan, Debug at -O1)
+build-asan: deps ## Build build-asan/ (AddressSanitizer + UBSan, Debug at -O1, unity)
 	@$(RUN)
 	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(ASAN_DIR) -G Ninja \
-	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_SANITIZE=address,undefined
+	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_SANITIZE=address,undefined $(CHECK_TREE_FLAGS)
 	run $(CMAKE) --build $(ASAN_DIR) $(BUILD_JOBS_FLAG)
 
-build-tsan: deps ## Build build-tsan/ (ThreadSanitizer, RelWithDebInfo; no Python module)
+build-tsan: deps ## Build build-tsan/ (ThreadSanitizer, RelWithDebInfo, unity; no Python module)
 	@$(RUN)
 	run env CC=$(BUILD_CC) CXX=$(BUILD_CXX) $(CMAKE) -S $(ROOT) -B $(TSAN_DIR) -G Ninja \
-	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=thread
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo $(RELWITHDEBINFO_G1) -DFERRY_SANITIZE=thread $(CHECK_TREE_FLAGS)
 	run $(CMAKE) --build $(TSAN_DIR) $(BUILD_JOBS_FLAG)
 
 build-fuzz: deps ## Build the libFuzzer targets in build-fuzz/ (clang-14)
 	@$(RUN)
 	run env CC=$(FUZZ_CC) CXX=$(FUZZ_CXX) $(CMAKE) -S $(ROOT) -B $(FUZZ_DIR) -G Ninja \
-	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_BUILD_FUZZERS=ON -DFERRY_BUILD_TESTS=OFF
+	  -DCMAKE_BUILD_TYPE=Debug $(DEBUG_O1) -DFERRY_BUILD_FUZZERS=ON -DFERRY_BUILD_TESTS=OFF $(CHECK_TREE_FLAGS)
 	run $(CMAKE) --build $(FUZZ_DIR) $(BUILD_JOBS_FLAG)
 
-# Each tests/fuzz/<name>_fuzz.cc runs for FUZZ_SECONDS on the corpus build-fuzz/corpus/<name>_fuzz,
-# seeded from tests/fuzz/corpus/<name>_fuzz (or tests/fuzz/corpus/<name>) when that exists. Crashes
+# Each tests/fuzz/<name>_fuzz.cc runs for FUZZ_SECONDS, FUZZ_JOBS targets at a time, on the corpus
+# build-fuzz/corpus/<name>_fuzz seeded from tests/fuzz/corpus/ (scripts/run-fuzzers.sh). Crashes
 # land in build-fuzz/artifacts/<name>_fuzz/, the full output in build-fuzz/logs/<name>_fuzz.log.
-fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds
-	@shopt -s nullglob
-	sources=($(ROOT)/tests/fuzz/*_fuzz.cc)
-	if (( $${#sources[@]} == 0 )); then echo "fuzz: no targets in tests/fuzz"; exit 0; fi
-	if (( $(FUZZ_SECONDS) <= 0 )); then echo "fuzz: FUZZ_SECONDS=$(FUZZ_SECONDS), not running"; exit 0; fi
-	for src in "$${sources[@]}"; do
-	  name=$$(basename "$$src" .cc)
-	  bin=$(FUZZ_DIR)/tests/$$name
-	  if [[ ! -x $$bin ]]; then echo "fuzz: $$bin was not built" >&2; exit 1; fi
-	  corpus=$(FUZZ_DIR)/corpus/$$name
-	  artifacts=$(FUZZ_DIR)/artifacts/$$name
-	  log=$(FUZZ_DIR)/logs/$$name.log
-	  mkdir -p "$$corpus" "$$artifacts" "$$(dirname "$$log")"
-	  dirs=("$$corpus")
-	  for seeds in $(ROOT)/tests/fuzz/corpus/{$$name,$${name%_fuzz}}; do
-	    if [[ -d $$seeds ]]; then dirs+=("$$seeds"); break; fi
-	  done
-	  echo "fuzz: $$name for $(FUZZ_SECONDS)s (corpus $$corpus)"
-	  if ! "$$bin" -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	      -artifact_prefix="$$artifacts/" "$${dirs[@]}" >"$$log" 2>&1; then
-	    tail -n 80 "$$log"
-	    echo "fuzz: $$name FAILED (log $$log, inputs in $$artifacts/)" >&2
-	    exit 1
-	  fi
-	  runs=$$(grep -oE 'Done [0-9]+ runs in [0-9]+ second\(s\)' "$$log" | tail -1)
-	  cov=$$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$$log" | tail -1)
-	  echo "  $${runs:-no run count}; coverage at the end: $${cov:-not reported} (edges, features)"
-	done
+fuzz: build-fuzz ## Run every fuzz target for FUZZ_SECONDS seconds (FUZZ_JOBS at a time)
+	@bash $(ROOT)/scripts/run-fuzzers.sh $(FUZZ_DIR) $(ROOT) $(FUZZ_SECONDS) $(FUZZ_JOBS)
 
 # Sub-makes, one after the other (also under make -j). Each pass is timed; the end of the run
 # lists every pass's wall time and closes with one summary line (passed, or the pass that failed).
 # Fuzzing runs TEST_FUZZ_SECONDS per target here (`make fuzz` runs FUZZ_SECONDS).
-test: deps ## The whole suite: builds, fuzzing, tests, RDMA tests in the rxe VM, sanitizer tests
+test: deps ## The whole suite: format check, builds, fuzzing, tests, RDMA tests in the rxe VM, sanitizer tests
 	@$(RUN)
 	timings=(); failed=""
 	summary() {
@@ -165,6 +148,7 @@ test: deps ## The whole suite: builds, fuzzing, tests, RDMA tests in the rxe VM,
 	  timings+=("$$(printf '%-10s %5d s%s' "$$name" $$((SECONDS - t0)) "$$( ((rc)) && echo '  FAILED')")")
 	  if ((rc)); then failed=$$name; exit $$rc; fi
 	}
+	pass format $(MAKE) format-check
 	pass build $(MAKE) build
 	pass asan-build $(MAKE) build-asan
 	pass tsan-build $(MAKE) build-tsan
@@ -222,7 +206,8 @@ test-rdma-run:
 	rc=0
 	cd $(BUILD_DIR)
 	run env RXEVM_DIR=$(RXEVM_DIR) RXEVM_SHARE=$(ROOT) RXEVM_TIMEOUT=$(RDMA_TIMEOUT) \
-	  $(RXEVM_TOOLS)/run-in-vm.sh $(CTEST) --test-dir $(BUILD_DIR) -L rdma --output-on-failure || rc=$$?
+	  $(RXEVM_TOOLS)/run-in-vm.sh $(CTEST) --test-dir $(BUILD_DIR) -L rdma -j$(RDMA_TEST_JOBS) --output-on-failure \
+	  || rc=$$?
 	case $$rc in
 	  0) ;;
 	  124) echo "test-rdma: FAILED: the VM run exceeded $(RDMA_TIMEOUT) s (RDMA_TIMEOUT)" >&2; exit 1 ;;

@@ -52,8 +52,8 @@
 
 #include "agent/store/ferry_store_server.h"
 #include "common/json.h"
-#include "ferry/common/config.h"
 #include "ferry/agent/agent.h"
+#include "ferry/common/config.h"
 
 namespace {
 
@@ -97,7 +97,9 @@ struct Options {
 
 double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 double microsSince(Clock::time_point t0) { return secondsSince(t0) * 1e6; }
-milliseconds timeoutOf(const Options& o) { return milliseconds(static_cast<int64_t>(o.timeoutSeconds * 1000)); }
+milliseconds timeoutOf(const Options& o) {
+  return milliseconds(static_cast<int64_t>(o.timeoutSeconds * 1000));
+}
 
 // ---------------------------------------------------------------- options
 
@@ -120,11 +122,12 @@ bool parseSeconds(const char* text, double* out) {
 }
 
 void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: %s --mode first-write|overhead|scale [--iters N] [--rounds N] [--batch N]\n"
-               "       [--size N] [--endpoints N] [--procs N] [--idle-seconds S] [--timeout S] [--heartbeat S]\n"
-               "       [--json FILE]\n",
-               kProgram);
+  std::fprintf(
+      out,
+      "usage: %s --mode first-write|overhead|scale [--iters N] [--rounds N] [--batch N]\n"
+      "       [--size N] [--endpoints N] [--procs N] [--idle-seconds S] [--timeout S] [--heartbeat S]\n"
+      "       [--json FILE]\n",
+      kProgram);
 }
 
 [[noreturn]] void badOption(const std::string& why) {
@@ -133,16 +136,35 @@ void usage(FILE* out) {
 }
 
 bool parseMode(const std::string& text, Mode* mode) {
-  if (text == "first-write") *mode = Mode::kFirstWrite;
-  else if (text == "overhead") *mode = Mode::kOverhead;
-  else if (text == "scale") *mode = Mode::kScale;
-  else return false;
+  if (text == "first-write")
+    *mode = Mode::kFirstWrite;
+  else if (text == "overhead")
+    *mode = Mode::kOverhead;
+  else if (text == "scale")
+    *mode = Mode::kScale;
+  else
+    return false;
   return true;
 }
 
 enum OptionId : int {
-  kOptMode = 256, kOptIters, kOptRounds, kOptBatch, kOptSize, kOptEndpoints, kOptProcs, kOptIdle,
-  kOptTimeout, kOptHeartbeat, kOptJson, kOptHelp, kOptServe, kOptConnector, kOptStore, kOptPrefix, kOptCount,
+  kOptMode = 256,
+  kOptIters,
+  kOptRounds,
+  kOptBatch,
+  kOptSize,
+  kOptEndpoints,
+  kOptProcs,
+  kOptIdle,
+  kOptTimeout,
+  kOptHeartbeat,
+  kOptJson,
+  kOptHelp,
+  kOptServe,
+  kOptConnector,
+  kOptStore,
+  kOptPrefix,
+  kOptCount,
 };
 
 // Applies one parsed option; false when its value is bad.
@@ -169,17 +191,24 @@ bool applyOption(Options& o, int id, const char* arg) {
 }
 
 Options parseOptions(int argc, char** argv) {
-  static const option kLong[] = {
-      {"mode", required_argument, nullptr, kOptMode},       {"iters", required_argument, nullptr, kOptIters},
-      {"rounds", required_argument, nullptr, kOptRounds},   {"batch", required_argument, nullptr, kOptBatch},
-      {"size", required_argument, nullptr, kOptSize},       {"endpoints", required_argument, nullptr, kOptEndpoints},
-      {"procs", required_argument, nullptr, kOptProcs},     {"idle-seconds", required_argument, nullptr, kOptIdle},
-      {"timeout", required_argument, nullptr, kOptTimeout}, {"json", required_argument, nullptr, kOptJson},
-      {"heartbeat", required_argument, nullptr, kOptHeartbeat},
-      {"help", no_argument, nullptr, kOptHelp},             {"serve", no_argument, nullptr, kOptServe},
-      {"connector", no_argument, nullptr, kOptConnector},   {"store", required_argument, nullptr, kOptStore},
-      {"prefix", required_argument, nullptr, kOptPrefix},  {"count", required_argument, nullptr, kOptCount},
-      {nullptr, 0, nullptr, 0}};
+  static const option kLong[] = {{"mode", required_argument, nullptr, kOptMode},
+                                 {"iters", required_argument, nullptr, kOptIters},
+                                 {"rounds", required_argument, nullptr, kOptRounds},
+                                 {"batch", required_argument, nullptr, kOptBatch},
+                                 {"size", required_argument, nullptr, kOptSize},
+                                 {"endpoints", required_argument, nullptr, kOptEndpoints},
+                                 {"procs", required_argument, nullptr, kOptProcs},
+                                 {"idle-seconds", required_argument, nullptr, kOptIdle},
+                                 {"timeout", required_argument, nullptr, kOptTimeout},
+                                 {"json", required_argument, nullptr, kOptJson},
+                                 {"heartbeat", required_argument, nullptr, kOptHeartbeat},
+                                 {"help", no_argument, nullptr, kOptHelp},
+                                 {"serve", no_argument, nullptr, kOptServe},
+                                 {"connector", no_argument, nullptr, kOptConnector},
+                                 {"store", required_argument, nullptr, kOptStore},
+                                 {"prefix", required_argument, nullptr, kOptPrefix},
+                                 {"count", required_argument, nullptr, kOptCount},
+                                 {nullptr, 0, nullptr, 0}};
   Options o;
   opterr = 0;
   int id;
@@ -190,10 +219,12 @@ Options parseOptions(int argc, char** argv) {
     }
     if (id == '?') badOption(std::string("unknown option '") + argv[optind - 1] + "'");
     if (id == ':') badOption(std::string("option '") + argv[optind - 1] + "' needs a value");
-    if (!applyOption(o, id, optarg)) badOption(std::string("bad value '") + optarg + "' for " + argv[optind - 2]);
+    if (!applyOption(o, id, optarg))
+      badOption(std::string("bad value '") + optarg + "' for " + argv[optind - 2]);
   }
   if (optind < argc) badOption(std::string("unexpected argument '") + argv[optind] + "'");
-  if (o.role != Role::kMain && (o.store.empty() || o.prefix.empty())) badOption("a child role needs --store and --prefix");
+  if (o.role != Role::kMain && (o.store.empty() || o.prefix.empty()))
+    badOption("a child role needs --store and --prefix");
   if (o.mode == Mode::kScale && o.procs > o.endpoints) badOption("--procs is larger than --endpoints");
   if (o.iters == 0) o.iters = o.mode == Mode::kOverhead ? 20000 : 20;
   if (o.size * o.batch > (uint64_t{1} << 30)) badOption("--size x --batch is over 1 GiB");
@@ -210,7 +241,9 @@ Summary summarize(std::vector<double> v) {
   Summary s;
   if (v.empty()) return s;
   std::sort(v.begin(), v.end());
-  auto rank = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size() + 0.999999) - 1)]; };
+  auto rank = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size() + 0.999999) - 1)];
+  };
   s.min = v.front();
   s.max = v.back();
   s.median = rank(0.5);
@@ -303,7 +336,8 @@ Result<Child*> ChildSet::spawn(std::string name, const std::vector<std::string>&
   if (n <= 0) return Status(StatusCode::kIoError, "readlink /proc/self/exe: " + std::string(strerror(errno)));
   self[n] = '\0';
   int toChild[2], fromChild[2];
-  if (pipe2(toChild, O_CLOEXEC) != 0) return Status(StatusCode::kIoError, "pipe: " + std::string(strerror(errno)));
+  if (pipe2(toChild, O_CLOEXEC) != 0)
+    return Status(StatusCode::kIoError, "pipe: " + std::string(strerror(errno)));
   if (pipe2(fromChild, O_CLOEXEC) != 0) {
     ::close(toChild[0]);
     ::close(toChild[1]);
@@ -326,7 +360,8 @@ Result<Child*> ChildSet::spawn(std::string name, const std::vector<std::string>&
     ::close(fromChild[0]);
     return Status(StatusCode::kIoError, "fork: " + std::string(strerror(errno)));
   }
-  auto c = std::make_unique<Child>(Child{.name = std::move(name), .pid = pid, .in = toChild[1], .out = fromChild[0], .pending = {}});
+  auto c = std::make_unique<Child>(
+      Child{.name = std::move(name), .pid = pid, .in = toChild[1], .out = fromChild[0], .pending = {}});
   children_.push_back(std::move(c));
   return children_.back().get();
 }
@@ -378,7 +413,9 @@ Result<std::string> readLine(Child& c, Clock::time_point deadline) {
       return line;
     }
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return Status(StatusCode::kTimedOut, c.name + " (pid " + std::to_string(c.pid) + ") said nothing in time");
+    if (left <= 0)
+      return Status(StatusCode::kTimedOut,
+                    c.name + " (pid " + std::to_string(c.pid) + ") said nothing in time");
     pollfd p{.fd = c.out, .events = POLLIN, .revents = 0};
     int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
     if (r <= 0) continue;
@@ -437,7 +474,9 @@ Result<BenchAgent> startAgent(const Options& o, std::string alias, const std::st
 
 // The alias of agent i of serving process p.
 std::string servingAlias(uint64_t p, uint64_t i) { return "s" + std::to_string(p) + "-" + std::to_string(i); }
-uint64_t servingCount(const Options& o, uint64_t p) { return o.endpoints / o.procs + (p < o.endpoints % o.procs ? 1 : 0); }
+uint64_t servingCount(const Options& o, uint64_t p) {
+  return o.endpoints / o.procs + (p < o.endpoints % o.procs ? 1 : 0);
+}
 
 void say(const std::string& line) {
   std::fputs((line + "\n").c_str(), stdout);
@@ -460,7 +499,8 @@ int runServe(const Options& o) {
   for (uint64_t i = 0; i < o.count; ++i) {
     auto a = startAgent(o, o.prefix + "-" + std::to_string(i), o.store);
     if (!a.isOk()) {
-      say("error starting agent " + std::to_string(i) + " of " + std::to_string(o.count) + ": " + a.status().toString());
+      say("error starting agent " + std::to_string(i) + " of " + std::to_string(o.count) + ": " +
+          a.status().toString());
       return 1;
     }
     agents.push_back(std::move(*a));
@@ -474,12 +514,13 @@ int runServe(const Options& o) {
 struct ScaleOutcome {
   double connectSeconds = 0, readySeconds = 0, writesSeconds = 0;
   uint64_t readyOk = 0, writesOk = 0, failed = 0;  // failed: connect(), write() or waitReady()
-  uint64_t writesFailed = 0;                         // queued WRITEs whose future failed
+  uint64_t writesFailed = 0;                       // queued WRITEs whose future failed
   std::string firstError;
 };
 
 // Connects to every serving alias with a WRITE queued on each, then waits for all.
-ScaleOutcome connectAll(const Options& o, BenchAgent& self, std::vector<std::shared_ptr<PeerConnection>>& conns) {
+ScaleOutcome connectAll(const Options& o, BenchAgent& self,
+                        std::vector<std::shared_ptr<PeerConnection>>& conns) {
   ScaleOutcome out;
   auto noteError = [&](const Status& st) {
     ++out.failed;
@@ -496,18 +537,24 @@ ScaleOutcome connectAll(const Options& o, BenchAgent& self, std::vector<std::sha
         continue;
       }
       auto f = (*c)->write(std::span(&w, 1));
-      if (f.isOk()) writes.push_back(*f);
-      else noteError(f.status());
+      if (f.isOk())
+        writes.push_back(*f);
+      else
+        noteError(f.status());
       conns.push_back(*c);
     }
   }
   out.connectSeconds = secondsSince(t0);
   auto deadline = t0 + timeoutOf(o);
-  auto left = [&] { return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now())); };
+  auto left = [&] {
+    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
   for (auto& c : conns) {
     Status st = c->waitReady(left());
-    if (st.isOk()) ++out.readyOk;
-    else noteError(st);
+    if (st.isOk())
+      ++out.readyOk;
+    else
+      noteError(st);
   }
   out.readySeconds = secondsSince(t0);
   for (auto& f : writes) {
@@ -536,7 +583,9 @@ int runConnector(const Options& o) {
   std::vector<std::shared_ptr<PeerConnection>> conns;
   ScaleOutcome r = connectAll(o, *self, conns);
   char line[256];
-  std::snprintf(line, sizeof line, "done connect_s=%.6f ready_s=%.6f writes_s=%.6f ready_ok=%llu writes_ok=%llu failed=%llu writes_failed=%llu",
+  std::snprintf(line, sizeof line,
+                "done connect_s=%.6f ready_s=%.6f writes_s=%.6f ready_ok=%llu writes_ok=%llu failed=%llu "
+                "writes_failed=%llu",
                 r.connectSeconds, r.readySeconds, r.writesSeconds, static_cast<unsigned long long>(r.readyOk),
                 static_cast<unsigned long long>(r.writesOk), static_cast<unsigned long long>(r.failed),
                 static_cast<unsigned long long>(r.writesFailed));
@@ -568,10 +617,23 @@ std::vector<std::string> childArgs(const Options& o, const char* role, const std
                                    const std::string& prefix, uint64_t count) {
   char timeout[32];
   std::snprintf(timeout, sizeof timeout, "%g", o.timeoutSeconds);
-  std::vector<std::string> args{role, "--store", store, "--prefix", prefix, "--count", std::to_string(count),
-                                "--size", std::to_string(o.size), "--batch", std::to_string(o.batch),
-                                "--timeout", timeout, "--endpoints", std::to_string(o.endpoints),
-                                "--procs", std::to_string(o.procs)};
+  std::vector<std::string> args{role,
+                                "--store",
+                                store,
+                                "--prefix",
+                                prefix,
+                                "--count",
+                                std::to_string(count),
+                                "--size",
+                                std::to_string(o.size),
+                                "--batch",
+                                std::to_string(o.batch),
+                                "--timeout",
+                                timeout,
+                                "--endpoints",
+                                std::to_string(o.endpoints),
+                                "--procs",
+                                std::to_string(o.procs)};
   if (o.heartbeatSeconds > 0) {
     char heartbeat[32];
     std::snprintf(heartbeat, sizeof heartbeat, "%g", o.heartbeatSeconds);
@@ -582,9 +644,11 @@ std::vector<std::string> childArgs(const Options& o, const char* role, const std
 
 Result<Child*> spawnAndAwaitStart(Harness& h, const Options& o, std::string name, const char* role,
                                   const std::string& prefix, uint64_t count) {
-  FERRY_ASSIGN_OR_RETURN(Child * c, h.children.spawn(std::move(name), childArgs(o, role, h.storeUrl, prefix, count)));
+  FERRY_ASSIGN_OR_RETURN(Child * c,
+                         h.children.spawn(std::move(name), childArgs(o, role, h.storeUrl, prefix, count)));
   FERRY_ASSIGN_OR_RETURN(std::string line, readLine(*c, Clock::now() + timeoutOf(o)));
-  if (line.rfind("started", 0) != 0) return Status(StatusCode::kProtocolError, c->name + " said '" + line + "'");
+  if (line.rfind("started", 0) != 0)
+    return Status(StatusCode::kProtocolError, c->name + " said '" + line + "'");
   return c;
 }
 
@@ -625,7 +689,8 @@ Status firstWriteIteration(const Options& o, const Harness& h, uint64_t i, First
   NamedAssignment w{.local = "buf", .remote = "buf", .length = o.size};
   for (int split = 0; split < 2; ++split) {
     auto t0 = Clock::now();
-    FERRY_ASSIGN_OR_RETURN(BenchAgent a, startAgent(o, "fw-" + std::to_string(i) + "-" + std::to_string(split), h.storeUrl));
+    FERRY_ASSIGN_OR_RETURN(
+        BenchAgent a, startAgent(o, "fw-" + std::to_string(i) + "-" + std::to_string(split), h.storeUrl));
     s.start.push_back(microsSince(t0));
     auto t1 = Clock::now();
     FERRY_ASSIGN_OR_RETURN(auto conn, a.agent->connect("peer-0"));
@@ -636,8 +701,10 @@ Status firstWriteIteration(const Options& o, const Harness& h, uint64_t i, First
     auto t2 = Clock::now();
     FERRY_ASSIGN_OR_RETURN(auto f, conn->write(std::span(&w, 1)));
     FERRY_RETURN_IF_ERROR(f.wait(timeoutOf(o)));
-    if (split == 1) s.writeAfter.push_back(microsSince(t2));
-    else s.total.push_back(microsSince(t1));
+    if (split == 1)
+      s.writeAfter.push_back(microsSince(t2));
+    else
+      s.total.push_back(microsSince(t1));
     a.agent->shutdown();
   }
   return Status::ok();
@@ -653,7 +720,10 @@ int runFirstWrite(const Options& o) {
   FirstWriteSamples s;
   for (uint64_t i = 0; i < o.iters; ++i) {
     st = firstWriteIteration(o, h, i, s);
-    if (!st.isOk()) return std::fprintf(stderr, "%s: iteration %llu: %s\n", kProgram, (unsigned long long)i, st.toString().c_str()), 1;
+    if (!st.isOk())
+      return std::fprintf(stderr, "%s: iteration %llu: %s\n", kProgram, (unsigned long long)i,
+                          st.toString().c_str()),
+             1;
   }
   struct Row {
     const char* name;
@@ -665,7 +735,8 @@ int runFirstWrite(const Options& o) {
                       {"agent_start", &s.start}};
   std::printf("first-write: %llu iterations, %llu B WRITE, peer in another process, store %s\n",
               (unsigned long long)o.iters, (unsigned long long)o.size, h.storeUrl.c_str());
-  std::printf("%-24s %10s %10s %10s %10s %10s\n", "measure", "min[us]", "median[us]", "p99[us]", "avg[us]", "max[us]");
+  std::printf("%-24s %10s %10s %10s %10s %10s\n", "measure", "min[us]", "median[us]", "p99[us]", "avg[us]",
+              "max[us]");
   json::Value doc = documentHead("first-write", o);
   doc.set("iterations", static_cast<int64_t>(o.iters));
   json::Array results;
@@ -713,7 +784,8 @@ Result<Batches> makeBatches(const Options& o, const PeerConnection& conn, uint64
 }
 
 // `iters` WRITE-and-wait calls on one path; the mean microseconds per call.
-Result<double> timeWrites(const Options& o, PeerConnection& conn, const Batches& b, Path path, uint64_t iters) {
+Result<double> timeWrites(const Options& o, PeerConnection& conn, const Batches& b, Path path,
+                          uint64_t iters) {
   const auto& e = conn.endpoint();
   auto t0 = Clock::now();
   for (uint64_t i = 0; i < iters; ++i) {
@@ -735,7 +807,8 @@ struct OverheadRow {
 Status measureOverhead(const Options& o, PeerConnection& conn, OverheadRow& row) {
   FERRY_ASSIGN_OR_RETURN(Batches b, makeBatches(o, conn, row.batch));
   uint64_t iters = std::max<uint64_t>(1, o.iters / row.batch);
-  for (Path p : kPaths) FERRY_RETURN_IF_ERROR(timeWrites(o, conn, b, p, std::max<uint64_t>(1, iters / 10)).status());
+  for (Path p : kPaths)
+    FERRY_RETURN_IF_ERROR(timeWrites(o, conn, b, p, std::max<uint64_t>(1, iters / 10)).status());
   for (uint64_t r = 0; r < o.rounds; ++r) {
     for (size_t k = 0; k < 3; ++k) {
       Path p = kPaths[(k + r) % 3];
@@ -765,8 +838,8 @@ void printOverheadRow(const OverheadRow& row) {
   double endpointMedian = summarize(row.perRound.at(Path::kEndpoint)).median;
   for (Path p : kPaths) {
     Summary s = summarize(row.perRound.at(p));
-    std::printf("%6llu %-14s %10.3f %10.3f %10.3f %12.4f %8.3f\n", (unsigned long long)row.batch, pathName(p), s.min,
-                s.median, s.max, s.median / static_cast<double>(row.batch), s.median / endpointMedian);
+    std::printf("%6llu %-14s %10.3f %10.3f %10.3f %12.4f %8.3f\n", (unsigned long long)row.batch, pathName(p),
+                s.min, s.median, s.max, s.median / static_cast<double>(row.batch), s.median / endpointMedian);
   }
 }
 
@@ -789,8 +862,10 @@ int runOverhead(const Options& o) {
     if (st.isOk()) st = measureOverhead(o, *conn, row);
   }
   if (!st.isOk()) return std::fprintf(stderr, "%s: overhead: %s\n", kProgram, st.toString().c_str()), 1;
-  std::printf("overhead: %llu B WRITE-and-wait, %llu rounds of about %llu assignments per path, peer in another process\n",
-              (unsigned long long)o.size, (unsigned long long)o.rounds, (unsigned long long)o.iters);
+  std::printf(
+      "overhead: %llu B WRITE-and-wait, %llu rounds of about %llu assignments per path, peer in another "
+      "process\n",
+      (unsigned long long)o.size, (unsigned long long)o.rounds, (unsigned long long)o.iters);
   std::printf("%6s %-14s %10s %10s %10s %12s %8s\n", "batch", "path", "min[us]", "median[us]", "max[us]",
               "us/assign", "ratio");
   json::Value doc = documentHead("overhead", o);
@@ -823,8 +898,9 @@ Status startScale(const Options& o, Harness& h, std::vector<ScaleProcess>& procs
   procs.emplace_back(nullptr, "store", 0);
   for (uint64_t p = 0; p < o.procs; ++p) {
     uint64_t n = servingCount(o, p);
-    FERRY_ASSIGN_OR_RETURN(Child * c, h.children.spawn("serving process " + std::to_string(p),
-                                                       childArgs(o, "--serve", h.storeUrl, "s" + std::to_string(p), n)));
+    FERRY_ASSIGN_OR_RETURN(Child * c,
+                           h.children.spawn("serving process " + std::to_string(p),
+                                            childArgs(o, "--serve", h.storeUrl, "s" + std::to_string(p), n)));
     procs.emplace_back(c, "serving", n);
   }
   // Started in parallel: each announces itself when all its agents registered.
@@ -832,9 +908,11 @@ Status startScale(const Options& o, Harness& h, std::vector<ScaleProcess>& procs
   for (auto& p : procs) {
     if (!p.child) continue;
     FERRY_ASSIGN_OR_RETURN(std::string line, readLine(*p.child, deadline));
-    if (line.rfind("started", 0) != 0) return Status(StatusCode::kProtocolError, p.child->name + " said '" + line + "'");
+    if (line.rfind("started", 0) != 0)
+      return Status(StatusCode::kProtocolError, p.child->name + " said '" + line + "'");
   }
-  FERRY_ASSIGN_OR_RETURN(Child * c, spawnAndAwaitStart(h, o, "connecting process", "--connector", "connector", 1));
+  FERRY_ASSIGN_OR_RETURN(Child * c,
+                         spawnAndAwaitStart(h, o, "connecting process", "--connector", "connector", 1));
   procs.emplace_back(c, "connecting", 1);
   for (auto& p : procs) p.before = sampleProc(p.child ? p.child->pid : getpid());
   return Status::ok();
@@ -888,26 +966,33 @@ ScaleTotals scaleTotals(const Options& o, const std::vector<ScaleProcess>& procs
 void printScale(const Options& o, const ScaleOutcome& r, const std::vector<ScaleProcess>& procs) {
   std::printf("scale: %llu endpoints, %llu serving processes, one connecting agent; idle sampled over %g s\n",
               (unsigned long long)o.endpoints, (unsigned long long)o.procs, o.idleSeconds);
-  std::printf("connect() calls %.3f s; all ready %.3f s (%llu of %llu ready); queued WRITEs done %.3f s (%llu ok, %llu failed); other failures %llu\n",
-              r.connectSeconds, r.readySeconds, (unsigned long long)r.readyOk, (unsigned long long)o.endpoints,
-              r.writesSeconds, (unsigned long long)r.writesOk, (unsigned long long)r.writesFailed,
-              (unsigned long long)r.failed);
+  std::printf(
+      "connect() calls %.3f s; all ready %.3f s (%llu of %llu ready); queued WRITEs done %.3f s (%llu ok, "
+      "%llu failed); other failures %llu\n",
+      r.connectSeconds, r.readySeconds, (unsigned long long)r.readyOk, (unsigned long long)o.endpoints,
+      r.writesSeconds, (unsigned long long)r.writesOk, (unsigned long long)r.writesFailed,
+      (unsigned long long)r.failed);
   if (!r.firstError.empty()) std::printf("first error: %s\n", r.firstError.c_str());
   std::printf("%-11s %8s %7s %12s %12s %9s %9s %7s %7s %9s\n", "process", "pid", "agents", "rss_before_kB",
               "rss_after_kB", "thr_after", "fds_after", "idle_s", "idle_%", "kB/endp");
   for (const auto& p : procs) {
-    double perEndpoint = p.role == "store" ? 0 : static_cast<double>(p.after.rssKb - p.before.rssKb) /
-                                                     static_cast<double>(p.role == "connecting" ? o.endpoints : std::max<uint64_t>(p.agents, 1));
+    double perEndpoint =
+        p.role == "store"
+            ? 0
+            : static_cast<double>(p.after.rssKb - p.before.rssKb) /
+                  static_cast<double>(p.role == "connecting" ? o.endpoints : std::max<uint64_t>(p.agents, 1));
     std::printf("%-11s %8d %7llu %12lld %12lld %9lld %9lld %7.2f %7.2f %9.1f\n", p.role.c_str(),
                 p.child ? p.child->pid : getpid(), (unsigned long long)p.agents, (long long)p.before.rssKb,
                 (long long)p.after.rssKb, (long long)p.after.threads, (long long)p.after.fds,
                 p.idleEnd.cpuSeconds - p.idleStart.cpuSeconds, idlePercent(o, p), perEndpoint);
   }
   ScaleTotals t = scaleTotals(o, procs);
-  std::printf("memory per endpoint: connecting side %.1f kB, serving side %.1f kB\n", t.connectorKbPerEndpoint,
-              t.servingKbPerEndpoint);
-  std::printf("idle CPU (%% of one core): connecting agent with %llu endpoints %.2f; all serving processes %.2f; store %.2f\n",
-              (unsigned long long)o.endpoints, t.connectorIdle, t.servingIdle, t.storeIdle);
+  std::printf("memory per endpoint: connecting side %.1f kB, serving side %.1f kB\n",
+              t.connectorKbPerEndpoint, t.servingKbPerEndpoint);
+  std::printf(
+      "idle CPU (%% of one core): connecting agent with %llu endpoints %.2f; all serving processes %.2f; "
+      "store %.2f\n",
+      (unsigned long long)o.endpoints, t.connectorIdle, t.servingIdle, t.storeIdle);
 }
 
 json::Value scaleJson(const Options& o, const ScaleOutcome& r, const std::vector<ScaleProcess>& procs) {
@@ -942,9 +1027,11 @@ json::Value scaleJson(const Options& o, const ScaleOutcome& r, const std::vector
 Result<ScaleOutcome> awaitConnector(const Options& o, Child& connector) {
   FERRY_RETURN_IF_ERROR(sendLine(connector, "go"));
   // The connector's own waits end at --timeout; a little more for it to report.
-  FERRY_ASSIGN_OR_RETURN(std::string line, readLine(connector, Clock::now() + timeoutOf(o) + std::chrono::seconds(30)));
+  FERRY_ASSIGN_OR_RETURN(std::string line,
+                         readLine(connector, Clock::now() + timeoutOf(o) + std::chrono::seconds(30)));
   auto f = parseFields(line);
-  if (f[""] != "done") return Status(StatusCode::kProtocolError, "the connecting process said '" + line + "'");
+  if (f[""] != "done")
+    return Status(StatusCode::kProtocolError, "the connecting process said '" + line + "'");
   ScaleOutcome r;
   r.connectSeconds = std::atof(f["connect_s"].c_str());
   r.readySeconds = std::atof(f["ready_s"].c_str());
@@ -976,7 +1063,8 @@ int runScale(const Options& o) {
   if (!st.isOk()) return std::fprintf(stderr, "%s: %s\n", kProgram, st.toString().c_str()), 1;
   if (r->readyOk != o.endpoints || r->writesOk != o.endpoints) {
     std::fprintf(stderr, "%s: scale: %llu of %llu endpoints ready, %llu WRITEs done\n", kProgram,
-                 (unsigned long long)r->readyOk, (unsigned long long)o.endpoints, (unsigned long long)r->writesOk);
+                 (unsigned long long)r->readyOk, (unsigned long long)o.endpoints,
+                 (unsigned long long)r->writesOk);
     return 1;
   }
   return 0;

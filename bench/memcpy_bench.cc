@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,10 +38,14 @@ bool parseSize(const std::string& text, uint64_t* out) {
   if (end == text.c_str()) return false;
   std::string suffix(end);
   uint64_t scale = 1;
-  if (suffix == "K" || suffix == "k") scale = 1 << 10;
-  else if (suffix == "M" || suffix == "m") scale = 1 << 20;
-  else if (suffix == "G" || suffix == "g") scale = 1 << 30;
-  else if (!suffix.empty()) return false;
+  if (suffix == "K" || suffix == "k")
+    scale = 1 << 10;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1 << 20;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1 << 30;
+  else if (!suffix.empty())
+    return false;
   if (v == 0) return false;
   *out = v * scale;
   return true;
@@ -106,7 +110,8 @@ int main(int argc, char** argv) {
       while (true) {
         size_t comma = list.find(',', start);
         uint64_t s = 0;
-        if (!parseSize(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start), &s) ||
+        if (!parseSize(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start),
+                       &s) ||
             s > (uint64_t{1} << 30)) {
           std::fprintf(stderr, "ferry_memcpy_bench: bad size list '%s'\n", list.c_str());
           return 2;
@@ -179,8 +184,9 @@ int main(int argc, char** argv) {
       double w = timeIt(size, minTime, write);
       double rd = w < 0 ? -1 : timeIt(size, minTime, read);
       if (w < 0 || rd < 0) {
-        error = std::string("cross-memory attach refused: ") + std::strerror(err) +
-                (err == EPERM ? " (ptrace scope or a seccomp profile forbids process_vm_readv/writev here)" : "");
+        error =
+            std::string("cross-memory attach refused: ") + std::strerror(err) +
+            (err == EPERM ? " (ptrace scope or a seccomp profile forbids process_vm_readv/writev here)" : "");
         break;
       }
       rows.push_back({size, w, rd});
@@ -190,7 +196,8 @@ int main(int argc, char** argv) {
   }
 
   if (json) {
-    std::printf("{\"ferry_memcpy_bench\":1,\"mode\":\"%s\",\"min_time\":%g,", cma ? "cma" : "memcpy", minTime);
+    std::printf("{\"ferry_memcpy_bench\":1,\"mode\":\"%s\",\"min_time\":%g,", cma ? "cma" : "memcpy",
+                minTime);
     if (!error.empty()) std::printf("\"error\":\"%s\",", error.c_str());
     std::printf("\"results\":[");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -198,8 +205,8 @@ int main(int argc, char** argv) {
         std::printf("%s{\"size\":%llu,\"write_gbps\":%.6f,\"read_gbps\":%.6f}", i ? "," : "",
                     static_cast<unsigned long long>(rows[i].size), rows[i].first / 1e9, rows[i].second / 1e9);
       } else {
-        std::printf("%s{\"size\":%llu,\"gbps\":%.6f}", i ? "," : "", static_cast<unsigned long long>(rows[i].size),
-                    rows[i].first / 1e9);
+        std::printf("%s{\"size\":%llu,\"gbps\":%.6f}", i ? "," : "",
+                    static_cast<unsigned long long>(rows[i].size), rows[i].first / 1e9);
       }
     }
     std::printf("]}\n");
@@ -209,7 +216,8 @@ int main(int argc, char** argv) {
                 "vm_readv GB/s");
     for (const Row& r : rows) {
       if (cma) {
-        std::printf("%12llu %18.3f %18.3f\n", static_cast<unsigned long long>(r.size), r.first / 1e9, r.second / 1e9);
+        std::printf("%12llu %18.3f %18.3f\n", static_cast<unsigned long long>(r.size), r.first / 1e9,
+                    r.second / 1e9);
       } else {
         std::printf("%12llu %18.3f\n", static_cast<unsigned long long>(r.size), r.first / 1e9);
       }

@@ -26,8 +26,8 @@
 #include <fstream>
 #include <functional>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "common/json.h"
 #include "ferry/agent/agent.h"
@@ -145,10 +145,14 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
     auto rawW = measure(o.seconds, size, [&] { return rawOp(true, size); });
     auto rawR = measure(o.seconds, size, [&] { return rawOp(false, size); });
     auto g = measure(o.seconds, size, [&] {
-      return once(CUOBJ_GET, [&](char* t) { return server.handleGetObject("b", rb, caddr, size, t, ch) == ssize_t(size); });
+      return once(CUOBJ_GET, [&](char* t) {
+        return server.handleGetObject("b", rb, caddr, size, t, ch) == ssize_t(size);
+      });
     });
     auto p = measure(o.seconds, size, [&] {
-      return once(CUOBJ_PUT, [&](char* t) { return server.handlePutObject("b", rb, caddr, size, t, ch) == ssize_t(size); });
+      return once(CUOBJ_PUT, [&](char* t) {
+        return server.handlePutObject("b", rb, caddr, size, t, ch) == ssize_t(size);
+      });
     });
     // Async: 8 in flight on the channel, each with its own token.
     auto ga = measure(o.seconds, size * 8, [&] {
@@ -158,14 +162,17 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
         char* t = mint(CUOBJ_GET);
         if (t == nullptr) break;
         tokens.push_back(t);
-        ok = server.handleGetObject("a", rb, caddr, size, t, ch, 0, nullptr, reinterpret_cast<void*>(i + 1)) == 0;
+        ok = server.handleGetObject("a", rb, caddr, size, t, ch, 0, nullptr,
+                                    reinterpret_cast<void*>(i + 1)) == 0;
       }
       int done = 0;
       cuObjAsyncEvent_t ev[16];
       while (ok && done < static_cast<int>(tokens.size())) {
         int n = server.poll(ev, 16, ch);
-        if (n < 0) ok = false;
-        else done += n;
+        if (n < 0)
+          ok = false;
+        else
+          done += n;
       }
       for (char* t : tokens) client.cuMemObjPutRDMAToken(t);
       return ok && tokens.size() == 8;
@@ -198,7 +205,9 @@ int serverMode(const Options& o, std::vector<json::Value>& rows) {
       threads.emplace_back([&] {
         uint16_t c = server.allocateChannelId();
         while (!stop) {
-          bool ok = once(CUOBJ_GET, [&](char* t) { return server.handleGetObject("c", rb, caddr, size, t, c) == ssize_t(size); });
+          bool ok = once(CUOBJ_GET, [&](char* t) {
+            return server.handleGetObject("c", rb, caddr, size, t, c) == ssize_t(size);
+          });
           if (!ok) failed = true;
           bytes += size;
         }

@@ -85,10 +85,11 @@ Status openEnd(End& e, bool mapped) {
   FERRY_ASSIGN_OR_RETURN(e.ctx, ferry::openDevice("soft_lo"));
   FERRY_ASSIGN_OR_RETURN(e.pd, e.ctx.allocPd());
   FERRY_ASSIGN_OR_RETURN(e.cq, e.ctx.createCq({.cqe = 256}));
-  FERRY_ASSIGN_OR_RETURN(e.qp, e.pd.createQp({.type = v::QpType::kRc,
-                                              .sendCq = &e.cq,
-                                              .recvCq = &e.cq,
-                                              .cap = {.maxSendWr = 64, .maxRecvWr = 64, .maxSendSge = 1, .maxRecvSge = 1}}));
+  FERRY_ASSIGN_OR_RETURN(
+      e.qp, e.pd.createQp({.type = v::QpType::kRc,
+                           .sendCq = &e.cq,
+                           .recvCq = &e.cq,
+                           .cap = {.maxSendWr = 64, .maxRecvWr = 64, .maxSendSge = 1, .maxRecvSge = 1}}));
   if (mapped) {
     FERRY_ASSIGN_OR_RETURN(e.mr, e.pd.allocMr(kRegion, kAccess));
     e.buf = static_cast<uint8_t*>(e.mr.addr());
@@ -127,7 +128,8 @@ Status take(v::CompletionQueue& cq, Reaped* got) {
   FERRY_ASSIGN_OR_RETURN(int n, cq.poll(std::span<v::WorkCompletion>(wc, 16)));
   for (int i = 0; i < n; ++i) {
     if (wc[i].status != v::WcStatus::kSuccess) {
-      return Status(StatusCode::kIoError, std::string("a completion failed: ") + v::wcStatusName(wc[i].status));
+      return Status(StatusCode::kIoError,
+                    std::string("a completion failed: ") + v::wcStatusName(wc[i].status));
     }
     (wc[i].opcode == v::WcOpcode::kRecv ? got->receives : got->sends) += 1;
   }
@@ -152,7 +154,11 @@ class Op {
  public:
   enum class Shape { kPostAndPoll, kSendPingPong, kWritePingPong, kEmptyPoll };
   Op(std::string name, std::string sameHost, bool mapped, v::WrOpcode opcode, Shape shape)
-      : name_(std::move(name)), sameHost_(std::move(sameHost)), mapped_(mapped), opcode_(opcode), shape_(shape) {}
+      : name_(std::move(name)),
+        sameHost_(std::move(sameHost)),
+        mapped_(mapped),
+        opcode_(opcode),
+        shape_(shape) {}
 
   const std::string& name() const { return name_; }
 
@@ -230,7 +236,8 @@ class Op {
     wr.opcode = opcode_;
     wr.sendFlags = v::send_flags::kSignaled;
     wr.sgList = std::span<const v::Sge>(&sge, 1);
-    const uintptr_t target = reinterpret_cast<uintptr_t>(to.buf) + (shape_ == Shape::kPostAndPoll ? 0 : kLanding);
+    const uintptr_t target =
+        reinterpret_cast<uintptr_t>(to.buf) + (shape_ == Shape::kPostAndPoll ? 0 : kLanding);
     if (opcode_ == v::WrOpcode::kAtomicFetchAndAdd) {
       wr.atomic = {.remoteAddr = target, .compareAdd = 1, .swap = 0, .rkey = to.mr.rkey()};
     } else {
@@ -287,7 +294,8 @@ class Op {
     if (shape_ == Shape::kEmptyPoll) {
       Reaped got;
       FERRY_RETURN_IF_ERROR(take(b_.cq, &got));
-      if (got.receives + got.sends != 0) return Status(StatusCode::kInternal, "a completion nothing was posted for");
+      if (got.receives + got.sends != 0)
+        return Status(StatusCode::kInternal, "a completion nothing was posted for");
       return Status::ok();
     }
     return sendRoundTrip();
@@ -314,14 +322,17 @@ class Op {
 
 std::unique_ptr<Op> makeOp(const std::string& name) {
   using S = Op::Shape;
-  if (name == "mapped-write") return std::make_unique<Op>(name, "", true, v::WrOpcode::kRdmaWrite, S::kPostAndPoll);
-  if (name == "heap-write") return std::make_unique<Op>(name, "", false, v::WrOpcode::kRdmaWrite, S::kPostAndPoll);
+  if (name == "mapped-write")
+    return std::make_unique<Op>(name, "", true, v::WrOpcode::kRdmaWrite, S::kPostAndPoll);
+  if (name == "heap-write")
+    return std::make_unique<Op>(name, "", false, v::WrOpcode::kRdmaWrite, S::kPostAndPoll);
   if (name == "mapped-atomic") {
     return std::make_unique<Op>(name, "", true, v::WrOpcode::kAtomicFetchAndAdd, S::kPostAndPoll);
   }
   if (name == "ring-send") return std::make_unique<Op>(name, "", false, v::WrOpcode::kSend, S::kSendPingPong);
   if (name == "tcp-send") return std::make_unique<Op>(name, "0", false, v::WrOpcode::kSend, S::kSendPingPong);
-  if (name == "tcp-write") return std::make_unique<Op>(name, "0", false, v::WrOpcode::kRdmaWrite, S::kWritePingPong);
+  if (name == "tcp-write")
+    return std::make_unique<Op>(name, "0", false, v::WrOpcode::kRdmaWrite, S::kWritePingPong);
   if (name == "empty-poll") return std::make_unique<Op>(name, "", false, v::WrOpcode::kSend, S::kEmptyPoll);
   return nullptr;
 }
@@ -422,11 +433,12 @@ int main(int argc, char** argv) {
     std::printf("{\"op_cost_bench\": 1, \"size\": %u, \"iters\": %llu, \"rounds\": %d, \"ops\": [", opt.size,
                 static_cast<unsigned long long>(opt.iters), opt.rounds);
     for (size_t k = 0; k < ops.size(); ++k) {
-      std::printf("%s{\"op\": \"%s\", \"wall_ns_median\": %.1f, \"wall_ns_min\": %.1f, \"wall_ns_max\": %.1f, "
-                  "\"cpu_ns_median\": %.1f}",
-                  k ? ", " : "", ops[k]->name().c_str(), median(wall[k]),
-                  *std::min_element(wall[k].begin(), wall[k].end()), *std::max_element(wall[k].begin(), wall[k].end()),
-                  median(cpu[k]));
+      std::printf(
+          "%s{\"op\": \"%s\", \"wall_ns_median\": %.1f, \"wall_ns_min\": %.1f, \"wall_ns_max\": %.1f, "
+          "\"cpu_ns_median\": %.1f}",
+          k ? ", " : "", ops[k]->name().c_str(), median(wall[k]),
+          *std::min_element(wall[k].begin(), wall[k].end()),
+          *std::max_element(wall[k].begin(), wall[k].end()), median(cpu[k]));
     }
     std::printf("]}\n");
     return 0;
@@ -436,8 +448,8 @@ int main(int argc, char** argv) {
   std::printf("%-14s %12s %12s %12s %14s\n", "op", "wall ns/op", "lowest", "highest", "CPU ns/op");
   for (size_t k = 0; k < ops.size(); ++k) {
     std::printf("%-14s %12.1f %12.1f %12.1f %14.1f\n", ops[k]->name().c_str(), median(wall[k]),
-                *std::min_element(wall[k].begin(), wall[k].end()), *std::max_element(wall[k].begin(), wall[k].end()),
-                median(cpu[k]));
+                *std::min_element(wall[k].begin(), wall[k].end()),
+                *std::max_element(wall[k].begin(), wall[k].end()), median(cpu[k]));
   }
   return 0;
 }

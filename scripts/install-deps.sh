@@ -37,7 +37,7 @@ log() { echo "install-deps: $*" >&2; }
 
 # ---- Debian packages ----
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libgtest-dev libgmock-dev
   clang-14 libclang-rt-14-dev
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers

@@ -20,7 +20,6 @@
 // Either side may send error {message} instead and stop. Each wait has the --timeout deadline, so a
 // silent or dead peer ends the run with an error rather than a hang.
 #include "bench.h"
-#include "progress.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -39,6 +38,7 @@
 #include "bench_report.h"
 #include "common/control_channel.h"
 #include "ferry/devices.h"
+#include "progress.h"
 
 extern char** environ;
 
@@ -46,7 +46,7 @@ namespace ferry::cli {
 namespace bench {
 namespace {
 
-int fail(const char* who, const Status& st) {
+int benchFailed(const char* who, const Status& st) {
   std::fprintf(stderr, "ferry bench%s: %s\n", who, st.toString().c_str());
   return 1;
 }
@@ -68,7 +68,8 @@ Result<std::string> chooseDevice(const std::string& wanted, const std::string& l
 Result<RunShape> decodeShape(const json::Value& hello) {
   RunShape s;
   FERRY_ASSIGN_OR_RETURN(std::string op, stringField(hello, "op", 32));
-  if (!parseOp(op, &s.op)) return Status(StatusCode::kProtocolError, "control message 'hello': unknown op '" + op + "'");
+  if (!parseOp(op, &s.op))
+    return Status(StatusCode::kProtocolError, "control message 'hello': unknown op '" + op + "'");
   FERRY_ASSIGN_OR_RETURN(std::string mode, stringField(hello, "mode", 32));
   if (!parseMode(mode, &s.mode)) {
     return Status(StatusCode::kProtocolError, "control message 'hello': unknown mode '" + mode + "'");
@@ -105,7 +106,8 @@ Result<RunShape> decodeShape(const json::Value& hello) {
   FERRY_ASSIGN_OR_RETURN(int64_t qps, intField(hello, "qps", 1, kMaxQpsPerThread));
   FERRY_ASSIGN_OR_RETURN(int64_t depth, intField(hello, "depth", 1, kMaxDepth));
   FERRY_ASSIGN_OR_RETURN(int64_t batch, intField(hello, "batch", 1, kMaxEndpointBatch));
-  FERRY_ASSIGN_OR_RETURN(int64_t maxSize, intField(hello, "max_size", 1, static_cast<int64_t>(kMaxMessageSize)));
+  FERRY_ASSIGN_OR_RETURN(int64_t maxSize,
+                         intField(hello, "max_size", 1, static_cast<int64_t>(kMaxMessageSize)));
   s.threads = static_cast<int>(threads);
   s.qps = static_cast<int>(qps);
   s.depth = static_cast<int>(depth);
@@ -120,58 +122,62 @@ Result<RunShape> decodeShape(const json::Value& hello) {
 int serveClient(ControlChannel& ch, const Options& o) {
   const double t = o.timeout;
   auto hello = ch.expect("hello", t);
-  if (!hello.isOk()) return ch.sendError(hello.status().message()), fail(" server", hello.status());
+  if (!hello.isOk()) return ch.sendError(hello.status().message()), benchFailed(" server", hello.status());
   auto shape = decodeShape(*hello);
-  if (!shape.isOk()) return ch.sendError(shape.status().message()), fail(" server", shape.status());
+  if (!shape.isOk()) return ch.sendError(shape.status().message()), benchFailed(" server", shape.status());
   auto clientDevice = stringField(*hello, "device", 256);
-  if (!clientDevice.isOk()) return ch.sendError(clientDevice.status().message()), fail(" server", clientDevice.status());
+  if (!clientDevice.isOk())
+    return ch.sendError(clientDevice.status().message()), benchFailed(" server", clientDevice.status());
 
   auto device = chooseDevice(o.device, ch.localAddress());
-  if (!device.isOk()) return ch.sendError(device.status().toString()), fail(" server", device.status());
+  if (!device.isOk())
+    return ch.sendError(device.status().toString()), benchFailed(" server", device.status());
   auto side = BenchSide::create(*device, *shape);
   if (!side.isOk()) {
-    Status st(side.status().code(), "server device " + *device + ": " + side.status().message(), side.status().cause());
-    return ch.sendError(st.toString()), fail(" server", st);
+    Status st(side.status().code(), "server device " + *device + ": " + side.status().message(),
+              side.status().cause());
+    return ch.sendError(st.toString()), benchFailed(" server", st);
   }
   BenchSide& s = **side;
   auto reply = s.serverHello(*hello);
-  if (!reply.isOk()) return ch.sendError(reply.status().toString()), fail(" server", reply.status());
+  if (!reply.isOk()) return ch.sendError(reply.status().toString()), benchFailed(" server", reply.status());
   if (!o.announce) {
     std::printf("ferry bench: client %s: %s %s %s on %s, %d thread(s) x %d QP(s)\n", ch.peerAddress().c_str(),
-                apiName(shape->api), opName(shape->op), modeName(shape->mode), device->c_str(), shape->threads,
-                shape->qps);
+                apiName(shape->api), opName(shape->op), modeName(shape->mode), device->c_str(),
+                shape->threads, shape->qps);
     std::fflush(stdout);
   }
   reply->set("device", *device);
   Status st = ch.send("hello", *reply, t);
-  if (!st.isOk()) return fail(" server", st);
+  if (!st.isOk()) return benchFailed(" server", st);
 
   while (true) {
     auto msg = ch.receive(t);
-    if (!msg.isOk()) return fail(" server", msg.status());
+    if (!msg.isOk()) return benchFailed(" server", msg.status());
     auto type = stringField(*msg, "type");
     if (*type == "bye") {
       (void)ch.send("bye", json::Value::emptyObject(), t);
       return 0;
     }
     if (*type != "run") {
-      Status bad(StatusCode::kProtocolError, "unexpected control message '" + *type + "' (expected 'run' or 'bye')");
-      return ch.sendError(bad.message()), fail(" server", bad);
+      Status bad(StatusCode::kProtocolError,
+                 "unexpected control message '" + *type + "' (expected 'run' or 'bye')");
+      return ch.sendError(bad.message()), benchFailed(" server", bad);
     }
     auto size = intField(*msg, "size", 1, static_cast<int64_t>(shape->maxSize));
-    if (!size.isOk()) return ch.sendError(size.status().message()), fail(" server", size.status());
+    if (!size.isOk()) return ch.sendError(size.status().message()), benchFailed(" server", size.status());
     st = s.startResponders(static_cast<uint64_t>(*size), t);
-    if (!st.isOk()) return ch.sendError(st.toString()), fail(" server", st);
+    if (!st.isOk()) return ch.sendError(st.toString()), benchFailed(" server", st);
     json::Value result = json::Value::emptyObject();
     auto abandon = [&] { (void)s.finishRun(json::Value::emptyObject(), 0, result); };
     st = ch.send("ready", json::Value::emptyObject(), t);
-    if (!st.isOk()) return abandon(), fail(" server", st);
+    if (!st.isOk()) return abandon(), benchFailed(" server", st);
     double cpu0 = processCpuSeconds();
     auto wall0 = Clock::now();
     json::Value done;
     while (true) {
       auto m = ch.receive(t);
-      if (!m.isOk()) return abandon(), fail(" server", m.status());
+      if (!m.isOk()) return abandon(), benchFailed(" server", m.status());
       auto mt = stringField(*m, "type");
       if (*mt == "start") {
         cpu0 = processCpuSeconds();
@@ -184,7 +190,7 @@ int serveClient(ControlChannel& ch, const Options& o) {
       } else {
         Status bad(StatusCode::kProtocolError, "unexpected control message '" + *mt + "' during a run");
         abandon();
-        return ch.sendError(bad.message()), fail(" server", bad);
+        return ch.sendError(bad.message()), benchFailed(" server", bad);
       }
     }
     // The run's figures end with the client's last operation, not with this side's checks.
@@ -192,19 +198,20 @@ int serveClient(ControlChannel& ch, const Options& o) {
     double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
     st = s.finishRun(done, t, result);
     if (!st.isOk()) {
-      Status why(st.code(), "size " + formatSize(static_cast<uint64_t>(*size)) + ": " + st.message(), st.cause());
-      return ch.sendError(why.toString()), fail(" server", why);
+      Status why(st.code(), "size " + formatSize(static_cast<uint64_t>(*size)) + ": " + st.message(),
+                 st.cause());
+      return ch.sendError(why.toString()), benchFailed(" server", why);
     }
     result.set("cpu_seconds", cpu);
     result.set("wall_seconds", wall);
     st = ch.send("result", result, t);
-    if (!st.isOk()) return fail(" server", st);
+    if (!st.isOk()) return benchFailed(" server", st);
   }
 }
 
 int runServer(const Options& o) {
   auto listener = ControlListener::listen(o.bind, o.port, controlProtocol());
-  if (!listener.isOk()) return fail(" server", listener.status());
+  if (!listener.isOk()) return benchFailed(" server", listener.status());
   if (o.announce) {
     std::printf("{\"ferry_bench\":%d,\"type\":\"listening\",\"port\":%u}\n", kProtocolVersion,
                 static_cast<unsigned>(listener->port()));
@@ -215,7 +222,7 @@ int runServer(const Options& o) {
   std::fflush(stdout);
   // The --local parent connects at once; a standalone server waits as long as it takes.
   auto ch = listener->accept(o.announce ? o.timeout : -1);
-  if (!ch.isOk()) return fail(" server", ch.status());
+  if (!ch.isOk()) return benchFailed(" server", ch.status());
   int code = serveClient(*ch, o);
   if (code == 0 && !o.announce) std::printf("ferry bench: client done\n");
   return code;
@@ -231,8 +238,9 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   spec.size = size;
   spec.duration = o.duration;
   spec.iters = o.duration > 0 ? 0 : (o.iters ? o.iters : autoIterations(shape.mode, size));
-  spec.warmup = o.duration > 0 ? (shape.mode == Mode::kBandwidth ? 64 : 16)
-                               : std::clamp<uint64_t>(spec.iters / 10, 1, shape.mode == Mode::kBandwidth ? 256 : 64);
+  spec.warmup = o.duration > 0
+                    ? (shape.mode == Mode::kBandwidth ? 64 : 16)
+                    : std::clamp<uint64_t>(spec.iters / 10, 1, shape.mode == Mode::kBandwidth ? 256 : 64);
   spec.stallTimeout = o.timeout;
 
   json::Value run = json::Value::emptyObject();
@@ -324,7 +332,8 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   return Status::ok();
 }
 
-Status runClientSession(ControlChannel& ch, const Options& o, const std::string& serverName, BenchReport* report) {
+Status runClientSession(ControlChannel& ch, const Options& o, const std::string& serverName,
+                        BenchReport* report) {
   FERRY_ASSIGN_OR_RETURN(std::string device, chooseDevice(o.device, ch.localAddress()));
   auto created = BenchSide::create(device, o.shape);
   if (!created.isOk()) {
@@ -365,8 +374,8 @@ Status runClientSession(ControlChannel& ch, const Options& o, const std::string&
   char durationText[32];
   std::snprintf(durationText, sizeof durationText, "%g", o.duration);
   report->iterationsRule = o.duration > 0 ? std::string("--duration ") + durationText
-                           : o.iters    ? "--iters " + std::to_string(o.iters)
-                                        : "auto (per size)";
+                           : o.iters      ? "--iters " + std::to_string(o.iters)
+                                          : "auto (per size)";
   FILE* table = o.json ? stderr : stdout;
   printHeader(table, *report);
   ProgressBar bar(isatty(STDERR_FILENO) == 1);
@@ -395,10 +404,10 @@ int finishReport(const Options& o, const BenchReport& report) {
 
 int runClient(const Options& o) {
   auto ch = ControlChannel::connect(o.host, o.port, o.timeout, controlProtocol());
-  if (!ch.isOk()) return fail("", ch.status());
+  if (!ch.isOk()) return benchFailed("", ch.status());
   BenchReport report;
   Status st = runClientSession(*ch, o, o.host + ":" + std::to_string(o.port), &report);
-  if (!st.isOk()) return fail("", st);
+  if (!st.isOk()) return benchFailed("", st);
   return finishReport(o, report);
 }
 
@@ -422,13 +431,13 @@ int reap(pid_t pid, double seconds) {
 
 int runLocal(const Options& o, const std::string& self) {
   int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return fail("", ioError("pipe"));
+  if (pipe2(out, O_CLOEXEC) != 0) return benchFailed("", ioError("pipe"));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   std::string timeoutText = std::to_string(o.timeout);
-  std::vector<std::string> words = {self,      "bench",     "--server", "--announce", "--bind",
-                                    "127.0.0.1", "--port",  "0",        "--timeout",  timeoutText};
+  std::vector<std::string> words = {self,        "bench",  "--server", "--announce", "--bind",
+                                    "127.0.0.1", "--port", "0",        "--timeout",  timeoutText};
   const std::string& serverDevice = o.serverDevice.empty() ? o.device : o.serverDevice;
   if (!serverDevice.empty()) {
     words.push_back("--device");
@@ -443,7 +452,7 @@ int runLocal(const Options& o, const std::string& self) {
   close(out[1]);
   if (rc != 0) {
     close(out[0]);
-    return fail("", ioError("cannot start the server process " + self, rc));
+    return benchFailed("", ioError("cannot start the server process " + self, rc));
   }
   // The server's first line names its port.
   ControlChannel announce(out[0], controlProtocol());
@@ -451,28 +460,30 @@ int runLocal(const Options& o, const std::string& self) {
   if (!line.isOk()) {
     kill(pid, SIGTERM);
     reap(pid, 5);
-    return fail("", Status(line.status().code(), "the server process did not start: " + line.status().message()));
+    return benchFailed(
+        "", Status(line.status().code(), "the server process did not start: " + line.status().message()));
   }
   auto port = intField(*line, "port", 1, 65535);
   if (!port.isOk()) {
     kill(pid, SIGTERM);
     reap(pid, 5);
-    return fail("", port.status());
+    return benchFailed("", port.status());
   }
   auto ch = ControlChannel::connect("127.0.0.1", static_cast<uint16_t>(*port), o.timeout, controlProtocol());
   if (!ch.isOk()) {
     kill(pid, SIGTERM);
     reap(pid, 5);
-    return fail("", ch.status());
+    return benchFailed("", ch.status());
   }
   BenchReport report;
-  Status st = runClientSession(*ch, o, "127.0.0.1:" + std::to_string(*port) + " (pid " + std::to_string(pid) + ")",
-                               &report);
+  Status st = runClientSession(
+      *ch, o, "127.0.0.1:" + std::to_string(*port) + " (pid " + std::to_string(pid) + ")", &report);
   ch->close();
   int serverCode = reap(pid, o.timeout);
-  if (!st.isOk()) return fail("", st);
+  if (!st.isOk()) return benchFailed("", st);
   if (serverCode != 0) {
-    return fail("", Status(StatusCode::kUnavailable, "the server process exited with " + std::to_string(serverCode)));
+    return benchFailed(
+        "", Status(StatusCode::kUnavailable, "the server process exited with " + std::to_string(serverCode)));
   }
   return finishReport(o, report);
 }

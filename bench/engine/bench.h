@@ -41,7 +41,7 @@ enum class Mode : uint8_t { kBandwidth, kLatency };
 // What a run drives: verbs work requests, or the Endpoint API's operations and futures.
 enum class Api : uint8_t { kVerbs, kEndpoint };
 
-const char* opName(Op op);      // "write", "read", "send", "write_imm", "atomic"
+const char* opName(Op op);        // "write", "read", "send", "write_imm", "atomic"
 const char* modeName(Mode mode);  // "bw", "lat"
 const char* apiName(Api api);     // "verbs", "endpoint"
 bool parseOp(std::string_view text, Op* out);
@@ -109,18 +109,18 @@ Status validateShape(const RunShape& shape);
 struct Options {
   enum class Role : uint8_t { kClient, kServer, kLocal };
   Role role = Role::kClient;
-  std::string host;             // client: the server's host name or address
+  std::string host;  // client: the server's host name or address
   uint16_t port = kDefaultPort;
   std::string bind = "0.0.0.0";  // server: the address to listen on
-  std::string device;           // empty: the device bound to the control connection's address
-  std::string serverDevice;     // --local: the server's device (default: same as --device)
+  std::string device;            // empty: the device bound to the control connection's address
+  std::string serverDevice;      // --local: the server's device (default: same as --device)
   RunShape shape;
   std::vector<uint64_t> sizes;
-  uint64_t iters = 0;      // 0: chosen per size (see autoIterations)
-  double duration = 0;     // seconds per size; 0: run by iterations
+  uint64_t iters = 0;   // 0: chosen per size (see autoIterations)
+  double duration = 0;  // seconds per size; 0: run by iterations
   bool json = false;
-  double timeout = 30;     // seconds: control messages and stalled transfers
-  bool announce = false;   // server: print {"type":"listening"} on stdout (used by --local)
+  double timeout = 30;    // seconds: control messages and stalled transfers
+  bool announce = false;  // server: print {"type":"listening"} on stdout (used by --local)
   // --soft-path: the software provider's path between processes of this host, as
   // FERRY_SOFT_SAME_HOST ("0" tcp, "ring" rings only, "1" rings and one-copy); empty: as set.
   std::string softSameHost;

@@ -19,8 +19,6 @@ constexpr const char* kRegionName = "bench";
 // A wait on a future wakes this often to notice an aborted or stalled run.
 constexpr std::chrono::milliseconds kWaitSlice{100};
 
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 template <typename F>
 Result<ep::Future> asFuture(Result<F> f) {
   if (!f.isOk()) return f.status();
@@ -35,9 +33,9 @@ Status awaitOp(const ep::Future& f, const RunControl& control, double stall) {
     if (st.code() != StatusCode::kTimedOut || f.done()) return st;
     if (control.abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
     if (secondsSince(since) > stall) {
-      return Status(StatusCode::kTimedOut,
-                    "an operation made no progress for " + std::to_string(static_cast<int>(stall)) +
-                        " s (is the peer alive?)");
+      return Status(StatusCode::kTimedOut, "an operation made no progress for " +
+                                               std::to_string(static_cast<int>(stall)) +
+                                               " s (is the peer alive?)");
     }
   }
 }
@@ -46,8 +44,9 @@ Status awaitOp(const ep::Future& f, const RunControl& control, double stall) {
 
 Result<std::unique_ptr<BenchSide>> EndpointSide::create(const std::string& device, const RunShape& shape) {
   std::unique_ptr<EndpointSide> side(new EndpointSide(device, shape));
-  FERRY_ASSIGN_OR_RETURN(side->ep_, ep::Endpoint::create(ep::ContextOptions{.deviceName = device, .linkType = ""},
-                                                         {.numQp = static_cast<size_t>(shape.qps)}));
+  FERRY_ASSIGN_OR_RETURN(side->ep_,
+                         ep::Endpoint::create(ep::ContextOptions{.deviceName = device, .linkType = ""},
+                                              {.numQp = static_cast<size_t>(shape.qps)}));
   const size_t bytes = bufferBytes(shape);
   if (shape.sharedMemory) {
     // --memory shared: the pool allocates the buffer (memory a same-host peer maps) and holds it.
@@ -137,8 +136,8 @@ Status EndpointSide::checkLanded(uint64_t size, const char* what) {
     while (copy[j] == buffer_[j]) ++j;
     char text[160];
     std::snprintf(text, sizeof text, "byte %llu of the %llu %s here is 0x%02x, not 0x%02x",
-                  static_cast<unsigned long long>(k * size + j), static_cast<unsigned long long>(copies * size),
-                  what, copy[j], buffer_[j]);
+                  static_cast<unsigned long long>(k * size + j),
+                  static_cast<unsigned long long>(copies * size), what, copy[j], buffer_[j]);
     return Status(StatusCode::kInternal, text);
   }
   return Status::ok();
@@ -152,10 +151,12 @@ Status EndpointSide::measure(const RunSpec& spec, RunControl& control, RunMeasur
   if (shape_.op == Op::kSend) {
     chunks_.assign(n, ep::Chunk{.mr = local_, .offset = 0, .length = size});
   } else if (shape_.op == Op::kRead) {
-    batch_.assign(n, ep::Assignment{.local = local_, .remote = remote_, .localOffset = landing, .length = size});
+    batch_.assign(n,
+                  ep::Assignment{.local = local_, .remote = remote_, .localOffset = landing, .length = size});
     std::memset(buffer_ + landing, 0, size);
   } else {
-    batch_.assign(n, ep::Assignment{.local = local_, .remote = remote_, .remoteOffset = landing, .length = size});
+    batch_.assign(
+        n, ep::Assignment{.local = local_, .remote = remote_, .remoteOffset = landing, .length = size});
   }
 
   RunMeasurement m;
@@ -192,7 +193,8 @@ Status EndpointSide::measure(const RunSpec& spec, RunControl& control, RunMeasur
   };
 
   uint64_t warm = 0;
-  FERRY_RETURN_IF_ERROR(warmUp(spec, control, [&] { return run(spec.warmup, Clock::time_point::max(), &warm); }));
+  FERRY_RETURN_IF_ERROR(
+      warmUp(spec, control, [&] { return run(spec.warmup, Clock::time_point::max(), &warm); }));
   control.warmedUp.fetch_add(1);
   while (!control.go.load()) {
     if (control.abort.load()) return Status(StatusCode::kCancelled, "run aborted");
@@ -201,10 +203,11 @@ Status EndpointSide::measure(const RunSpec& spec, RunControl& control, RunMeasur
   progress = control.done[0].get();
   samples.reserve(spec.duration > 0 ? 1 << 16 : spec.iters);
   auto start = Clock::now();
-  auto stopAt = spec.duration > 0 ? start + std::chrono::microseconds(static_cast<int64_t>(spec.duration * 1e6))
-                                  : Clock::time_point::max();
-  FERRY_RETURN_IF_ERROR(run(spec.duration > 0 ? std::numeric_limits<uint64_t>::max() : spec.iters, stopAt,
-                            &m.iterations));
+  auto stopAt = spec.duration > 0
+                    ? start + std::chrono::microseconds(static_cast<int64_t>(spec.duration * 1e6))
+                    : Clock::time_point::max();
+  FERRY_RETURN_IF_ERROR(
+      run(spec.duration > 0 ? std::numeric_limits<uint64_t>::max() : spec.iters, stopAt, &m.iterations));
   m.seconds = secondsSince(start);
   std::sort(samples.begin(), samples.end());
   m.latencyUs = std::move(samples);
@@ -258,11 +261,12 @@ Status EndpointSide::respond() {
     if (!st.isOk()) return st;
     if (shape_.op == Op::kSend && f.state()->bytes() != messageBytes) {
       return Status(StatusCode::kInternal, "a message of " + std::to_string(f.state()->bytes()) +
-                                               " bytes arrived; the client sends " + std::to_string(messageBytes));
+                                               " bytes arrived; the client sends " +
+                                               std::to_string(messageBytes));
     }
     if (shape_.op == Op::kWriteImm && f.state()->immData() != nextImm_++) {
-      return Status(StatusCode::kInternal, "immediate " + std::to_string(f.state()->immData()) + " arrived where " +
-                                               std::to_string(nextImm_ - 1) + " was due");
+      return Status(StatusCode::kInternal, "immediate " + std::to_string(f.state()->immData()) +
+                                               " arrived where " + std::to_string(nextImm_ - 1) + " was due");
     }
     pending_.pop_front();
     arrived_.fetch_add(1);
@@ -286,9 +290,9 @@ Status EndpointSide::finishRun(const json::Value& done, double stallTimeout, jso
     stopResponder();
     FERRY_RETURN_IF_ERROR(responderStatus_);
     if (arrived_.load() != want) {
-      return Status(StatusCode::kTimedOut, std::to_string(arrived_.load()) + " of the client's " +
-                                               std::to_string(want) + " " +
-                                               (shape_.op == Op::kSend ? "messages" : "immediates") + " arrived");
+      return Status(StatusCode::kTimedOut,
+                    std::to_string(arrived_.load()) + " of the client's " + std::to_string(want) + " " +
+                        (shape_.op == Op::kSend ? "messages" : "immediates") + " arrived");
     }
   }
   uint64_t verified = 0;

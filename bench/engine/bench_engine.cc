@@ -40,7 +40,8 @@ void afterEmptyPoll(const RunShape& shape, uint32_t& empty) {
 namespace v = ferry::verbs;
 
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;
-constexpr uint32_t kRemoteAccess = v::access::kRemoteWrite | v::access::kRemoteRead | v::access::kRemoteAtomic;
+constexpr uint32_t kRemoteAccess =
+    v::access::kRemoteWrite | v::access::kRemoteRead | v::access::kRemoteAtomic;
 
 bool needsReceives(const RunShape& s) { return s.op == Op::kSend || s.op == Op::kWriteImm; }
 // Where the peer's ping-pong messages land in a buffer (the first half is what this side sends).
@@ -103,8 +104,8 @@ class LandingWait {
   }
 
  private:
-  static constexpr int kSpins = 4096;      // about 100 us of pause instructions here
-  static constexpr int kProbeSpins = 64;   // about 2 us
+  static constexpr int kSpins = 4096;     // about 100 us of pause instructions here
+  static constexpr int kProbeSpins = 64;  // about 2 us
   static constexpr uint32_t kProbeEvery = 256;
   bool spinning_ = true;
   uint32_t sinceProbe_ = 0;
@@ -112,11 +113,9 @@ class LandingWait {
 // The ping-pong marker of iteration `seq`: never 0 (the cleared value), never equal to the last.
 uint8_t marker(uint64_t seq) { return static_cast<uint8_t>(seq % 255 + 1); }
 
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 // A request of the run's operation from this thread's buffer to the peer's.
-v::SendWr makeWr(const ThreadResources& t, const RunShape& shape, const v::Sge* sge, uint64_t wrId, uint32_t flags,
-                 uint64_t remoteOffset) {
+v::SendWr makeWr(const ThreadResources& t, const RunShape& shape, const v::Sge* sge, uint64_t wrId,
+                 uint32_t flags, uint64_t remoteOffset) {
   v::SendWr wr;
   wr.wrId = wrId;
   wr.opcode = opcodeOf(shape.op);
@@ -144,7 +143,8 @@ struct ThreadOutcome {
 // Tracks the send requests one thread has outstanding per QP, and reaps completions.
 class SendTracker {
  public:
-  SendTracker(ThreadResources& t, std::atomic<bool>* abort) : t_(t), abort_(abort), outstanding_(t.qps.size(), 0) {}
+  SendTracker(ThreadResources& t, std::atomic<bool>* abort)
+      : t_(t), abort_(abort), outstanding_(t.qps.size(), 0) {}
 
   // Polls the CQ once. Send completions retire the count encoded in their wrId (QP index in the
   // high half, requests retired in the low half); receive completions go to onReceive.
@@ -232,7 +232,7 @@ struct LoopArgs {
   ThreadResources* t = nullptr;
   const RunShape* shape = nullptr;
   uint64_t size = 0;
-  uint64_t count = 0;                       // iterations to do
+  uint64_t count = 0;                                   // iterations to do
   Clock::time_point stopAt = Clock::time_point::max();  // or stop starting new ones then
   double stall = 30;
   RunControl* control = nullptr;
@@ -262,7 +262,8 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
   // The requests are built once, unsignaled, and reposted (as ucx_perftest reposts its
   // descriptors): a batch only marks its last one signaled, with the QP and count in its wrId.
   for (size_t i = 0; i < wrs.size(); ++i) {
-    sges[i] = {.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
+    sges[i] = {.addr = reinterpret_cast<uintptr_t>(t.buffer),
+               .length = static_cast<uint32_t>(size),
                .lkey = t.mr.lkey()};
     wrs[i] = makeWr(t, shape, &sges[i], 0, 0, 0);
   }
@@ -288,7 +289,8 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
     for (size_t tries = 0; posting && tries < nq; ++tries) {
       size_t q = cursor;
       cursor = cursor + 1 == nq ? 0 : cursor + 1;
-      uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(static_cast<uint64_t>(shape.batch), a.count - posted));
+      uint32_t n =
+          static_cast<uint32_t>(std::min<uint64_t>(static_cast<uint64_t>(shape.batch), a.count - posted));
       if (depth - tracker.outstanding(q) < n) continue;
       v::SendWr& lastWr = wrs[n - 1];
       lastWr.wrId = SendTracker::wrId(q, n);
@@ -315,7 +317,8 @@ Status bandwidthLoop(const LoopArgs& a, uint64_t* iterations) {
         last = Clock::now();
         lastKnown = true;
       }
-      if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
+      if (a.control->abort.load(std::memory_order_relaxed))
+        return Status(StatusCode::kCancelled, "run aborted");
       if (secondsSince(last) > a.stall) return stalled(a.stall);
       if (secondsSince(last) > kPollBeforeSleep && !canPost()) {
         // Nothing completed for a while and every QP is at its depth: sleep until a completion
@@ -344,7 +347,8 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
   uint8_t* mark = t.buffer + a.size - 1;
   LandingWait wait;
   const uint8_t* landing = t.buffer + landingOffset(shape) + a.size - 1;
-  v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(a.size),
+  v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer),
+             .length = static_cast<uint32_t>(a.size),
              .lkey = t.mr.lkey()};
   uint64_t i = 0;
   for (; i < a.count && Clock::now() < a.stopAt; ++i) {
@@ -352,8 +356,8 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
     uint8_t value = marker((*a.seq)++);
     storeByte(mark, value);
     auto t0 = Clock::now();
-    Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled,
-                                         landingOffset(shape)));
+    Status st = t.qps[q].postSend(
+        makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled, landingOffset(shape)));
     countCall(a, t0);
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
@@ -362,7 +366,8 @@ Status writePingPong(const LoopArgs& a, uint64_t* iterations) {
       auto got = tracker.reap();
       if (!got.isOk()) return got.status();
       if (++spins % 256 == 0) {
-        if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
+        if (a.control->abort.load(std::memory_order_relaxed))
+          return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
       afterEmptyPoll(shape, empty);
@@ -388,7 +393,8 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
   const RunShape& shape = *a.shape;
   const size_t nq = t.qps.size();
   SendTracker tracker(t, &a.control->abort);
-  v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(a.size),
+  v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer),
+             .length = static_cast<uint32_t>(a.size),
              .lkey = t.mr.lkey()};
   uint64_t i = 0;
   for (; i < a.count && Clock::now() < a.stopAt; ++i) {
@@ -403,8 +409,8 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
       return repost(it->second);
     };
     auto t0 = Clock::now();
-    Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled,
-                                         landingOffset(shape)));
+    Status st = t.qps[q].postSend(
+        makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled, landingOffset(shape)));
     countCall(a, t0);
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
@@ -414,7 +420,8 @@ Status receivePingPong(const LoopArgs& a, uint64_t* iterations,
       if (!got.isOk()) return got.status();
       if (replied) break;
       if (shape.events || ++spins % 256 == 0) {
-        if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
+        if (a.control->abort.load(std::memory_order_relaxed))
+          return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
       if (!shape.events) afterEmptyPoll(shape, empty);
@@ -434,13 +441,15 @@ Status postToCompletion(const LoopArgs& a, uint64_t* iterations) {
   const size_t nq = t.qps.size();
   SendTracker tracker(t, &a.control->abort);
   const uint64_t size = shape.op == Op::kAtomic ? 8 : a.size;
-  v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
+  v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer),
+             .length = static_cast<uint32_t>(size),
              .lkey = t.mr.lkey()};
   uint64_t i = 0;
   for (; i < a.count && Clock::now() < a.stopAt; ++i) {
     size_t q = i % nq;
     auto t0 = Clock::now();
-    Status st = t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled, 0));
+    Status st =
+        t.qps[q].postSend(makeWr(t, shape, &sge, SendTracker::wrId(q, 1), v::send_flags::kSignaled, 0));
     countCall(a, t0);
     if (!st.isOk()) return st;
     ++tracker.outstanding(q);
@@ -450,7 +459,8 @@ Status postToCompletion(const LoopArgs& a, uint64_t* iterations) {
       if (!got.isOk()) return got.status();
       if (*got > 0) break;
       if (shape.events || ++spins % 256 == 0) {
-        if (a.control->abort.load(std::memory_order_relaxed)) return Status(StatusCode::kCancelled, "run aborted");
+        if (a.control->abort.load(std::memory_order_relaxed))
+          return Status(StatusCode::kCancelled, "run aborted");
         if (secondsSince(t0) > a.stall) return stalled(a.stall);
       }
       if (!shape.events) afterEmptyPoll(shape, empty);
@@ -508,15 +518,15 @@ Result<std::unique_ptr<BenchSide>> VerbsSide::create(const std::string& device, 
   uint32_t maxRecvWr = needsReceives(shape) ? static_cast<uint32_t>(std::max(2 * shape.depth, 16)) : 1;
   uint32_t deviceMax = static_cast<uint32_t>(std::max(attr.maxQpWr, 1));
   if (maxSendWr > deviceMax) {
-    return invalidArgument("--depth " + std::to_string(shape.depth) + " exceeds the " + std::to_string(deviceMax) +
-                           " work requests a QP of " + device + " holds");
+    return invalidArgument("--depth " + std::to_string(shape.depth) + " exceeds the " +
+                           std::to_string(deviceMax) + " work requests a QP of " + device + " holds");
   }
   maxRecvWr = std::min(maxRecvWr, deviceMax);
   side->maxRecvWr_ = maxRecvWr;
   int cqe = shape.qps * static_cast<int>(maxSendWr + maxRecvWr) + 16;
   if (attr.maxCqe > 0 && cqe > attr.maxCqe) {
-    return invalidArgument("--qps x --depth needs " + std::to_string(cqe) + " CQ entries; " + device + " offers " +
-                           std::to_string(attr.maxCqe));
+    return invalidArgument("--qps x --depth needs " + std::to_string(cqe) + " CQ entries; " + device +
+                           " offers " + std::to_string(attr.maxCqe));
   }
   FERRY_ASSIGN_OR_RETURN(side->pd_, side->ctx_.allocPd());
   const size_t bytes = bufferBytes(shape);
@@ -526,14 +536,13 @@ Result<std::unique_ptr<BenchSide>> VerbsSide::create(const std::string& device, 
     FERRY_ASSIGN_OR_RETURN(t.channel, side->ctx_.createCompChannel());
     FERRY_ASSIGN_OR_RETURN(t.cq, side->ctx_.createCq({.cqe = cqe, .channel = &t.channel}));
     for (int qi = 0; qi < shape.qps; ++qi) {
-      FERRY_ASSIGN_OR_RETURN(v::QueuePair qp,
-                             side->pd_.createQp({.type = v::QpType::kRc,
-                                                 .sendCq = &t.cq,
-                                                 .recvCq = &t.cq,
-                                                 .cap = {.maxSendWr = maxSendWr,
-                                                         .maxRecvWr = maxRecvWr,
-                                                         .maxSendSge = 1,
-                                                         .maxRecvSge = 1}}));
+      FERRY_ASSIGN_OR_RETURN(
+          v::QueuePair qp,
+          side->pd_.createQp(
+              {.type = v::QpType::kRc,
+               .sendCq = &t.cq,
+               .recvCq = &t.cq,
+               .cap = {.maxSendWr = maxSendWr, .maxRecvWr = maxRecvWr, .maxSendSge = 1, .maxRecvSge = 1}}));
       t.qpIndex[qp.qpNum()] = t.qps.size();
       t.qps.push_back(std::move(qp));
       t.recvPosted.push_back(0);
@@ -599,7 +608,8 @@ Result<v::Path> decodePath(const json::Value& value, size_t index) {
   }
   auto path = v::Path::fromJson(json::serialize(value));
   if (!path.isOk()) {
-    return Status(StatusCode::kProtocolError, "path " + std::to_string(index) + ": " + path.status().message());
+    return Status(StatusCode::kProtocolError,
+                  "path " + std::to_string(index) + ": " + path.status().message());
   }
   return *path;
 }
@@ -633,8 +643,8 @@ Status VerbsSide::completePaths(const json::Array& peerPaths) {
       path.reverse();
       const v::Path& mine = t.localPaths.at(q);
       if (path.sqpn != mine.sqpn || path.sgid != mine.sgid) {
-        return Status(StatusCode::kProtocolError,
-                      "path " + std::to_string(index) + " of the server names another QP than the one offered");
+        return Status(StatusCode::kProtocolError, "path " + std::to_string(index) +
+                                                      " of the server names another QP than the one offered");
       }
       path.sqpsn = mine.sqpsn;
       FERRY_RETURN_IF_ERROR(t.qps[q].establish(path, kRemoteAccess));
@@ -658,13 +668,14 @@ json::Array VerbsSide::bufferDescriptions() const {
 
 Status VerbsSide::setRemoteBuffers(const json::Array& buffers) {
   if (buffers.size() != threads_.size()) {
-    return Status(StatusCode::kProtocolError, "expected " + std::to_string(threads_.size()) + " buffers, got " +
-                                                  std::to_string(buffers.size()));
+    return Status(StatusCode::kProtocolError, "expected " + std::to_string(threads_.size()) +
+                                                  " buffers, got " + std::to_string(buffers.size()));
   }
   const int64_t need = static_cast<int64_t>(bufferBytes(shape_));
   for (size_t i = 0; i < buffers.size(); ++i) {
     const json::Value& b = buffers[i];
-    if (!b.isObject()) return Status(StatusCode::kProtocolError, "buffer " + std::to_string(i) + " is not an object");
+    if (!b.isObject())
+      return Status(StatusCode::kProtocolError, "buffer " + std::to_string(i) + " is not an object");
     auto addr = intField(b, "addr", 1, std::numeric_limits<int64_t>::max());
     auto rkey = intField(b, "rkey", 0, 0xffffffffll);
     auto length = intField(b, "length", need, std::numeric_limits<int64_t>::max());
@@ -675,8 +686,10 @@ Status VerbsSide::setRemoteBuffers(const json::Array& buffers) {
         return Status(StatusCode::kProtocolError, "buffer " + std::to_string(i) + " of the peer: " + what);
       }
     }
-    if (*addr % 8 != 0) return Status(StatusCode::kProtocolError, "buffer " + std::to_string(i) + " is not 8-aligned");
-    threads_[i].remote = {.addr = static_cast<uint64_t>(*addr), .rkey = static_cast<uint32_t>(*rkey),
+    if (*addr % 8 != 0)
+      return Status(StatusCode::kProtocolError, "buffer " + std::to_string(i) + " is not 8-aligned");
+    threads_[i].remote = {.addr = static_cast<uint64_t>(*addr),
+                          .rkey = static_cast<uint32_t>(*rkey),
                           .length = static_cast<uint64_t>(*length)};
   }
   return Status::ok();
@@ -719,8 +732,10 @@ Status VerbsSide::finishRun(const json::Value& done, double stallTimeout, json::
 Status VerbsSide::postReceives(ThreadResources& t, size_t qp, uint32_t count) {
   if (count == 0) return Status::ok();
   v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer + landingOffset(shape_)),
-             .length = static_cast<uint32_t>(std::min<uint64_t>(shape_.maxSize, UINT32_MAX)), .lkey = t.mr.lkey()};
-  std::vector<v::RecvWr> wrs(count, v::RecvWr{.wrId = kRecvTag | qp, .sgList = std::span<const v::Sge>(&sge, 1)});
+             .length = static_cast<uint32_t>(std::min<uint64_t>(shape_.maxSize, UINT32_MAX)),
+             .lkey = t.mr.lkey()};
+  std::vector<v::RecvWr> wrs(count,
+                             v::RecvWr{.wrId = kRecvTag | qp, .sgList = std::span<const v::Sge>(&sge, 1)});
   FERRY_RETURN_IF_ERROR(t.qps[qp].postRecv(wrs));
   t.recvPosted[qp] += count;
   return Status::ok();
@@ -834,7 +849,8 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
           // Answer ping k with pong k: wait for the marker in the landing half, write it back.
           uint8_t* mark = t.buffer + size - 1;
           const uint8_t* landing = t.buffer + landingOffset(shape_) + size - 1;
-          v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
+          v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer),
+                     .length = static_cast<uint32_t>(size),
                      .lkey = t.mr.lkey()};
           LandingWait wait;  // as the client waits for its pong
           for (uint64_t k = 0;; ++k) {
@@ -860,11 +876,13 @@ Status VerbsSide::startResponders(uint64_t size, double stallTimeout) {
           }
         }
         // Receives: repost each one consumed; in a ping-pong also answer it on its QP.
-        v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer), .length = static_cast<uint32_t>(size),
+        v::Sge sge{.addr = reinterpret_cast<uintptr_t>(t.buffer),
+                   .length = static_cast<uint32_t>(size),
                    .lkey = t.mr.lkey()};
         auto onReceive = [&](const v::WorkCompletion& wc) -> Status {
           auto it = t.qpIndex.find(wc.qpNum);
-          if (it == t.qpIndex.end()) return Status(StatusCode::kInternal, "a receive completed on an unknown QP");
+          if (it == t.qpIndex.end())
+            return Status(StatusCode::kInternal, "a receive completed on an unknown QP");
           size_t q = it->second;
           --t.recvPosted[q];
           FERRY_RETURN_IF_ERROR(postReceives(t, q, 1));

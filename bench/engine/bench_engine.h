@@ -22,6 +22,11 @@ namespace ferry::cli::bench {
 
 using Clock = std::chrono::steady_clock;
 
+// Seconds from t until now.
+inline double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
 // The peer's buffer of one thread, as its hello described it.
 struct RemoteBuffer {
   uint64_t addr = 0;
@@ -48,20 +53,20 @@ struct ThreadResources {
 // What one run of one message size asks for.
 struct RunSpec {
   uint64_t size = 0;
-  uint64_t iters = 0;       // timed iterations per thread (ignored when duration > 0)
-  uint64_t warmup = 0;      // untimed iterations per thread before them
+  uint64_t iters = 0;   // timed iterations per thread (ignored when duration > 0)
+  uint64_t warmup = 0;  // untimed iterations per thread before them
   // ... repeated until this long has passed too: a short run otherwise measures where the kernel
   // first placed the threads. Two spinning threads that start on one core of two stay there for
   // tens of milliseconds, and a 5000-iteration 8 B ping-pong measured 12 us instead of 0.3.
   double warmupSeconds = 0.05;
-  double duration = 0;      // seconds of timed work per thread; 0: run by iters
-  double stallTimeout = 30; // seconds without progress before a run fails
+  double duration = 0;       // seconds of timed work per thread; 0: run by iters
+  double stallTimeout = 30;  // seconds without progress before a run fails
 };
 
 // What the client measured in one run (all threads together).
 struct RunMeasurement {
-  uint64_t iterations = 0;  // timed iterations, all threads
-  double seconds = 0;       // first timed post to last completion
+  uint64_t iterations = 0;        // timed iterations, all threads
+  double seconds = 0;             // first timed post to last completion
   std::vector<double> latencyUs;  // latency mode: one sample per timed iteration, sorted
   // Endpoint API: operations issued in the run, warm-up included (the server checks that as many
   // messages or immediates arrived), the time spent inside the calls that issued the timed ones,
@@ -84,8 +89,8 @@ struct RunControl {
 template <typename Once>
 Status warmUp(const RunSpec& spec, const RunControl& control, Once&& once) {
   if (spec.warmup == 0) return Status::ok();
-  const auto until =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.warmupSeconds));
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(spec.warmupSeconds));
   do {
     Status st = once();
     if (!st.isOk()) return st;

@@ -1,4 +1,5 @@
 // Command-line options of `ferry bench` and the checks both sides apply to a run's shape.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
@@ -7,8 +8,6 @@
 #include <cstdlib>
 #include <string>
 #include <tuple>
-
-#include <CLI/CLI.hpp>
 
 #include "bench.h"
 #include "ferry/common/config.h"
@@ -80,10 +79,12 @@ namespace {
 // The Endpoint API's part of validateShape().
 Status validateEndpointShape(const RunShape& s) {
   if (s.op == Op::kAtomic) {
-    return invalidArgument("--api endpoint offers write, read, send and write_imm (the Endpoint API has no atomics)");
+    return invalidArgument(
+        "--api endpoint offers write, read, send and write_imm (the Endpoint API has no atomics)");
   }
   if (s.threads != 1) {
-    return invalidArgument("--api endpoint drives one endpoint: --threads must be 1 (use --qps for its queue pairs)");
+    return invalidArgument(
+        "--api endpoint drives one endpoint: --threads must be 1 (use --qps for its queue pairs)");
   }
   if (s.qps > kMaxEndpointQps) {
     return invalidArgument("--api endpoint: --qps (the endpoint's num_qp) must be in [1, " +
@@ -101,8 +102,8 @@ Status validateEndpointShape(const RunShape& s) {
 Status validateShape(const RunShape& s) {
   auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi) -> Status {
     if (value < lo || value > hi) {
-      return invalidArgument(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                             "], not " + std::to_string(value));
+      return invalidArgument(std::string(name) + " must be in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "], not " + std::to_string(value));
     }
     return Status::ok();
   };
@@ -125,7 +126,8 @@ Status validateShape(const RunShape& s) {
   }
   if (s.events && (s.api != Api::kVerbs || s.mode != Mode::kLatency || (s.op == Op::kWrite))) {
     return invalidArgument(
-        "--wait event is for verbs latency runs of send, write_imm, read and atomic (a WRITE ping-pong lands in "
+        "--wait event is for verbs latency runs of send, write_imm, read and atomic (a WRITE ping-pong lands "
+        "in "
         "memory with no completion to wait for; the Endpoint API's waits sleep with FERRY_WAIT_SPIN_US=0)");
   }
   if (bufferBytes(s) * static_cast<uint64_t>(s.threads) > kMaxRegisteredBytes) {
@@ -148,7 +150,8 @@ std::string formatSize(uint64_t bytes) {
 Result<uint64_t> parseSize(std::string_view text) {
   FERRY_ASSIGN_OR_RETURN(uint64_t bytes, config::parseByteSize(text));
   if (bytes > kMaxMessageSize) {
-    return invalidArgument("bad size '" + std::string(text) + "': larger than 1G, the largest message ferry bench moves");
+    return invalidArgument("bad size '" + std::string(text) +
+                           "': larger than 1G, the largest message ferry bench moves");
   }
   return bytes;
 }
@@ -220,8 +223,8 @@ Result<int64_t> parseCount(const std::string& flag, const std::string& text, int
   char* end = nullptr;
   long long value = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || end == text.c_str() || *end != '\0' || errno != 0 || value < lo || value > hi) {
-    return invalidArgument(flag + " takes a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], not '" + text + "'");
+    return invalidArgument(flag + " takes a whole number in [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "], not '" + text + "'");
   }
   return static_cast<int64_t>(value);
 }
@@ -264,7 +267,8 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   bool server = false, local = false, sweep = false, help = false;
   std::vector<std::string> sizeTexts;
   std::string memory, wait;
-  std::string target, softPath, op, api, mode, port, iters, batch, depth, qps, threads, duration, timeout, plot;
+  std::string target, softPath, op, api, mode, port, iters, batch, depth, qps, threads, duration, timeout,
+      plot;
   std::string pollYield;
   // CLI11 recognises the options and their values; the checks below give each value's own message.
   CLI::App app("perftest-style bandwidth and latency between two processes", "ferry bench");
@@ -287,9 +291,15 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
   app.add_option("--api", api);
   app.add_option("--mode", mode);
   app.add_option("--size", sizeTexts)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  for (auto [name, text] : {std::pair{"--port", &port}, {"--iters", &iters}, {"--batch", &batch}, {"--depth", &depth},
-                            {"--qps", &qps}, {"--threads", &threads}, {"--duration", &duration},
-                            {"--timeout", &timeout}, {"--poll-yield", &pollYield}}) {
+  for (auto [name, text] : {std::pair{"--port", &port},
+                            {"--iters", &iters},
+                            {"--batch", &batch},
+                            {"--depth", &depth},
+                            {"--qps", &qps},
+                            {"--threads", &threads},
+                            {"--duration", &duration},
+                            {"--timeout", &timeout},
+                            {"--poll-yield", &pollYield}}) {
     app.add_option(name, *text);
   }
   app.add_option("target", target, "HOST[:PORT]");
@@ -326,28 +336,31 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
     return invalidArgument("unknown --api '" + api + "': use verbs or endpoint");
   }
   if (given("--memory")) {
-    if (memory != "heap" && memory != "shared") return invalidArgument("unknown --memory '" + memory + "': use heap or shared");
+    if (memory != "heap" && memory != "shared")
+      return invalidArgument("unknown --memory '" + memory + "': use heap or shared");
     o.shape.sharedMemory = memory == "shared";
   }
   if (given("--wait")) {
-    if (wait != "poll" && wait != "event") return invalidArgument("unknown --wait '" + wait + "': use poll or event");
+    if (wait != "poll" && wait != "event")
+      return invalidArgument("unknown --wait '" + wait + "': use poll or event");
     o.shape.events = wait == "event";
   }
   if (given("--mode") && !parseMode(mode, &o.shape.mode)) {
     return invalidArgument("unknown --mode '" + mode + "': use bw or lat");
   }
   if (o.shape.callTime && (o.shape.api != Api::kVerbs || o.shape.mode != Mode::kLatency)) {
-    return invalidArgument("--call-time is for verbs latency runs (--mode lat); the Endpoint API's runs always time "
-                           "their calls");
+    return invalidArgument(
+        "--call-time is for verbs latency runs (--mode lat); the Endpoint API's runs always time "
+        "their calls");
   }
   std::vector<uint64_t> sizes;
   for (const std::string& v : sizeTexts) {
     size_t start = 0;
     while (true) {
       size_t comma = v.find(',', start);
-      FERRY_ASSIGN_OR_RETURN(
-          uint64_t size,
-          parseSize(std::string_view(v).substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      FERRY_ASSIGN_OR_RETURN(uint64_t size,
+                             parseSize(std::string_view(v).substr(
+                                 start, comma == std::string::npos ? std::string::npos : comma - start)));
       sizes.push_back(size);
       if (comma == std::string::npos) break;
       start = comma + 1;
@@ -382,12 +395,14 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
     FERRY_ASSIGN_OR_RETURN(int64_t n, parseCount("--threads", threads, 1, kMaxThreads));
     o.shape.threads = static_cast<int>(n);
   }
-  for (auto [name, text, out] : {std::tuple{"--duration", &duration, &o.duration}, {"--timeout", &timeout, &o.timeout}}) {
+  for (auto [name, text, out] :
+       {std::tuple{"--duration", &duration, &o.duration}, {"--timeout", &timeout, &o.timeout}}) {
     if (!given(name)) continue;
     char* end = nullptr;
     double d = std::strtod(text->c_str(), &end);
     if (text->empty() || *end != '\0' || !std::isfinite(d) || d <= 0 || d > 86400) {
-      return invalidArgument(std::string(name) + " takes seconds, a number in (0, 86400], not '" + *text + "'");
+      return invalidArgument(std::string(name) + " takes seconds, a number in (0, 86400], not '" + *text +
+                             "'");
     }
     *out = d;
   }
@@ -402,7 +417,8 @@ Result<Options> parseOptions(const std::vector<std::string>& args) {
     if (!st.isOk()) return st;
     if (portGiven && port != o.port) return invalidArgument("two different ports: in the address and --port");
     o.port = port;
-    if (o.port == 0) return invalidArgument("--port 0 picks a free port for --server only: give the server's port");
+    if (o.port == 0)
+      return invalidArgument("--port 0 picks a free port for --server only: give the server's port");
   }
   if (o.role != Options::Role::kLocal && !o.serverDevice.empty()) {
     return invalidArgument("--server-device is for --local (the server picks its device with --device)");

@@ -48,10 +48,12 @@ std::vector<Column> columnsOf(const RunShape& s) {
   if (endpoint || s.callTime) {
     c.push_back({"t_call[us]", 11, [](const SizeResult& r) { return fixed(r.callUs, 3); }});
   }
-  c.push_back({"CPU client[%]", 14,
-               [](const SizeResult& r) { return fixed(percentOf(r.clientCpuSeconds, r.clientWallSeconds), 1); }});
-  c.push_back({"CPU server[%]", 14,
-               [](const SizeResult& r) { return fixed(percentOf(r.serverCpuSeconds, r.serverWallSeconds), 1); }});
+  c.push_back({"CPU client[%]", 14, [](const SizeResult& r) {
+                 return fixed(percentOf(r.clientCpuSeconds, r.clientWallSeconds), 1);
+               }});
+  c.push_back({"CPU server[%]", 14, [](const SizeResult& r) {
+                 return fixed(percentOf(r.serverCpuSeconds, r.serverWallSeconds), 1);
+               }});
   return c;
 }
 
@@ -94,27 +96,31 @@ SizeResult summarize(uint64_t size, const RunShape& shape, const RunMeasurement&
 void printHeader(FILE* out, const BenchReport& rep) {
   const RunShape& s = rep.shape;
   const bool endpoint = s.api == Api::kEndpoint;
-  std::fprintf(out, "ferry bench: %s%s %s, %s -> %s (server %s)\n", endpoint ? "Endpoint API " : "", opName(s.op),
-               s.mode == Mode::kBandwidth ? "bandwidth" : "latency", rep.clientDevice.c_str(), rep.serverDevice.c_str(),
-               rep.server.c_str());
+  std::fprintf(out, "ferry bench: %s%s %s, %s -> %s (server %s)\n", endpoint ? "Endpoint API " : "",
+               opName(s.op), s.mode == Mode::kBandwidth ? "bandwidth" : "latency", rep.clientDevice.c_str(),
+               rep.serverDevice.c_str(), rep.server.c_str());
   if (endpoint) {
     std::fprintf(out, "  1 endpoint, num_qp %d, batch %d (%s of #bytes per call)", s.qps, s.batch,
                  s.op == Op::kSend ? "chunks" : "assignments");
     if (s.mode == Mode::kBandwidth) std::fprintf(out, ", %d operations in flight", s.depth);
   } else {
-    std::fprintf(out, "  %d thread%s x %d QP%s", s.threads, s.threads == 1 ? "" : "s", s.qps, s.qps == 1 ? "" : "s");
+    std::fprintf(out, "  %d thread%s x %d QP%s", s.threads, s.threads == 1 ? "" : "s", s.qps,
+                 s.qps == 1 ? "" : "s");
     if (s.mode == Mode::kBandwidth) std::fprintf(out, ", depth %d, batch %d", s.depth, s.batch);
   }
   std::fprintf(out, ", iterations: %s\n", rep.iterationsRule.c_str());
   if (endpoint) {
-    std::fprintf(out, "  %st_msg = wall time per assignment; t_call = time in the call that issues an operation\n",
-                 s.mode == Mode::kLatency ? "latency = call to wait() returned, one operation at a time; " : "");
+    std::fprintf(
+        out, "  %st_msg = wall time per assignment; t_call = time in the call that issues an operation\n",
+        s.mode == Mode::kLatency ? "latency = call to wait() returned, one operation at a time; " : "");
   } else if (s.mode == Mode::kLatency) {
-    std::fprintf(out, "  %s%s\n", isPingPong(s) ? "ping-pong: one-way latency = round trip / 2"
-                                                : "latency = post to completion (one request at a time)",
+    std::fprintf(out, "  %s%s\n",
+                 isPingPong(s) ? "ping-pong: one-way latency = round trip / 2"
+                               : "latency = post to completion (one request at a time)",
                  s.callTime ? "; t_call = time inside postSend" : "");
   }
-  std::fprintf(out, "---------------------------------------------------------------------------------------\n");
+  std::fprintf(out,
+               "---------------------------------------------------------------------------------------\n");
   for (const Column& c : columnsOf(s)) std::fprintf(out, " %-*s", c.width, c.title);
   std::fprintf(out, "\n");
   std::fflush(out);
@@ -146,7 +152,9 @@ json::Value reportJson(const BenchReport& rep) {
   doc.set("depth", s.depth);
   doc.set("batch", s.batch);
   doc.set("iterations_rule", rep.iterationsRule);
-  doc.set("latency_kind", s.mode == Mode::kBandwidth ? "none" : isPingPong(s) ? "one_way_half_rtt" : "post_to_completion");
+  doc.set("latency_kind", s.mode == Mode::kBandwidth ? "none"
+                          : isPingPong(s)            ? "one_way_half_rtt"
+                                                     : "post_to_completion");
   json::Value sameHost;  // as set (null when unset), for the record
   json::Value tcpLane;
   for (const config::Setting& s : config::settings()) {

@@ -26,8 +26,8 @@
 //
 // One descriptor, one request: before the server moves a byte it claims the descriptor from this
 // client's agent (docs/objects.md, "How a descriptor works"), which confirms only a descriptor it
-// minted, live and never claimed before, and answers with its own copy, whose keys the server uses. A second request
-// with the same descriptor, or one with an edited descriptor, fails at the server with -EIO and
+// minted, live and never claimed before, and answers with its own copy, whose keys the server uses. A second
+// request with the same descriptor, or one with an edited descriptor, fails at the server with -EIO and
 // nothing moves. The client answers on its agent's thread; a client that cannot answer (stopped)
 // fails the server's request after the server's wait.
 //

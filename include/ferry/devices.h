@@ -15,10 +15,10 @@
 namespace ferry {
 
 struct ProviderInfo {
-  std::string name;       // "soft", "ibverbs"
-  int priority = 0;       // higher is listed first
+  std::string name;  // "soft", "ibverbs"
+  int priority = 0;  // higher is listed first
   bool available = false;
-  std::string reason;     // why it is unavailable (empty when available)
+  std::string reason;  // why it is unavailable (empty when available)
   // The data paths the provider will use here, one "name: state" line each (the soft provider's
   // same-host path, for instance).
   std::vector<std::string> paths;

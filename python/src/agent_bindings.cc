@@ -66,8 +66,11 @@ std::vector<NamedAssignment> toAssignments(py::handle batch, OpKind kind) {
       PyObject** f = &PyTuple_GET_ITEM(item, 0);
       if (n == 4) {
         RegionRef r = toRegion(f[0], "region", i);
-        out.push_back({.local = r, .remote = r, .localOffset = toU64(f[1], "local_offset", i),
-                       .remoteOffset = toU64(f[2], "remote_offset", i), .length = toU64(f[3], "length", i)});
+        out.push_back({.local = r,
+                       .remote = r,
+                       .localOffset = toU64(f[1], "local_offset", i),
+                       .remoteOffset = toU64(f[2], "remote_offset", i),
+                       .length = toU64(f[3], "length", i)});
         continue;
       }
       if (n == 5) {
@@ -78,12 +81,16 @@ std::vector<NamedAssignment> toAssignments(py::handle batch, OpKind kind) {
         uint64_t b = toU64(f[3], named ? "remote_offset" : "source_offset", i);
         uint64_t len = toU64(f[4], "length", i);
         if (named) {
-          out.push_back({.local = local, .remote = remote, .localOffset = a, .remoteOffset = b, .length = len});
+          out.push_back(
+              {.local = local, .remote = remote, .localOffset = a, .remoteOffset = b, .length = len});
         } else {
           // The Endpoint API's tuple: target is where the bytes land (local for a read).
           bool read = kind == OpKind::kRead;
-          out.push_back({.local = local, .remote = remote, .localOffset = read ? a : b,
-                         .remoteOffset = read ? b : a, .length = len});
+          out.push_back({.local = local,
+                         .remote = remote,
+                         .localOffset = read ? a : b,
+                         .remoteOffset = read ? b : a,
+                         .length = len});
         }
         continue;
       }
@@ -97,14 +104,16 @@ std::vector<NamedAssignment> toAssignments(py::handle batch, OpKind kind) {
     }
     py::object l = h.attr("local"), r = h.attr("remote");
     py::object lo = h.attr("local_offset"), ro = h.attr("remote_offset"), len = h.attr("length");
-    out.push_back({.local = toRegion(l.ptr(), "local", i), .remote = toRegion(r.ptr(), "remote", i),
+    out.push_back({.local = toRegion(l.ptr(), "local", i),
+                   .remote = toRegion(r.ptr(), "remote", i),
                    .localOffset = toU64(lo.ptr(), "local_offset", i),
-                   .remoteOffset = toU64(ro.ptr(), "remote_offset", i), .length = toU64(len.ptr(), "length", i)});
+                   .remoteOffset = toU64(ro.ptr(), "remote_offset", i),
+                   .length = toU64(len.ptr(), "length", i)});
   }
   return out;
 }
 
-std::vector<NamedChunk> toChunks(py::handle chunks) {
+std::vector<NamedChunk> toNamedChunks(py::handle chunks) {
   std::vector<NamedChunk> out;
   py::list items;
   if (isTuple(chunks.ptr())) {
@@ -121,22 +130,25 @@ std::vector<NamedChunk> toChunks(py::handle chunks) {
       raiseInvalid("chunk " + std::to_string(i) + " is not a (region, offset, length) tuple");
     }
     PyObject** f = &PyTuple_GET_ITEM(item, 0);
-    out.push_back({.region = toRegion(f[0], "region", i), .offset = toU64(f[1], "offset", i),
+    out.push_back({.region = toRegion(f[0], "region", i),
+                   .offset = toU64(f[1], "offset", i),
                    .length = toU64(f[2], "length", i)});
   }
   return out;
 }
 
 std::chrono::milliseconds toMillis(double seconds, const char* what) {
-  if (!(seconds > 0) || seconds > 1e7) raiseInvalid(std::string(what) + " must be a positive number of seconds");
+  if (!(seconds > 0) || seconds > 1e7)
+    raiseInvalid(std::string(what) + " must be a positive number of seconds");
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
 }
 
-std::shared_ptr<Agent> startAgent(const std::string& alias, const std::string& store, const std::string& scope,
-                                  const std::vector<std::string>& devices, const std::string& listenHost, int listenPort,
-                                  double connectTimeout, double peerTimeout, double heartbeat, int leaseTtl,
-                                  const std::string& secret, const std::string& lanes, std::optional<uint32_t> recvDepth,
-                                  std::optional<uint32_t> recvBufferSize) {
+std::shared_ptr<Agent> startAgent(const std::string& alias, const std::string& store,
+                                  const std::string& scope, const std::vector<std::string>& devices,
+                                  const std::string& listenHost, int listenPort, double connectTimeout,
+                                  double peerTimeout, double heartbeat, int leaseTtl,
+                                  const std::string& secret, const std::string& lanes,
+                                  std::optional<uint32_t> recvDepth, std::optional<uint32_t> recvBufferSize) {
   AgentOptions o;
   o.alias = alias;
   o.store = store;
@@ -207,9 +219,9 @@ void bindAgent(py::module_& m) {
   py::class_<PeerConnection, std::shared_ptr<PeerConnection>>(m, "PeerConnection",
                                                               "The connection to one peer: usable at once.")
       .def_property_readonly("peer_alias", &PeerConnection::peerAlias,
-          "The peer's alias (its address's alias when connected by address).")
+                             "The peer's alias (its address's alias when connected by address).")
       .def_property_readonly("peer_uuid", &PeerConnection::peerUuid,
-          "The peer's uuid as hex ('' before its address is known).")
+                             "The peer's uuid as hex ('' before its address is known).")
       .def("is_connected", &PeerConnection::isConnected, "Whether the wireup finished and the peer is there.")
       .def("ready", &PeerConnection::ready,
            "The wireup as a future (wait() it, or await it): done when connected or failed.")
@@ -236,10 +248,12 @@ void bindAgent(py::module_& m) {
           py::arg("op_class"),
           "The Endpoint of an operation class's lane: op_class is 'messages', 'rma' or 'atomics' (None "
           "before the wireup finished). Raises ferry.InvalidArgument for another class.")
-      .def("lanes", [](const PeerConnection& c) { return lanesDict(unwrap(c.lanes())); },
+      .def(
+          "lanes", [](const PeerConnection& c) { return lanesDict(unwrap(c.lanes())); },
           "The lane of each operation class: {'messages', 'rma', 'atomics'} to 'same_host', 'tcp' or "
           "'rdma:<local device>'. Raises ferry.Unavailable before the peer's address is known.")
-      .def("lanes_detail", [](const PeerConnection& c) { return lanesDetail(unwrap(c.lanes())); },
+      .def(
+          "lanes_detail", [](const PeerConnection& c) { return lanesDetail(unwrap(c.lanes())); },
           "The lanes with their devices: per operation class, {'lane', 'local_device', 'remote_device', "
           "'why'} (why: the reason it was chosen). Raises ferry.Unavailable before the peer's address is "
           "known.")
@@ -285,7 +299,7 @@ void bindAgent(py::module_& m) {
       .def(
           "send",
           [](PeerConnection& c, py::object chunks) {
-            auto list = toChunks(chunks);
+            auto list = toNamedChunks(chunks);
             return post<endpoint::SendFuture>([&] { return c.send(list); });
           },
           py::arg("chunks"),
@@ -295,7 +309,7 @@ void bindAgent(py::module_& m) {
       .def(
           "recv",
           [](PeerConnection& c, py::object chunks) {
-            auto list = toChunks(chunks);
+            auto list = toNamedChunks(chunks);
             return post<endpoint::RecvFuture>([&] { return c.recv(list); });
           },
           py::arg("chunks"),
@@ -308,8 +322,8 @@ void bindAgent(py::module_& m) {
           "The peer's next write_with_imm immediate, in the order the peer issued them: an ImmRecvFuture, "
           "done when all that write's data is in place here; imm_data() is the value.")
       .def("__repr__", [](const PeerConnection& c) {
-        return "<ferry PeerConnection to '" + c.peerAlias() + "' " + (c.isConnected() ? "connected" : "not connected") +
-               ">";
+        return "<ferry PeerConnection to '" + c.peerAlias() + "' " +
+               (c.isConnected() ? "connected" : "not connected") + ">";
       });
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent", "An agent (see ferry.PeerAgent).")
@@ -337,7 +351,8 @@ void bindAgent(py::module_& m) {
           },
           py::arg("address"), py::arg("qp_num") = 1)
       .def(
-          "peer", [](Agent& a, const std::string& alias) { return unwrap(released([&] { return a.peer(alias); })); },
+          "peer",
+          [](Agent& a, const std::string& alias) { return unwrap(released([&] { return a.peer(alias); })); },
           py::arg("alias"))
       .def(
           "register_memory_region",
@@ -353,7 +368,9 @@ void bindAgent(py::module_& m) {
           py::arg("name"), py::arg("ptr"), py::arg("offset") = 0, py::arg("length") = py::none())
       .def(
           "unregister_memory_region",
-          [](Agent& a, const std::string& name) { check(released([&] { return a.unregisterMemoryRegion(name); })); },
+          [](Agent& a, const std::string& name) {
+            check(released([&] { return a.unregisterMemoryRegion(name); }));
+          },
           py::arg("name"))
       .def(
           "get_mr_info",
@@ -366,13 +383,13 @@ void bindAgent(py::module_& m) {
             return unwrap(std::move(info));
           },
           py::arg("peer"), py::arg("name"))
-      .def(
-          "list_agents", [](Agent& a) { return unwrap(released([&] { return a.listAgents(); })); })
+      .def("list_agents", [](Agent& a) { return unwrap(released([&] { return a.listAgents(); })); })
       .def(
           "lanes", [](Agent& a, const std::string& peer) { return lanesDict(unwrap(a.lanes(peer))); },
           py::arg("peer"))
       .def(
-          "lanes_detail", [](Agent& a, const std::string& peer) { return lanesDetail(unwrap(a.lanes(peer))); },
+          "lanes_detail",
+          [](Agent& a, const std::string& peer) { return lanesDetail(unwrap(a.lanes(peer))); },
           py::arg("peer"))
       .def("peers", &Agent::peers)
       .def("stats",

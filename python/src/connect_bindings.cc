@@ -25,7 +25,8 @@ using connect::ConnectorOptions;
 using connect::Operation;
 
 std::vector<Buffer> toBuffers(py::handle descriptors) {
-  if (!PySequence_Check(descriptors.ptr())) raiseInvalid("descriptors: expected a list of (target, length, keepalive)");
+  if (!PySequence_Check(descriptors.ptr()))
+    raiseInvalid("descriptors: expected a list of (target, length, keepalive)");
   py::list items(py::reinterpret_borrow<py::object>(descriptors));
   std::vector<Buffer> out;
   out.reserve(items.size());
@@ -43,10 +44,9 @@ std::vector<Buffer> toBuffers(py::handle descriptors) {
     // The buffer's own export (a view held while registered) and the descriptor, together.
     std::shared_ptr<void> both = m.options.owner;
     Buffer b{.addr = m.addr, .length = m.length, .readOnly = !m.options.writable, .owner = nullptr};
-    b.owner = std::shared_ptr<void>(new std::pair<std::shared_ptr<void>, std::shared_ptr<PyOwner>>(both, owner),
-                                    [](void* p) {
-                                      delete static_cast<std::pair<std::shared_ptr<void>, std::shared_ptr<PyOwner>>*>(p);
-                                    });
+    b.owner = std::shared_ptr<void>(
+        new std::pair<std::shared_ptr<void>, std::shared_ptr<PyOwner>>(both, owner),
+        [](void* p) { delete static_cast<std::pair<std::shared_ptr<void>, std::shared_ptr<PyOwner>>*>(p); });
     out.push_back(std::move(b));
   }
   return out;
@@ -68,7 +68,7 @@ std::chrono::milliseconds toMs(double seconds, const char* what) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
 
-py::dict statsDict(const connect::ConnectorStats& s) {
+py::dict connectorStatsDict(const connect::ConnectorStats& s) {
   py::dict d;
   d["created"] = s.created;
   d["begun"] = s.begun;
@@ -99,12 +99,14 @@ void bindConnect(py::module_& m) {
                          " that is not a contiguous buffer");
           }
         }
-        auto out = py::make_tuple(reinterpret_cast<uint64_t>(view.buf), static_cast<uint64_t>(view.len), readOnly);
+        auto out =
+            py::make_tuple(reinterpret_cast<uint64_t>(view.buf), static_cast<uint64_t>(view.len), readOnly);
         PyBuffer_Release(&view);
         return out;
       },
       py::arg("obj"), "(address, size, read_only) of a contiguous buffer object.");
-  py::class_<Operation, std::shared_ptr<Operation>>(m, "Operation", "One readable, writable, read or write operation.")
+  py::class_<Operation, std::shared_ptr<Operation>>(m, "Operation",
+                                                    "One readable, writable, read or write operation.")
       .def_property_readonly("id", &Operation::id)
       .def_property_readonly("kind", [](const Operation& o) { return static_cast<int>(o.kind()); })
       .def_property_readonly("passive", &Operation::passive)
@@ -149,23 +151,26 @@ void bindConnect(py::module_& m) {
              }();
              return unwrap(std::move(c));
            }),
-           py::arg("worker_id") = "", py::arg("store") = "", py::arg("scope") = "default", py::arg("secret") = "",
-           py::arg("listen_host") = "", py::arg("metadata_ttl") = 600.0, py::arg("connect_timeout") = 30.0,
-           py::arg("cancel_grace") = 2.0, py::arg("chunk_bytes") = uint64_t{64} << 20, py::arg("window") = 4)
+           py::arg("worker_id") = "", py::arg("store") = "", py::arg("scope") = "default",
+           py::arg("secret") = "", py::arg("listen_host") = "", py::arg("metadata_ttl") = 600.0,
+           py::arg("connect_timeout") = 30.0, py::arg("cancel_grace") = 2.0,
+           py::arg("chunk_bytes") = uint64_t{64} << 20, py::arg("window") = 4)
       .def_property_readonly("name", &Connector::name)
       .def_property_readonly("namespace", &Connector::nameSpace)
       .def_property_readonly("address", [](const Connector& c) { return py::bytes(c.agent()->address()); })
-      .def("stats", [](const Connector& c) { return statsDict(c.stats()); })
+      .def("stats", [](const Connector& c) { return connectorStatsDict(c.stats()); })
       .def(
           "create_readable",
           [](Connector& c, py::handle descriptors) {
-            return withBuffers(descriptors, [&](std::vector<Buffer> b) { return c.createReadable(std::move(b)); });
+            return withBuffers(descriptors,
+                               [&](std::vector<Buffer> b) { return c.createReadable(std::move(b)); });
           },
           py::arg("descriptors"))
       .def(
           "create_writable",
           [](Connector& c, py::handle descriptors) {
-            return withBuffers(descriptors, [&](std::vector<Buffer> b) { return c.createWritable(std::move(b)); });
+            return withBuffers(descriptors,
+                               [&](std::vector<Buffer> b) { return c.createWritable(std::move(b)); });
           },
           py::arg("descriptors"))
       .def(

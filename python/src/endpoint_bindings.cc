@@ -6,6 +6,8 @@
 // handle signals (Ctrl-C interrupts a wait, the operation goes on).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -13,14 +15,10 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <mutex>
 
 #include "ferry/endpoint/endpoint.h"
 #include "ferry/endpoint/op_state.h"
@@ -297,7 +295,8 @@ class RawRegions {
       return;
     }
     uint64_t end = offset + length;
-    if (end < offset) raiseInvalid("memory at address " + std::to_string(key) + ": offset + length overflows");
+    if (end < offset)
+      raiseInvalid("memory at address " + std::to_string(key) + ": offset + length overflows");
     uint64_t& extent = extent_[key];
     extent = std::max(extent, std::max<uint64_t>(end, 1));
   }
@@ -314,7 +313,8 @@ class RawRegions {
       if (!h.isOk()) {
         return Status(h.status().code(), "memory at address 0x" + toHex(addr) +
                                              " is not a registered region and could not be registered for "
-                                             "this operation: " + h.status().message());
+                                             "this operation: " +
+                                             h.status().message());
       }
       handles_.push_back(*h);
       mapped_[addr] = *h;
@@ -356,8 +356,8 @@ class RawRegions {
 // item's local key (a reference to it), `local` gives (offset, length) of its local bytes; the
 // addresses are registered, the keys replaced, submit(items) called, all without the GIL.
 template <typename F, typename Item, typename Key, typename Local, typename Submit>
-F submitWithRaw(const std::shared_ptr<Endpoint>& ep, std::vector<Item>& items, bool writable, Key key, Local local,
-                Submit submit) {
+F submitWithRaw(const std::shared_ptr<Endpoint>& ep, std::vector<Item>& items, bool writable, Key key,
+                Local local, Submit submit) {
   RawRegions raw(ep->pool(), writable);
   for (Item& item : items) {
     auto [offset, length] = local(item);
@@ -519,16 +519,18 @@ void bindEndpoint(py::module_& m) {
            }),
            py::arg("device_name") = "", py::arg("ib_port") = 1, py::arg("link_type") = "RoCE")
       .def_property_readonly("device_name", &RdmaContext::deviceName,
-          "The device's name, as available_nic() reports it.")
+                             "The device's name, as available_nic() reports it.")
       .def_property_readonly("ib_port", &RdmaContext::ibPort,
-          "The port number on the device (1 .. its port count).")
-      .def_property_readonly("link_type", &RdmaContext::linkType,
+                             "The port number on the device (1 .. its port count).")
+      .def_property_readonly(
+          "link_type", &RdmaContext::linkType,
           "'RoCE' for an Ethernet link layer, 'IB' for InfiniBand, else the device's transport name.")
       .def(
           "stats", [](const RdmaContext& c) { return operationsDict(c.metrics()->snapshot()); },
-          "Per kind of operation of every endpoint on this context: completed, bytes, errors by status, latency")
+          "Per kind of operation of every endpoint on this context: completed, bytes, errors by status, "
+          "latency")
       .def_property_readonly("socket_id", &RdmaContext::socketId,
-          "The NUMA node of the device; 0 where unknown.");
+                             "The NUMA node of the device; 0 where unknown.");
 
   py::class_<MemoryPool, std::shared_ptr<MemoryPool>>(m, "MemoryPool",
                                                       "Local memory regions shared by endpoints.")
@@ -552,7 +554,7 @@ void bindEndpoint(py::module_& m) {
           "The handle (int) of the region registered under name; raises ferry.NotFound when there is none.")
       .def("_mr_info_json", &MemoryPool::mrInfo)
       .def_property_readonly("context", &MemoryPool::context,
-          "The Context (device port) the pool's regions are registered on.")
+                             "The Context (device port) the pool's regions are registered on.")
       .def("__len__", &MemoryPool::size);
 
   py::class_<Worker, std::shared_ptr<Worker>>(m, "Worker", "A progress thread for one or more endpoints.")
@@ -563,16 +565,17 @@ void bindEndpoint(py::module_& m) {
       .def(
           py::init([](int socket, int id) { return unwrap(Worker::create({.socketId = socket, .id = id})); }),
           py::arg("socket_id"), py::arg("id"))
-      .def("start",
-           [](Worker& w) {
-             check(w.start());
-             return 0;
-           },
-           "Starts the progress thread (idempotent; attaching an endpoint starts it too). Returns 0; raises "
-           "ferry.Closed after stop().")
+      .def(
+          "start",
+          [](Worker& w) {
+            check(w.start());
+            return 0;
+          },
+          "Starts the progress thread (idempotent; attaching an endpoint starts it too). Returns 0; raises "
+          "ferry.Closed after stop().")
       .def("stop", &Worker::stop, py::call_guard<py::gil_scoped_release>(),
-          "Shuts down every endpoint this worker progresses (their pending futures raise ferry.Cancelled), "
-          "then ends the thread. Idempotent; returns when the thread has exited (without holding the GIL).")
+           "Shuts down every endpoint this worker progresses (their pending futures raise ferry.Cancelled), "
+           "then ends the thread. Idempotent; returns when the thread has exited (without holding the GIL).")
       .def(
           "add_endpoint",
           [](Worker& w, const std::shared_ptr<Endpoint>& ep) {
@@ -587,11 +590,10 @@ void bindEndpoint(py::module_& m) {
           "Moves an endpoint to this worker (from its own worker or another). Raises ferry.Closed when this "
           "worker was stopped or the endpoint was shut down.")
       .def_property_readonly("socket_id", &Worker::socketId,
-          "The NUMA node whose CPUs the thread runs on; -1: not pinned.")
-      .def_property_readonly("id", &Worker::id,
-          "The number given at creation (for logs and thread names).")
+                             "The NUMA node whose CPUs the thread runs on; -1: not pinned.")
+      .def_property_readonly("id", &Worker::id, "The number given at creation (for logs and thread names).")
       .def_property_readonly("running", &Worker::running,
-          "Whether the progress thread is running (started and not stopped).")
+                             "Whether the progress thread is running (started and not stopped).")
       .def("__len__", &Worker::endpointCount);
 
   py::class_<endpoint::Future>(m, "Future", "An asynchronous operation of an endpoint.")
@@ -600,11 +602,13 @@ void bindEndpoint(py::module_& m) {
           py::arg("timeout") = py::none(),
           "Waits for the operation (timeout in seconds; None: until it completes). Returns 0; raises the "
           "operation's error (ferry.WorkCompletionError, ferry.Cancelled, ...) or ferry.TimedOut.")
-      .def("done", &endpoint::Future::done,
-           "Whether the operation completed (with success or an error); never blocks, and takes no completion "
-           "itself: another thread must have taken it (poll() takes the completions that are there).")
+      .def(
+          "done", &endpoint::Future::done,
+          "Whether the operation completed (with success or an error); never blocks, and takes no completion "
+          "itself: another thread must have taken it (poll() takes the completions that are there).")
       .def("poll", &endpoint::Future::poll, py::call_guard<py::gil_scoped_release>(),
-           "Takes the completions that are there once, on this thread, without blocking, and returns whether the "
+           "Takes the completions that are there once, on this thread, without blocking, and returns whether "
+           "the "
            "operation is done: the step of a poll loop, which completes an operation without waking the "
            "endpoint's thread.")
       .def("__repr__", [](const endpoint::Future& f) {
@@ -613,22 +617,26 @@ void bindEndpoint(py::module_& m) {
                                                 : "failed: " + f.status().message();
         return "<ferry future " + state + ">";
       });
-  py::class_<endpoint::ReadWriteFuture, endpoint::Future>(m, "ReadWriteFuture",
+  py::class_<endpoint::ReadWriteFuture, endpoint::Future>(
+      m, "ReadWriteFuture",
       "The future of read(), write() and write_with_imm(): done when every byte of the batch is placed (in "
       "local memory for a READ, at the peer for a WRITE). wait() returns 0, and so does await. It completes "
       "once, on the endpoint's worker thread or on a thread waiting for it: with success, the operation's "
       "error, ferry.Cancelled (shutdown) or the endpoint's failure.");
-  py::class_<endpoint::SendFuture, endpoint::Future>(m, "SendFuture",
+  py::class_<endpoint::SendFuture, endpoint::Future>(
+      m, "SendFuture",
       "The future of send(): done when the whole message is in the peer's receive buffers. wait() returns 0,"
       " and so does await. It completes once, on the endpoint's worker thread or on a thread waiting for it:"
       " with success, the operation's error, ferry.Cancelled (shutdown) or the endpoint's failure.");
-  py::class_<endpoint::RecvFuture, endpoint::Future>(m, "RecvFuture",
+  py::class_<endpoint::RecvFuture, endpoint::Future>(
+      m, "RecvFuture",
       "The future of recv(): done when a whole message is in the chunks; nbytes() is its length in bytes, "
       "which await gives. A message longer than the chunks fails it with ferry.InvalidArgument. It completes"
       " once, on the endpoint's worker thread or on a thread waiting for it: with success, the operation's "
       "error, ferry.Cancelled (shutdown) or the endpoint's failure.")
       .def("nbytes", &endpoint::RecvFuture::bytes, "The received message's length (once done).");
-  py::class_<endpoint::ImmRecvFuture, endpoint::Future>(m, "ImmRecvFuture",
+  py::class_<endpoint::ImmRecvFuture, endpoint::Future>(
+      m, "ImmRecvFuture",
       "The future of imm_recv(): done when the peer's next write_with_imm (in the order the peer issued "
       "them) has placed all its data here; imm_data() is the immediate (unsigned 32-bit), which await gives."
       " It completes once, on the endpoint's worker thread or on a thread waiting for it: with success, the "
@@ -698,16 +706,16 @@ void bindEndpoint(py::module_& m) {
       .def(
           "send",
           [](const std::shared_ptr<Endpoint>& ep, py::handle chunks, py::handle stream) {
-            return submitMessage<endpoint::SendFuture>(ep, chunks, false,
-                                                       [&](const std::vector<Chunk>& l) { return ep->send(l); });
+            return submitMessage<endpoint::SendFuture>(
+                ep, chunks, false, [&](const std::vector<Chunk>& l) { return ep->send(l); });
           },
           py::arg("chunk"), py::arg("stream_handler") = py::none(),
           "Sends one message gathered from [(mr_key, offset, length), ...].")
       .def(
           "recv",
           [](const std::shared_ptr<Endpoint>& ep, py::handle chunks, py::handle stream) {
-            return submitMessage<endpoint::RecvFuture>(ep, chunks, true,
-                                                       [&](const std::vector<Chunk>& l) { return ep->recv(l); });
+            return submitMessage<endpoint::RecvFuture>(
+                ep, chunks, true, [&](const std::vector<Chunk>& l) { return ep->recv(l); });
           },
           py::arg("chunk"), py::arg("stream_handler") = py::none(),
           "Receives the next message into [(mr_key, offset, length), ...].")
@@ -722,7 +730,8 @@ void bindEndpoint(py::module_& m) {
             return unwrap(std::move(f));
           },
           py::arg("stream") = py::none(), "The peer's next write_with_imm immediate.")
-      .def("shutdown", static_cast<void (Endpoint::*)()>(&Endpoint::shutdown), py::call_guard<py::gil_scoped_release>(),
+      .def("shutdown", static_cast<void (Endpoint::*)()>(&Endpoint::shutdown),
+           py::call_guard<py::gil_scoped_release>(),
            "Fails every pending operation with ferry.Cancelled and releases the queue pairs. Idempotent.")
       .def(
           "local_handle",
@@ -735,44 +744,48 @@ void bindEndpoint(py::module_& m) {
           py::arg("name"),
           "The handle (int) of the peer's region recorded under name (by connect() from the peer's mr_info, "
           "or registered as a remote region); raises ferry.NotFound when none.")
-      .def_property_readonly("num_qp", &Endpoint::numQp,
+      .def_property_readonly(
+          "num_qp", &Endpoint::numQp,
           "The number of reliable-connected queue pairs (1 .. 64); both peers use the same.")
       .def_property_readonly("connected", &Endpoint::connected,
-          "Whether connect() succeeded and the endpoint is not shut down.")
-      .def_property_readonly("is_shutdown", &Endpoint::isShutdown,
+                             "Whether connect() succeeded and the endpoint is not shut down.")
+      .def_property_readonly(
+          "is_shutdown", &Endpoint::isShutdown,
           "Whether the endpoint was shut down (shutdown(), its worker's stop()); its operations then fail.")
       .def("get_pool", &Endpoint::pool,
-          "The MemoryPool holding this endpoint's local regions (shared with the endpoints given the same "
-          "pool).")
+           "The MemoryPool holding this endpoint's local regions (shared with the endpoints given the same "
+           "pool).")
       .def_property_readonly("context", &Endpoint::context,
-          "The Context (device port) of the endpoint's queue pairs.")
-      .def_property_readonly("worker", &Endpoint::worker,
-          "The Worker whose thread progresses this endpoint.")
-      .def("stats", [](const Endpoint& ep) {
-        endpoint::EndpointStats s = ep.stats();
-        py::list lanes;
-        for (const auto& l : s.lanes) {
-          py::dict d;
-          d["work_requests"] = l.workRequests;
-          d["bytes"] = l.bytes;
-          d["max_outstanding"] = l.maxOutstanding;
-          d["receives_posted"] = l.receivesPosted;
-          lanes.append(d);
-        }
-        py::dict out;
-        out["operations"] = operationsDict(s.operations);
-        out["lanes"] = lanes;
-        out["operations_queued"] = s.operationsQueued;
-        out["unexpected_bytes"] = s.unexpectedBytes;
-        out["immediates_queued"] = s.immediatesQueued;
-        out["worker_wakeups"] = s.workerWakeups;
-        return out;
-      },
-      "Counters of this endpoint: 'operations' (per kind: operations, bytes, errors, errors_by_status, "
-      "latency_sum_us and latency_buckets as (upper bound in us, count)), 'lanes' (per queue pair: "
-      "work_requests, bytes, max_outstanding, receives_posted), 'operations_queued', 'unexpected_bytes' "
-      "(messages held before their recv()), 'immediates_queued' and 'worker_wakeups' (the times the worker "
-      "took the endpoint's completions).");
+                             "The Context (device port) of the endpoint's queue pairs.")
+      .def_property_readonly("worker", &Endpoint::worker, "The Worker whose thread progresses this endpoint.")
+      .def(
+          "stats",
+          [](const Endpoint& ep) {
+            endpoint::EndpointStats s = ep.stats();
+            py::list lanes;
+            for (const auto& l : s.lanes) {
+              py::dict d;
+              d["work_requests"] = l.workRequests;
+              d["bytes"] = l.bytes;
+              d["max_outstanding"] = l.maxOutstanding;
+              d["receives_posted"] = l.receivesPosted;
+              lanes.append(d);
+            }
+            py::dict out;
+            out["operations"] = operationsDict(s.operations);
+            out["lanes"] = lanes;
+            out["operations_queued"] = s.operationsQueued;
+            out["unexpected_bytes"] = s.unexpectedBytes;
+            out["immediates_queued"] = s.immediatesQueued;
+            out["worker_wakeups"] = s.workerWakeups;
+            return out;
+          },
+          "Counters of this endpoint: 'operations' (per kind: operations, bytes, errors, errors_by_status, "
+          "latency_sum_us and latency_buckets as (upper bound in us, count)), 'lanes' (per queue pair: "
+          "work_requests, bytes, max_outstanding, receives_posted), 'operations_queued', 'unexpected_bytes' "
+          "(messages held before their recv()), 'immediates_queued' and 'worker_wakeups' (the times the "
+          "worker "
+          "took the endpoint's completions).");
 }
 
 }  // namespace ferry::python

@@ -111,7 +111,8 @@ int waitFuture(const endpoint::Future& f, py::object timeout) {
   if (!timeout.is_none()) {
     PyObject* o = timeout.ptr();
     if (PyBool_Check(o) || !(PyFloat_Check(o) || PyLong_Check(o) || PyIndex_Check(o))) {
-      raiseInvalid(std::string("wait: the timeout must be a number of seconds or None, not ") + Py_TYPE(o)->tp_name);
+      raiseInvalid(std::string("wait: the timeout must be a number of seconds or None, not ") +
+                   Py_TYPE(o)->tp_name);
     }
     double seconds = PyFloat_AsDouble(o);
     if (seconds == -1.0 && PyErr_Occurred()) {
@@ -128,7 +129,8 @@ int waitFuture(const endpoint::Future& f, py::object timeout) {
   for (;;) {
     auto slice = std::chrono::milliseconds(100);
     if (deadline) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());  // rounded up: never short
+      auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());  // rounded up: never short
       slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
     }
     Status st;
@@ -154,6 +156,5 @@ uint32_t toImm(py::handle value) {
   if (v < -(1ll << 31) || v >= (1ll << 32)) raiseInvalid("imm_data must fit in 32 bits");
   return static_cast<uint32_t>(v);
 }
-
 
 }  // namespace ferry::python

@@ -139,7 +139,7 @@ py::dict infoDict(const ObjectInfo& info) {
   return d;
 }
 
-py::dict statsDict(const objects::StoreStats& s) {
+py::dict storeStatsDict(const objects::StoreStats& s) {
   py::dict d;
   d["objects"] = s.objects;
   d["bytes"] = s.bytes;
@@ -229,7 +229,7 @@ void bindObjects(py::module_& m) {
       .def_property_readonly("port", &ObjectStore::port, "The HTTP port")
       .def_property_readonly("url", &ObjectStore::url, "\"http://HOST:PORT\", for ObjectClient.connect()")
       .def(
-          "stats", [](const ObjectStore& s) { return statsDict(s.stats()); },
+          "stats", [](const ObjectStore& s) { return storeStatsDict(s.stats()); },
           "objects, bytes, buckets, rdma_gets, rdma_puts, http_gets, http_puts, rdma_bytes, http_bytes, "
           "refused (requests answered with an error)")
       .def(

@@ -38,7 +38,8 @@ py::object bytesOrNone(Result<std::string> value) {
 
 // The value of key once it is there: at once when it is, else when a put of it arrives within
 // timeout (a watch set before the first read, so that a put between the two is not missed).
-Result<std::optional<std::string>> waitFor(Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+Result<std::optional<std::string>> waitFor(Store& store, const std::string& key,
+                                           std::chrono::milliseconds timeout) {
   struct Seen {
     std::mutex mu;
     std::condition_variable cv;
@@ -46,11 +47,11 @@ Result<std::optional<std::string>> waitFor(Store& store, const std::string& key,
   };
   auto seen = std::make_shared<Seen>();
   FERRY_ASSIGN_OR_RETURN(auto watch, store.watch(key, [seen, key](const StoreEvent& e) {
-                           if (e.kind != StoreEvent::Kind::kPut || e.key != key) return;
-                           std::lock_guard<std::mutex> lock(seen->mu);
-                           seen->value = e.value;
-                           seen->cv.notify_all();
-                         }));
+    if (e.kind != StoreEvent::Kind::kPut || e.key != key) return;
+    std::lock_guard<std::mutex> lock(seen->mu);
+    seen->value = e.value;
+    seen->cv.notify_all();
+  }));
   Result<std::string> now = store.get(key);
   std::optional<std::string> out;
   if (now.isOk()) {
@@ -73,8 +74,10 @@ void bindStore(py::module_& m) {
   py::class_<Store, std::shared_ptr<Store>>(
       m, "Store",
       "A discovery store by URL (memory://name, ferry://host:port, redis://host:port[/db], "
-      "etcd://host:port): a key-value store of bytes. Every call has a deadline of `timeout` seconds; a store "
-      "that is down raises ferry.Unavailable (or ferry.TimedOut) naming the URL, and a later call tries again.")
+      "etcd://host:port): a key-value store of bytes. Every call has a deadline of `timeout` seconds; a "
+      "store "
+      "that is down raises ferry.Unavailable (or ferry.TimedOut) naming the URL, and a later call tries "
+      "again.")
       .def(py::init([](const std::string& url, double timeout) {
              agent::StoreOptions options;
              options.timeout = millis(timeout, "timeout");
@@ -132,7 +135,8 @@ void bindStore(py::module_& m) {
             return py::bytes(*got);
           },
           py::arg("key"), py::arg("timeout"),
-          "The value of key: at once when it is there, else the first one set within timeout seconds; None when "
+          "The value of key: at once when it is there, else the first one set within timeout seconds; None "
+          "when "
           "none came.");
 }
 

@@ -24,7 +24,8 @@ namespace {
 // A GID given as 16 bytes (bytes(IBA.GID)).
 verbs::Gid gidFromBytes(const py::bytes& raw, const char* func) {
   std::string text = raw;
-  if (text.size() != 16) raiseStatus(invalidArgument("a GID is 16 bytes, not " + std::to_string(text.size())), func);
+  if (text.size() != 16)
+    raiseStatus(invalidArgument("a GID is 16 bytes, not " + std::to_string(text.size())), func);
   verbs::Gid g;
   std::memcpy(g.raw.data(), text.data(), 16);
   return g;
@@ -45,10 +46,6 @@ void mcast(QpObject& q, const py::bytes& gid, uint16_t lid, bool join) {
 }  // namespace
 
 namespace {
-
-py::bytes gidBytes(const verbs::Gid& gid) {
-  return py::bytes(reinterpret_cast<const char*>(gid.raw.data()), gid.raw.size());
-}
 
 py::dict ahAttrToDict(const verbs::AhAttr& a) {
   py::dict grh;
@@ -194,7 +191,8 @@ py::object getAsyncEvent(ContextObject& ctx, double timeoutSeconds) {
   for (;;) {
     int sliceMs = 100;
     if (!forever) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();  // rounded up: never short
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())
+                      .count();  // rounded up: never short
       sliceMs = static_cast<int>(std::clamp<long long>(left, 0, 100));
     }
     Result<verbs::AsyncEvent> event = [&]() -> Result<verbs::AsyncEvent> {
@@ -255,8 +253,9 @@ void bindVerbs(py::module_& m) {
   context.def(py::init([](const std::string& name) { return ContextObject::open(name); }),
               py::arg("device_name"));
   defContextManager(context);
-  context.def_property_readonly("device_name", &ContextObject::deviceName,
-      "The device's name, as list_devices() gives it.")
+  context
+      .def_property_readonly("device_name", &ContextObject::deviceName,
+                             "The device's name, as list_devices() gives it.")
       .def("_query_device",
            [](ContextObject& c) {
              return deviceAttrToDict(unwrap(c.handle().queryDevice(), "ibv_query_device"));
@@ -285,7 +284,8 @@ void bindVerbs(py::module_& m) {
           },
           py::arg("port_id"),
           "The GID index a path from this port should use by default (a RoCE v2 GID on RoCE ports).")
-      .def_property_readonly("async_fd", [](ContextObject& c) { return c.handle().asyncFd(); },
+      .def_property_readonly(
+          "async_fd", [](ContextObject& c) { return c.handle().asyncFd(); },
           "The file descriptor of the device's asynchronous events: readable while an event is queued "
           "(get_async_event() takes it).")
       .def("_get_async_event", &getAsyncEvent, py::arg("timeout"))
@@ -297,8 +297,7 @@ void bindVerbs(py::module_& m) {
   py::class_<PdObject, std::shared_ptr<PdObject>> pd(m, "PD", "A protection domain.");
   pd.def(py::init([](py::object ctx) { return PdObject::create(std::move(ctx)); }), py::arg("ctx"));
   defContextManager(pd);
-  pd.def_property_readonly("ctx", &PdObject::ctxObject,
-      "The Context this PD was allocated on.")
+  pd.def_property_readonly("ctx", &PdObject::ctxObject, "The Context this PD was allocated on.")
       .def("_qps", [](PdObject& p) { return liveList<QpObject>(p.qps()); })
       .def("_mrs", [](PdObject& p) { return liveList<MrObject>(p.mrs()); })
       .def("_ahs", [](PdObject& p) { return liveList<AhObject>(p.ahs()); })
@@ -334,21 +333,24 @@ void bindVerbs(py::module_& m) {
          }),
          py::arg("pd"), py::arg("buf"), py::arg("access") = 0);
   defContextManager(mr);
-  mr.def_property_readonly("pd", &MrObject::pdObject,
-      "The PD this MR is registered in.")
-      .def_property_readonly("ctx", [](MrObject& r) { return r.pdObject().cast<PdObject&>().ctxObject(); },
+  mr.def_property_readonly("pd", &MrObject::pdObject, "The PD this MR is registered in.")
+      .def_property_readonly(
+          "ctx", [](MrObject& r) { return r.pdObject().cast<PdObject&>().ctxObject(); },
           "The Context of the MR's PD.")
-      .def_property_readonly("addr",
-                             [](MrObject& r) { return reinterpret_cast<uintptr_t>(r.handle().addr()); },
-                             "The address of the registered memory's first byte (int).")
-      .def_property_readonly("length", [](MrObject& r) { return r.handle().length(); },
-          "The registered length in bytes.")
-      .def_property_readonly("lkey", [](MrObject& r) { return r.handle().lkey(); },
+      .def_property_readonly(
+          "addr", [](MrObject& r) { return reinterpret_cast<uintptr_t>(r.handle().addr()); },
+          "The address of the registered memory's first byte (int).")
+      .def_property_readonly(
+          "length", [](MrObject& r) { return r.handle().length(); }, "The registered length in bytes.")
+      .def_property_readonly(
+          "lkey", [](MrObject& r) { return r.handle().lkey(); },
           "The local key: what an sge over this memory carries as its lkey.")
-      .def_property_readonly("rkey", [](MrObject& r) { return r.handle().rkey(); },
+      .def_property_readonly(
+          "rkey", [](MrObject& r) { return r.handle().rkey(); },
           "The remote key: what a peer puts in send_wr.rkey to READ, WRITE or do atomics on this memory (as "
           "far as the access flags allow).")
-      .def_property_readonly("access", [](MrObject& r) { return r.handle().access(); },
+      .def_property_readonly(
+          "access", [](MrObject& r) { return r.handle().access(); },
           "The IBV_ACCESS_* flags the memory was registered with, or'ed.")
       .def_property_readonly("buf", &MrObject::buffer, "The registered buffer (None once closed).")
       .def(
@@ -376,8 +378,9 @@ void bindVerbs(py::module_& m) {
   channel.def(py::init([](py::object ctx) { return CompChannelObject::create(std::move(ctx)); }),
               py::arg("ctx"));
   defContextManager(channel);
-  channel.def_property_readonly("ctx", &CompChannelObject::ctxObject,
-      "The Context this completion channel was created on.")
+  channel
+      .def_property_readonly("ctx", &CompChannelObject::ctxObject,
+                             "The Context this completion channel was created on.")
       .def(
           "fileno", [](CompChannelObject& c) { return c.handle().fd(); },
           "The file descriptor: readable while CQ events are queued.")
@@ -390,12 +393,13 @@ void bindVerbs(py::module_& m) {
          }),
          py::arg("ctx"), py::arg("cqe") = 100, py::arg("comp_chan") = py::none());
   defContextManager(cq);
-  cq.def_property_readonly("ctx", &CqObject::ctxObject,
-      "The Context this CQ was created on.")
-      .def_property_readonly("comp_chan", &CqObject::channelObject,
+  cq.def_property_readonly("ctx", &CqObject::ctxObject, "The Context this CQ was created on.")
+      .def_property_readonly(
+          "comp_chan", &CqObject::channelObject,
           "The CompChannel that reports this CQ's completion events (after req_notify()), or None.")
       .def_readwrite("comp_events", &CqObject::compEvents, "Completion events received for this CQ.")
-      .def_property_readonly("cqe", [](CqObject& c) { return c.handle().cqe(); },
+      .def_property_readonly(
+          "cqe", [](CqObject& c) { return c.handle().cqe(); },
           "The number of completions the CQ holds (at least the number asked for; resize() changes it).")
       .def("poll", &CqObject::poll, py::arg("limit") = -1,
            "Perform the poll_cq operation: a list of up to limit work completions (all there are for -1).")
@@ -416,9 +420,9 @@ void bindVerbs(py::module_& m) {
           }),
           py::arg("pd"), py::arg("max_wr") = 100, py::arg("max_sge") = 1, py::arg("srq_limit") = 0);
   defContextManager(srq);
-  srq.def_property_readonly("pd", &SrqObject::pdObject,
-      "The PD this SRQ was created in.")
-      .def_property_readonly("ctx", [](SrqObject& s) { return s.pdObject().cast<PdObject&>().ctxObject(); },
+  srq.def_property_readonly("pd", &SrqObject::pdObject, "The PD this SRQ was created in.")
+      .def_property_readonly(
+          "ctx", [](SrqObject& s) { return s.pdObject().cast<PdObject&>().ctxObject(); },
           "The Context of the SRQ's PD.")
       .def("post_recv", &SrqObject::postRecv, py::arg("wrlist"),
            "wrlist may be a single recv_wr or a list of them.")
@@ -442,9 +446,9 @@ void bindVerbs(py::module_& m) {
          }),
          py::arg("pd"), py::arg("ah_attr"));
   defContextManager(ah);
-  ah.def_property_readonly("pd", &AhObject::pdObject,
-      "The PD this address handle was created in.")
-      .def_property_readonly("ctx", [](AhObject& a) { return a.pdObject().cast<PdObject&>().ctxObject(); },
+  ah.def_property_readonly("pd", &AhObject::pdObject, "The PD this address handle was created in.")
+      .def_property_readonly(
+          "ctx", [](AhObject& a) { return a.pdObject().cast<PdObject&>().ctxObject(); },
           "The Context of the address handle's PD.")
       .def("_attr", [](AhObject& a) { return ahAttrToDict(a.handle().attr()); });
 
@@ -471,26 +475,34 @@ void bindVerbs(py::module_& m) {
          py::arg("max_send_wr"), py::arg("max_recv_wr"), py::arg("max_send_sge"), py::arg("max_recv_sge"),
          py::arg("max_inline_data"), py::arg("sq_sig_all"));
   defContextManager(qp);
-  qp.def_property_readonly("pd", &QpObject::pdObject,
-      "The PD this QP was created in.")
-      .def_property_readonly("ctx", [](QpObject& q) { return q.pdObject().cast<PdObject&>().ctxObject(); },
+  qp.def_property_readonly("pd", &QpObject::pdObject, "The PD this QP was created in.")
+      .def_property_readonly(
+          "ctx", [](QpObject& q) { return q.pdObject().cast<PdObject&>().ctxObject(); },
           "The Context of the QP's PD.")
-      .def_property_readonly("qp_num", &QpObject::qpNum,
+      .def_property_readonly(
+          "qp_num", &QpObject::qpNum,
           "The QP number (24 bits) a peer addresses: the dest_qp_num of a connected peer, a UD send's "
           "remote_qpn.")
-      .def_property_readonly("qp_type", [](QpObject& q) { return static_cast<int>(q.type()); },
+      .def_property_readonly(
+          "qp_type", [](QpObject& q) { return static_cast<int>(q.type()); },
           "The transport: IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD.")
-      .def_property_readonly("max_send_wr", [](QpObject& q) { return q.cap().maxSendWr; },
+      .def_property_readonly(
+          "max_send_wr", [](QpObject& q) { return q.cap().maxSendWr; },
           "The most work requests outstanding on the send queue, as asked for at creation.")
-      .def_property_readonly("max_recv_wr", [](QpObject& q) { return q.cap().maxRecvWr; },
+      .def_property_readonly(
+          "max_recv_wr", [](QpObject& q) { return q.cap().maxRecvWr; },
           "The most work requests outstanding on the receive queue, as asked for at creation.")
-      .def_property_readonly("max_send_sge", [](QpObject& q) { return q.cap().maxSendSge; },
+      .def_property_readonly(
+          "max_send_sge", [](QpObject& q) { return q.cap().maxSendSge; },
           "The most sge per send work request, as asked for at creation.")
-      .def_property_readonly("max_recv_sge", [](QpObject& q) { return q.cap().maxRecvSge; },
+      .def_property_readonly(
+          "max_recv_sge", [](QpObject& q) { return q.cap().maxRecvSge; },
           "The most sge per receive work request, as asked for at creation.")
-      .def_property_readonly("max_inline_data", [](QpObject& q) { return q.cap().maxInlineData; },
+      .def_property_readonly(
+          "max_inline_data", [](QpObject& q) { return q.cap().maxInlineData; },
           "The most bytes a send work request may carry inline (IBV_SEND_INLINE), as asked for at creation.")
-      .def_property_readonly("sq_sig_all", &QpObject::sqSigAll,
+      .def_property_readonly(
+          "sq_sig_all", &QpObject::sqSigAll,
           "Whether every send work request generates a completion (else only those with IBV_SEND_SIGNALED).")
       .def_property_readonly("_send_cq", &QpObject::sendCqObject)
       .def_property_readonly("_recv_cq", &QpObject::recvCqObject)
@@ -502,12 +514,10 @@ void bindVerbs(py::module_& m) {
       .def("post_recv", &QpObject::postRecv, py::arg("wrlist"),
            "wrlist may be a single recv_wr or a list of them.")
       .def(
-          "_attach_mcast",
-          [](QpObject& q, py::bytes gid, uint16_t lid) { mcast(q, gid, lid, true); },
+          "_attach_mcast", [](QpObject& q, py::bytes gid, uint16_t lid) { mcast(q, gid, lid, true); },
           py::arg("gid"), py::arg("lid"))
       .def(
-          "_detach_mcast",
-          [](QpObject& q, py::bytes gid, uint16_t lid) { mcast(q, gid, lid, false); },
+          "_detach_mcast", [](QpObject& q, py::bytes gid, uint16_t lid) { mcast(q, gid, lid, false); },
           py::arg("gid"), py::arg("lid"));
 }
 

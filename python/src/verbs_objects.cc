@@ -246,7 +246,8 @@ py::object CompChannelObject::getEvent(double timeoutSeconds) {
   for (;;) {
     int sliceMs = kWaitSliceMs;
     if (!forever) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();  // rounded up: never short
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())
+                      .count();  // rounded up: never short
       sliceMs = static_cast<int>(std::clamp<long long>(left, 0, kWaitSliceMs));
     }
     Result<verbs::CqEvent> event = [&]() -> Result<verbs::CqEvent> {

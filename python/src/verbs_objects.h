@@ -264,6 +264,11 @@ void postSendList(QpObject& qp, py::handle wrs);
 void postRecvList(verbs::QueuePair* qp, verbs::SharedReceiveQueue* srq, py::handle wrs);
 // ferry.verbs.wc objects for completions.
 py::object makeWc(const verbs::WorkCompletion& wc);
+
+// A GID's 16 bytes as Python bytes.
+inline py::bytes gidBytes(const verbs::Gid& gid) {
+  return py::bytes(reinterpret_cast<const char*>(gid.raw.data()), gid.raw.size());
+}
 // The path codec bindings (verbs_path.cc).
 void bindVerbsPath(py::module_& m);
 

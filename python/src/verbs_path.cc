@@ -13,10 +13,6 @@ namespace ferry::python {
 
 namespace {
 
-py::bytes gidBytes(const verbs::Gid& gid) {
-  return py::bytes(reinterpret_cast<const char*>(gid.raw.data()), gid.raw.size());
-}
-
 py::dict pathToDict(const verbs::Path& p) {
   py::dict d;
   d["sgid"] = gidBytes(p.sgid);

@@ -126,47 +126,48 @@ void raiseWrError(const Status& status, const char* func, size_t badIndex) {
 
 void bindVerbsStructs(py::module_& m) {
   py::class_<SgeValue> sge(m, "sge", "ibv_sge: length bytes at addr, in the memory region with key lkey.");
-  sge.def_readwrite("addr", &SgeValue::addr,
-      "The start address of the buffer (int).")
-      .def_readwrite("length", &SgeValue::length,
-          "The buffer's length in bytes (up to 2^32-1).")
+  sge.def_readwrite("addr", &SgeValue::addr, "The start address of the buffer (int).")
+      .def_readwrite("length", &SgeValue::length, "The buffer's length in bytes (up to 2^32-1).")
       .def_readwrite("lkey", &SgeValue::lkey,
-          "The local key of the memory region that holds the buffer (MR.lkey).");
+                     "The local key of the memory region that holds the buffer (MR.lkey).");
   defStructProtocol(sge, {"addr", "length", "lkey"});
 
   py::class_<SendWrValue> sendWr(m, "send_wr",
                                  "ibv_send_wr. sg_list is an sge, a list/tuple of sge, or None; "
                                  "remote_addr/rkey serve RDMA and atomic opcodes, compare_add/swap atomics, "
                                  "ah/remote_qpn/remote_qkey UD sends.");
-  sendWr.def_readwrite("wr_id", &SendWrValue::wr_id,
-      "A value of the caller's choosing, returned in the completion's wc.wr_id.")
-      .def_readwrite("sg_list", &SendWrValue::sg_list,
+  sendWr
+      .def_readwrite("wr_id", &SendWrValue::wr_id,
+                     "A value of the caller's choosing, returned in the completion's wc.wr_id.")
+      .def_readwrite(
+          "sg_list", &SendWrValue::sg_list,
           "The data to send or write, or where a READ or atomic puts its result: an sge, a list/tuple of "
           "sge, or None (no data).")
       .def_readwrite("opcode", &SendWrValue::opcode,
-          "The operation: IBV_WR_* (IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, ...); 0 is "
-          "IBV_WR_RDMA_WRITE.")
-      .def_readwrite("send_flags", &SendWrValue::send_flags,
+                     "The operation: IBV_WR_* (IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, ...); 0 is "
+                     "IBV_WR_RDMA_WRITE.")
+      .def_readwrite(
+          "send_flags", &SendWrValue::send_flags,
           "IBV_SEND_* flags, or'ed: SIGNALED (a completion even without sq_sig_all), FENCE, SOLICITED, "
           "INLINE.")
-      .def_readwrite("imm_data", &SendWrValue::imm_data,
+      .def_readwrite(
+          "imm_data", &SendWrValue::imm_data,
           "The immediate of IBV_WR_SEND_WITH_IMM and IBV_WR_RDMA_WRITE_WITH_IMM: 32 bits, delivered "
           "unchanged in the receiver's wc.imm_data.")
-      .def_readwrite("remote_addr", &SendWrValue::remote_addr,
+      .def_readwrite(
+          "remote_addr", &SendWrValue::remote_addr,
           "RDMA and atomic opcodes: the peer's address, in the region of rkey (8-byte aligned for atomics).")
       .def_readwrite("rkey", &SendWrValue::rkey,
-          "RDMA and atomic opcodes: the remote key of the peer's region (its MR.rkey).")
-      .def_readwrite("compare_add", &SendWrValue::compare_add,
+                     "RDMA and atomic opcodes: the remote key of the peer's region (its MR.rkey).")
+      .def_readwrite(
+          "compare_add", &SendWrValue::compare_add,
           "Atomics: the value compared (IBV_WR_ATOMIC_CMP_AND_SWP) or added (IBV_WR_ATOMIC_FETCH_AND_ADD); "
           "64 bits.")
       .def_readwrite("swap", &SendWrValue::swap,
-          "IBV_WR_ATOMIC_CMP_AND_SWP: the value written when the comparison matches; 64 bits.")
-      .def_readwrite("ah", &SendWrValue::ah,
-          "UD: the AH of the destination (created in the QP's PD).")
-      .def_readwrite("remote_qpn", &SendWrValue::remote_qpn,
-          "UD: the destination QP number.")
-      .def_readwrite("remote_qkey", &SendWrValue::remote_qkey,
-          "UD: the destination QP's Q_Key.");
+                     "IBV_WR_ATOMIC_CMP_AND_SWP: the value written when the comparison matches; 64 bits.")
+      .def_readwrite("ah", &SendWrValue::ah, "UD: the AH of the destination (created in the QP's PD).")
+      .def_readwrite("remote_qpn", &SendWrValue::remote_qpn, "UD: the destination QP number.")
+      .def_readwrite("remote_qkey", &SendWrValue::remote_qkey, "UD: the destination QP's Q_Key.");
   defStructProtocol(sendWr, {"wr_id", "sg_list", "opcode", "send_flags", "imm_data", "remote_addr", "rkey",
                              "compare_add", "swap", "ah", "remote_qpn", "remote_qkey"});
 
@@ -175,42 +176,41 @@ void bindVerbsStructs(py::module_& m) {
   recvWr
       .def_readwrite("wr_id", &RecvWrValue::wr_id,
                      "A value of the caller's choosing, returned in the completion's wc.wr_id.")
-      .def_readwrite("sg_list", &RecvWrValue::sg_list,
+      .def_readwrite(
+          "sg_list", &RecvWrValue::sg_list,
           "Where an incoming message goes: an sge, a list/tuple of sge, or None; on UD its first 40 bytes "
           "take the GRH.");
   defStructProtocol(recvWr, {"wr_id", "sg_list"});
 
   py::class_<WcValue> wc(m, "wc", "ibv_wc: one work completion.");
-  wc.def_readwrite("wr_id", &WcValue::wr_id,
-      "The wr_id of the work request that completed.")
-      .def_readwrite("status", &WcValue::status,
+  wc.def_readwrite("wr_id", &WcValue::wr_id, "The wr_id of the work request that completed.")
+      .def_readwrite(
+          "status", &WcValue::status,
           "IBV_WC_SUCCESS, else the IBV_WC_* error; in an error completion only wr_id, status, qp_num and "
           "vendor_err are valid.")
       .def_readwrite("opcode", &WcValue::opcode,
-          "The operation that completed: IBV_WC_* (IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RECV, "
-          "IBV_WC_RECV_RDMA_WITH_IMM, ...).")
+                     "The operation that completed: IBV_WC_* (IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RECV, "
+                     "IBV_WC_RECV_RDMA_WITH_IMM, ...).")
       .def_readwrite("vendor_err", &WcValue::vendor_err,
-          "The device's own error syndrome, for an error completion.")
-      .def_readwrite("byte_len", &WcValue::byte_len,
+                     "The device's own error syndrome, for an error completion.")
+      .def_readwrite(
+          "byte_len", &WcValue::byte_len,
           "Bytes received for a receive (including the 40-byte GRH on UD); the bytes transferred for RDMA "
           "READ and atomics.")
-      .def_readwrite("imm_data", &WcValue::imm_data,
+      .def_readwrite(
+          "imm_data", &WcValue::imm_data,
           "The immediate the sender gave (32 bits, unchanged), valid when wc_flags has IBV_WC_WITH_IMM.")
-      .def_readwrite("qp_num", &WcValue::qp_num,
-          "The number of the local QP the work request was posted to.")
-      .def_readwrite("src_qp", &WcValue::src_qp,
-          "UD receives: the QP number of the sender.")
-      .def_readwrite("wc_flags", &WcValue::wc_flags,
+      .def_readwrite("qp_num", &WcValue::qp_num, "The number of the local QP the work request was posted to.")
+      .def_readwrite("src_qp", &WcValue::src_qp, "UD receives: the QP number of the sender.")
+      .def_readwrite(
+          "wc_flags", &WcValue::wc_flags,
           "IBV_WC_* flags, or'ed: IBV_WC_GRH (the buffer's first 40 bytes hold a GRH), IBV_WC_WITH_IMM "
           "(imm_data is valid).")
-      .def_readwrite("pkey_index", &WcValue::pkey_index,
-          "The P_Key index of the receive (GSI QPs only).")
-      .def_readwrite("slid", &WcValue::slid,
-          "UD receives: the sender's LID.")
-      .def_readwrite("sl", &WcValue::sl,
-          "UD receives: the service level of the message.")
+      .def_readwrite("pkey_index", &WcValue::pkey_index, "The P_Key index of the receive (GSI QPs only).")
+      .def_readwrite("slid", &WcValue::slid, "UD receives: the sender's LID.")
+      .def_readwrite("sl", &WcValue::sl, "UD receives: the service level of the message.")
       .def_readwrite("dlid_path_bits", &WcValue::dlid_path_bits,
-          "UD receives: the destination LID's path bits.");
+                     "UD receives: the destination LID's path bits.");
   defStructProtocol(wc, {"wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num",
                          "src_qp", "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits"});
 }

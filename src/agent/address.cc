@@ -24,7 +24,7 @@ enum Tag : uint8_t {
   kTagDevice = 6,
 };
 
-Status malformed(const std::string& what) {
+Status malformedAddress(const std::string& what) {
   return Status(StatusCode::kProtocolError, "worker address: " + what);
 }
 
@@ -120,11 +120,12 @@ Result<ControlEndpoint> decodeControl(std::string_view value) {
   uint8_t family;
   uint16_t port;
   std::string_view raw;
-  if (!r.u8(&family) || !r.u16(&port)) return malformed("a control endpoint is truncated");
-  if (family != 4 && family != 6) return malformed("a control endpoint has address family " + std::to_string(family));
+  if (!r.u8(&family) || !r.u16(&port)) return malformedAddress("a control endpoint is truncated");
+  if (family != 4 && family != 6)
+    return malformedAddress("a control endpoint has address family " + std::to_string(family));
   size_t n = family == 4 ? 4 : 16;
-  if (!r.bytes(n, &raw) || r.left() != 0) return malformed("a control endpoint has the wrong length");
-  if (port == 0) return malformed("a control endpoint has port 0");
+  if (!r.bytes(n, &raw) || r.left() != 0) return malformedAddress("a control endpoint has the wrong length");
+  if (port == 0) return malformedAddress("a control endpoint has port 0");
   char text[INET6_ADDRSTRLEN] = {};
   inet_ntop(family == 4 ? AF_INET : AF_INET6, raw.data(), text, sizeof text);
   return ControlEndpoint{.ipv6 = family == 6, .ip = text, .port = port};
@@ -137,16 +138,19 @@ Result<DeviceAddress> decodeDevice(std::string_view value) {
   std::string_view gid;
   if (!r.u8(&kind) || !r.shortText(&d.name) || !r.shortText(&d.ip) || !r.u8(&d.prefixLength) ||
       !r.u8(&d.port) || !r.u8(&d.linkLayer) || !r.u16(&d.lid) || !r.bytes(16, &gid)) {
-    return malformed("a device entry is truncated");
+    return malformedAddress("a device entry is truncated");
   }
-  if (kind != 1 && kind != 2) return malformed("a device entry has kind " + std::to_string(kind));
+  if (kind != 1 && kind != 2) return malformedAddress("a device entry has kind " + std::to_string(kind));
   d.kind = static_cast<DeviceAddress::Kind>(kind);
-  if (d.name.empty() || !validUtf8Text(d.name)) return malformed("a device entry has no printable name");
-  if (!validUtf8Text(d.ip)) return malformed("a device entry has an unprintable address");
+  if (d.name.empty() || !validUtf8Text(d.name))
+    return malformedAddress("a device entry has no printable name");
+  if (!validUtf8Text(d.ip)) return malformedAddress("a device entry has an unprintable address");
   if (d.kind == DeviceAddress::Kind::kSoft) {
     in_addr a;
-    if (inet_pton(AF_INET, d.ip.c_str(), &a) != 1) return malformed("software device '" + d.name + "' has no IPv4 address");
-    if (d.prefixLength > 32) return malformed("software device '" + d.name + "' has prefix length > 32");
+    if (inet_pton(AF_INET, d.ip.c_str(), &a) != 1)
+      return malformedAddress("software device '" + d.name + "' has no IPv4 address");
+    if (d.prefixLength > 32)
+      return malformedAddress("software device '" + d.name + "' has prefix length > 32");
   }
   std::memcpy(d.gid.data(), gid.data(), 16);
   return d;
@@ -156,32 +160,32 @@ Result<DeviceAddress> decodeDevice(std::string_view value) {
 Status readField(uint8_t tag, std::string_view value, WorkerAddress& a, bool* haveUuid) {
   switch (tag) {
     case kTagUuid:
-      if (value.size() != 16) return malformed("the uuid is not 16 bytes");
+      if (value.size() != 16) return malformedAddress("the uuid is not 16 bytes");
       std::memcpy(a.uuid.data(), value.data(), 16);
       *haveUuid = true;
       break;
     case kTagStart: {
       Reader v(value);
-      if (value.size() != 8 || !v.u64(&a.startNs)) return malformed("the start time is not 8 bytes");
+      if (value.size() != 8 || !v.u64(&a.startNs)) return malformedAddress("the start time is not 8 bytes");
       break;
     }
     case kTagAlias:
       if (value.size() > kMaxAliasBytes || !validUtf8Text(value))
-        return malformed("the alias is too long or unprintable");
+        return malformedAddress("the alias is too long or unprintable");
       a.alias.assign(value);
       break;
     case kTagHost:
-      if (!validUtf8Text(value)) return malformed("the host identity is unprintable");
+      if (!validUtf8Text(value)) return malformedAddress("the host identity is unprintable");
       a.hostId.assign(value);
       break;
     case kTagControl: {
-      if (a.control.size() >= kMaxAddressListEntries) return malformed("too many control endpoints");
+      if (a.control.size() >= kMaxAddressListEntries) return malformedAddress("too many control endpoints");
       FERRY_ASSIGN_OR_RETURN(ControlEndpoint c, decodeControl(value));
       a.control.push_back(std::move(c));
       break;
     }
     case kTagDevice: {
-      if (a.devices.size() >= kMaxAddressListEntries) return malformed("too many devices");
+      if (a.devices.size() >= kMaxAddressListEntries) return malformedAddress("too many devices");
       FERRY_ASSIGN_OR_RETURN(DeviceAddress d, decodeDevice(value));
       a.devices.push_back(std::move(d));
       break;
@@ -258,9 +262,10 @@ std::string WorkerAddress::encode() const {
 }
 
 Result<WorkerAddress> WorkerAddress::decode(std::string_view bytes) {
-  if (bytes.size() > kMaxAddressBytes) return malformed("longer than " + std::to_string(kMaxAddressBytes) + " bytes");
+  if (bytes.size() > kMaxAddressBytes)
+    return malformedAddress("longer than " + std::to_string(kMaxAddressBytes) + " bytes");
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 4) != 0) {
-    return malformed("not a ferry worker address (no \"FRYA\" header)");
+    return malformedAddress("not a ferry worker address (no \"FRYA\" header)");
   }
   Reader r(bytes.substr(4));
   uint8_t version, flags;
@@ -268,26 +273,27 @@ Result<WorkerAddress> WorkerAddress::decode(std::string_view bytes) {
   r.u8(&version);
   r.u8(&flags);
   r.u32(&length);
-  if (version < 1) return malformed("version 0");
+  if (version < 1) return malformedAddress("version 0");
   // A newer version only appends fields (skipped below), so it is read as far as this one knows.
-  if (length != r.left()) return malformed("the body length does not match the input");
+  if (length != r.left()) return malformedAddress("the body length does not match the input");
   WorkerAddress a;
   bool haveUuid = false;
   while (r.left() > 0) {
     uint8_t tag;
     uint16_t n;
     std::string_view value;
-    if (!r.u8(&tag) || !r.u16(&n) || !r.bytes(n, &value)) return malformed("a field is truncated");
+    if (!r.u8(&tag) || !r.u16(&n) || !r.bytes(n, &value)) return malformedAddress("a field is truncated");
     FERRY_RETURN_IF_ERROR(readField(tag, value, a, &haveUuid));
   }
-  if (!haveUuid) return malformed("no uuid");
-  if (a.control.empty()) return malformed("no wireup listener address");
+  if (!haveUuid) return malformedAddress("no uuid");
+  if (a.control.empty()) return malformedAddress("no wireup listener address");
   return a;
 }
 
 std::string WorkerAddress::describe() const {
   std::string s = "'" + alias + "' " + uuidText(uuid).substr(0, 8) + " wireup";
-  for (const auto& c : control) s += c.ipv6 ? " [" + c.ip + "]:" + std::to_string(c.port) : " " + c.ip + ":" + std::to_string(c.port);
+  for (const auto& c : control)
+    s += c.ipv6 ? " [" + c.ip + "]:" + std::to_string(c.port) : " " + c.ip + ":" + std::to_string(c.port);
   s += " devices";
   for (const auto& d : devices) {
     s += " " + d.name;

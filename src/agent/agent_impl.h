@@ -92,8 +92,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // Takes over an operation queued on another connection to the same peer (its future stays).
   void adopt(PendingOp op);
   // When ready and one of the endpoints failed or was shut down (the peer died, or refused an
-  // access, which ends an RC connection): retires this connection (the next use wires up anew) and returns kPeerGone with
-  // the endpoint's failure. OK otherwise.
+  // access, which ends an RC connection): retires this connection (the next use wires up anew) and returns
+  // kPeerGone with the endpoint's failure. OK otherwise.
   Status retireIfEndpointFailed();
   // The data path: straight to the endpoint once ready (no copy of the batch), else queued.
   Result<std::shared_ptr<endpoint::OpState>> submit(const OpRequest& request);
@@ -105,12 +105,12 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void regionAnswered(const std::string& name, const std::optional<std::string>& info);
 
   // Wireup state (loop thread only, except where guarded by mu_).
-  uint64_t conn = 0;           // our REQUEST's number (initiator)
-  uint64_t remoteConn = 0;     // the peer's REQUEST we answered (responder)
-  uint64_t ignoredConn = 0;    // a REQUEST of the peer superseded by the tie-break
-  std::string nonce;           // ours (request or reply)
-  std::string peerNonce;       // the peer's, to echo
-  std::string lastWireup;      // the last REQUEST or REPLY, resent until answered
+  uint64_t conn = 0;                     // our REQUEST's number (initiator)
+  uint64_t remoteConn = 0;               // the peer's REQUEST we answered (responder)
+  uint64_t ignoredConn = 0;              // a REQUEST of the peer superseded by the tie-break
+  std::string nonce;                     // ours (request or reply)
+  std::string peerNonce;                 // the peer's, to echo
+  std::string lastWireup;                // the last REQUEST or REPLY, resent until answered
   std::optional<WireupMessage> request;  // our REQUEST (initiator), to echo a challenge's cookie
   WireupType lastWireupType = WireupType::kRequest;
   int tries = 0;
@@ -119,8 +119,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Clock::time_point deadline;
   Clock::time_point lastHeard;
   Clock::time_point lastPing;
-  std::string lookupError;     // why the alias could not be resolved yet
-  std::string addressBytes;    // set when connected by address
+  std::string lookupError;   // why the alias could not be resolved yet
+  std::string addressBytes;  // set when connected by address
   // The inbound link the peer's wireup authenticated (its REPLY or ACK came on it, or it echoed a
   // probe): without a secret, messages that change this connection's state count only there.
   std::weak_ptr<Link> authLink;
@@ -128,8 +128,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::string probeNonce;      // the probe in flight (empty: none)
   Clock::time_point probeSent;
   Reactor::TimerId probeTimer = 0;
-  bool probeMissed = false;    // the last probe went unanswered for peerTimeout
-  uint64_t queryId = 0;        // the region query in flight (0: none)
+  bool probeMissed = false;  // the last probe went unanswered for peerTimeout
+  uint64_t queryId = 0;      // the region query in flight (0: none)
   std::string queryName;
 
   // Set on the loop thread under mu_.
@@ -267,7 +267,7 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void onAck(Link& link, const WireupMessage& m);
   void onReject(const WireupMessage& m);
   Result<std::map<std::string, std::shared_ptr<endpoint::Endpoint>>> makeEndpoints(const LaneSet& lanes,
-                                                                                 size_t numQp);
+                                                                                   size_t numQp);
   Status connectEndpoints(PeerImpl& peer, const json::Value& theirs);
   json::Value endpointInfos(const PeerImpl& peer) const;
 
@@ -279,7 +279,8 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   bool evictIdlestLink();
   // Whether `m`, from a known peer, may change that peer's state when it came on `link`; false: it
   // was held (or dropped) and the link is being probed.
-  bool acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m, std::string_view line);
+  bool acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m,
+                    std::string_view line);
   // Without a secret, whether a REQUEST for a new connection of a connected peer came on the link
   // its wireup authenticated; false: the link is being probed.
   bool onAuthenticLink(Link& link, const std::shared_ptr<PeerImpl>& peer);
@@ -348,7 +349,7 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   };
   std::map<std::string, Region> regions_;
   std::map<std::string, std::shared_ptr<Agent::MessageHandler>> handlers_;  // by channel
-  std::map<std::string, std::shared_ptr<endpoint::MemoryPool>> pools_;  // by device
+  std::map<std::string, std::shared_ptr<endpoint::MemoryPool>> pools_;      // by device
   mutable std::mutex statsMu_;  // a leaf lock: taken under any other
   AgentStats stats_;
   uint64_t nextConn_ = 1;
@@ -356,9 +357,9 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   std::map<std::string, Clock::time_point> seenNonces_;  // REQUEST nonces (replay refusal)
 
   // Loop thread only.
-  std::map<Uuid, std::shared_ptr<Link>> links_;   // outgoing, by peer uuid
+  std::map<Uuid, std::shared_ptr<Link>> links_;  // outgoing, by peer uuid
   std::set<std::shared_ptr<Link>> inbound_;
-  std::map<std::string, int> dropped_;            // test hook counters
+  std::map<std::string, int> dropped_;  // test hook counters
   // get_mr_info's questions in flight, by query number.
   std::map<uint64_t, std::shared_ptr<std::promise<std::optional<std::string>>>> infoWaiters_;
   Reactor::TimerId sweepTimer_ = 0;

@@ -45,8 +45,8 @@ bool unhexInto(std::string_view text, std::string* out) {
 std::string hmacSha256Hex(std::string_view key, std::string_view text) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(text.data()),
-       text.size(), md, &len);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(text.data()), text.size(), md, &len);
   return hexOf(std::string_view(reinterpret_cast<const char*>(md), len));
 }
 

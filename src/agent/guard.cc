@@ -50,8 +50,9 @@ bool changesPeerState(WireupType t) {
 Status AgentImpl::openAdmission() {
   allowRemote_ = opts_.allowRemoteWithoutSecret || config::agentAllowRemote();
   cookieKey_ = randomHex(32);
-  admission_ = net::Admission::create({.thisHostOnly = protectedMode(), .maxPerSource = 256, .maxTotal = 1024},
-                                      "agent '" + self_.alias + "'");
+  admission_ =
+      net::Admission::create({.thisHostOnly = protectedMode(), .maxPerSource = 256, .maxTotal = 1024},
+                             "agent '" + self_.alias + "'");
   std::weak_ptr<AgentImpl> weak = weak_from_this();
   loop_.post([weak] {
     if (auto a = weak.lock()) a->sweepInboundLinks();
@@ -163,7 +164,8 @@ bool AgentImpl::challengeFirst(const WireupMessage& m, const WorkerAddress& from
   // agent's HMAC of the REQUEST's sender, connection and nonce (no state is kept for it).
   if (!secret_.empty()) return false;
   const std::string cookie =
-      hmacSha256Hex(cookieKey_, uuidText(m.from) + "/" + std::to_string(m.conn) + "/" + m.nonce).substr(0, 32);
+      hmacSha256Hex(cookieKey_, uuidText(m.from) + "/" + std::to_string(m.conn) + "/" + m.nonce)
+          .substr(0, 32);
   if (!m.cookie.empty() && constantTimeEqual(m.cookie, cookie)) return false;
   // Each CHALLENGE dials the address the REQUEST claims: the links to agents no connection uses
   // are capped, and at the cap the one quiet the longest makes room (so a flood of forged
@@ -181,7 +183,8 @@ bool AgentImpl::challengeFirst(const WireupMessage& m, const WorkerAddress& from
 
 void AgentImpl::onChallenge(const WireupMessage& m) {
   auto peer = findUuid(m.from);
-  if (!peer || peer->state() != PeerImpl::State::kRequesting || m.conn != peer->conn || !peer->request) return;
+  if (!peer || peer->state() != PeerImpl::State::kRequesting || m.conn != peer->conn || !peer->request)
+    return;
   auto remote = peer->remote();
   if (!remote || peer->request->cookie == m.cookie) return;
   peer->request->cookie = m.cookie;
@@ -198,9 +201,9 @@ void AgentImpl::closeOrphanLinksAbove(size_t keep) {
   std::sort(orphans.begin(), orphans.end(),
             [](const auto& x, const auto& y) { return x->second->lastValid < y->second->lastValid; });
   const size_t excess = orphans.size() - keep;
-  logRefused(resourceExhausted("closed " + std::to_string(excess) + " link(s) to unknown agents quiet the longest (" +
-                               std::to_string(orphans.size()) + " open, the cap is " +
-                               std::to_string(kMaxOrphanLinks) + ")"));
+  logRefused(resourceExhausted(
+      "closed " + std::to_string(excess) + " link(s) to unknown agents quiet the longest (" +
+      std::to_string(orphans.size()) + " open, the cap is " + std::to_string(kMaxOrphanLinks) + ")"));
   for (size_t i = 0; i < excess; ++i) {
     orphans[i]->second->close();
     links_.erase(orphans[i]);
@@ -222,10 +225,10 @@ bool AgentImpl::admitHandshake(Link& link, const WorkerAddress& from) {
     std::lock_guard<std::mutex> lock(statsMu_);
     ++stats_.messagesRefused;
   }
-  logRefused(resourceExhausted("refused a REQUEST from '" + from.alias + "': " +
-                               (onLink >= kMaxHandshakesPerLink ? "its link holds " : "the agent holds ") +
-                               std::to_string(onLink >= kMaxHandshakesPerLink ? onLink : all) +
-                               " handshakes not finished, the cap"));
+  logRefused(resourceExhausted(
+      "refused a REQUEST from '" + from.alias +
+      "': " + (onLink >= kMaxHandshakesPerLink ? "its link holds " : "the agent holds ") +
+      std::to_string(onLink >= kMaxHandshakesPerLink ? onLink : all) + " handshakes not finished, the cap"));
   return false;
 }
 
@@ -242,8 +245,9 @@ bool AgentImpl::acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, 
   auto out = links_.find(peer->remote() ? peer->remote()->uuid : Uuid{});
   if (out != links_.end() && out->second.get() == &link) return true;
   if (link.held.size() >= kMaxHeldLines) {
-    logRefused(resourceExhausted("closed a wireup link that claims to be '" + peer->alias() + "': " +
-                                 std::to_string(kMaxHeldLines) + " lines held while it did not echo its probe"));
+    logRefused(resourceExhausted("closed a wireup link that claims to be '" + peer->alias() +
+                                 "': " + std::to_string(kMaxHeldLines) +
+                                 " lines held while it did not echo its probe"));
     link.close();
     return false;
   }

@@ -142,7 +142,8 @@ Result<LaneOverrides> parseLaneOverrides(std::string_view text) {
   return out;
 }
 
-Result<LaneSet> selectLanes(const WorkerAddress& local, const WorkerAddress& remote, const LaneOverrides& overrides) {
+Result<LaneSet> selectLanes(const WorkerAddress& local, const WorkerAddress& remote,
+                            const LaneOverrides& overrides) {
   const bool localFirst = local.uuid < remote.uuid;
   const WorkerAddress& first = localFirst ? local : remote;
   const WorkerAddress& second = localFirst ? remote : local;
@@ -166,9 +167,10 @@ Result<LaneSet> selectLanes(const WorkerAddress& local, const WorkerAddress& rem
     }
     if (!found) {
       if (forced != overrides.end()) {
-        return invalidArgument(std::string("lane override ") + opClassName(c) + "=" + laneKindName(forced->second) +
-                               " cannot reach '" + remote.alias + "' (devices here: " + deviceList(local) +
-                               "; there: " + deviceList(remote) + ")");
+        return invalidArgument(std::string("lane override ") + opClassName(c) + "=" +
+                               laneKindName(forced->second) + " cannot reach '" + remote.alias +
+                               "' (devices here: " + deviceList(local) + "; there: " + deviceList(remote) +
+                               ")");
       }
       return Status(StatusCode::kUnavailable, "no device pair reaches agent '" + remote.alias +
                                                   "' (devices here: " + deviceList(local) +

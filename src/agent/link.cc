@@ -106,8 +106,10 @@ void Link::tryNextTarget() {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     applyDeadPeerTimeout(fd, deadPeerTimeout_);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
-      lastError_ = Status(StatusCode::kUnavailable, "wireup: cannot connect to " + t.ip + ":" + std::to_string(t.port) +
-                                                        ": " + std::strerror(errno), errno);
+      lastError_ = Status(
+          StatusCode::kUnavailable,
+          "wireup: cannot connect to " + t.ip + ":" + std::to_string(t.port) + ": " + std::strerror(errno),
+          errno);
       ::close(fd);
       continue;
     }
@@ -136,8 +138,9 @@ void Link::onEvents(uint32_t events) {
     getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
       const ControlEndpoint& t = targets_[nextTarget_ - 1];
-      lastError_ = Status(StatusCode::kUnavailable, "wireup: cannot connect to " + t.ip + ":" + std::to_string(t.port) +
-                                                        ": " + std::strerror(err ? err : ECONNREFUSED),
+      lastError_ = Status(StatusCode::kUnavailable,
+                          "wireup: cannot connect to " + t.ip + ":" + std::to_string(t.port) + ": " +
+                              std::strerror(err ? err : ECONNREFUSED),
                           err ? err : ECONNREFUSED);
       tryNextTarget();
       return;
@@ -172,7 +175,8 @@ void Link::readSome() {
       }
       in_.erase(0, start);
       if (in_.size() > maxLine_) {
-        fail(Status(StatusCode::kProtocolError, "wireup: a line longer than " + std::to_string(maxLine_) + " bytes"));
+        fail(Status(StatusCode::kProtocolError,
+                    "wireup: a line longer than " + std::to_string(maxLine_) + " bytes"));
         return;
       }
       continue;
@@ -183,7 +187,8 @@ void Link::readSome() {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    fail(Status(StatusCode::kUnavailable, std::string("wireup: connection lost: ") + std::strerror(errno), errno));
+    fail(Status(StatusCode::kUnavailable, std::string("wireup: connection lost: ") + std::strerror(errno),
+                errno));
     return;
   }
 }
@@ -203,7 +208,8 @@ void Link::writeSome() {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    fail(Status(StatusCode::kUnavailable, std::string("wireup: connection lost: ") + std::strerror(errno), errno));
+    fail(Status(StatusCode::kUnavailable, std::string("wireup: connection lost: ") + std::strerror(errno),
+                errno));
     return;
   }
   if (fd_ >= 0) watch();

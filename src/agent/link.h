@@ -26,7 +26,8 @@ class Link : public std::enable_shared_from_this<Link> {
   using CloseCb = std::function<void(Link& link, const Status& why, bool connected)>;
 
   // An accepted connection.
-  static std::shared_ptr<Link> adopt(Reactor& reactor, int fd, size_t maxLine, LineCb onLine, CloseCb onClose);
+  static std::shared_ptr<Link> adopt(Reactor& reactor, int fd, size_t maxLine, LineCb onLine,
+                                     CloseCb onClose);
   // Connects to the first of `targets` that answers, trying them in order; lines sent before
   // the connection is made are kept and written once it is.
   static std::shared_ptr<Link> connect(Reactor& reactor, std::vector<ControlEndpoint> targets, size_t maxLine,

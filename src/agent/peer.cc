@@ -11,7 +11,9 @@ namespace ferry::agent {
 namespace ep = ferry::endpoint;
 
 PeerImpl::PeerImpl(std::weak_ptr<AgentImpl> agent, std::string alias, size_t numQp)
-    : agent_(std::move(agent)), alias_(std::move(alias)), numQp_(numQp),
+    : agent_(std::move(agent)),
+      alias_(std::move(alias)),
+      numQp_(numQp),
       readyOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)),
       goneOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)) {
   lastHeard = Clock::now();
@@ -148,7 +150,8 @@ OpClass classOf(ep::OpKind kind) {
 Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(const OpRequest& op, std::string* missing) {
   OpClass cls = classOf(op.kind);
   const std::shared_ptr<ep::Endpoint>& e = byClass_[static_cast<int>(cls)];
-  if (!e) return Status(StatusCode::kInternal, "no endpoint for the " + std::string(opClassName(cls)) + " lane");
+  if (!e)
+    return Status(StatusCode::kInternal, "no endpoint for the " + std::string(opClassName(cls)) + " lane");
   HandleResolver names(*e);
   switch (op.kind) {
     case ep::OpKind::kRead:
@@ -163,8 +166,11 @@ Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(const OpRequest& op, s
           if (const auto* name = std::get_if<std::string>(&a.remote)) *missing = *name;
           return remote.status();
         }
-        batch.push_back({.local = local, .remote = *remote, .localOffset = a.localOffset,
-                         .remoteOffset = a.remoteOffset, .length = a.length});
+        batch.push_back({.local = local,
+                         .remote = *remote,
+                         .localOffset = a.localOffset,
+                         .remoteOffset = a.remoteOffset,
+                         .length = a.length});
       }
       Result<ep::ReadWriteFuture> f = op.kind == ep::OpKind::kRead    ? e->read(batch)
                                       : op.kind == ep::OpKind::kWrite ? e->write(batch)
@@ -221,7 +227,8 @@ void PeerImpl::drainLocked() {
       outer->complete(inner.status());
       continue;
     }
-    (*inner)->onDone([outer](const ep::OpState& done) { outer->complete(done.status(), done.immData(), done.bytes()); });
+    (*inner)->onDone(
+        [outer](const ep::OpState& done) { outer->complete(done.status(), done.immData(), done.bytes()); });
   }
 }
 
@@ -255,7 +262,8 @@ void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::
                                                            (missing.empty() ? name : missing) + "'"));
     } else {
       auto outer = op.outer;
-      (*inner)->onDone([outer](const ep::OpState& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
+      (*inner)->onDone(
+          [outer](const ep::OpState& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
     }
   }
   drainLocked();
@@ -277,7 +285,8 @@ Status PeerImpl::retireIfEndpointFailed() {
     for (const auto& e : byClass_) {
       if (!e || !failed.isOk()) continue;
       failed = e->failure();
-      if (failed.isOk() && e->isShutdown()) failed = Status(StatusCode::kPeerGone, "its endpoint was shut down");
+      if (failed.isOk() && e->isShutdown())
+        failed = Status(StatusCode::kPeerGone, "its endpoint was shut down");
     }
   }
   return failed.isOk() ? failed : retireAfter(failed);
@@ -379,11 +388,15 @@ Status PeerConnection::retireIfFailed() { return currentImpl()->retireIfEndpoint
 
 ep::Future PeerConnection::ready() const { return ep::Future(currentImpl()->readyOp()); }
 
-std::shared_ptr<ep::Endpoint> PeerConnection::endpoint(OpClass c) const { return currentImpl()->endpointOf(c); }
+std::shared_ptr<ep::Endpoint> PeerConnection::endpoint(OpClass c) const {
+  return currentImpl()->endpointOf(c);
+}
 
 Result<LaneSet> PeerConnection::lanes() const {
   auto l = currentImpl()->lanes();
-  if (!l) return Status(StatusCode::kUnavailable, "the lanes to '" + peerAlias() + "' are not chosen yet (its address is not known)");
+  if (!l)
+    return Status(StatusCode::kUnavailable,
+                  "the lanes to '" + peerAlias() + "' are not chosen yet (its address is not known)");
   return *l;
 }
 
@@ -428,17 +441,20 @@ Result<ep::ReadWriteFuture> PeerConnection::read(std::span<const NamedAssignment
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("read: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, true));
-  return run<ep::ReadWriteFuture>(*this, OpRequest{.kind = ep::OpKind::kRead, .batch = batch, .chunks = {}, .imm = 0});
+  return run<ep::ReadWriteFuture>(
+      *this, OpRequest{.kind = ep::OpKind::kRead, .batch = batch, .chunks = {}, .imm = 0});
 }
 
 Result<ep::ReadWriteFuture> PeerConnection::write(std::span<const NamedAssignment> batch) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("write: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
-  return run<ep::ReadWriteFuture>(*this, OpRequest{.kind = ep::OpKind::kWrite, .batch = batch, .chunks = {}, .imm = 0});
+  return run<ep::ReadWriteFuture>(
+      *this, OpRequest{.kind = ep::OpKind::kWrite, .batch = batch, .chunks = {}, .imm = 0});
 }
 
-Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAssignment> batch, uint32_t immData) {
+Result<ep::ReadWriteFuture> PeerConnection::writeWithImm(std::span<const NamedAssignment> batch,
+                                                         uint32_t immData) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("write_with_imm: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkBatch(*agent, batch, false));
@@ -450,25 +466,28 @@ Result<ep::SendFuture> PeerConnection::send(std::span<const NamedChunk> chunks) 
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("send: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, false));
-  return run<ep::SendFuture>(*this, OpRequest{.kind = ep::OpKind::kSend, .batch = {}, .chunks = chunks, .imm = 0});
+  return run<ep::SendFuture>(*this,
+                             OpRequest{.kind = ep::OpKind::kSend, .batch = {}, .chunks = chunks, .imm = 0});
 }
 
 Result<ep::RecvFuture> PeerConnection::recv(std::span<const NamedChunk> chunks) {
   auto agent = impl()->agentImpl();
   if (!agent) return closedError("recv: the agent was shut down");
   FERRY_RETURN_IF_ERROR(checkChunks(*agent, chunks, true));
-  return run<ep::RecvFuture>(*this, OpRequest{.kind = ep::OpKind::kRecv, .batch = {}, .chunks = chunks, .imm = 0});
+  return run<ep::RecvFuture>(*this,
+                             OpRequest{.kind = ep::OpKind::kRecv, .batch = {}, .chunks = chunks, .imm = 0});
 }
 
 ep::Future PeerConnection::closed() const { return ep::Future(currentImpl()->goneOp()); }
 
 Status PeerConnection::sendMessage(std::string_view channel, std::string_view body) {
   if (channel.empty() || channel.size() > kMaxChannel) {
-    return invalidArgument("send_message: the channel is empty or longer than " + std::to_string(kMaxChannel) + " bytes");
+    return invalidArgument("send_message: the channel is empty or longer than " +
+                           std::to_string(kMaxChannel) + " bytes");
   }
   if (body.size() > kMaxWireupLine / 2) {
-    return invalidArgument("send_message: a body of " + std::to_string(body.size()) + " bytes is longer than " +
-                           std::to_string(kMaxWireupLine / 2));
+    return invalidArgument("send_message: a body of " + std::to_string(body.size()) +
+                           " bytes is longer than " + std::to_string(kMaxWireupLine / 2));
   }
   auto impl = currentImpl();
   auto agent = impl->agentImpl();
@@ -476,14 +495,16 @@ Status PeerConnection::sendMessage(std::string_view channel, std::string_view bo
   if (!agent) return Status(StatusCode::kCancelled, "send_message: the agent was shut down");
   if (impl->state() != PeerImpl::State::kReady || !remote) {
     if (impl->retired()) return impl->failure();
-    return Status(StatusCode::kUnavailable, "send_message: the connection to '" + impl->alias() + "' is not ready");
+    return Status(StatusCode::kUnavailable,
+                  "send_message: the connection to '" + impl->alias() + "' is not ready");
   }
   agent->sendMessage(*remote, channel, body);
   return Status::ok();
 }
 
 Result<ep::ImmRecvFuture> PeerConnection::immRecv() {
-  return run<ep::ImmRecvFuture>(*this, OpRequest{.kind = ep::OpKind::kImmRecv, .batch = {}, .chunks = {}, .imm = 0});
+  return run<ep::ImmRecvFuture>(*this,
+                                OpRequest{.kind = ep::OpKind::kImmRecv, .batch = {}, .chunks = {}, .imm = 0});
 }
 
 }  // namespace ferry::agent

@@ -22,7 +22,17 @@ inline constexpr int kWireupVersion = 1;
 inline constexpr size_t kMaxWireupLine = size_t{4} << 20;
 
 enum class WireupType : uint8_t {
-  kRequest, kReply, kAck, kReject, kPing, kPong, kMrQuery, kMrInfo, kBye, kMessage, kChallenge
+  kRequest,
+  kReply,
+  kAck,
+  kReject,
+  kPing,
+  kPong,
+  kMrQuery,
+  kMrInfo,
+  kBye,
+  kMessage,
+  kChallenge
 };
 // Longest channel name of a message (an upper layer's name for its messages).
 inline constexpr size_t kMaxChannel = 64;
@@ -31,24 +41,24 @@ const char* wireupTypeName(WireupType t);
 struct WireupMessage {
   WireupType type = WireupType::kPing;
   Uuid from{};
-  Uuid to{};                  // zero: "whoever listens" (a REQUEST to an address not yet known)
-  uint64_t conn = 0;          // request / reply / ack / reject: the initiator's connection number
-  std::string fromAddress;    // request, reply: the sender's WorkerAddress bytes
-  uint32_t numQp = 1;         // request
-  std::string lanes;          // request: "messages=KIND,rma=KIND,atomics=KIND" as the initiator chose
-  json::Value endpoints;      // request, reply: {"<device>": <endpoint metadata>, ...}
-  std::string nonce;          // request, reply, and a ping that probes a link: 32 hex digits
-  std::string echo;           // reply, ack, and the pong of a probe: the nonce being answered
-  int64_t time = 0;           // request: the sender's clock (seconds since the epoch)
+  Uuid to{};                // zero: "whoever listens" (a REQUEST to an address not yet known)
+  uint64_t conn = 0;        // request / reply / ack / reject: the initiator's connection number
+  std::string fromAddress;  // request, reply: the sender's WorkerAddress bytes
+  uint32_t numQp = 1;       // request
+  std::string lanes;        // request: "messages=KIND,rma=KIND,atomics=KIND" as the initiator chose
+  json::Value endpoints;    // request, reply: {"<device>": <endpoint metadata>, ...}
+  std::string nonce;        // request, reply, and a ping that probes a link: 32 hex digits
+  std::string echo;         // reply, ack, and the pong of a probe: the nonce being answered
+  int64_t time = 0;         // request: the sender's clock (seconds since the epoch)
   // challenge: the responder's cookie for this REQUEST; request: the cookie it echoes (optional).
   std::string cookie;
-  uint64_t abandoned = 0;     // reply: the responder's own connection number it gave up (0: none)
-  std::string name;           // mr_query, mr_info: the region
-  uint64_t query = 0;         // mr_query, mr_info: matches an answer to its question
+  uint64_t abandoned = 0;           // reply: the responder's own connection number it gave up (0: none)
+  std::string name;                 // mr_query, mr_info: the region
+  uint64_t query = 0;               // mr_query, mr_info: matches an answer to its question
   std::optional<std::string> info;  // mr_info: the region's mr_info JSON per device, or absent
-  std::string reason;         // reject, bye
-  std::string channel;        // message: the upper layer it is for
-  std::string body;           // message: that layer's text
+  std::string reason;               // reject, bye
+  std::string channel;              // message: the upper layer it is for
+  std::string body;                 // message: that layer's text
 };
 
 // A message of `type` from one agent to another (the other fields empty).

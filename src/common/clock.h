@@ -10,7 +10,8 @@ namespace ferry {
 // which is the same in every process of a host: a time written into memory another process reads
 // (a ring's lease) means the same there. A Reactor's time points are this clock's too.
 inline int64_t steadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 

@@ -49,8 +49,8 @@ Result<std::string> parseDevices(std::string_view raw) {
   std::string joined;
   for (const auto& n : names) {
     for (char c : n) {
-      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                      c == '-' || c == '.' || c == ':';
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-' || c == '.' || c == ':';
       if (!ok) return refuse("FERRY_DEVICES", raw, "'" + n + "' is not a device name");
     }
     joined += (joined.empty() ? "" : ",") + n;
@@ -62,7 +62,8 @@ Result<std::string> parseSameHost(std::string_view raw) {
   if (raw == "0" || raw == "off") return std::string("0");
   if (raw == "ring") return std::string("ring");
   if (raw == "1" || raw == "auto") return std::string("auto");
-  return refuse("FERRY_SOFT_SAME_HOST", raw, "expected 0 (TCP only), ring (rings, no cross-memory attach) or auto");
+  return refuse("FERRY_SOFT_SAME_HOST", raw,
+                "expected 0 (TCP only), ring (rings, no cross-memory attach) or auto");
 }
 
 Result<std::string> parseAllowRemote(std::string_view raw) {
@@ -85,7 +86,8 @@ Result<std::string> parseTcpLane(std::string_view raw) {
   if (raw == "1" || raw == "on") return std::to_string(kDefaultLaneMinBytes);
   Result<uint64_t> bytes = parseByteSize(raw);
   if (!bytes.isOk() || *bytes < 2 || *bytes > (uint64_t{1} << 31)) {
-    return refuse("FERRY_SOFT_TCP_LANE", raw, "expected 1 (on), 0 (off) or the smallest WRITE or READ to share, 2..2G, such as 64K");
+    return refuse("FERRY_SOFT_TCP_LANE", raw,
+                  "expected 1 (on), 0 (off) or the smallest WRITE or READ to share, 2..2G, such as 64K");
   }
   return std::to_string(*bytes);
 }
@@ -138,7 +140,8 @@ Result<std::string> parseLanes(std::string_view raw) {
     const std::string cls = item.substr(0, eq);
     const std::string kind = eq == std::string::npos ? "" : item.substr(eq + 1);
     if (cls != "messages" && cls != "rma" && cls != "atomics") {
-      return refuse("FERRY_AGENT_LANES", raw, "'" + item + "': expected CLASS=KIND with CLASS messages, rma or atomics");
+      return refuse("FERRY_AGENT_LANES", raw,
+                    "'" + item + "': expected CLASS=KIND with CLASS messages, rma or atomics");
     }
     if (kind != "same_host" && kind != "rdma" && kind != "tcp") {
       return refuse("FERRY_AGENT_LANES", raw, "'" + item + "': expected KIND same_host, rdma or tcp");
@@ -149,7 +152,8 @@ Result<std::string> parseLanes(std::string_view raw) {
 
 Result<std::string> parseTokenTtl(std::string_view raw) {
   auto seconds = wholeNumber(raw, 1, 604800);
-  if (!seconds) return refuse("FERRY_OBJECTS_TOKEN_TTL", raw, "expected a whole number of seconds, 1..604800");
+  if (!seconds)
+    return refuse("FERRY_OBJECTS_TOKEN_TTL", raw, "expected a whole number of seconds, 1..604800");
   return std::to_string(*seconds);
 }
 
@@ -501,9 +505,21 @@ Result<uint64_t> parseByteSize(std::string_view text) {
   uint64_t scale = 1;
   if (i < text.size()) {
     switch (text[i]) {
-      case 'k': case 'K': scale = uint64_t{1} << 10; ++i; break;
-      case 'm': case 'M': scale = uint64_t{1} << 20; ++i; break;
-      case 'g': case 'G': scale = uint64_t{1} << 30; ++i; break;
+      case 'k':
+      case 'K':
+        scale = uint64_t{1} << 10;
+        ++i;
+        break;
+      case 'm':
+      case 'M':
+        scale = uint64_t{1} << 20;
+        ++i;
+        break;
+      case 'g':
+      case 'G':
+        scale = uint64_t{1} << 30;
+        ++i;
+        break;
       default: break;
     }
   }

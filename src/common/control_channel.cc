@@ -1,8 +1,6 @@
 // A blocking JSON-lines control connection (see control_channel.h).
 #include "common/control_channel.h"
 
-#include "common/net/listen.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -16,6 +14,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+
+#include "common/net/listen.h"
 
 namespace ferry {
 namespace {
@@ -282,7 +282,8 @@ ControlListener::~ControlListener() {
 
 Result<ControlListener> ControlListener::listen(const std::string& address, uint16_t port,
                                                 ControlProtocol protocol) {
-  FERRY_ASSIGN_OR_RETURN(net::Listener l, net::listenTcp(address, port, {.backlog = 4, .nonBlocking = false}));
+  FERRY_ASSIGN_OR_RETURN(net::Listener l,
+                         net::listenTcp(address, port, {.backlog = 4, .nonBlocking = false}));
   ControlListener listener;
   listener.fd_ = l.fd;
   listener.protocol_ = std::move(protocol);

@@ -74,7 +74,8 @@ void write(Level level, const char* format, ...) {
   const size_t length = n < 0 ? 0 : std::min(static_cast<size_t>(n), sizeof line - 1);
   if (fd >= 0) {
     // One write of under PIPE_BUF bytes: lines from many threads never interleave.
-    if (::write(fd, line, length) != static_cast<ssize_t>(length)) dropped.fetch_add(1, std::memory_order_relaxed);
+    if (::write(fd, line, length) != static_cast<ssize_t>(length))
+      dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   static std::mutex mu;

@@ -30,9 +30,9 @@ uint64_t droppedLines();
 
 }  // namespace ferry::log
 
-#define FERRY_LOG(level, ...)                                                \
-  do {                                                                       \
-    if (::ferry::log::enabled(::ferry::log::Level::level)) {                 \
-      ::ferry::log::write(::ferry::log::Level::level, __VA_ARGS__);          \
-    }                                                                        \
+#define FERRY_LOG(level, ...)                                       \
+  do {                                                              \
+    if (::ferry::log::enabled(::ferry::log::Level::level)) {        \
+      ::ferry::log::write(::ferry::log::Level::level, __VA_ARGS__); \
+    }                                                               \
   } while (0)

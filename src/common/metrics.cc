@@ -21,7 +21,8 @@ void Metrics::record(int kind, StatusCode status, uint64_t bytes, uint64_t laten
   } else {
     k.errors.fetch_add(1, std::memory_order_relaxed);
     const int code = static_cast<int>(status);
-    if (code >= 0 && code < kStatusCodes) k.byStatus[static_cast<size_t>(code)].fetch_add(1, std::memory_order_relaxed);
+    if (code >= 0 && code < kStatusCodes)
+      k.byStatus[static_cast<size_t>(code)].fetch_add(1, std::memory_order_relaxed);
   }
   k.latencySumNs.fetch_add(latencyNs, std::memory_order_relaxed);
   // Bucket i holds latencies up to 2^i us: the bit width of ceil(us) - 1, so 1 us -> 0, 2 -> 1, 3..4 -> 2.
@@ -45,7 +46,8 @@ std::vector<OpMetrics> Metrics::snapshot() const {
     }
     m.latencySumUs = static_cast<double>(k.latencySumNs.load(std::memory_order_relaxed)) / 1000.0;
     for (int b = 0; b < kLatencyBuckets; ++b) {
-      m.latencyBuckets[static_cast<size_t>(b)] = k.buckets[static_cast<size_t>(b)].load(std::memory_order_relaxed);
+      m.latencyBuckets[static_cast<size_t>(b)] =
+          k.buckets[static_cast<size_t>(b)].load(std::memory_order_relaxed);
     }
     out.push_back(std::move(m));
   }

@@ -189,17 +189,17 @@ class Reactor {
   // timers. progressed_ counts the callers' runs: events the thread's epoll_wait returned before one
   // may be stale (their fd read, or closed and its number reused), so the thread polls again.
   std::mutex loopMu_;
-  uint64_t progressed_ = 0;  // guarded by loopMu_
+  uint64_t progressed_ = 0;                  // guarded by loopMu_
   std::vector<std::function<void()>> work_;  // guarded by loopMu_: the posted work being run
-  bool closed_ = false;      // guarded by loopMu_: the epoll set is gone
+  bool closed_ = false;                      // guarded by loopMu_: the epoll set is gone
   // Guarded by loopMu_: when the thread's epoll_wait times out (the first timer, or the lease's
   // end while attended; max: never).
   Clock::time_point threadSleepsUntil_ = Clock::time_point::max();
-  Clock::time_point attendedUntil_{};  // guarded by loopMu_
-  Clock::time_point sweptLease_{};     // guarded by loopMu_: the last ended lease the thread swept
-  Clock::time_point runNow_{};         // guarded by loopMu_: runNow()'s reading (zero: none yet)
-  size_t workSinceNow_ = 0;           // guarded by loopMu_: noteWork() since that reading
-  bool threadQuiet_ = false;           // guarded by loopMu_: the thread sleeps on the quiet set
+  Clock::time_point attendedUntil_{};           // guarded by loopMu_
+  Clock::time_point sweptLease_{};              // guarded by loopMu_: the last ended lease the thread swept
+  Clock::time_point runNow_{};                  // guarded by loopMu_: runNow()'s reading (zero: none yet)
+  size_t workSinceNow_ = 0;                     // guarded by loopMu_: noteWork() since that reading
+  bool threadQuiet_ = false;                    // guarded by loopMu_: the thread sleeps on the quiet set
   static thread_local const Reactor* running_;  // the reactor a progressOnce() on this thread runs
 
   std::mutex postMu_;

@@ -29,7 +29,8 @@ constexpr size_t kMaxLength = size_t{1} << 46;
 
 Result<std::shared_ptr<SharedMemory>> SharedMemory::allocate(size_t length) {
   if (length == 0) return Status(StatusCode::kInvalidArgument, "shared memory: length 0");
-  if (length > kMaxLength) return Status(StatusCode::kInvalidArgument, "shared memory: more than 64 TiB asked for");
+  if (length > kMaxLength)
+    return Status(StatusCode::kInvalidArgument, "shared memory: more than 64 TiB asked for");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t mapped = (length + page - 1) / page * page;
   std::shared_ptr<SharedMemory> m(new SharedMemory());

@@ -32,7 +32,8 @@ class Fields {
     if (v == nullptr) return fail_(std::string("no \"") + key + "\"");
     auto s = v->getString();
     if (!s.isOk()) return fail_(std::string("\"") + key + "\" is not a string");
-    if (s->size() > maxLength) return fail_(std::string("\"") + key + "\" is longer than " + std::to_string(maxLength));
+    if (s->size() > maxLength)
+      return fail_(std::string("\"") + key + "\" is longer than " + std::to_string(maxLength));
     return std::string(*s);
   }
   Result<uint64_t> number(const char* key, uint64_t lo, uint64_t hi) const {
@@ -47,7 +48,8 @@ class Fields {
   }
   Result<const json::Array*> array(const char* key, size_t maxItems) const {
     const json::Value* v = v_.find(key);
-    if (v == nullptr || !v->isArray()) return fail_(std::string("\"") + key + "\" is missing or not an array");
+    if (v == nullptr || !v->isArray())
+      return fail_(std::string("\"") + key + "\" is missing or not an array");
     if (v->array()->size() > maxItems) {
       return fail_(std::string("\"") + key + "\" has more than " + std::to_string(maxItems) + " entries");
     }
@@ -94,8 +96,8 @@ json::Value metadataValue(const Metadata& m) {
 Result<Metadata> metadataFrom(const json::Value& v, Status (*fail)(const std::string&)) {
   if (!v.isObject()) return fail("not a JSON object");
   Fields f(v, fail);
-  FERRY_RETURN_IF_ERROR(
-      f.only({"version", "kind", "worker", "address", "operation", "nonce", "expires", "descriptors", "tag"}));
+  FERRY_RETURN_IF_ERROR(f.only(
+      {"version", "kind", "worker", "address", "operation", "nonce", "expires", "descriptors", "tag"}));
   Metadata m;
   FERRY_ASSIGN_OR_RETURN(uint64_t version, f.number("version", 1, 1u << 20));
   if (version != kMetadataVersion) {
@@ -249,12 +251,11 @@ Result<Message> decodeMessage(std::string_view text) {
       }
       break;
     }
-    case MessageType::kStarted:
-      FERRY_RETURN_IF_ERROR(f.only({"t", "id"}));
-      break;
+    case MessageType::kStarted: FERRY_RETURN_IF_ERROR(f.only({"t", "id"})); break;
     case MessageType::kDone: {
       FERRY_RETURN_IF_ERROR(f.only({"t", "id", "code", "reason"}));
-      FERRY_ASSIGN_OR_RETURN(uint64_t code, f.number("code", 0, static_cast<uint64_t>(StatusCode::kPeerGone)));
+      FERRY_ASSIGN_OR_RETURN(uint64_t code,
+                             f.number("code", 0, static_cast<uint64_t>(StatusCode::kPeerGone)));
       m.code = static_cast<StatusCode>(code);
       FERRY_ASSIGN_OR_RETURN(m.reason, f.text("reason", 4096));
       break;

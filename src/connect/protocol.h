@@ -39,7 +39,7 @@ struct Metadata {
   std::string nonce;                          // 32 hex digits
   int64_t expires = 0;                        // milliseconds since the epoch
   std::vector<DescriptorInfo> descriptors;
-  std::string tag;                            // 64 hex digits
+  std::string tag;  // 64 hex digits
 
   bool operator==(const Metadata&) const = default;
 };
@@ -66,12 +66,12 @@ enum class MessageType : uint8_t { kBegin, kStarted, kDone, kCancel };
 
 struct Message {
   MessageType type = MessageType::kBegin;
-  uint64_t id = 0;                   // the active side's operation id
-  Metadata metadata;                 // begin
-  std::vector<BufferInfo> buffers;   // begin: one per descriptor, in order
-  uint64_t operation = 0;            // cancel: the owner's operation id
-  StatusCode code = StatusCode::kOk; // done
-  std::string reason;                // done (when not OK)
+  uint64_t id = 0;                    // the active side's operation id
+  Metadata metadata;                  // begin
+  std::vector<BufferInfo> buffers;    // begin: one per descriptor, in order
+  uint64_t operation = 0;             // cancel: the owner's operation id
+  StatusCode code = StatusCode::kOk;  // done
+  std::string reason;                 // done (when not OK)
 };
 
 std::string encodeMessage(const Message& m);

@@ -49,7 +49,7 @@ Result<MrHandle> MemoryPool::registerMemoryRegion(std::string_view name, void* a
 }
 
 Result<std::shared_ptr<SharedMemory>> MemoryPool::allocMemoryRegion(std::string_view name, uint64_t length,
-                                                                     RegionOptions options) {
+                                                                    RegionOptions options) {
   if (length == 0) return invalidArgument("alloc_memory_region: zero length");
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<SharedMemory> memory, SharedMemory::allocate(length));
   options.owner = memory;

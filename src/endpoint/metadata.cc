@@ -8,8 +8,8 @@ namespace {
 
 namespace v = ferry::verbs;
 
-Result<int64_t> intField(const json::Value& object, const char* key, int64_t lo, int64_t hi, const std::string& where,
-                         bool required = true, int64_t fallback = 0) {
+Result<int64_t> intField(const json::Value& object, const char* key, int64_t lo, int64_t hi,
+                         const std::string& where, bool required = true, int64_t fallback = 0) {
   const json::Value* value = object.find(key);
   if (value == nullptr) {
     if (!required) return fallback;
@@ -18,8 +18,8 @@ Result<int64_t> intField(const json::Value& object, const char* key, int64_t lo,
   auto i = value->getInt();
   if (!i.isOk()) return invalidArgument(where + ": \"" + key + "\" is not an integer");
   if (*i < lo || *i > hi) {
-    return invalidArgument(where + ": \"" + key + "\" = " + std::to_string(*i) + " is outside [" + std::to_string(lo) +
-                           ", " + std::to_string(hi) + "]");
+    return invalidArgument(where + ": \"" + key + "\" = " + std::to_string(*i) + " is outside [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return *i;
 }
@@ -93,22 +93,25 @@ Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string
   EndpointMetadata m;
   m.device = textField(info, "device");
   m.linkType = textField(info, "link_type");
-  if (m.device.empty() || m.device.size() > 255) return error("\"device\" is missing, not text, or longer than 255 bytes");
+  if (m.device.empty() || m.device.size() > 255)
+    return error("\"device\" is missing, not text, or longer than 255 bytes");
   if (m.linkType.size() > 64) return error("\"link_type\" is longer than 64 bytes");
   FERRY_ASSIGN_OR_RETURN(int64_t ibPort, intField(info, "ib_port", 1, 255, where, false, 1));
   m.ibPort = static_cast<int>(ibPort);
   FERRY_ASSIGN_OR_RETURN(int64_t numQp, intField(info, "num_qp", 1, 64, where));
   m.numQp = static_cast<uint32_t>(numQp);
-  FERRY_ASSIGN_OR_RETURN(int64_t recvBufferSize, intField(info, "recv_buffer_size", 64, int64_t{1} << 30, where));
+  FERRY_ASSIGN_OR_RETURN(int64_t recvBufferSize,
+                         intField(info, "recv_buffer_size", 64, int64_t{1} << 30, where));
   m.recvBufferSize = static_cast<uint32_t>(recvBufferSize);
   FERRY_ASSIGN_OR_RETURN(int64_t recvDepth, intField(info, "recv_depth", 0, 1 << 20, where, false, 0));
   m.recvDepth = static_cast<uint32_t>(recvDepth);
   const json::Value* pathsValue = info.find("qp_paths");
-  if (pathsValue == nullptr || !pathsValue->isArray()) return error("\"qp_paths\" is missing or not an array");
+  if (pathsValue == nullptr || !pathsValue->isArray())
+    return error("\"qp_paths\" is missing or not an array");
   const json::Array& pathArray = *pathsValue->array();
   if (pathArray.size() != m.numQp) {
-    return error("\"qp_paths\" has " + std::to_string(pathArray.size()) + " entries for num_qp=" +
-                 std::to_string(numQp));
+    return error("\"qp_paths\" has " + std::to_string(pathArray.size()) +
+                 " entries for num_qp=" + std::to_string(numQp));
   }
   for (size_t i = 0; i < pathArray.size(); ++i) {
     if (!pathArray[i].isObject()) return error("qp_paths[" + std::to_string(i) + "] is not an object");
@@ -119,12 +122,14 @@ Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string
     m.paths.push_back(*path);
   }
   const json::Value* mrs = info.find("mr_info");
-  if (mrs == nullptr) return error("\"mr_info\" is missing (an endpoint's metadata lists its regions, maybe none)");
+  if (mrs == nullptr)
+    return error("\"mr_info\" is missing (an endpoint's metadata lists its regions, maybe none)");
   {
     if (!mrs->isObject()) return error("\"mr_info\" is not an object");
     for (const auto& [name, entry] : *mrs->object()) {
       if (name.empty()) return error("\"mr_info\" has a region without a name");
-      FERRY_ASSIGN_OR_RETURN(RegionMetadata r, decodeRegion(name, entry, where + ": mr_info['" + name + "']"));
+      FERRY_ASSIGN_OR_RETURN(RegionMetadata r,
+                             decodeRegion(name, entry, where + ": mr_info['" + name + "']"));
       m.regions.push_back(std::move(r));
     }
   }

@@ -248,8 +248,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void onClaim(const std::shared_ptr<ag::PeerConnection>& from, std::string_view body) {
     auto claim = decodeClaim(body);
     if (!claim.isOk()) {
-      telem_->log(CUOBJ_LOG_PATH_ERROR, "", "a claim from " + from->peerAlias() + " refused: " +
-                                                claim.status().message());
+      telem_->log(CUOBJ_LOG_PATH_ERROR, "",
+                  "a claim from " + from->peerAlias() + " refused: " + claim.status().message());
       return;
     }
     GrantAnswer answer;
@@ -258,8 +258,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = tokens_.find(claim->digest);
       if (it == tokens_.end()) {
-        answer.reason = "no live descriptor of this client has that digest (not minted here, edited, "
-                        "revoked or expired)";
+        answer.reason =
+            "no live descriptor of this client has that digest (not minted here, edited, "
+            "revoked or expired)";
       } else if (it->second.claimed) {
         answer.reason = "the descriptor was used by a request already";
       } else if (it->second.descriptor.expiresNs <= realtimeNs()) {

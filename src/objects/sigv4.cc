@@ -154,9 +154,9 @@ Status checkRequestTime(const SignedRequest& r, int64_t nowSeconds) {
     gmtime_r(&now, &utc);
     char serverTime[32];
     strftime(serverTime, sizeof serverTime, "%Y%m%dT%H%M%SZ", &utc);
-    return Status(StatusCode::kPermissionDenied,
-                  "the difference between the request time " + amzDate + " and the server's time " + serverTime +
-                      " is more than 15 minutes (RequestTimeTooSkewed)");
+    return Status(StatusCode::kPermissionDenied, "the difference between the request time " + amzDate +
+                                                     " and the server's time " + serverTime +
+                                                     " is more than 15 minutes (RequestTimeTooSkewed)");
   }
   return Status::ok();
 }

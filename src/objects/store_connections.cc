@@ -251,8 +251,9 @@ bool StoreHttpServer::process_and_close_socket(socket_t sock) {
   if (held > limits_.maxConnections) {
     // Past the cap: an answer, and no request read (its bytes are drained while closing).
     const std::string answer = busyAnswer ? busyAnswer() : std::string();
-    std::string head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nContent-Length: " +
-                       std::to_string(answer.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n";
+    std::string head =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nContent-Length: " +
+        std::to_string(answer.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n";
     conn.write(head.data(), head.size());
     conn.write(answer.data(), answer.size());
     conn.unread_ = true;

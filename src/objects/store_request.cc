@@ -290,7 +290,8 @@ int hexValue(char c) {
 }  // namespace
 
 std::pair<BodyFraming, std::optional<RequestRefusal>> decideFraming(
-    const std::vector<std::string_view>& contentLengths, const std::vector<std::string_view>& transferEncodings) {
+    const std::vector<std::string_view>& contentLengths,
+    const std::vector<std::string_view>& transferEncodings) {
   BodyFraming framing;
   if (!transferEncodings.empty()) {
     if (!contentLengths.empty()) {
@@ -298,17 +299,20 @@ std::pair<BodyFraming, std::optional<RequestRefusal>> decideFraming(
               RequestRefusal{400, "InvalidRequest",
                              "the request has both Content-Length and Transfer-Encoding: send one of them"}};
     }
-    return {framing, RequestRefusal{501, "NotImplemented",
-                                    "Transfer-Encoding is not implemented: send the body with a Content-Length"}};
+    return {framing,
+            RequestRefusal{501, "NotImplemented",
+                           "Transfer-Encoding is not implemented: send the body with a Content-Length"}};
   }
   for (std::string_view text : contentLengths) {
     auto n = decimal(trimmed(text));
     if (!n) {
-      return {framing, RequestRefusal{400, "InvalidRequest",
-                                      "Content-Length '" + std::string(text.substr(0, 32)) + "' is not a number"}};
+      return {framing,
+              RequestRefusal{400, "InvalidRequest",
+                             "Content-Length '" + std::string(text.substr(0, 32)) + "' is not a number"}};
     }
     if (framing.contentLength && *framing.contentLength != *n) {
-      return {framing, RequestRefusal{400, "InvalidRequest", "the request has two different Content-Length values"}};
+      return {framing,
+              RequestRefusal{400, "InvalidRequest", "the request has two different Content-Length values"}};
     }
     framing.contentLength = n;
   }

@@ -31,7 +31,8 @@ struct BodyFraming {
   std::optional<uint64_t> contentLength;
 };
 std::pair<BodyFraming, std::optional<RequestRefusal>> decideFraming(
-    const std::vector<std::string_view>& contentLengths, const std::vector<std::string_view>& transferEncodings);
+    const std::vector<std::string_view>& contentLengths,
+    const std::vector<std::string_view>& transferEncodings);
 
 // The call a request names, from its method and whether its path has a bucket and a key.
 enum class StoreCall { kListBuckets, kBucket, kObject };

@@ -94,7 +94,8 @@ Result<verbs::Context> openDevice(std::string_view name) {
     std::string reason;
     if (!e->probe(&reason)) continue;
     auto devices = e->list();
-    bool found = std::any_of(devices.begin(), devices.end(), [&](const verbs::DeviceInfo& d) { return d.name == wanted; });
+    bool found = std::any_of(devices.begin(), devices.end(),
+                             [&](const verbs::DeviceInfo& d) { return d.name == wanted; });
     if (!found) continue;
     FERRY_ASSIGN_OR_RETURN(auto impl, e->open(wanted));
     return verbs::Context(std::move(impl));

@@ -47,7 +47,8 @@ Status checkMapped(const void* addr, size_t length, bool write) {
   const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;  // the caller refused wrapping
   const size_t span = end - start;
   if (populateWorks()) {
-    if (::madvise(reinterpret_cast<void*>(start), span, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) {
+    if (::madvise(reinterpret_cast<void*>(start), span, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) ==
+        0) {
       return Status::ok();
     }
     if (errno == ENOMEM) {

@@ -37,8 +37,8 @@ Status checkSendWr(QpType type, const QpCap& cap, const SendWr& wr) {
 
 Status checkRecvWr(uint32_t maxSge, const RecvWr& wr, const char* what) {
   if (recvWrFits(maxSge, wr)) return Status::ok();
-  return invalidArgument(std::string(what) + ": " + std::to_string(wr.sgList.size()) + " SGEs, more than max_sge (" +
-                         std::to_string(maxSge) + ")");
+  return invalidArgument(std::string(what) + ": " + std::to_string(wr.sgList.size()) +
+                         " SGEs, more than max_sge (" + std::to_string(maxSge) + ")");
 }
 
 }  // namespace ferry::verbs

@@ -33,7 +33,8 @@ inline SendWrFault sendWrFault(QpType type, const QpCap& cap, const SendWr& wr) 
     return SendWrFault::kUnknownOpcode;
   }
   if (type == QpType::kUc && (op == WrOpcode::kRdmaRead || isAtomic(op))) return SendWrFault::kNotOnUc;
-  if (type == QpType::kUd && op != WrOpcode::kSend && op != WrOpcode::kSendWithImm) return SendWrFault::kNotOnUd;
+  if (type == QpType::kUd && op != WrOpcode::kSend && op != WrOpcode::kSendWithImm)
+    return SendWrFault::kNotOnUd;
   if (wr.sgList.size() > cap.maxSendSge) return SendWrFault::kTooManySges;
   const bool inlined = (wr.sendFlags & send_flags::kInline) != 0;
   if (!inlined && !isAtomic(op)) return SendWrFault::kNone;  // the rest concerns inline data and atomics

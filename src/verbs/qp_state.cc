@@ -35,10 +35,10 @@ Rule ruleFor(QpType type, QpState from, QpState to) {
       if (to == QpState::kRtr) {
         if (ud) return {true, 0, m::kPkeyIndex | m::kQkey};
         if (uc) {
-          return {true, m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn, m::kAltPath | m::kAccessFlags | m::kPkeyIndex};
+          return {true, m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn,
+                  m::kAltPath | m::kAccessFlags | m::kPkeyIndex};
         }
-        return {true,
-                m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn | m::kMaxDestRdAtomic | m::kMinRnrTimer,
+        return {true, m::kAv | m::kPathMtu | m::kDestQpn | m::kRqPsn | m::kMaxDestRdAtomic | m::kMinRnrTimer,
                 m::kAltPath | m::kAccessFlags | m::kPkeyIndex};
       }
       break;
@@ -54,12 +54,10 @@ Rule ruleFor(QpType type, QpState from, QpState to) {
       if (to == QpState::kRts) {
         if (ud) return {true, 0, m::kCurState | m::kQkey};
         if (uc) return {true, 0, m::kCurState | m::kAccessFlags | m::kAltPath | m::kPathMigState};
-        return {true, 0,
-                m::kCurState | m::kAccessFlags | m::kAltPath | m::kPathMigState | m::kMinRnrTimer};
+        return {true, 0, m::kCurState | m::kAccessFlags | m::kAltPath | m::kPathMigState | m::kMinRnrTimer};
       }
       break;
-    default:
-      break;
+    default: break;
   }
   return {};
 }
@@ -93,7 +91,8 @@ Status checkMask(QpState current, QpState next, const Rule& rule, uint32_t mask)
 
 // The values of the attributes in mask that have a range.
 Status checkAttrValues(const QpAttr& attr, uint32_t mask) {
-  if ((mask & m::kPathMtu) && (static_cast<uint8_t>(attr.pathMtu) < 1 || static_cast<uint8_t>(attr.pathMtu) > 5)) {
+  if ((mask & m::kPathMtu) &&
+      (static_cast<uint8_t>(attr.pathMtu) < 1 || static_cast<uint8_t>(attr.pathMtu) > 5)) {
     return refuse("path_mtu must be 1..5");
   }
   if ((mask & m::kRetryCnt) && attr.retryCnt > 7) return refuse("retry_cnt above 7");
@@ -135,10 +134,10 @@ Result<QpState> checkQpTransition(QpType type, QpState current, const QpAttr& at
 
 uint32_t rnrTimerMicros(uint8_t code) {
   // IBA table 45: code -> milliseconds * 100 (so 1 = 0.01 ms).
-  static constexpr uint32_t kTable[32] = {
-      655360, 10,   20,   30,   40,   60,    80,    120,   160,   240,   320,
-      480,    640,  960,  1280, 1920, 2560,  3840,  5120,  7680,  10240, 15360,
-      20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  static constexpr uint32_t kTable[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                          160,    240,   320,   480,    640,    960,    1280,   1920,
+                                          2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                          40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
   return kTable[code & 31];
 }
 

@@ -30,7 +30,8 @@ void ChildList::closeAll() {
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
     if (auto child = it->lock()) live.push_back(std::move(child));
   }
-  std::stable_sort(live.begin(), live.end(), [](const auto& a, const auto& b) { return a->closeOrder() < b->closeOrder(); });
+  std::stable_sort(live.begin(), live.end(),
+                   [](const auto& a, const auto& b) { return a->closeOrder() < b->closeOrder(); });
   for (auto& child : live) child->close();
 }
 
@@ -263,11 +264,12 @@ Status QueuePair::postRecv(std::span<const RecvWr> wrs, size_t* badIndex) {
 namespace {
 Status checkMcast(const char* what, QpType type, const Gid& gid) {
   if (type != QpType::kUd) {
-    return Status(StatusCode::kInvalidArgument, std::string(what) + ": only UD queue pairs join multicast groups",
-                  EINVAL);
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(what) + ": only UD queue pairs join multicast groups", EINVAL);
   }
   if (gid.raw[0] != 0xff) {
-    return Status(StatusCode::kInvalidArgument, std::string(what) + ": not a multicast GID (ff00::/8)", EINVAL);
+    return Status(StatusCode::kInvalidArgument, std::string(what) + ": not a multicast GID (ff00::/8)",
+                  EINVAL);
   }
   return Status::ok();
 }
@@ -337,8 +339,8 @@ Status QueuePair::establish(const Path& path, uint32_t accessFlags) {
   attr.retryCnt = path.retries;
   attr.rnrRetry = path.rnrRetries;
   attr.timeout = path.packetLifeTime;
-  return impl_->modify(attr, m::kState | m::kSqPsn | m::kMaxQpRdAtomic | m::kRetryCnt | m::kRnrRetry |
-                                 m::kTimeout);
+  return impl_->modify(attr,
+                       m::kState | m::kSqPsn | m::kMaxQpRdAtomic | m::kRetryCnt | m::kRnrRetry | m::kTimeout);
 }
 
 // ---- SharedReceiveQueue ----

@@ -7,13 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <future>
-#include <mutex>
-#include <cstdlib>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,7 +73,8 @@ TEST(AgentAddress, RoundTripsAndRefusesEveryTruncation) {
   a.alias = "prefill-0";
   a.hostId = localHostId();
   a.control = {{.ipv6 = false, .ip = "127.0.0.1", .port = 4000}, {.ipv6 = true, .ip = "::1", .port = 4000}};
-  DeviceAddress soft{.kind = DeviceAddress::Kind::kSoft, .name = "soft_lo", .ip = "127.0.0.1", .prefixLength = 8};
+  DeviceAddress soft{
+      .kind = DeviceAddress::Kind::kSoft, .name = "soft_lo", .ip = "127.0.0.1", .prefixLength = 8};
   DeviceAddress rdma{.kind = DeviceAddress::Kind::kRdma, .name = "rxe0", .port = 1, .linkLayer = 2, .lid = 0};
   rdma.gid[0] = 0xfe;
   rdma.gid[15] = 7;
@@ -99,7 +100,10 @@ TEST(AgentAddress, SkipsFieldsOfANewerVersion) {
   a.control = {{.ipv6 = false, .ip = "10.0.0.1", .port = 9}};
   std::string bytes = a.encode();
   // Append an unknown field (tag 200, 3 bytes) and fix the body length.
-  bytes += std::string("\xc8\x03\x00" "abc", 6);
+  bytes += std::string(
+      "\xc8\x03\x00"
+      "abc",
+      6);
   uint32_t body = static_cast<uint32_t>(bytes.size() - 10);
   std::memcpy(&bytes[6], &body, 4);
   auto back = WorkerAddress::decode(bytes);
@@ -118,10 +122,14 @@ WorkerAddress host(const std::string& alias, const std::string& hostId, std::vec
 }
 
 TEST(AgentLanes, BothSidesChooseTheSameLanes) {
-  DeviceAddress lo{.kind = DeviceAddress::Kind::kSoft, .name = "soft_lo", .ip = "127.0.0.1", .prefixLength = 8};
-  DeviceAddress eth1{.kind = DeviceAddress::Kind::kSoft, .name = "soft_eth0", .ip = "10.0.0.1", .prefixLength = 24};
-  DeviceAddress eth2{.kind = DeviceAddress::Kind::kSoft, .name = "soft_eth0", .ip = "10.0.0.2", .prefixLength = 24};
-  DeviceAddress other{.kind = DeviceAddress::Kind::kSoft, .name = "soft_eth1", .ip = "10.9.0.2", .prefixLength = 24};
+  DeviceAddress lo{
+      .kind = DeviceAddress::Kind::kSoft, .name = "soft_lo", .ip = "127.0.0.1", .prefixLength = 8};
+  DeviceAddress eth1{
+      .kind = DeviceAddress::Kind::kSoft, .name = "soft_eth0", .ip = "10.0.0.1", .prefixLength = 24};
+  DeviceAddress eth2{
+      .kind = DeviceAddress::Kind::kSoft, .name = "soft_eth0", .ip = "10.0.0.2", .prefixLength = 24};
+  DeviceAddress other{
+      .kind = DeviceAddress::Kind::kSoft, .name = "soft_eth1", .ip = "10.9.0.2", .prefixLength = 24};
   DeviceAddress ib1{.kind = DeviceAddress::Kind::kRdma, .name = "mlx5_0", .linkLayer = 1, .lid = 3};
   DeviceAddress ib2{.kind = DeviceAddress::Kind::kRdma, .name = "mlx5_1", .linkLayer = 1, .lid = 4};
   ib1.gid[0] = ib2.gid[0] = 0xfe;
@@ -135,8 +143,10 @@ TEST(AgentLanes, BothSidesChooseTheSameLanes) {
   };
   std::vector<Case> cases = {
       {host("a", "h1", {lo, eth1}), host("b", "h1", {lo, eth1}), LaneKind::kSameHost, "soft_lo", "soft_lo"},
-      {host("a", "h1", {lo, eth1, ib1}), host("b", "h2", {lo, eth2, ib2}), LaneKind::kRdma, "mlx5_0", "mlx5_1"},
-      {host("a", "h1", {lo, eth1}), host("b", "h2", {lo, other, eth2}), LaneKind::kTcp, "soft_eth0", "soft_eth0"},
+      {host("a", "h1", {lo, eth1, ib1}), host("b", "h2", {lo, eth2, ib2}), LaneKind::kRdma, "mlx5_0",
+       "mlx5_1"},
+      {host("a", "h1", {lo, eth1}), host("b", "h2", {lo, other, eth2}), LaneKind::kTcp, "soft_eth0",
+       "soft_eth0"},
   };
   for (auto& c : cases) {
     auto ab = selectLanes(c.a, c.b);
@@ -158,11 +168,13 @@ TEST(AgentLanes, BothSidesChooseTheSameLanes) {
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("no device pair"), std::string::npos);
   // An override is honoured where possible and refused where not.
-  auto forced = selectLanes(host("a", "h1", {lo, eth1}), host("b", "h1", {lo, eth2}), {{OpClass::kRma, LaneKind::kTcp}});
+  auto forced = selectLanes(host("a", "h1", {lo, eth1}), host("b", "h1", {lo, eth2}),
+                            {{OpClass::kRma, LaneKind::kTcp}});
   ASSERT_TRUE(forced.isOk()) << forced.status().toString();
   EXPECT_EQ(forced->of(OpClass::kRma).kind, LaneKind::kTcp);
   EXPECT_EQ(forced->of(OpClass::kMessages).kind, LaneKind::kSameHost);
-  auto impossible = selectLanes(host("a", "h1", {lo}), host("b", "h1", {lo}), {{OpClass::kRma, LaneKind::kRdma}});
+  auto impossible =
+      selectLanes(host("a", "h1", {lo}), host("b", "h1", {lo}), {{OpClass::kRma, LaneKind::kRdma}});
   EXPECT_EQ(impossible.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(parseLaneOverrides("rma=tcp,messages=same_host")->size(), 2u);
   EXPECT_FALSE(parseLaneOverrides("rma=carrier-pigeon").isOk());
@@ -182,8 +194,11 @@ TEST(Agent, OperationsBeforeThePeerExistsAreReplayedInOrder) {
   // which only holds when they are replayed in order.
   std::vector<ep::ReadWriteFuture> futures;
   for (int i = 0; i < 4; ++i) {
-    NamedAssignment w{.local = std::string("kv"), .remote = std::string("kv"), .localOffset = uint64_t(i) * 4096,
-                      .remoteOffset = 0, .length = 4096};
+    NamedAssignment w{.local = std::string("kv"),
+                      .remote = std::string("kv"),
+                      .localOffset = uint64_t(i) * 4096,
+                      .remoteOffset = 0,
+                      .length = 4096};
     auto f = (*conn)->write(std::span(&w, 1));
     ASSERT_TRUE(f.isOk()) << f.status().toString();
     futures.push_back(*f);
@@ -200,7 +215,8 @@ TEST(Agent, OperationsBeforeThePeerExistsAreReplayedInOrder) {
     Status st = f.wait(kWait);
     EXPECT_TRUE(st.isOk()) << st.toString();
   }
-  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 3 * 4096, 4096), 0) << "the writes were not replayed in order";
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 3 * 4096, 4096), 0)
+      << "the writes were not replayed in order";
   auto lanes = (*conn)->lanes();
   ASSERT_TRUE(lanes.isOk());
   EXPECT_EQ(lanes->of(OpClass::kRma).label(), expectedLane());
@@ -222,7 +238,10 @@ TEST(Agent, AReplyEndpointWritesBackWithoutConnecting) {
   auto back = b->peer("a");
   ASSERT_TRUE(back.isOk()) << back.status().toString();
   ASSERT_TRUE((*back)->waitReady(kWait).isOk());
-  NamedAssignment w{.local = std::string("buf"), .remote = std::string("buf"), .localOffset = 0, .remoteOffset = 4096,
+  NamedAssignment w{.local = std::string("buf"),
+                    .remote = std::string("buf"),
+                    .localOffset = 0,
+                    .remoteOffset = 4096,
                     .length = 4096};
   auto f = (*back)->write(std::span(&w, 1));
   ASSERT_TRUE(f.isOk()) << f.status().toString();
@@ -253,7 +272,10 @@ TEST(Agent, SimultaneousConnectEndsWithOneConnection) {
     // Bytes move both ways on the one connection each side has.
     NamedAssignment w{.local = std::string("m"), .remote = std::string("m"), .length = 2048};
     ASSERT_TRUE(ca->write(std::span(&w, 1))->wait(kWait).isOk());
-    NamedAssignment w2{.local = std::string("m"), .remote = std::string("m"), .localOffset = 2048, .remoteOffset = 2048,
+    NamedAssignment w2{.local = std::string("m"),
+                       .remote = std::string("m"),
+                       .localOffset = 2048,
+                       .remoteOffset = 2048,
                        .length = 2048};
     ASSERT_TRUE(cb->write(std::span(&w2, 1))->wait(kWait).isOk());
     EXPECT_EQ(std::memcmp(bufB.data(), bufA.data(), 4096), 0);
@@ -335,10 +357,11 @@ TEST(Agent, BadInputIsRefusedBeforeAnythingIsQueued) {
   ASSERT_TRUE(conn.isOk());
   NamedAssignment unknown{.local = std::string("nope"), .remote = std::string("m"), .length = 8};
   EXPECT_EQ((*conn)->write(std::span(&unknown, 1)).status().code(), StatusCode::kInvalidArgument);
-  NamedAssignment outside{.local = std::string("m"), .remote = std::string("m"), .localOffset = 4090, .length = 8};
+  NamedAssignment outside{
+      .local = std::string("m"), .remote = std::string("m"), .localOffset = 4090, .length = 8};
   EXPECT_EQ((*conn)->write(std::span(&outside, 1)).status().code(), StatusCode::kInvalidArgument);
-  NamedAssignment wrap{.local = std::string("m"), .remote = std::string("m"), .localOffset = 8,
-                       .length = ~uint64_t{0} - 4};
+  NamedAssignment wrap{
+      .local = std::string("m"), .remote = std::string("m"), .localOffset = 8, .length = ~uint64_t{0} - 4};
   EXPECT_EQ((*conn)->read(std::span(&wrap, 1)).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*conn)->write({}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a->stats().operationsQueued, 0u);
@@ -348,7 +371,8 @@ TEST(Agent, BadInputIsRefusedBeforeAnythingIsQueued) {
   EXPECT_EQ(a->registerMemoryRegion("", buf.data(), buf.size()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a->registerMemoryRegion("a/b", buf.data(), buf.size()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a->unregisterMemoryRegion("never").code(), StatusCode::kNotFound);
-  EXPECT_EQ(Agent::start({.alias = "x", .store = "gopher://nowhere"}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Agent::start({.alias = "x", .store = "gopher://nowhere"}).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(Agent::start({.alias = "bad/alias"}).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -410,8 +434,9 @@ TEST(Agent, AConnectionWhoseEndpointFailedIsRetiredByTheNextLookup) {
   auto endpoint = (*conn)->endpoint();
   ASSERT_TRUE(endpoint);
   auto directWrite = [&](const std::shared_ptr<ep::Endpoint>& e, uint32_t rkey) -> Status {
-    std::string info = "{\"addr\":" + std::to_string(view.addr) + ",\"length\":" + std::to_string(view.length) +
-                       ",\"rkey\":" + std::to_string(rkey) + ",\"writable\":true}";
+    std::string info = "{\"addr\":" + std::to_string(view.addr) +
+                       ",\"length\":" + std::to_string(view.length) + ",\"rkey\":" + std::to_string(rkey) +
+                       ",\"writable\":true}";
     auto remote = e->registerRemoteMemoryRegion("direct", info);
     if (!remote.isOk()) return remote.status();
     auto local = e->localHandle("src");
@@ -677,7 +702,8 @@ TEST(Agent, WiresUpOverIPv6Loopback) {
   auto ob = options("six-b", "");
   oa.listenHost = ob.listenHost = "::1";
   auto a = Agent::start(oa);
-  if (!a.isOk() && a.status().code() == StatusCode::kIoError) GTEST_SKIP() << "no IPv6 here: " << a.status().toString();
+  if (!a.isOk() && a.status().code() == StatusCode::kIoError)
+    GTEST_SKIP() << "no IPv6 here: " << a.status().toString();
   ASSERT_TRUE(a.isOk()) << a.status().toString();
   auto b = startAgent(ob);
   ASSERT_TRUE(b);

@@ -139,7 +139,8 @@ TEST(Admission, AnAddressOfThisHostsInterfacesIsThisHost) {
 }
 
 TEST(Admission, CapsPerSourceAndInAllAndReleasesWithTheTicket) {
-  auto admission = net::Admission::create({.thisHostOnly = false, .maxPerSource = 2, .maxTotal = 3}, "capped");
+  auto admission =
+      net::Admission::create({.thisHostOnly = false, .maxPerSource = 2, .maxTotal = 3}, "capped");
   auto t1 = admission->admit(v4("198.51.100.1"));
   auto t2 = admission->admit(v4("198.51.100.1"));
   ASSERT_TRUE(t1.isOk() && t2.isOk());
@@ -235,7 +236,9 @@ TEST(AgentGuard, AByeOrARestartClaimOnAnotherLinkDoesNotDropTheConnection) {
     req.lanes = "";
     req.endpoints = json::parse("{\"soft_lo\": {}}").value();
     req.nonce = newNonce();
-    req.time = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    req.time =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     ASSERT_TRUE(spoof.send(encodeWireup(req, "")));
     std::this_thread::sleep_for(500ms);
   }
@@ -244,7 +247,8 @@ TEST(AgentGuard, AByeOrARestartClaimOnAnotherLinkDoesNotDropTheConnection) {
   // b's own goodbye, on its link, still counts.
   p.b->shutdown();
   auto until = std::chrono::steady_clock::now() + 5s;
-  while (p.a->stats().peersGone == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  while (p.a->stats().peersGone == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
   EXPECT_EQ(p.a->stats().peersGone, 1u);
 }
 
@@ -361,8 +365,8 @@ TEST(AgentGuard, AFloodOfForgedRequestsHoldsBoundedStateAndPeersStillConnect) {
     }
     std::this_thread::sleep_for(500ms);
     EXPECT_EQ(p.b->stats().messagesRefused - refusedBefore, reqs.size() - 4 * links.size())
-        << "the handshakes past the cap of 4 a link were not refused (replies sent: " << p.b->stats().repliesSent
-        << ", challenges: " << p.b->stats().challengesSent << ")";
+        << "the handshakes past the cap of 4 a link were not refused (replies sent: "
+        << p.b->stats().repliesSent << ", challenges: " << p.b->stats().challengesSent << ")";
     EXPECT_LT(openFds(), fdsBefore + 4 + 16 * 8 + 64 + 40) << "descriptors grew past the handshake caps";
     expectWriteLands(*p.a, "b", p.src, p.dst, 13);
   }

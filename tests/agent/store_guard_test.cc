@@ -27,7 +27,8 @@ TEST(FerryStoreGuard, IdleConnectionsPastTheCapDoNotLockClientsOutAndAreClosedAt
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
   files.rlim_cur = files.rlim_max;
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
-  if (files.rlim_cur < 4 * kMaxStoreConnections) GTEST_SKIP() << "needs " << 4 * kMaxStoreConnections << " descriptors";
+  if (files.rlim_cur < 4 * kMaxStoreConnections)
+    GTEST_SKIP() << "needs " << 4 * kMaxStoreConnections << " descriptors";
   StoreServer server;
   ASSERT_TRUE(server.start("127.0.0.1", 0).isOk());
   const std::string url = "ferry://127.0.0.1:" + std::to_string(server.port());
@@ -49,7 +50,8 @@ TEST(FerryStoreGuard, IdleConnectionsPastTheCapDoNotLockClientsOutAndAreClosedAt
   EXPECT_TRUE(idle.front()->closedWithin(2s));
   // Every idle connection is closed at its deadline (10 s without a request, checked every 5 s).
   for (size_t i = 0; i < idle.size(); i += 101) {
-    EXPECT_TRUE(idle[i]->closedWithin(kStoreFirstRequestTimeout + kWatchPingInterval + 2s)) << "connection " << i;
+    EXPECT_TRUE(idle[i]->closedWithin(kStoreFirstRequestTimeout + kWatchPingInterval + 2s))
+        << "connection " << i;
   }
   EXPECT_TRUE(idle.back()->closedWithin(1s));
   // The server's ends are closed (the last ones by the next sweep); the test still holds its own.

@@ -53,9 +53,9 @@ TEST(ConfigTest, TableNamesEachVariableOnceWithEverythingFilledIn) {
     EXPECT_FALSE(std::string(v.validValues).empty()) << v.name;
     EXPECT_NE(v.parse, nullptr) << v.name;
   }
-  for (const char* expected : {"FERRY_DEVICES", "FERRY_SOFT_SAME_HOST", "FERRY_SOFT_RING_BYTES", "FERRY_SOFT_SPIN_US",
-                               "FERRY_IB_GID_INDEX", "FERRY_IBVERBS_LIBRARY", "FERRY_LOG_LEVEL", "FERRY_STORE",
-                               "FERRY_AGENT_SECRET", "FERRY_AGENT_LANES"}) {
+  for (const char* expected : {"FERRY_DEVICES", "FERRY_SOFT_SAME_HOST", "FERRY_SOFT_RING_BYTES",
+                               "FERRY_SOFT_SPIN_US", "FERRY_IB_GID_INDEX", "FERRY_IBVERBS_LIBRARY",
+                               "FERRY_LOG_LEVEL", "FERRY_STORE", "FERRY_AGENT_SECRET", "FERRY_AGENT_LANES"}) {
     EXPECT_TRUE(names.count(expected)) << expected;
   }
 }
@@ -68,22 +68,38 @@ struct Case {
 
 TEST(ConfigTest, EachVariableTakesItsValuesAndRefusesOthersNamingItself) {
   const Case cases[] = {
-      {"FERRY_DEVICES", "soft_lo", true},          {"FERRY_DEVICES", "soft_lo, rxe0", true},
-      {"FERRY_DEVICES", ",,", false},              {"FERRY_DEVICES", "soft lo", false},
-      {"FERRY_SOFT_SAME_HOST", "0", true},         {"FERRY_SOFT_SAME_HOST", "ring", true},
-      {"FERRY_SOFT_SAME_HOST", "auto", true},      {"FERRY_SOFT_SAME_HOST", "yes", false},
-      {"FERRY_SOFT_RING_BYTES", "1M", true},       {"FERRY_SOFT_RING_BYTES", "65536", true},
-      {"FERRY_SOFT_RING_BYTES", "1K", false},      {"FERRY_SOFT_RING_BYTES", "1G", false},
-      {"FERRY_SOFT_RING_BYTES", "lots", false},    {"FERRY_SOFT_SPIN_US", "0", true},
-      {"FERRY_SOFT_SPIN_US", "10000", true},       {"FERRY_SOFT_SPIN_US", "10001", false},
-      {"FERRY_SOFT_SPIN_US", "-1", false},         {"FERRY_SOFT_SPIN_US", "2.5", false},
-      {"FERRY_IB_GID_INDEX", "3", true},           {"FERRY_IB_GID_INDEX", "256", false},
-      {"FERRY_LOG_LEVEL", "debug", true},          {"FERRY_LOG_LEVEL", "verbose", false},
-      {"FERRY_LOG_LEVEL", "WARN", false},          {"FERRY_STORE", "redis://127.0.0.1:6379", true},
-      {"FERRY_STORE", "127.0.0.1:6379", false},    {"FERRY_STORE", "http://x", false},
-      {"FERRY_AGENT_LANES", "rma=tcp", true},      {"FERRY_AGENT_LANES", "messages=same_host,rma=rdma", true},
-      {"FERRY_AGENT_LANES", "rma", false},         {"FERRY_AGENT_LANES", "bulk=tcp", false},
-      {"FERRY_AGENT_LANES", "rma=carrier", false}, {"FERRY_AGENT_SECRET", "s3cret", true},
+      {"FERRY_DEVICES", "soft_lo", true},
+      {"FERRY_DEVICES", "soft_lo, rxe0", true},
+      {"FERRY_DEVICES", ",,", false},
+      {"FERRY_DEVICES", "soft lo", false},
+      {"FERRY_SOFT_SAME_HOST", "0", true},
+      {"FERRY_SOFT_SAME_HOST", "ring", true},
+      {"FERRY_SOFT_SAME_HOST", "auto", true},
+      {"FERRY_SOFT_SAME_HOST", "yes", false},
+      {"FERRY_SOFT_RING_BYTES", "1M", true},
+      {"FERRY_SOFT_RING_BYTES", "65536", true},
+      {"FERRY_SOFT_RING_BYTES", "1K", false},
+      {"FERRY_SOFT_RING_BYTES", "1G", false},
+      {"FERRY_SOFT_RING_BYTES", "lots", false},
+      {"FERRY_SOFT_SPIN_US", "0", true},
+      {"FERRY_SOFT_SPIN_US", "10000", true},
+      {"FERRY_SOFT_SPIN_US", "10001", false},
+      {"FERRY_SOFT_SPIN_US", "-1", false},
+      {"FERRY_SOFT_SPIN_US", "2.5", false},
+      {"FERRY_IB_GID_INDEX", "3", true},
+      {"FERRY_IB_GID_INDEX", "256", false},
+      {"FERRY_LOG_LEVEL", "debug", true},
+      {"FERRY_LOG_LEVEL", "verbose", false},
+      {"FERRY_LOG_LEVEL", "WARN", false},
+      {"FERRY_STORE", "redis://127.0.0.1:6379", true},
+      {"FERRY_STORE", "127.0.0.1:6379", false},
+      {"FERRY_STORE", "http://x", false},
+      {"FERRY_AGENT_LANES", "rma=tcp", true},
+      {"FERRY_AGENT_LANES", "messages=same_host,rma=rdma", true},
+      {"FERRY_AGENT_LANES", "rma", false},
+      {"FERRY_AGENT_LANES", "bulk=tcp", false},
+      {"FERRY_AGENT_LANES", "rma=carrier", false},
+      {"FERRY_AGENT_SECRET", "s3cret", true},
       {"FERRY_IBVERBS_LIBRARY", "/opt/lib/libibverbs.so", true},
   };
   for (const Case& c : cases) {
@@ -222,9 +238,9 @@ TEST(ConfigTest, TheHarnessVariablesAreReservedNotUnknown) {
     EXPECT_FALSE(std::string(r.readBy).empty()) << r.name;
     set.push_back(std::make_unique<ScopedEnv>(r.name, "1"));
   }
-  for (const char* harness : {"FERRY_TEST_BIN_DIR", "FERRY_REQUIRE_PROVIDERS", "FERRY_REQUIRE_STORES",
-                              "FERRY_REQUIRE_RDMA_VM", "FERRY_AGENT_TEST_DEVICE", "FERRY_TEST_SHARED_MEMORY",
-                              "FERRY_CAMPAIGN_TRIALS", "FERRY_VENV"}) {
+  for (const char* harness :
+       {"FERRY_TEST_BIN_DIR", "FERRY_REQUIRE_PROVIDERS", "FERRY_REQUIRE_STORES", "FERRY_REQUIRE_RDMA_VM",
+        "FERRY_AGENT_TEST_DEVICE", "FERRY_TEST_SHARED_MEMORY", "FERRY_CAMPAIGN_TRIALS", "FERRY_VENV"}) {
     EXPECT_EQ(unknownNamed(unknownVariables(), harness), nullptr) << harness << " reported as unknown";
   }
   for (const UnknownVariable& u : unknownVariables()) {

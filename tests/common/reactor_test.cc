@@ -44,8 +44,10 @@ struct CountedFd {
                                [this](uint32_t) {
                                  uint64_t v;
                                  if (read(fd, &v, sizeof v) != sizeof v) return;
-                                 if (std::this_thread::get_id() == caller) ++byCaller;
-                                 else ++byThread;
+                                 if (std::this_thread::get_id() == caller)
+                                   ++byCaller;
+                                 else
+                                   ++byThread;
                                },
                                use)
                               .isOk();
@@ -123,8 +125,10 @@ TEST(Reactor, PollersRunInTheCallersProgressOnly) {
   int runs = 0;
   const auto until = std::chrono::steady_clock::now() + 10s;
   while (runs < 5 && std::chrono::steady_clock::now() < until) {
-    if (r.progressOnce()) ++runs;
-    else std::this_thread::sleep_for(100us);
+    if (r.progressOnce())
+      ++runs;
+    else
+      std::this_thread::sleep_for(100us);
   }
   ASSERT_EQ(runs, 5);
   EXPECT_EQ(polls.load(), 5);
@@ -205,7 +209,8 @@ TEST(Reactor, APollThatFindsWorkLeavesTheFdsToALaterRunForAFewRunsAtMost) {
   // One successful caller's run (the thread may hold the loop for a moment).
   auto run = [&](bool vouches) {
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while (!r.progressOnce(vouches) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
+    while (!r.progressOnce(vouches) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(100us);
   };
   // Attended, so that the thread leaves the fd to the callers (as in the test above, a loaded
   // machine may take a while to put the thread on its quiet set: a few tries).
@@ -253,7 +258,8 @@ TEST(Reactor, ControlFdsWaitAFewRunsEvenWhenThePollersFindNothing) {
   ASSERT_TRUE(control.addTo(r, Reactor::FdUse::kControl));
   auto run = [&] {
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while (!r.progressOnce(true) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
+    while (!r.progressOnce(true) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(100us);
   };
   // No poller yet: the control fd is looked at in the first run (the thread may take it first).
   ASSERT_TRUE(runHereSoon(r, [&] { r.attendUntil(Reactor::Clock::now() + 60s); }));
@@ -273,7 +279,9 @@ TEST(Reactor, ControlFdsWaitAFewRunsEvenWhenThePollersFindNothing) {
     // Runs until one looks at the fds, so that the count of runs that left them starts again.
     control.signal();
     const int seen = control.byCaller.load() + control.byThread.load();
-    for (int i = 0; i < Reactor::kFdsAfterRuns && control.byCaller.load() + control.byThread.load() == seen; ++i) run();
+    for (int i = 0; i < Reactor::kFdsAfterRuns && control.byCaller.load() + control.byThread.load() == seen;
+         ++i)
+      run();
     const int before = control.byCaller.load(), thread = control.byThread.load();
     control.signal();
     for (int i = 1; i < Reactor::kFdsAfterRuns; ++i) run();
@@ -366,7 +374,8 @@ TEST_F(ReactorWait, AWaitingCallerTakesWhatTheLoopsFdsBringItself) {
       std::this_thread::sleep_for(attempt * 10ms);  // the caller sleeps by then, the thread is quiet
       watched.signal();
     });
-    const Wait last = waitUntil([&] { return watched.byCaller.load() + watched.byThread.load() > caller + thread; });
+    const Wait last =
+        waitUntil([&] { return watched.byCaller.load() + watched.byThread.load() > caller + thread; });
     signaler.join();
     if (watched.byThread.load() != thread) continue;  // the thread took it before it went quiet
     EXPECT_EQ(watched.byCaller.load(), caller + 1) << "the waiting caller did not take the fd's event";
@@ -469,8 +478,10 @@ TEST(Reactor, ALeaseBegunInACallersRunWakesTheThreadItself) {
   std::atomic<bool> begin{false};
   ASSERT_TRUE(r.runSync([&] {
                  r.addPoller([&](bool) {
-                   if (std::this_thread::get_id() != caller) ++threadPolls;
-                   else if (begin.exchange(false)) r.attendUntil(Reactor::Clock::now() + 5ms);
+                   if (std::this_thread::get_id() != caller)
+                     ++threadPolls;
+                   else if (begin.exchange(false))
+                     r.attendUntil(Reactor::Clock::now() + 5ms);
                    return false;
                  });
                }).isOk());
@@ -546,13 +557,13 @@ TEST(Reactor, CallersAndTheThreadShareTheLoopOneAtATime) {
   const auto caller = std::this_thread::get_id();
   ASSERT_TRUE(r.runSync([&] {
                  ASSERT_TRUE(r.addFd(fd, EPOLLIN, [&](uint32_t) {
-                                 if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
-                                 if (std::this_thread::get_id() == caller) byCaller.fetch_add(1);
-                                 uint64_t v = 0;
-                                 if (::read(fd, &v, sizeof v) == sizeof v) total.fetch_add(v);
-                                 std::this_thread::sleep_for(5us);
-                                 inside.fetch_sub(1);
-                               }).isOk());
+                                if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+                                if (std::this_thread::get_id() == caller) byCaller.fetch_add(1);
+                                uint64_t v = 0;
+                                if (::read(fd, &v, sizeof v) == sizeof v) total.fetch_add(v);
+                                std::this_thread::sleep_for(5us);
+                                inside.fetch_sub(1);
+                              }).isOk());
                }).isOk());
   // Each write finds the thread asleep (the pause), so the caller's progressOnce() right after it
   // races the thread's wake-up: both take events, one at a time.

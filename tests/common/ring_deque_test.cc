@@ -44,10 +44,26 @@ TEST(RingDeque, BehavesAsADequeUnderRandomOperations) {
   for (int step = 0; step < 20000; ++step) {
     switch (rng() % 5) {
       case 0:
-      case 1: q.push_back(int{step}); model.push_back(step); break;
-      case 2: q.push_front(int{step}); model.push_front(step); break;
-      case 3: if (!model.empty()) { q.pop_front(); model.pop_front(); } break;
-      case 4: if (!model.empty()) { q.pop_back(); model.pop_back(); } break;
+      case 1:
+        q.push_back(int{step});
+        model.push_back(step);
+        break;
+      case 2:
+        q.push_front(int{step});
+        model.push_front(step);
+        break;
+      case 3:
+        if (!model.empty()) {
+          q.pop_front();
+          model.pop_front();
+        }
+        break;
+      case 4:
+        if (!model.empty()) {
+          q.pop_back();
+          model.pop_back();
+        }
+        break;
     }
     ASSERT_EQ(q.size(), model.size());
     if (!model.empty()) {

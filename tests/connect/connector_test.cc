@@ -186,7 +186,8 @@ TEST_P(ConnectorTest, SizesKindsAndBuffersAreCheckedBeforeAnythingMoves) {
   EXPECT_EQ(b_->beginRead(text, {readOnly}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->createWritable({readOnly}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->createReadable({}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(a_->createReadable({Buffer{.addr = nullptr, .length = 8}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->createReadable({Buffer{.addr = nullptr, .length = 8}}).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->createReadable({Buffer{.addr = right.data(), .length = 0}}).status().code(),
             StatusCode::kInvalidArgument);
   // Its own metadata: a connector moves bytes between workers.
@@ -334,7 +335,8 @@ TEST_P(ConnectorTest, AWritableOwnerThatCancelsInFlightStopsAndItsMemoryIsNotTou
   EXPECT_EQ((*write)->status(), OperationStatus::kErrored);
   std::this_thread::sleep_for(300ms);
   EXPECT_TRUE(snapshot == target) << "the owner's memory changed after cancel() returned";
-  EXPECT_LT(std::count(target.begin(), target.end(), 0xab), static_cast<long>(kBig)) << "everything had landed";
+  EXPECT_LT(std::count(target.begin(), target.end(), 0xab), static_cast<long>(kBig))
+      << "everything had landed";
 }
 
 TEST_P(ConnectorTest, AReaderThatCancelsInFlightStopsTheOwnerAndItsMemoryIsNotTouchedAfter) {

@@ -20,11 +20,11 @@ void check(bool ok, const char* what) {
 }
 
 bool sameMessage(const ferry::agent::WireupMessage& a, const ferry::agent::WireupMessage& b) {
-  return a.type == b.type && a.from == b.from && a.to == b.to && a.conn == b.conn && a.fromAddress == b.fromAddress &&
-         a.numQp == b.numQp && a.lanes == b.lanes && a.endpoints == b.endpoints && a.nonce == b.nonce &&
-         a.echo == b.echo && a.time == b.time && a.abandoned == b.abandoned && a.name == b.name &&
-         a.query == b.query && a.info == b.info && a.reason == b.reason && a.channel == b.channel &&
-         a.body == b.body && a.cookie == b.cookie;
+  return a.type == b.type && a.from == b.from && a.to == b.to && a.conn == b.conn &&
+         a.fromAddress == b.fromAddress && a.numQp == b.numQp && a.lanes == b.lanes &&
+         a.endpoints == b.endpoints && a.nonce == b.nonce && a.echo == b.echo && a.time == b.time &&
+         a.abandoned == b.abandoned && a.name == b.name && a.query == b.query && a.info == b.info &&
+         a.reason == b.reason && a.channel == b.channel && a.body == b.body && a.cookie == b.cookie;
 }
 
 }  // namespace
@@ -39,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(again.isOk(), "an accepted address does not decode after encode()");
     check(*again == *address, "encode -> decode changed an address");
   } else {
-    check(address.status().code() == ferry::StatusCode::kProtocolError, "an address refusal is not a protocol error");
+    check(address.status().code() == ferry::StatusCode::kProtocolError,
+          "an address refusal is not a protocol error");
   }
 
   for (const std::string secret : {"", "k"}) {

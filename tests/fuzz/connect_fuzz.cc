@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(*again == *md, "encode -> decode changed metadata");
     check(!canonicalText(*md).empty(), "no canonical text");
   } else {
-    check(md.status().code() == ferry::StatusCode::kInvalidArgument, "a metadata refusal is not InvalidArgument");
+    check(md.status().code() == ferry::StatusCode::kInvalidArgument,
+          "a metadata refusal is not InvalidArgument");
   }
 
   auto m = decodeMessage(text);

@@ -55,10 +55,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (const auto* mrs = value->find("mr_info")) mrInfo = ferry::json::serialize(*mrs);
     auto again = ferry::endpoint::decodeMetadata(ferry::endpoint::encodeMetadata(*meta, mrInfo), "fuzz");
     check(again.isOk(), "decodeMetadata refused what encodeMetadata wrote");
-    check(again->numQp == meta->numQp && again->paths == meta->paths && again->regions.size() == meta->regions.size(),
+    check(again->numQp == meta->numQp && again->paths == meta->paths &&
+              again->regions.size() == meta->regions.size(),
           "encode -> decode changed the metadata");
   } else {
-    check(meta.status().code() == ferry::StatusCode::kInvalidArgument, "a metadata refusal is not InvalidArgument");
+    check(meta.status().code() == ferry::StatusCode::kInvalidArgument,
+          "a metadata refusal is not InvalidArgument");
   }
   return 0;
 }

@@ -32,8 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto back = obj::decodeAnswer(again);
     if (again != text || !back.isOk() || !(*back == *a)) fail("an accepted answer does not round-trip");
     const obj::Descriptor& d = a->descriptor;
-    if (a->granted && (d.length == 0 || d.addr + d.length < d.addr || d.keys.empty() || d.op > 1 ||
-                       !a->reason.empty())) {
+    if (a->granted &&
+        (d.length == 0 || d.addr + d.length < d.addr || d.keys.empty() || d.op > 1 || !a->reason.empty())) {
       fail("an accepted granted answer breaks the descriptor's invariants");
     }
     if (!a->granted && (a->reason.size() > obj::kMaxGrantReason || !(d == obj::Descriptor{}))) {

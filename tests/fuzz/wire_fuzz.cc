@@ -53,7 +53,8 @@ void checkAccepted(const FrameHeader& h, size_t headerLen) {
           "accepted an unknown NAK syndrome");
   }
   // The placed-data bit means something only to WRITE and READ frames (elsewhere it is an unused bit).
-  const bool rdma = h.type == FrameType::kWrite || h.type == FrameType::kWriteImm || h.type == FrameType::kReadReq;
+  const bool rdma =
+      h.type == FrameType::kWrite || h.type == FrameType::kWriteImm || h.type == FrameType::kReadReq;
   if (rdma && (h.flags & w::kFlagPlaced)) {
     check(h.type == FrameType::kWriteImm && h.payloadLen == 0 && h.length <= w::kMaxMessage,
           "accepted a placed-data flag where it does not belong");

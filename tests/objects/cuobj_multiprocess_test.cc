@@ -930,7 +930,8 @@ bool processStopped(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   size_t close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+  return close != std::string::npos && close + 2 < text.size() &&
+         (text[close + 2] == 'T' || text[close + 2] == 't');
 }
 
 // A client process paused (SIGSTOP) while the server has a connection to it, with a GET on that
@@ -984,7 +985,8 @@ TEST_P(MultiProcessObjects, APausedClientDelaysOnlyItsOwnRequestAndIsServedOnceR
 
   const pid_t pid = paused.pid();
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
-  for (auto until = Clock::now() + kBound; !processStopped(pid) && Clock::now() < until;) std::this_thread::sleep_for(1ms);
+  for (auto until = Clock::now() + kBound; !processStopped(pid) && Clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(processStopped(pid));
   std::atomic<ssize_t> pausedResult{1};
   ibv_wc_status pausedStatus = IBV_WC_GENERAL_ERR;
@@ -1012,7 +1014,8 @@ TEST_P(MultiProcessObjects, APausedClientDelaysOnlyItsOwnRequestAndIsServedOnceR
   EXPECT_EQ(ended, -EIO) << "a paused client confirmed a descriptor";
   EXPECT_EQ(pausedStatus, IBV_WC_RESP_TIMEOUT_ERR);
   std::printf("[ %s ] a GET to a paused client ended with %zd (status %d), %lld ms after the live client's\n",
-              GetParam().c_str(), ended, static_cast<int>(pausedStatus), static_cast<long long>(waited.count()));
+              GetParam().c_str(), ended, static_cast<int>(pausedStatus),
+              static_cast<long long>(waited.count()));
 
   ASSERT_EQ(kill(pid, SIGCONT), 0);
   // Nothing of the refused GET landed.
@@ -1021,8 +1024,9 @@ TEST_P(MultiProcessObjects, APausedClientDelaysOnlyItsOwnRequestAndIsServedOnceR
   Token again = paused.token(1, "GET", 0, kMiB);
   ASSERT_FALSE(again.descriptor.empty());
   st = IBV_WC_GENERAL_ERR;
-  EXPECT_EQ(server.handleGetObject("after-resume", rb, again.addr, kMiB, again.descriptor, channel, 2 * kMiB, &st),
-            static_cast<ssize_t>(kMiB));
+  EXPECT_EQ(
+      server.handleGetObject("after-resume", rb, again.addr, kMiB, again.descriptor, channel, 2 * kMiB, &st),
+      static_cast<ssize_t>(kMiB));
   EXPECT_EQ(st, IBV_WC_SUCCESS);
   EXPECT_EQ(paused.call("expect 1 0 1048576 pat 43 0"), "ok");
   EXPECT_TRUE(paused.exitCleanly());

@@ -14,8 +14,17 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-echo "== pip wheel"
+# ccache's counters before and after, to show how much of the wheel's compile the cache served.
+cache_stats() { command -v ccache >/dev/null && ccache --print-stats 2>/dev/null | awk '$1 ~ /^(direct_cache_hit|preprocessed_cache_hit|cache_miss)$/ {n[$1]=$2} END {print n["direct_cache_hit"]+n["preprocessed_cache_hit"], n["cache_miss"]+0}' || true; }
+
+echo "== pip wheel (CC=${CC:-default} CXX=${CXX:-default})"
+before=$(cache_stats)
 "$python" -m pip wheel "$src" -w "$work/dist" --no-deps -q
+after=$(cache_stats)
+if [[ -n $before && -n $after ]]; then
+  read -r h0 m0 <<<"$before"; read -r h1 m1 <<<"$after"
+  echo "compiler cache: $((h1 - h0)) hits, $((m1 - m0)) compiled"
+fi
 wheel=$(ls "$work"/dist/ferry-*.whl)
 echo "built $(basename "$wheel")"
 

@@ -118,7 +118,8 @@ void ScopedEnv::unset(const std::string& name) {
 // ---- memory ----
 
 TestBuffer::TestBuffer(size_t size) {
-  if (const char* shared = std::getenv("FERRY_TEST_SHARED_MEMORY"); shared != nullptr && std::string(shared) == "1") {
+  if (const char* shared = std::getenv("FERRY_TEST_SHARED_MEMORY");
+      shared != nullptr && std::string(shared) == "1") {
     auto memory = SharedMemory::allocate(std::max<size_t>(size, 1));
     if (!memory.isOk()) {
       ADD_FAILURE() << "shared memory of " << size << " bytes: " << memory.status().toString();

@@ -331,7 +331,8 @@ TEST_P(VerbsConformance, RegisterMemoryChecksAccessFlags) {
 TEST_P(VerbsConformance, AllocMrGivesRegisteredMemoryThatMovesBytes) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   EXPECT_TRUE(hasCode(pair->a.pd.allocMr(0, access::kLocalWrite).status(), StatusCode::kInvalidArgument));
-  EXPECT_TRUE(hasCode(pair->a.pd.allocMr(4096, access::kRemoteWrite).status(), StatusCode::kInvalidArgument, EINVAL))
+  EXPECT_TRUE(
+      hasCode(pair->a.pd.allocMr(4096, access::kRemoteWrite).status(), StatusCode::kInvalidArgument, EINVAL))
       << "REMOTE_WRITE without LOCAL_WRITE, as for any registration";
   ASSERT_OK_AND_ASSIGN(v::MemoryRegion src, pair->a.pd.allocMr(10000, access::kLocalWrite));
   ASSERT_OK_AND_ASSIGN(v::MemoryRegion dst, pair->b.pd.allocMr(10000, access::kAll));
@@ -343,16 +344,22 @@ TEST_P(VerbsConformance, AllocMrGivesRegisteredMemoryThatMovesBytes) {
   fillPattern(srcBytes, 61);
   const auto dstAddr = reinterpret_cast<uintptr_t>(dst.addr());
   for (uint64_t i = 0; i < 3; ++i) {  // the first may go before the same-host path is up
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite, .wrId = i, .sges = {src.sge(i * 3000, 3000)},
-                                .remoteAddr = dstAddr + i * 3000, .rkey = dst.rkey()}));
+    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
+                                .wrId = i,
+                                .sges = {src.sge(i * 3000, 3000)},
+                                .remoteAddr = dstAddr + i * 3000,
+                                .rkey = dst.rkey()}));
     WorkCompletion wc;
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
   }
   EXPECT_TRUE(std::equal(srcBytes.begin(), srcBytes.begin() + 9000, dstBytes.begin()));
   fillPattern(dstBytes, 62);
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead, .wrId = 9, .sges = {src.sge(0, 10000)},
-                              .remoteAddr = dstAddr, .rkey = dst.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
+                              .wrId = 9,
+                              .sges = {src.sge(0, 10000)},
+                              .remoteAddr = dstAddr,
+                              .rkey = dst.rkey()}));
   WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
@@ -372,7 +379,8 @@ TEST_P(VerbsConformance, RegisterMemoryRefusesUnmappedAndWrongAccess) {
   ASSERT_EQ(::munmap(bytes + 2 * page, page), 0);  // a hole: page 2
   auto refused = [&](void* addr, size_t length, uint32_t flags, const char* why) {
     Result<v::MemoryRegion> mr = pd.registerMemory(addr, length, flags);
-    EXPECT_TRUE(hasCode(mr.status(), StatusCode::kInvalidArgument, EINVAL)) << why << ": " << mr.status().toString();
+    EXPECT_TRUE(hasCode(mr.status(), StatusCode::kInvalidArgument, EINVAL))
+        << why << ": " << mr.status().toString();
   };
   refused(bytes + page, 2 * page, access::kLocalWrite, "a range over an unmapped page");
   refused(bytes + 2 * page + 8, 16, 0, "a range inside an unmapped page");
@@ -687,7 +695,8 @@ constexpr size_t kGuard = 61;
 ::testing::AssertionResult placedWithGuards(const RegisteredBuffer& dst, std::span<const uint8_t> source,
                                             size_t size, uint64_t seed) {
   if (auto r = bytesEqual(bytesOf(dst, kDstOffset, size), source); !r) return r << " (the transferred bytes)";
-  if (auto r = matchesPattern(bytesOf(dst, 0, kDstOffset), seed, 0); !r) return r << " (bytes before the destination)";
+  if (auto r = matchesPattern(bytesOf(dst, 0, kDstOffset), seed, 0); !r)
+    return r << " (bytes before the destination)";
   if (auto r = matchesPattern(bytesOf(dst, kDstOffset + size, kGuard), seed, kDstOffset + size); !r) {
     return r << " (bytes past the destination)";
   }
@@ -1600,8 +1609,11 @@ TEST_P(VerbsConformance, ABatchChecksEachRangeOfARepeatedLocalKey) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 68));
   // One WRITE first, so the connection is up and a provider's batch path (if any) is ready.
   WorkCompletion first;
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite, .wrId = 9, .sges = {sgeOf(local, 0, 64)},
-                              .remoteAddr = dst.address(0), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
+                              .wrId = 9,
+                              .sges = {sgeOf(local, 0, 64)},
+                              .remoteAddr = dst.address(0),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &first));
   ASSERT_EQ(first.status, WcStatus::kSuccess);
   std::vector<SendOp> ops;
@@ -1795,7 +1807,8 @@ TEST_P(VerbsConformance, PeerClosedMidTransferFailsTheRestInOrder) {
     // Only a path whose posting thread carries WRITEs out (the soft provider's) finishes them all
     // before the close. A WRITE posted now meets the closed peer: it must fail with the transport
     // error, never succeed or hang.
-    ASSERT_TRUE(mayFinishBeforeAPeerLeaves(GetParam())) << "all " << kCount << " writes finished before the close";
+    ASSERT_TRUE(mayFinishBeforeAPeerLeaves(GetParam()))
+        << "all " << kCount << " writes finished before the close";
     ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
                                 .wrId = kCount + 1,
                                 .sges = {sgeOf(src, 0, kChunk)},

@@ -14,8 +14,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -529,7 +529,8 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
   // rxe retransmits everything outstanding on each of its 8 tries, at an eighth of the speed:
   // finding a killed peer can take it several seconds more than the software devices' 5 s bound.
   const milliseconds lossBound = nic ? milliseconds(20000) : kPeerLossBound;
-  const LinkOptions link = nic ? LinkOptions{.timeout = 16, .retries = 7} : LinkOptions{.timeout = 20, .retries = 7};
+  const LinkOptions link =
+      nic ? LinkOptions{.timeout = 16, .retries = 7} : LinkOptions{.timeout = 20, .retries = 7};
   std::mt19937_64 rng(0xfe77 + std::hash<std::string>{}(GetParam().name));
   constexpr size_t kChunk = 64 * 1024;
   constexpr size_t kWrites = 24, kReads = 8, kSends = 4;
@@ -606,12 +607,13 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
     signaller.join();
     std::vector<WorkCompletion> completions;
     bool silent = false;  // the device never reported the dead peer; the QP was moved to ERR
-    if (::testing::AssertionResult all = pollCompletions(side.sendCq, kTotal, &completions, lossBound + pause);
+    if (::testing::AssertionResult all =
+            pollCompletions(side.sendCq, kTotal, &completions, lossBound + pause);
         !all) {
       // rxe (the Debian 12 kernel's) sometimes never times out the work outstanding to a killed
       // process (seen with a WRITE and with a READ at the head): no retry error ever comes, and
-      // there is nothing ferry's ibverbs provider could see. What a caller does then, the test does: move the QP
-      // to ERR, which must flush everything left, in order. The software devices must not need it.
+      // there is nothing ferry's ibverbs provider could see. What a caller does then, the test does: move the
+      // QP to ERR, which must flush everything left, in order. The software devices must not need it.
       ASSERT_TRUE(nic && kill) << all << "\na hang: " << completions.size() << " of " << kTotal
                                << " work requests completed";
       ++silentDevice;
@@ -672,9 +674,10 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
     if (HasFailure()) return;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("kill campaign on %s: %d SIGKILL trials (%d failed their work, the rest had finished; %d of them "
-              "flushed by moving the QP to ERR after the device stayed silent), %d SIGSTOP trials, 0 hangs, %.1f s\n",
-              GetParam().name.c_str(), killed, errorsSeen, silentDevice, stopped, seconds);
+  std::printf(
+      "kill campaign on %s: %d SIGKILL trials (%d failed their work, the rest had finished; %d of them "
+      "flushed by moving the QP to ERR after the device stayed silent), %d SIGSTOP trials, 0 hangs, %.1f s\n",
+      GetParam().name.c_str(), killed, errorsSeen, silentDevice, stopped, seconds);
 }
 
 // The verbs document's No-CM set-up (7.2.3) lets this side establish before the peer has: its
@@ -695,8 +698,8 @@ TEST_P(CrossProcess, SendPostedBeforeThePeerIsReadyCompletesOnceItIs) {
   constexpr milliseconds kPeerLate{1500};
   std::this_thread::sleep_for(kPeerLate);
   WorkCompletion wc;
-  ASSERT_FALSE(pollOne(side.sendCq, &wc, milliseconds(0))) << "completed before the peer was ready: "
-                                                            << describe(wc);
+  ASSERT_FALSE(pollOne(side.sendCq, &wc, milliseconds(0)))
+      << "completed before the peer was ready: " << describe(wc);
   ASSERT_OK(peer_.call(peerCommand));
   ASSERT_OK(peer("recv", peerQp_, 9, inbox.index, 0, 4096));
   ASSERT_TRUE(pollOne(side.sendCq, &wc, kPeerLossBound));
@@ -748,8 +751,8 @@ TEST_P(CrossProcess, SurvivorOfAKilledPeerExitsCleanly) {
     return ::testing::AssertionSuccess();
   };
   auto connectTo = [](PeerProcess& process, int index, const std::string& peerJson) {
-    return process.call("connect " + std::to_string(index) + " 14 7 7 12 " + std::to_string(kRemoteAccess) + " " +
-                        peerJson);
+    return process.call("connect " + std::to_string(index) + " 14 7 7 12 " + std::to_string(kRemoteAccess) +
+                        " " + peerJson);
   };
   for (int trial = 0; trial < kTrials; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -772,14 +775,16 @@ TEST_P(CrossProcess, SurvivorOfAKilledPeerExitsCleanly) {
       ASSERT_OK_AND_ASSIGN(std::string reply, victim.call("mr " + std::to_string(kSize) + " " +
                                                           std::to_string(access::kAll) + " 581"));
       std::istringstream in(reply);
-      ASSERT_TRUE(static_cast<bool>(in >> theirs.index >> theirs.addr >> theirs.rkey >> theirs.length)) << reply;
+      ASSERT_TRUE(static_cast<bool>(in >> theirs.index >> theirs.addr >> theirs.rkey >> theirs.length))
+          << reply;
     }
     // Traffic both ways: the survivor's requester and responder both hold the victim's connections.
     ASSERT_OK(peer("post", survivorQp, "write", 1, mine.index, 0, kSize, theirs.addr, theirs.rkey));
     ASSERT_OK_AND_ASSIGN(std::string done, peer("poll", "send", 1, 10000));
     EXPECT_EQ(done.rfind("1:SUCCESS:", 0), 0u) << done;
-    ASSERT_OK(victim.call("post " + std::to_string(victimQp) + " read 2 " + std::to_string(theirs.index) + " 0 " +
-                          std::to_string(kSize) + " " + std::to_string(mine.addr) + " " + std::to_string(mine.rkey)));
+    ASSERT_OK(victim.call("post " + std::to_string(victimQp) + " read 2 " + std::to_string(theirs.index) +
+                          " 0 " + std::to_string(kSize) + " " + std::to_string(mine.addr) + " " +
+                          std::to_string(mine.rkey)));
     ASSERT_OK_AND_ASSIGN(done, victim.call("poll send 1 10000"));
     EXPECT_EQ(done.rfind("2:SUCCESS:", 0), 0u) << done;
 
@@ -799,7 +804,8 @@ TEST_P(CrossProcess, SurvivorOfAKilledPeerExitsCleanly) {
     ASSERT_TRUE(peer_.reap(kWaitTimeout, &status)) << "the survivor did not exit";
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "the survivor's wait status " << status
-        << (WIFSIGNALED(status) ? std::string(" (signal ") + strsignal(WTERMSIG(status)) + ")" : std::string());
+        << (WIFSIGNALED(status) ? std::string(" (signal ") + strsignal(WTERMSIG(status)) + ")"
+                                : std::string());
     if (HasFailure()) return;
   }
 }

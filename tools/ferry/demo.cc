@@ -59,7 +59,7 @@ int64_t checkPattern(const uint8_t* buf, size_t len, uint64_t seed) {
   return -1;
 }
 
-bool fail(const char* who, const Status& st) {
+bool demoFailed(const char* who, const Status& st) {
   std::fprintf(stderr, "ferry demo (%s): %s\n", who, st.toString().c_str());
   return false;
 }
@@ -95,17 +95,17 @@ bool setUp(Side& s, const std::string& device, const std::string& store, const s
            size_t size, const char* who) {
   s.size = size;
   s.buf.reset(new (std::nothrow) uint8_t[size]);
-  if (!s.buf) return fail(who, resourceExhausted("cannot allocate the buffer"));
+  if (!s.buf) return demoFailed(who, resourceExhausted("cannot allocate the buffer"));
   std::memset(s.buf.get(), 0, size);
   auto a = agent::Agent::start({.alias = alias,
                                 .store = store,
                                 .devices = {device},
                                 .listenHost = deviceAddress(device),
                                 .connectTimeout = std::chrono::seconds(60)});
-  if (!a.isOk()) return fail(who, a.status());
+  if (!a.isOk()) return demoFailed(who, a.status());
   s.agent = *a;
   Status st = s.agent->registerMemoryRegion("buf", s.buf.get(), size);
-  if (!st.isOk()) return fail(who, st);
+  if (!st.isOk()) return demoFailed(who, st);
   return true;
 }
 
@@ -159,13 +159,13 @@ int runTarget(const std::string& device, const std::string& store, const std::st
 }
 
 // Moves the whole buffer to or from the target's "buf". Returns seconds, or < 0.
-double transfer(agent::PeerConnection& conn, bool write, size_t size) {
+double timeTransfer(agent::PeerConnection& conn, bool write, size_t size) {
   auto start = Clock::now();
   agent::NamedAssignment all{.local = std::string("buf"), .remote = std::string("buf"), .length = size};
   auto f = write ? conn.write(std::span(&all, 1)) : conn.read(std::span(&all, 1));
-  if (!f.isOk()) return fail("initiator", f.status()), -1;
+  if (!f.isOk()) return demoFailed("initiator", f.status()), -1;
   Status st = f->wait(std::chrono::seconds(120));
-  if (!st.isOk()) return fail("initiator", st), -1;
+  if (!st.isOk()) return demoFailed("initiator", st), -1;
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -216,7 +216,7 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   if (targetDevice.empty()) targetDevice = device;
   if (Status st = checkArguments(device, targetDevice, via.empty(), store); !st.isOk()) {
     if (st.code() == StatusCode::kInvalidArgument) return usageError("ferry demo", st.message());
-    return fail("initiator", st), 1;
+    return demoFailed("initiator", st), 1;
   }
 
   // The two agents share a secret: this run's own unless FERRY_AGENT_SECRET gives one. The target
@@ -235,7 +235,7 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     // A target started through a launcher may be another host (a network namespace): the store
     // serves it too.
     Status st = embedded.start(host, 0, {.allowRemote = !via.empty()});
-    if (!st.isOk()) return fail("initiator", st), 1;
+    if (!st.isOk()) return demoFailed("initiator", st), 1;
     store = "ferry://" + host + ":" + std::to_string(embedded.port());
   }
   const std::string targetAlias = "demo-target-" + std::to_string(getpid());
@@ -299,9 +299,9 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return finish(1);
   }
   auto conn = s.agent->connect(targetAlias);
-  if (!conn.isOk()) return fail("initiator", conn.status()), finish(1);
+  if (!conn.isOk()) return demoFailed("initiator", conn.status()), finish(1);
   Status st = (*conn)->waitReady(std::chrono::seconds(60));
-  if (!st.isOk()) return fail("initiator", st), finish(1);
+  if (!st.isOk()) return demoFailed("initiator", st), finish(1);
   auto lanes = (*conn)->lanes();
   std::printf("  found '%s' through %s; lane for READ/WRITE: %s (%s)\n", targetAlias.c_str(), store.c_str(),
               lanes.isOk() ? lanes->of(agent::OpClass::kRma).label().c_str() : "?",
@@ -310,7 +310,7 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
   const uint64_t writeSeed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   const uint64_t readSeed = writeSeed ^ 0x5a5a5a5a5a5a5a5aull;
   fillPattern(s.buf.get(), size, writeSeed);
-  double writeSeconds = transfer(**conn, true, size);
+  double writeSeconds = timeTransfer(**conn, true, size);
   if (writeSeconds < 0) return finish(1);
   std::fprintf(out, "check %" PRIu64 "\n", writeSeed);
   std::fflush(out);
@@ -329,7 +329,7 @@ int runDemo(const std::vector<std::string>& args, const std::string& self) {
     return finish(1);
   }
   std::memset(s.buf.get(), 0, size);
-  double readSeconds = transfer(**conn, false, size);
+  double readSeconds = timeTransfer(**conn, false, size);
   if (readSeconds < 0) return finish(1);
   int64_t bad = checkPattern(s.buf.get(), size, readSeed);
   if (bad >= 0) {

@@ -35,7 +35,7 @@ namespace {
 
 // A bad argument is its message alone and exit code 2, like a bad option; any other error names its
 // status code and is exit code 1.
-int fail(const std::string& what, const Status& st) {
+int objectsFailed(const std::string& what, const Status& st) {
   if (st.code() == StatusCode::kInvalidArgument) return usageError("ferry objects " + what, st.message());
   std::fprintf(stderr, "ferry objects %s: %s\n", what.c_str(), st.toString().c_str());
   return 1;
@@ -181,15 +181,16 @@ int serve(const std::vector<std::string>& args) {
       .failed = "the store could not start (the port is taken, --data-dir cannot be read, ...)"};
   if (auto code = parseCommand(app, help, args)) return *code;
   auto bodyBytes = config::parseByteSize(maxBody);
-  if (!bodyBytes.isOk()) return fail("serve", bodyBytes.status());
+  if (!bodyBytes.isOk()) return objectsFailed("serve", bodyBytes.status());
   auto receivingBytes = config::parseByteSize(maxReceiving);
-  if (!receivingBytes.isOk()) return fail("serve", receivingBytes.status());
+  if (!receivingBytes.isOk()) return objectsFailed("serve", receivingBytes.status());
   o.maxBodyBytes = *bodyBytes;
   o.maxReceivingBytes = *receivingBytes;
   if (!maxMemory.empty()) {
     auto memoryBytes = config::parseByteSize(maxMemory);
-    if (!memoryBytes.isOk()) return fail("serve", memoryBytes.status());
-    if (*memoryBytes == 0) return fail("serve", invalidArgument("--max-memory must be at least 1 byte"));
+    if (!memoryBytes.isOk()) return objectsFailed("serve", memoryBytes.status());
+    if (*memoryBytes == 0)
+      return objectsFailed("serve", invalidArgument("--max-memory must be at least 1 byte"));
     o.maxMemoryBytes = *memoryBytes;
   }
   o.port = static_cast<uint16_t>(port);
@@ -200,7 +201,7 @@ int serve(const std::vector<std::string>& args) {
   sigaddset(&stopSignals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
   auto store = objects::ObjectStore::start(o);
-  if (!store.isOk()) return fail("serve", store.status());
+  if (!store.isOk()) return objectsFailed("serve", store.status());
   const bool open = o.accessKey.empty() && config::objectsAccessKey().empty();
   std::printf("ferry objects: serving %s%s\n", (*store)->url().c_str(),
               !open                             ? " (AWS SigV4 required)"
@@ -262,7 +263,7 @@ Status resolveGet(const objects::ObjectUrl& u, std::string& file) {
   return Status::ok();
 }
 
-int transfer(bool put, const std::vector<std::string>& args) {
+int putOrGet(bool put, const std::vector<std::string>& args) {
   const char* name = put ? "put" : "get";
   std::string first, second;
   ClientArgs a;
@@ -284,15 +285,16 @@ int transfer(bool put, const std::vector<std::string>& args) {
   if (auto code = parseCommand(app, clientHelp(put ? "stored" : "fetched"), args)) return *code;
   std::string file = put ? first : second;
   auto u = objects::parseObjectUrl(put ? second : first);
-  if (!u.isOk()) return fail(name, u.status());
-  if (Status st = put ? resolvePut(file, *u) : resolveGet(*u, file); !st.isOk()) return fail(name, st);
+  if (!u.isOk()) return objectsFailed(name, u.status());
+  if (Status st = put ? resolvePut(file, *u) : resolveGet(*u, file); !st.isOk())
+    return objectsFailed(name, st);
   ProgressBar bar(isatty(STDERR_FILENO) == 1);
   auto c = client(u->base, a, &bar, u->key.size() > 18 ? u->key.substr(u->key.size() - 18) : u->key);
-  if (!c.isOk()) return fail(name, c.status());
+  if (!c.isOk()) return objectsFailed(name, c.status());
   auto start = std::chrono::steady_clock::now();
   Status st = put ? (*c)->putFile(u->bucket, u->key, file) : (*c)->getFile(u->bucket, u->key, file);
   bar.clear();
-  if (!st.isOk()) return fail(name, explain(st, *u, c->get()));
+  if (!st.isOk()) return objectsFailed(name, explain(st, *u, c->get()));
   auto info = (*c)->head(u->bucket, u->key);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   uint64_t bytes = info.isOk() ? info->size : 0;
@@ -319,22 +321,23 @@ int simple(const std::string& what, const std::vector<std::string>& args) {
   const char* done = what == "ls" ? "listed" : what == "mb" ? "made" : "removed";
   if (auto code = parseCommand(app, clientHelp(done), args)) return *code;
   auto u = objects::parseObjectUrl(url);
-  if (!u.isOk()) return fail(what, u.status());
-  if (what != "ls" && u->bucket.empty()) return fail(what, invalidArgument("the URL names no bucket"));
-  if (what == "rm" && u->key.empty()) return fail(what, invalidArgument("the URL names no key"));
+  if (!u.isOk()) return objectsFailed(what, u.status());
+  if (what != "ls" && u->bucket.empty())
+    return objectsFailed(what, invalidArgument("the URL names no bucket"));
+  if (what == "rm" && u->key.empty()) return objectsFailed(what, invalidArgument("the URL names no key"));
   ClientArgs a;
   a.http = true;  // no payloads: no RDMA session needed
   auto c = client(u->base, a, nullptr, "");
-  if (!c.isOk()) return fail(what, c.status());
+  if (!c.isOk()) return objectsFailed(what, c.status());
   if (what == "ls") {
     if (u->bucket.empty()) {
       auto b = (*c)->buckets();
-      if (!b.isOk()) return fail(what, explain(b.status(), *u, nullptr));
+      if (!b.isOk()) return objectsFailed(what, explain(b.status(), *u, nullptr));
       for (const auto& name : *b) std::printf("%s/\n", name.c_str());
       return 0;
     }
     auto objects = (*c)->list(u->bucket, u->key);
-    if (!objects.isOk()) return fail(what, explain(objects.status(), *u, c->get()));
+    if (!objects.isOk()) return objectsFailed(what, explain(objects.status(), *u, c->get()));
     for (const auto& o : *objects)
       std::printf("%12llu  %s\n", static_cast<unsigned long long>(o.size), o.key.c_str());
     return 0;
@@ -342,7 +345,7 @@ int simple(const std::string& what, const std::vector<std::string>& args) {
   Status st = what == "mb"   ? (*c)->createBucket(u->bucket)
               : what == "rb" ? (*c)->deleteBucket(u->bucket)
                              : (*c)->remove(u->bucket, u->key);
-  return st.isOk() ? 0 : fail(what, explain(st, *u, c->get()));
+  return st.isOk() ? 0 : objectsFailed(what, explain(st, *u, c->get()));
 }
 
 std::string objectsHelp() {
@@ -378,11 +381,11 @@ int runObjects(const std::vector<std::string>& args) {
     std::fputs(objectsHelp().c_str(), stdout);
     return 0;
   }
-  if (Status st = config::check(); !st.isOk()) return fail(args[0], st);
+  if (Status st = config::check(); !st.isOk()) return objectsFailed(args[0], st);
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "serve") return serve(rest);
-  if (args[0] == "put") return transfer(true, rest);
-  if (args[0] == "get") return transfer(false, rest);
+  if (args[0] == "put") return putOrGet(true, rest);
+  if (args[0] == "get") return putOrGet(false, rest);
   if (args[0] == "ls" || args[0] == "mb" || args[0] == "rb" || args[0] == "rm") return simple(args[0], rest);
   return usageError("ferry objects", "unknown command '" + args[0] + "' (ferry objects --help lists them)");
 }

@@ -15,8 +15,9 @@ class ProgressBar {
     if (!enabled_) return;
     fraction = std::clamp(fraction, 0.0, 1.0);
     int filled = static_cast<int>(fraction * 30);
-    std::fprintf(stderr, "\r  %-18s [%.*s%.*s] %3d%%", label.c_str(), filled, "##############################",
-                 30 - filled, "..............................", static_cast<int>(fraction * 100));
+    std::fprintf(stderr, "\r  %-18s [%.*s%.*s] %3d%%", label.c_str(), filled,
+                 "##############################", 30 - filled, "..............................",
+                 static_cast<int>(fraction * 100));
     std::fflush(stderr);
     shown_ = true;
   }

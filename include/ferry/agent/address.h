@@ -49,12 +49,12 @@ struct ControlEndpoint {
 struct DeviceAddress {
   enum class Kind : uint8_t { kSoft = 1, kRdma = 2 };
   Kind kind = Kind::kSoft;
-  std::string name;        // the device's name on its own host ("soft_lo", "rxe0")
-  std::string ip;          // software devices: the interface's IPv4 address
-  uint8_t prefixLength = 0;  // software devices: the interface's netmask length
-  uint8_t port = 1;        // RDMA: the port number
-  uint8_t linkLayer = 0;   // RDMA: 1 InfiniBand, 2 Ethernet (RoCE)
-  uint16_t lid = 0;        // RDMA: the port's LID (InfiniBand)
+  std::string name;               // the device's name on its own host ("soft_lo", "rxe0")
+  std::string ip;                 // software devices: the interface's IPv4 address
+  uint8_t prefixLength = 0;       // software devices: the interface's netmask length
+  uint8_t port = 1;               // RDMA: the port number
+  uint8_t linkLayer = 0;          // RDMA: 1 InfiniBand, 2 Ethernet (RoCE)
+  uint16_t lid = 0;               // RDMA: the port's LID (InfiniBand)
   std::array<uint8_t, 16> gid{};  // RDMA: GID index 0
   bool loopback() const { return kind == Kind::kSoft && ip.rfind("127.", 0) == 0; }
   bool operator==(const DeviceAddress&) const = default;

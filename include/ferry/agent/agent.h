@@ -77,15 +77,15 @@
 namespace ferry::agent {
 
 struct AgentOptions {
-  std::string alias;      // how peers name this agent ("" : "agent-<uuid prefix>")
-  std::string store;      // discovery store URL (store.h); "" : none (peers by address only)
+  std::string alias;              // how peers name this agent ("" : "agent-<uuid prefix>")
+  std::string store;              // discovery store URL (store.h); "" : none (peers by address only)
   std::string scope = "default";  // agents see only the agents of their scope in the store
   // Devices to offer (names as listDevices() gives them); empty: every visible device.
   std::vector<std::string> devices;
   // The wireup listener's address; "" : loopback (127.0.0.1) for an agent without a secret, which
   // serves this host only (docs/security.md), else every interface (IPv4 and IPv6).
   std::string listenHost;
-  uint16_t listenPort = 0;  // 0: the kernel picks one
+  uint16_t listenPort = 0;                          // 0: the kernel picks one
   std::chrono::milliseconds connectTimeout{30000};  // the wireup's deadline
   std::chrono::milliseconds peerTimeout{5000};      // silence after which a peer is gone
   // How often a connected peer that said nothing is asked whether it is there (0: never). Off by
@@ -93,13 +93,13 @@ struct AgentOptions {
   // a peer that is only paused (a debugger, SIGSTOP) keeps its connections. With a heartbeat, a peer
   // silent for peerTimeout is gone even when its kernel still answers (a hung process).
   std::chrono::milliseconds heartbeat{0};
-  std::chrono::milliseconds retryInterval{250};     // first resend of an unanswered wireup message
-  std::chrono::seconds leaseTtl{10};                // the store lease of the agent's entries
-  std::string secret;       // "" : FERRY_AGENT_SECRET, else none
+  std::chrono::milliseconds retryInterval{250};  // first resend of an unanswered wireup message
+  std::chrono::seconds leaseTtl{10};             // the store lease of the agent's entries
+  std::string secret;                            // "" : FERRY_AGENT_SECRET, else none
   // Without a secret, serve peers of other hosts too (unauthenticated): the explicit opt-out of
   // protected mode; also FERRY_AGENT_ALLOW_REMOTE=1. docs/security.md says what it opens.
   bool allowRemoteWithoutSecret = false;
-  LaneOverrides lanes;      // empty: FERRY_AGENT_LANES, else the rules of lanes.h
+  LaneOverrides lanes;  // empty: FERRY_AGENT_LANES, else the rules of lanes.h
   // Endpoint options of the agent's endpoints (numQp is set per connection).
   uint32_t sendDepth = 256;
   uint32_t recvDepth = 16;
@@ -193,8 +193,8 @@ class PeerConnection {
 
 struct AgentStats {
   uint64_t requestsSent = 0, repliesSent = 0, acksSent = 0;
-  uint64_t retries = 0;           // wireup messages sent again
-  uint64_t duplicatesDropped = 0; // connections abandoned by the simultaneous-connect tie-break
+  uint64_t retries = 0;            // wireup messages sent again
+  uint64_t duplicatesDropped = 0;  // connections abandoned by the simultaneous-connect tie-break
   uint64_t peersGone = 0;
   uint64_t operationsQueued = 0;  // operations that waited for a wireup
   uint64_t messagesRefused = 0;   // malformed or unauthenticated wireup messages
@@ -239,8 +239,8 @@ class Agent {
   Result<std::shared_ptr<PeerConnection>> peer(std::string_view alias);
 
   // Memory: registered on every device the agent uses (and on devices opened later), published in
-  // the store by name and length only (never its address or keys). Registering a name again with another range replaces it (peers see the new one
-  // when they look it up again).
+  // the store by name and length only (never its address or keys). Registering a name again with another
+  // range replaces it (peers see the new one when they look it up again).
   Status registerMemoryRegion(std::string_view name, void* addr, uint64_t length,
                               endpoint::RegionOptions options = {});
   Status unregisterMemoryRegion(std::string_view name);

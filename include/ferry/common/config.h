@@ -33,10 +33,10 @@ const std::vector<Variable>& variables();
 // One variable as this process sees it.
 struct Setting {
   const Variable* variable = nullptr;
-  bool set = false;        // present and non-empty in the environment
-  std::string raw;         // its value as set
-  std::string effective;   // the value in effect (the default when unset)
-  std::string error;       // why `raw` is refused; empty when valid
+  bool set = false;       // present and non-empty in the environment
+  std::string raw;        // its value as set
+  std::string effective;  // the value in effect (the default when unset)
+  std::string error;      // why `raw` is refused; empty when valid
 };
 std::vector<Setting> settings();
 

@@ -20,10 +20,10 @@ inline constexpr int kLatencyBuckets = 26;
 inline constexpr int kStatusCodes = 16;  // StatusCode values 0..15
 
 struct OpMetrics {
-  std::string kind;  // "read", "write", ...
-  uint64_t operations = 0;  // completed, successfully or not
-  uint64_t bytes = 0;       // bytes moved by the successful ones
-  uint64_t errors = 0;      // completed with an error status
+  std::string kind;                                              // "read", "write", ...
+  uint64_t operations = 0;                                       // completed, successfully or not
+  uint64_t bytes = 0;                                            // bytes moved by the successful ones
+  uint64_t errors = 0;                                           // completed with an error status
   std::vector<std::pair<std::string, uint64_t>> errorsByStatus;  // e.g. {"PeerGone", 3}; non-zero only
   double latencySumUs = 0;
   std::array<uint64_t, kLatencyBuckets> latencyBuckets{};  // not cumulative

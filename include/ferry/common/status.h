@@ -17,21 +17,21 @@ namespace ferry {
 // Stable status codes. Numbers never change; new codes are only appended.
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,    // EINVAL: bad handle, bad attribute, bad state for the call
-  kNotSupported = 2,       // EOPNOTSUPP: the provider or device does not offer this
-  kNotFound = 3,           // ENOENT / ENODEV: no such device, key or object
-  kResourceExhausted = 4,  // ENOMEM: a queue is full, a limit is reached
-  kPermissionDenied = 5,   // EACCES / EPERM
-  kTimedOut = 6,           // ETIMEDOUT: a wait ran out of time
-  kClosed = 7,             // the object (or its parent) was closed
-  kIoError = 8,            // an operating-system call failed (cause holds errno)
-  kProtocolError = 9,      // a peer sent something malformed or hostile
+  kInvalidArgument = 1,       // EINVAL: bad handle, bad attribute, bad state for the call
+  kNotSupported = 2,          // EOPNOTSUPP: the provider or device does not offer this
+  kNotFound = 3,              // ENOENT / ENODEV: no such device, key or object
+  kResourceExhausted = 4,     // ENOMEM: a queue is full, a limit is reached
+  kPermissionDenied = 5,      // EACCES / EPERM
+  kTimedOut = 6,              // ETIMEDOUT: a wait ran out of time
+  kClosed = 7,                // the object (or its parent) was closed
+  kIoError = 8,               // an operating-system call failed (cause holds errno)
+  kProtocolError = 9,         // a peer sent something malformed or hostile
   kWorkCompletionError = 10,  // a work completion finished with an error status
-  kCancelled = 11,         // the operation was cancelled
-  kUnavailable = 12,       // the peer or device cannot be reached right now
-  kInternal = 13,          // a broken invariant inside ferry (a bug: please report)
-  kBusy = 14,              // EBUSY: the object is still in use
-  kPeerGone = 15,          // the peer died, restarted or stopped answering (agent layer)
+  kCancelled = 11,            // the operation was cancelled
+  kUnavailable = 12,          // the peer or device cannot be reached right now
+  kInternal = 13,             // a broken invariant inside ferry (a bug: please report)
+  kBusy = 14,                 // EBUSY: the object is still in use
+  kPeerGone = 15,             // the peer died, restarted or stopped answering (agent layer)
 };
 
 // The name of a status code, e.g. "InvalidArgument".
@@ -73,7 +73,7 @@ Status ioError(std::string message, int err = errno);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : value_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(value_).isOk()) {
       value_ = Status(StatusCode::kInternal, "Result constructed from an OK status");
@@ -99,17 +99,16 @@ class [[nodiscard]] Result {
 }  // namespace ferry
 
 // Propagates a non-OK Status from an expression that yields a Status.
-#define FERRY_RETURN_IF_ERROR(expr)           \
-  do {                                        \
-    ::ferry::Status ferryStatus_ = (expr);    \
+#define FERRY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::ferry::Status ferryStatus_ = (expr);         \
     if (!ferryStatus_.isOk()) return ferryStatus_; \
   } while (0)
 
 #define FERRY_CONCAT_INNER_(a, b) a##b
 #define FERRY_CONCAT_(a, b) FERRY_CONCAT_INNER_(a, b)
 // Declares `lhs` from a Result<T> expression, or returns its Status.
-#define FERRY_ASSIGN_OR_RETURN(lhs, expr)                               \
-  auto FERRY_CONCAT_(ferryResult_, __LINE__) = (expr);                  \
-  if (!FERRY_CONCAT_(ferryResult_, __LINE__).isOk())                    \
-    return FERRY_CONCAT_(ferryResult_, __LINE__).status();              \
+#define FERRY_ASSIGN_OR_RETURN(lhs, expr)                                                                   \
+  auto FERRY_CONCAT_(ferryResult_, __LINE__) = (expr);                                                      \
+  if (!FERRY_CONCAT_(ferryResult_, __LINE__).isOk()) return FERRY_CONCAT_(ferryResult_, __LINE__).status(); \
   lhs = std::move(FERRY_CONCAT_(ferryResult_, __LINE__)).value()

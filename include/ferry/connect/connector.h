@@ -71,18 +71,18 @@ const char* operationStatusName(OperationStatus s);
 struct Buffer {
   void* addr = nullptr;
   uint64_t length = 0;
-  bool readOnly = false;         // memory that must not be written (a Python bytes object)
-  std::shared_ptr<void> owner;   // kept alive while the operation may touch the memory
+  bool readOnly = false;        // memory that must not be written (a Python bytes object)
+  std::shared_ptr<void> owner;  // kept alive while the operation may touch the memory
 };
 
 struct ConnectorOptions {
-  std::string workerId;            // the agent's alias ("" : "connector-<random>")
-  std::string store;               // the agent's discovery store ("" : none; metadata carries the address)
-  std::string scope = "default";   // the agent's scope (the connector's namespace)
+  std::string workerId;              // the agent's alias ("" : "connector-<random>")
+  std::string store;                 // the agent's discovery store ("" : none; metadata carries the address)
+  std::string scope = "default";     // the agent's scope (the connector's namespace)
   std::vector<std::string> devices;  // the agent's devices (empty: every visible one)
-  std::string listenHost;          // the agent's wireup listener ("" : every interface)
-  std::string secret;              // the agent's shared secret ("" : FERRY_AGENT_SECRET, else none)
-  agent::LaneOverrides lanes;      // the agent's lane overrides (empty: FERRY_AGENT_LANES, else its rules)
+  std::string listenHost;            // the agent's wireup listener ("" : every interface)
+  std::string secret;                // the agent's shared secret ("" : FERRY_AGENT_SECRET, else none)
+  agent::LaneOverrides lanes;        // the agent's lane overrides (empty: FERRY_AGENT_LANES, else its rules)
   // How long a readable or writable operation's metadata may be used (then refused as expired).
   std::chrono::milliseconds metadataTtl{std::chrono::minutes(10)};
   // The wireup deadline of a connection to an owner (begin fails ERRORED after it).
@@ -98,13 +98,13 @@ struct ConnectorOptions {
 };
 
 struct ConnectorStats {
-  uint64_t created = 0;        // readable and writable operations created
-  uint64_t begun = 0;          // reads and writes begun by this side
-  uint64_t served = 0;         // transfers this side moved as owner
-  uint64_t refused = 0;        // BEGINs refused (tag, expiry, state, sizes, malformed)
+  uint64_t created = 0;  // readable and writable operations created
+  uint64_t begun = 0;    // reads and writes begun by this side
+  uint64_t served = 0;   // transfers this side moved as owner
+  uint64_t refused = 0;  // BEGINs refused (tag, expiry, state, sizes, malformed)
   uint64_t completed = 0, cancelled = 0, errored = 0;
-  uint64_t bytesMoved = 0;     // bytes this side moved as owner
-  uint64_t live = 0;           // operations not ended
+  uint64_t bytesMoved = 0;  // bytes this side moved as owner
+  uint64_t live = 0;        // operations not ended
 };
 
 class Connector;
@@ -120,8 +120,8 @@ class Operation {
   ~Operation();
 
   uint64_t id() const;
-  OperationKind kind() const;   // READ for readable and read operations, WRITE for the others
-  bool passive() const;         // readable or writable
+  OperationKind kind() const;  // READ for readable and read operations, WRITE for the others
+  bool passive() const;        // readable or writable
   OperationStatus status() const;
   // Why it was cancelled or errored (OK otherwise; kBusy while it runs).
   Status error() const;

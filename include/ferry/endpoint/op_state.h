@@ -9,9 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <cstdint>
 #include <mutex>
 #include <vector>
 

@@ -88,7 +88,7 @@ struct StoreStats {
   uint64_t objects = 0, bytes = 0, buckets = 0;
   uint64_t rdmaGets = 0, rdmaPuts = 0, httpGets = 0, httpPuts = 0;
   uint64_t rdmaBytes = 0, httpBytes = 0;
-  uint64_t refused = 0;  // requests answered with an error
+  uint64_t refused = 0;         // requests answered with an error
   uint64_t receivingBytes = 0;  // declared bytes of bodies and uploads being received now
   uint64_t connections = 0;     // connections held now
   uint64_t memoryBytes = 0;     // bytes of objects, parts and bodies held now (maxMemoryBytes)

@@ -19,24 +19,24 @@ class QueuePair;
 class Context;
 
 struct Path {
-  Gid sgid;                 // this side's GID (for ferry's software devices: address and port)
-  Gid dgid;                 // the peer's GID
+  Gid sgid;  // this side's GID (for ferry's software devices: address and port)
+  Gid dgid;  // the peer's GID
   uint8_t sgidIndex = 0;
-  uint16_t slid = 0;        // InfiniBand LIDs (0 on RoCE and software devices)
+  uint16_t slid = 0;  // InfiniBand LIDs (0 on RoCE and software devices)
   uint16_t dlid = 0;
-  uint32_t sqpn = 0;        // this side's QP number
-  uint32_t dqpn = 0;        // the peer's QP number
-  uint32_t sqpsn = 0;       // first PSN this side sends (24 bits)
-  uint32_t dqpsn = 0;       // first PSN the peer sends
+  uint32_t sqpn = 0;   // this side's QP number
+  uint32_t dqpn = 0;   // the peer's QP number
+  uint32_t sqpsn = 0;  // first PSN this side sends (24 bits)
+  uint32_t dqpsn = 0;  // first PSN the peer sends
   uint32_t qkey = 0;
   uint16_t pkeyIndex = 0;
   Mtu mtu = Mtu::k1024;
-  uint8_t retries = 7;        // retry_cnt
-  uint8_t rnrRetries = 7;     // rnr_retry (7: forever)
-  uint8_t minRnrTimer = 12;   // code of the receiver-not-ready wait (12: 0.64 ms)
+  uint8_t retries = 7;          // retry_cnt
+  uint8_t rnrRetries = 7;       // rnr_retry (7: forever)
+  uint8_t minRnrTimer = 12;     // code of the receiver-not-ready wait (12: 0.64 ms)
   uint8_t packetLifeTime = 14;  // timeout code: 4.096 us * 2^14 = 67 ms per try
-  uint8_t srdatomic = 1;    // READ/atomics this side may have outstanding (max_rd_atomic)
-  uint8_t drdatomic = 1;    // READ/atomics the peer may have outstanding here (max_dest_rd_atomic)
+  uint8_t srdatomic = 1;        // READ/atomics this side may have outstanding (max_rd_atomic)
+  uint8_t drdatomic = 1;        // READ/atomics the peer may have outstanding here (max_dest_rd_atomic)
   uint8_t portNum = 1;
   uint8_t sl = 0;
   bool hasGrh = true;

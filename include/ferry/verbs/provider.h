@@ -49,8 +49,8 @@ class SrqImpl;
 class AhImpl;
 
 struct CqEvent {
-  const void* cqId = nullptr;     // CompletionQueue::id() of the CQ that fired
-  void* cqContext = nullptr;      // the userContext given when that CQ was created
+  const void* cqId = nullptr;  // CompletionQueue::id() of the CQ that fired
+  void* cqContext = nullptr;   // the userContext given when that CQ was created
 };
 
 struct QpInitImpl {
@@ -106,8 +106,8 @@ class MrImpl : public Closeable {
   virtual uint32_t lkey() const = 0;
   virtual uint32_t rkey() const = 0;
   virtual uint32_t access() const = 0;
-  virtual Status reregister(uint32_t flags, const std::shared_ptr<PdImpl>& pd, void* addr,
-                            size_t length, uint32_t access) = 0;
+  virtual Status reregister(uint32_t flags, const std::shared_ptr<PdImpl>& pd, void* addr, size_t length,
+                            uint32_t access) = 0;
   // Memory the region owns (ProtectionDomain::allocMr): freed when the last reference to the
   // region goes, after the provider's own teardown.
   void holdBacking(std::shared_ptr<void> backing) { backing_ = std::move(backing); }

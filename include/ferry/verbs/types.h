@@ -151,9 +151,9 @@ enum class AsyncEventType : uint8_t {
 };
 
 // Names as libibverbs prints them ("IBV_WC_REM_ACCESS_ERR" style without the prefix).
-const char* wcStatusName(WcStatus status);   // e.g. "REM_ACCESS_ERR"
-const char* wcOpcodeName(WcOpcode opcode);   // e.g. "RDMA_WRITE"
-const char* qpStateName(QpState state);      // e.g. "RTS"
+const char* wcStatusName(WcStatus status);  // e.g. "REM_ACCESS_ERR"
+const char* wcOpcodeName(WcOpcode opcode);  // e.g. "RDMA_WRITE"
+const char* qpStateName(QpState state);     // e.g. "RTS"
 const char* asyncEventName(AsyncEventType type);
 
 // A 128-bit global identifier. For RoCE v2 and ferry's software devices over IPv4 the last four
@@ -186,8 +186,8 @@ struct DeviceAttr {
   int maxCqe = 0;
   int maxMr = 0;
   int maxPd = 0;
-  int maxQpRdAtom = 0;     // outstanding READ/atomic a QP may have as responder
-  int maxQpInitRdAtom = 0; // outstanding READ/atomic a QP may issue as requester
+  int maxQpRdAtom = 0;      // outstanding READ/atomic a QP may have as responder
+  int maxQpInitRdAtom = 0;  // outstanding READ/atomic a QP may issue as requester
   int maxSrq = 0;
   int maxSrqWr = 0;
   int maxSrqSge = 0;
@@ -252,9 +252,9 @@ struct QpAttr {
   uint8_t maxDestRdAtomic = 0;
   uint8_t minRnrTimer = 0;  // code 0..31 (table of 10 us .. 655 ms; 0 means 655.36 ms)
   uint8_t portNum = 0;
-  uint8_t timeout = 0;      // 4.096 us * 2^timeout per try; 0 means wait forever
-  uint8_t retryCnt = 0;     // 0..7
-  uint8_t rnrRetry = 0;     // 0..7; 7 retries forever
+  uint8_t timeout = 0;   // 4.096 us * 2^timeout per try; 0 means wait forever
+  uint8_t retryCnt = 0;  // 0..7
+  uint8_t rnrRetry = 0;  // 0..7; 7 retries forever
   bool sqDraining = false;
 };
 
@@ -316,21 +316,21 @@ struct WorkCompletion {
 
 struct AsyncEvent {
   AsyncEventType type = AsyncEventType::kCqErr;
-  uint32_t qpNum = 0;        // for QP events
+  uint32_t qpNum = 0;           // for QP events
   const void* cqId = nullptr;   // for CQ events: CompletionQueue::id()
   const void* srqId = nullptr;  // for SRQ events: SharedReceiveQueue::id()
-  uint8_t portNum = 0;       // for port events
+  uint8_t portNum = 0;          // for port events
 };
 
 // What listDevices() reports of one device.
 struct DeviceInfo {
-  std::string name;          // "soft_lo", "mlx5_0", "rxe0"
-  std::string provider;      // "soft", "ibverbs"
-  std::string transport;     // "tcp", "InfiniBand", "RoCE", ...
-  std::string netdev;        // the network interface it is bound to, if any
-  std::string address;       // its IP address, if any
+  std::string name;       // "soft_lo", "mlx5_0", "rxe0"
+  std::string provider;   // "soft", "ibverbs"
+  std::string transport;  // "tcp", "InfiniBand", "RoCE", ...
+  std::string netdev;     // the network interface it is bound to, if any
+  std::string address;    // its IP address, if any
   uint64_t guid = 0;
-  int numaNode = -1;         // -1 where unknown
+  int numaNode = -1;  // -1 where unknown
 };
 
 }  // namespace ferry::verbs

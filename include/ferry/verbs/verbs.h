@@ -70,9 +70,9 @@ class Handle {
 };
 
 struct CqInit {
-  int cqe = 0;                            // at least this many entries
-  CompletionChannel* channel = nullptr;   // events go there after reqNotify()
-  void* userContext = nullptr;            // returned with each completion-channel event
+  int cqe = 0;                           // at least this many entries
+  CompletionChannel* channel = nullptr;  // events go there after reqNotify()
+  void* userContext = nullptr;           // returned with each completion-channel event
 };
 
 struct QpInit {

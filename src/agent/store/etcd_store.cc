@@ -16,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 // The most an answer (or one line of a watch stream) may hold before it is refused: a list of
 // many 1 MiB values is large, an endless one is hostile.
 constexpr size_t kMaxResponseBytes = size_t{256} << 20;
-constexpr auto kWatchConnectTimeout = std::chrono::milliseconds(1000);
 constexpr int kWatchRetryPauseMs = 200;
 
 void initCurlOnce() {

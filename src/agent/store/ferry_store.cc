@@ -14,11 +14,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Type = StoreRequest::Type;
 
-// Base64 text of the largest value (1 MiB).
-constexpr size_t kMaxValueText = ((size_t{1} << 20) + 2) / 3 * 4;
-// How long a watch waits for one reconnect attempt, so unwatch() of a watch whose server is down
-// returns soon; and the pause between attempts.
-constexpr auto kWatchConnectTimeout = std::chrono::milliseconds(1000);
+// The pause between a watch's reconnect attempts (each waits at most kWatchConnectTimeout).
 constexpr auto kWatchRetryPause = std::chrono::milliseconds(200);
 
 double secondsLeft(Clock::time_point deadline) {
@@ -48,7 +44,7 @@ Result<bool> entriesOf(const json::Value& reply, std::string_view prefix, std::v
   for (const json::Value& e : *entries->array()) {
     if (!e.isObject() || e.object()->size() != 2) return badReply("an entry is not {key, value}");
     FERRY_ASSIGN_OR_RETURN(std::string key, stringField(e, "key", 1024));
-    FERRY_ASSIGN_OR_RETURN(std::string text, stringField(e, "value", kMaxValueText));
+    FERRY_ASSIGN_OR_RETURN(std::string text, stringField(e, "value", kMaxStoreValueText));
     auto value = decodeBase64(text);
     if (!checkStoreKey(key).isOk() || !keyHasPrefix(key, prefix) || !value.isOk()) {
       return badReply("an entry with a bad key or value");
@@ -68,7 +64,7 @@ Result<StoreEvent> eventOf(const json::Value& message, std::string_view prefix) 
     return badReply("an event for a key outside the watch");
   }
   if (kind == "put") {
-    FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxValueText));
+    FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxStoreValueText));
     auto value = decodeBase64(text);
     if (!value.isOk()) return badReply("an event with a bad value");
     event.value = std::move(*value);
@@ -211,7 +207,7 @@ Result<std::string> FerryStore::get(std::string_view key) {
   StoreRequest request{.type = Type::kGet, .key = std::string(key)};
   std::vector<json::Value> replies;
   FERRY_RETURN_IF_ERROR(call(request, &replies));
-  auto text = stringField(replies[0], "value", kMaxValueText);
+  auto text = stringField(replies[0], "value", kMaxStoreValueText);
   auto value = text.isOk() ? decodeBase64(*text) : Result<std::string>(text.status());
   if (!value.isOk())
     return Status(StatusCode::kProtocolError, url_.text + ": malformed reply: " + value.status().message());

@@ -16,11 +16,11 @@
 
 #include "agent/store/store_table.h"
 #include "common/base64.h"
+#include "common/log.h"
 #include "common/net/admission.h"
 #include "common/net/listen.h"
-#include "ferry/common/config.h"
-#include "common/log.h"
 #include "common/reactor.h"
+#include "ferry/common/config.h"
 
 namespace ferry::agent {
 namespace {
@@ -29,19 +29,17 @@ using Clock = StoreTable::Clock;
 using Type = StoreRequest::Type;
 
 constexpr int64_t kMaxRequestId = int64_t{1} << 53;
-// Base64 text of the largest value (1 MiB).
-constexpr size_t kMaxValueText = ((size_t{1} << 20) + 2) / 3 * 4;
 // Entries per "entries"/"watching" line are cut at this many bytes, so that a line with one more
 // entry (at most ~1.4 MiB) stays under kMaxStoreLine.
 constexpr size_t kEntriesPerLineBytes = size_t{512} << 10;
 // Bytes read from one connection per wake-up, so one busy client cannot starve the others.
 constexpr size_t kReadChunk = size_t{64} << 10;
 
-struct TypeName {
+struct RequestTypeName {
   Type type;
   const char* name;
 };
-constexpr TypeName kTypeNames[] = {
+constexpr RequestTypeName kTypeNames[] = {
     {Type::kSet, "set"},
     {Type::kGet, "get"},
     {Type::kList, "list"},
@@ -52,7 +50,7 @@ constexpr TypeName kTypeNames[] = {
     {Type::kWatch, "watch"},
 };
 
-Status malformed(const std::string& why) {
+Status malformedRequest(const std::string& why) {
   return Status(StatusCode::kProtocolError, "malformed request: " + why);
 }
 
@@ -75,7 +73,7 @@ Result<std::string> keyField(const json::Value& message, std::string_view field,
   FERRY_ASSIGN_OR_RETURN(std::string key, stringField(message, field, 1024));
   if (prefix && key.empty()) return key;
   Status st = checkStoreKey(key);
-  if (!st.isOk()) return malformed(st.message());
+  if (!st.isOk()) return malformedRequest(st.message());
   return key;
 }
 
@@ -83,12 +81,12 @@ Status decodeFields(const json::Value& message, StoreRequest* out) {
   switch (out->type) {
     case Type::kSet: {
       FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "key", false));
-      FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxValueText));
+      FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxStoreValueText));
       auto bytes = decodeBase64(text);
-      if (!bytes.isOk()) return malformed("field 'value': " + bytes.status().message());
+      if (!bytes.isOk()) return malformedRequest("field 'value': " + bytes.status().message());
       out->value = std::move(*bytes);
       Status st = checkStoreValue(out->value);
-      if (!st.isOk()) return malformed(st.message());
+      if (!st.isOk()) return malformedRequest(st.message());
       FERRY_ASSIGN_OR_RETURN(out->lease, intField(message, "lease", 0, INT64_MAX));
       return Status::ok();
     }
@@ -112,7 +110,7 @@ Status decodeFields(const json::Value& message, StoreRequest* out) {
       return Status::ok();
     }
   }
-  return malformed("unknown type");
+  return malformedRequest("unknown type");
 }
 
 }  // namespace
@@ -120,7 +118,7 @@ Status decodeFields(const json::Value& message, StoreRequest* out) {
 ControlProtocol storeProtocol() { return {"ferry_store", kStoreProtocolVersion, kMaxStoreLine}; }
 
 const char* storeRequestTypeName(Type type) {
-  for (const TypeName& t : kTypeNames) {
+  for (const RequestTypeName& t : kTypeNames) {
     if (t.type == type) return t.name;
   }
   return "?";
@@ -128,14 +126,14 @@ const char* storeRequestTypeName(Type type) {
 
 Result<StoreRequest> decodeStoreRequest(std::string_view line) {
   if (line.size() > kMaxStoreLine)
-    return malformed("a line longer than " + std::to_string(kMaxStoreLine) + " bytes");
+    return malformedRequest("a line longer than " + std::to_string(kMaxStoreLine) + " bytes");
   auto parsed = json::parse(line);
-  if (!parsed.isOk()) return malformed(parsed.status().message());
+  if (!parsed.isOk()) return malformedRequest(parsed.status().message());
   const json::Value& message = *parsed;
   const json::Object* members = message.object();
-  if (members == nullptr) return malformed("not a JSON object");
+  if (members == nullptr) return malformedRequest("not a JSON object");
   const json::Value* version = message.find("ferry_store");
-  if (version == nullptr) return malformed("no \"ferry_store\" version field");
+  if (version == nullptr) return malformedRequest("no \"ferry_store\" version field");
   auto v = version->getInt();
   if (!version->isInt() || !v.isOk() || *v != kStoreProtocolVersion) {
     return Status(StatusCode::kProtocolError, "the client speaks ferry_store protocol version " +
@@ -145,11 +143,11 @@ Result<StoreRequest> decodeStoreRequest(std::string_view line) {
   }
   FERRY_ASSIGN_OR_RETURN(std::string typeText, stringField(message, "type", 16));
   StoreRequest out;
-  const TypeName* known = nullptr;
-  for (const TypeName& t : kTypeNames) {
+  const RequestTypeName* known = nullptr;
+  for (const RequestTypeName& t : kTypeNames) {
     if (typeText == t.name) known = &t;
   }
-  if (known == nullptr) return malformed("unknown type '" + typeText + "'");
+  if (known == nullptr) return malformedRequest("unknown type '" + typeText + "'");
   out.type = known->type;
   // Exactly the members the type takes: an extra one means a client this server does not
   // understand, and guessing would be worse than refusing.
@@ -158,16 +156,18 @@ Result<StoreRequest> decodeStoreRequest(std::string_view line) {
     bool expected = name == "ferry_store" || name == "type" || name == "id" ||
                     std::find(fields.begin(), fields.end(), name) != fields.end();
     if (!expected)
-      return malformed("request '" + typeText + "' has an unknown member '" + name.substr(0, 64) + "'");
+      return malformedRequest("request '" + typeText + "' has an unknown member '" + name.substr(0, 64) +
+                              "'");
   }
   const json::Value* id = message.find("id");
-  if (id == nullptr || !id->isInt()) return malformed("request '" + typeText + "' has no integer 'id'");
+  if (id == nullptr || !id->isInt())
+    return malformedRequest("request '" + typeText + "' has no integer 'id'");
   FERRY_ASSIGN_OR_RETURN(out.id, intField(message, "id", 1, kMaxRequestId));
   // Integers only as integer literals: 1.0 is not a lease.
   for (std::string_view f : fields) {
     const json::Value* v = message.find(f);
     if (v != nullptr && v->isNumber() && !v->isInt()) {
-      return malformed("field '" + std::string(f) + "' must be an integer literal");
+      return malformedRequest("field '" + std::string(f) + "' must be an integer literal");
     }
   }
   FERRY_RETURN_IF_ERROR(decodeFields(message, &out));
@@ -259,9 +259,11 @@ Status StoreServer::Impl::start(const std::string& host, uint16_t port, StoreSer
   admission_ = net::Admission::create(
       {.thisHostOnly = !remote, .maxPerSource = kMaxStoreConnections, .maxTotal = kMaxStoreConnections},
       "ferry store");
-  auto listener = net::listenTcp(host, port, {.backlog = SOMAXCONN, .nonBlocking = true, .resolveNames = true});
+  auto listener =
+      net::listenTcp(host, port, {.backlog = SOMAXCONN, .nonBlocking = true, .resolveNames = true});
   if (!listener.isOk()) {
-    return Status(listener.status().code(), "store server: " + listener.status().message(), listener.status().cause());
+    return Status(listener.status().code(), "store server: " + listener.status().message(),
+                  listener.status().cause());
   }
   const int fd = listener->fd;
   port_ = listener->port;
@@ -561,8 +563,9 @@ bool StoreServer::Impl::evictIdlestFromLoop() {
     if (idlest == nullptr || conn->lastRequest < idlest->lastRequest) idlest = conn.get();
   }
   if (idlest == nullptr) return false;
-  admission_->logRefusal(resourceExhausted("ferry store: closed the connection idle the longest to serve a new one (" +
-                                           std::to_string(kMaxStoreConnections) + " held, the cap)"));
+  admission_->logRefusal(
+      resourceExhausted("ferry store: closed the connection idle the longest to serve a new one (" +
+                        std::to_string(kMaxStoreConnections) + " held, the cap)"));
   dropFromLoop(*idlest, "the store holds " + std::to_string(kMaxStoreConnections) +
                             " connections: this one, idle the longest, makes room for a new one");
   return true;

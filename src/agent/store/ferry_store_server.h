@@ -31,6 +31,8 @@ namespace ferry::agent {
 inline constexpr int kStoreProtocolVersion = 1;
 // The longest line either side accepts: a value of 1 MiB is 1.4 MiB in base64.
 inline constexpr size_t kMaxStoreLine = size_t{2} << 20;
+// Base64 text of the largest value (1 MiB).
+inline constexpr size_t kMaxStoreValueText = ((size_t{1} << 20) + 2) / 3 * 4;
 // Connections served at once; more are told so and closed.
 inline constexpr size_t kMaxStoreConnections = 1024;
 // Bytes a connection may have waiting to be sent before the server gives up on it (a watcher that

@@ -22,7 +22,6 @@ constexpr int kPollIntervalMs = 200;
 // A watch pings its events connection after this much silence and reconnects after three times
 // as much: a server host that vanished sends no FIN.
 constexpr auto kWatchSilence = std::chrono::seconds(5);
-constexpr auto kWatchConnectTimeout = std::chrono::milliseconds(1000);
 
 timeval toTimeval(std::chrono::milliseconds ms) {
   return timeval{static_cast<time_t>(ms.count() / 1000), static_cast<suseconds_t>(ms.count() % 1000 * 1000)};
@@ -43,7 +42,7 @@ std::string globOf(std::string_view prefix) {
 
 bool isInternal(std::string_view key) { return key.substr(0, kInternalPrefix.size()) == kInternalPrefix; }
 
-std::string_view text(const redisReply* r) { return std::string_view(r->str, r->len); }
+std::string_view replyText(const redisReply* r) { return std::string_view(r->str, r->len); }
 
 int64_t parseInt(std::string_view s, int64_t fallback) {
   int64_t v = fallback;
@@ -112,7 +111,7 @@ Status RedisConnection::connect(const StoreUrl& url, std::chrono::milliseconds t
   if (!notifications_) {
     auto current = command({"CONFIG", "GET", "notify-keyspace-events"});
     if (current.isOk() && (*current)->type == REDIS_REPLY_ARRAY && (*current)->elements == 2) {
-      std::string_view flags = text((*current)->element[1]);
+      std::string_view flags = replyText((*current)->element[1]);
       auto has = [&](char f) { return flags.find(f) != std::string_view::npos; };
       notifications_ = has('K') && (has('A') || (has('g') && has('$') && has('x')));
     }
@@ -138,7 +137,7 @@ Result<RedisConnection::Reply> RedisConnection::command(std::initializer_list<st
     return storeUnavailable(url_, why);
   }
   if (reply->type == REDIS_REPLY_ERROR) {
-    std::string message(text(reply.get()));
+    std::string message(replyText(reply.get()));
     StatusCode code =
         message.rfind("WRONGTYPE", 0) == 0 ? StatusCode::kInvalidArgument : StatusCode::kInternal;
     return Status(code, url_ + ": redis: " + message);
@@ -156,9 +155,9 @@ Result<std::vector<StoreEntry>> redisList(RedisConnection& connection, std::stri
         reply->element[1]->type != REDIS_REPLY_ARRAY) {
       return Status(StatusCode::kProtocolError, connection.url() + ": an unexpected SCAN reply");
     }
-    cursor.assign(text(reply->element[0]));
+    cursor.assign(replyText(reply->element[0]));
     for (size_t i = 0; i < reply->element[1]->elements; ++i) {
-      std::string_view key = text(reply->element[1]->element[i]);
+      std::string_view key = replyText(reply->element[1]->element[i]);
       if (!isInternal(key) && keyHasPrefix(key, prefix)) keys.emplace(key);
     }
   } while (cursor != "0");
@@ -166,7 +165,7 @@ Result<std::vector<StoreEntry>> redisList(RedisConnection& connection, std::stri
   for (const std::string& key : keys) {
     FERRY_ASSIGN_OR_RETURN(auto reply, connection.command({"GET", key}));
     // Gone since the SCAN, or not a string (not one of ours): not listed.
-    if (reply->type == REDIS_REPLY_STRING) entries.push_back({key, std::string(text(reply.get()))});
+    if (reply->type == REDIS_REPLY_STRING) entries.push_back({key, std::string(replyText(reply.get()))});
   }
   return entries;
 }
@@ -250,7 +249,7 @@ Result<std::string> RedisStore::get(std::string_view key) {
   std::lock_guard<std::mutex> lock(mu_);
   FERRY_ASSIGN_OR_RETURN(auto reply, command({"GET", key}));
   if (reply->type != REDIS_REPLY_STRING) return notFound("no key '" + std::string(key) + "'");
-  return std::string(text(reply.get()));
+  return std::string(replyText(reply.get()));
 }
 
 Result<std::vector<StoreEntry>> RedisStore::list(std::string_view prefix) {
@@ -289,7 +288,7 @@ Result<LeaseId> RedisStore::grantLease(std::chrono::seconds ttl) {
 Status RedisStore::keepAlive(LeaseId lease) {
   std::lock_guard<std::mutex> lock(mu_);
   FERRY_ASSIGN_OR_RETURN(auto record, command({"GET", leaseRecord(lease)}));
-  int64_t ttlMs = record->type == REDIS_REPLY_STRING ? parseInt(text(record.get()), 0) : 0;
+  int64_t ttlMs = record->type == REDIS_REPLY_STRING ? parseInt(replyText(record.get()), 0) : 0;
   if (ttlMs <= 0) return notFound("lease " + std::to_string(lease) + " has expired or was never granted");
   std::string ms = std::to_string(ttlMs);
   FERRY_RETURN_IF_ERROR(command({"PEXPIRE", leaseRecord(lease), ms}).status());
@@ -400,13 +399,14 @@ bool RedisStore::readNotifications(Watch* w) {
     RedisConnection::Reply reply(static_cast<redisReply*>(raw));
     raw = nullptr;
     // ["pmessage", pattern, "__keyspace@N__:key", event]; anything else (the PING's pong).
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 4 || text(reply->element[0]) != "pmessage")
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 4 ||
+        replyText(reply->element[0]) != "pmessage")
       continue;
-    std::string_view channel = text(reply->element[2]);
+    std::string_view channel = replyText(reply->element[2]);
     size_t colon = channel.find(':');
     if (colon == std::string_view::npos) continue;
     std::string key(channel.substr(colon + 1));
-    Change change = changeOf(text(reply->element[3]));
+    Change change = changeOf(replyText(reply->element[3]));
     if (change == Change::kNone || isInternal(key) || !keyHasPrefix(key, w->prefix) ||
         !checkStoreKey(key).isOk()) {
       continue;
@@ -417,7 +417,7 @@ bool RedisStore::readNotifications(Watch* w) {
       if (!value.isOk()) return false;
       // Deleted again meanwhile (its own event follows), or not a string: nothing to report.
       if ((*value)->type != REDIS_REPLY_STRING) continue;
-      event = {StoreEvent::Kind::kPut, key, std::string(text(value->get()))};
+      event = {StoreEvent::Kind::kPut, key, std::string(replyText(value->get()))};
     }
     if (w->stop) return true;
     w->mirror.note(event);

@@ -3,6 +3,7 @@
 // re-established watch converge. Internal to src/agent/store/.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -13,6 +14,10 @@
 #include "ferry/agent/store.h"
 
 namespace ferry::agent {
+
+// How long a store's watch waits for one connection attempt to its server, so that unwatch() of a
+// watch whose server is down returns soon.
+inline constexpr auto kWatchConnectTimeout = std::chrono::milliseconds(1000);
 
 // A store URL taken apart (see include/ferry/agent/store.h for the forms).
 struct StoreUrl {

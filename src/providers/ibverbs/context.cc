@@ -12,8 +12,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "ferry/common/config.h"
 #include "common/log.h"
+#include "ferry/common/config.h"
 #include "providers/ibverbs/ibverbs.h"
 #include "providers/ibverbs/wait.h"
 

@@ -242,7 +242,8 @@ class IbvCq final : public verbs::CqImpl {
 class IbvSrq final : public verbs::SrqImpl {
  public:
   // maxSge: what ibv_create_srq granted.
-  IbvSrq(std::shared_ptr<IbvPd> pd, ibv_srq* srq, uint32_t maxSge) : pd_(std::move(pd)), srq_(srq), maxSge_(maxSge) {}
+  IbvSrq(std::shared_ptr<IbvPd> pd, ibv_srq* srq, uint32_t maxSge)
+      : pd_(std::move(pd)), srq_(srq), maxSge_(maxSge) {}
   ~IbvSrq() override;
   uint32_t maxSge() const override { return maxSge_; }
   Status postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) override;
@@ -321,10 +322,10 @@ class IbvQp final : public verbs::QpImpl {
 };
 
 // ---- conversions (numbers are libibverbs'; see the static_asserts in context.cc) ----
-ibv_ah_attr toIbv(const verbs::AhAttr& attr);
+ibv_ah_attr toIbvAh(const verbs::AhAttr& attr);
 // The libibverbs receive chain for wrs, in this thread's scratch storage (valid until the next call
 // on the same thread); nullptr for an empty list.
 ibv_recv_wr* buildRecvChain(std::span<const verbs::RecvWr> wrs);
-verbs::AhAttr fromIbv(const ibv_ah_attr& attr);
+verbs::AhAttr fromIbvAh(const ibv_ah_attr& attr);
 
 }  // namespace ferry::ibverbs

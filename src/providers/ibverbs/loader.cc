@@ -1,5 +1,4 @@
 #include "providers/ibverbs/loader.h"
-#include "ferry/common/config.h"
 
 #include <dlfcn.h>
 
@@ -7,6 +6,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <mutex>
+
+#include "ferry/common/config.h"
 
 namespace ferry::ibverbs {
 namespace {

@@ -76,7 +76,7 @@ Result<std::shared_ptr<verbs::SrqImpl>> IbvPd::createSrq(const verbs::SrqInit& i
 Result<std::shared_ptr<verbs::AhImpl>> IbvPd::createAh(const verbs::AhAttr& attr) {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (closed_) return closedError("create AH: the PD is closed");
-  ibv_ah_attr raw = toIbv(attr);
+  ibv_ah_attr raw = toIbvAh(attr);
   ibv_ah* created = ctx_->api().createAh(pd_, &raw);
   if (created == nullptr) return verbsError("ibv_create_ah(" + attr.dgid.toString() + ")", errnoOf(-1));
   auto ah = std::make_shared<IbvAh>(shared_from_this(), created, attr);
@@ -97,7 +97,7 @@ std::shared_ptr<IbvAh> IbvPd::findAh(const void* id) {
   return it == ahs_.end() ? nullptr : it->second.lock();
 }
 
-ibv_ah_attr toIbv(const verbs::AhAttr& attr) {
+ibv_ah_attr toIbvAh(const verbs::AhAttr& attr) {
   ibv_ah_attr raw{};
   std::memcpy(raw.grh.dgid.raw, attr.dgid.raw.data(), sizeof raw.grh.dgid.raw);
   raw.grh.flow_label = attr.flowLabel;
@@ -113,7 +113,7 @@ ibv_ah_attr toIbv(const verbs::AhAttr& attr) {
   return raw;
 }
 
-verbs::AhAttr fromIbv(const ibv_ah_attr& raw) {
+verbs::AhAttr fromIbvAh(const ibv_ah_attr& raw) {
   verbs::AhAttr attr;
   std::memcpy(attr.dgid.raw.data(), raw.grh.dgid.raw, attr.dgid.raw.size());
   attr.flowLabel = raw.grh.flow_label;

@@ -192,7 +192,7 @@ Status IbvQp::modify(const verbs::QpAttr& attr, uint32_t mask) {
   a.dest_qp_num = attr.destQpNum;
   a.qp_access_flags = static_cast<unsigned int>(attr.qpAccessFlags);
   a.cap = toIbv(attr.cap);
-  a.ah_attr = toIbv(attr.ahAttr);
+  a.ah_attr = toIbvAh(attr.ahAttr);
   a.pkey_index = attr.pkeyIndex;
   a.max_rd_atomic = attr.maxRdAtomic;
   a.max_dest_rd_atomic = attr.maxDestRdAtomic;
@@ -229,7 +229,7 @@ Result<verbs::QpAttr> IbvQp::query() {
   q.destQpNum = a.dest_qp_num;
   q.qpAccessFlags = a.qp_access_flags;
   q.cap = fromIbv(a.cap);
-  q.ahAttr = fromIbv(a.ah_attr);
+  q.ahAttr = fromIbvAh(a.ah_attr);
   q.pkeyIndex = a.pkey_index;
   q.maxRdAtomic = a.max_rd_atomic;
   q.maxDestRdAtomic = a.max_dest_rd_atomic;
@@ -340,7 +340,8 @@ Status IbvQp::mcast(const verbs::Gid& gid, uint16_t lid, bool join) {
   ibv_gid g{};
   std::memcpy(g.raw, gid.raw.data(), sizeof g.raw);
   const auto& api = pd_->ctx()->api();
-  if (int rc = (join ? api.attachMcast : api.detachMcast)(qp_, &g, lid); rc != 0) return verbsError(func, errnoOf(rc));
+  if (int rc = (join ? api.attachMcast : api.detachMcast)(qp_, &g, lid); rc != 0)
+    return verbsError(func, errnoOf(rc));
   auto group = std::make_pair(gid.raw, lid);
   std::erase(groups_, group);
   if (join) groups_.push_back(group);
@@ -360,7 +361,8 @@ Status IbvQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
   ibv_recv_wr* chain = buildRecvChain(wrs);
   ibv_recv_wr* bad = nullptr;
   if (int rc = ibv_post_recv(qp_, chain, &bad); rc != 0) {
-    return refuse(bad != nullptr ? static_cast<size_t>(bad - chain) : 0, verbsError("ibv_post_recv", errnoOf(rc)));
+    return refuse(bad != nullptr ? static_cast<size_t>(bad - chain) : 0,
+                  verbsError("ibv_post_recv", errnoOf(rc)));
   }
   return Status::ok();
 }

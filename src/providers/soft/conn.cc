@@ -346,8 +346,8 @@ void Conn::flush() {
 void Conn::awaitWhatIsLeft() {
   // Set at every stop, never left from an earlier one: a mark from an earlier wait (the rest of a
   // payload since taken) could exceed every byte still to come, and they would never wake us.
-  const bool direct = inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
-                      segIndex_ < plan_.segments.size();
+  const bool direct = inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ &&
+                      payloadLeft_ >= kDirectReadMin && segIndex_ < plan_.segments.size();
   // A payload read straight into place: nothing to do until the rest of it is here. A header (or a
   // small payload) may be any size: wake for any byte.
   link_->awaitBytes(direct ? payloadLeft_ : 0);
@@ -435,7 +435,7 @@ readMore:
   }
   if (!closed() && delegate_) delegate_->onInputDrained(*this);
   if (closed()) return;
-  uncork();  // what the input caused goes out now, before any wait
+  uncork();                         // what the input caused goes out now, before any wait
   if (closed() || paused_) return;  // a paused connection reads again when resumed
   if (round >= 64) {
     // Yield to the reactor's other work; the link brings us back for the rest.

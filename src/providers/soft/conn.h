@@ -26,8 +26,8 @@ namespace ferry::soft {
 
 // Where the payload of an incoming frame goes.
 struct PayloadPlan {
-  Segments segments;  // empty: discard the payload
-  bool revoked = false;           // a destination region was deregistered while bytes arrived
+  Segments segments;     // empty: discard the payload
+  bool revoked = false;  // a destination region was deregistered while bytes arrived
 };
 
 struct OutFrame {
@@ -41,11 +41,11 @@ struct OutFrame {
 
   uint8_t header[wire::kMaxHeaderLen];
   uint16_t headerLen = 0;
-  Segments payload;                  // from registered memory (checked at each write)
-  std::vector<uint8_t> ownedPayload; // or bytes ferry owns (inline data)
+  Segments payload;                   // from registered memory (checked at each write)
+  std::vector<uint8_t> ownedPayload;  // or bytes ferry owns (inline data)
   bool hasTrailer = false;
-  uint32_t trailer = 0;              // READ_RESP status; becomes kRemAccess if payload was revoked
-  bool revoked = false;              // a payload region was deregistered while being sent
+  uint32_t trailer = 0;  // READ_RESP status; becomes kRemAccess if payload was revoked
+  bool revoked = false;  // a payload region was deregistered while being sent
   uint32_t seq = 0;
   // Progress.
   size_t sent = 0;

@@ -15,9 +15,9 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include "ferry/common/config.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "ferry/common/config.h"
 #include "providers/soft/conn.h"
 #include "providers/soft/mcast.h"
 #include "providers/soft/qp.h"
@@ -104,7 +104,8 @@ std::vector<SoftDeviceInfo> listSoftDevices() {
     if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
     if (!(it->ifa_flags & IFF_UP)) continue;
     std::string name = std::string("soft_") + it->ifa_name;
-    bool seen = std::any_of(devices.begin(), devices.end(), [&](const SoftDeviceInfo& d) { return d.info.name == name; });
+    bool seen = std::any_of(devices.begin(), devices.end(),
+                            [&](const SoftDeviceInfo& d) { return d.info.name == name; });
     if (seen) continue;  // one device per interface (its first address)
     SoftDeviceInfo d;
     d.ipv4 = reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr;
@@ -218,8 +219,8 @@ Status SoftContext::start() {
     ringListenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (ringListenFd_ < 0 || ::bind(ringListenFd_, reinterpret_cast<sockaddr*>(&un), unLen) != 0 ||
         ::listen(ringListenFd_, SOMAXCONN) != 0) {
-      FERRY_LOG(kWarn, "%s: no shared-memory rings (same-host traffic uses TCP): %s", device_.info.name.c_str(),
-                std::strerror(errno));
+      FERRY_LOG(kWarn, "%s: no shared-memory rings (same-host traffic uses TCP): %s",
+                device_.info.name.c_str(), std::strerror(errno));
       if (ringListenFd_ >= 0) ::close(ringListenFd_);
       ringListenFd_ = -1;
     }
@@ -229,24 +230,30 @@ Status SoftContext::start() {
     if (table.isOk()) {
       share_ = std::move(*table);
     } else {
-      FERRY_LOG(kWarn, "%s: no same-host path: %s", device_.info.name.c_str(), table.status().toString().c_str());
+      FERRY_LOG(kWarn, "%s: no same-host path: %s", device_.info.name.c_str(),
+                table.status().toString().c_str());
     }
   }
   FERRY_RETURN_IF_ERROR(reactor_.start("ferry-" + device_.info.name));
   gate_ = std::make_unique<HelloGate>(this);
-  gate_->hello = [this](const std::shared_ptr<Conn>& conn, const wire::FrameHeader& h) { onHelloFromLoop(conn, h); };
+  gate_->hello = [this](const std::shared_ptr<Conn>& conn, const wire::FrameHeader& h) {
+    onHelloFromLoop(conn, h);
+  };
   gate_->forget = [this](Conn* conn) { pendingConns_.erase(conn); };
   Status added;
   FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
     // A connection can wait a few of the callers' runs to be accepted; datagrams can too until a
     // UD QP reads them (updateUdpFdUseFromLoop).
     using Use = Reactor::FdUse;
-    added = reactor_.addFd(listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); }, Use::kControl);
+    added = reactor_.addFd(
+        listenFd_, EPOLLIN, [this](uint32_t) { onAcceptFromLoop(); }, Use::kControl);
     if (added.isOk()) {
-      added = reactor_.addFd(udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); }, Use::kControl);
+      added = reactor_.addFd(
+          udpFd_, EPOLLIN, [this](uint32_t) { onDatagramsFromLoop(); }, Use::kControl);
     }
     if (added.isOk() && ringListenFd_ >= 0) {
-      added = reactor_.addFd(ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); }, Use::kControl);
+      added = reactor_.addFd(
+          ringListenFd_, EPOLLIN, [this](uint32_t) { onRingAcceptFromLoop(); }, Use::kControl);
     }
     if (attendNs_ > 0) reactor_.addPoller([this](bool vouches) { return attendFromLoop(vouches); });
   }));
@@ -291,7 +298,8 @@ Reactor* SoftContext::laneReactorFromLoop() {
   if (laneThread_ == LaneThread::kNotStarted) {
     Status st = laneReactor_.start("ferry-lane");
     laneThread_ = st.isOk() ? LaneThread::kRunning : LaneThread::kFailed;
-    if (!st.isOk()) FERRY_LOG(kWarn, "%s: no lane thread: %s", device_.info.name.c_str(), st.toString().c_str());
+    if (!st.isOk())
+      FERRY_LOG(kWarn, "%s: no lane thread: %s", device_.info.name.c_str(), st.toString().c_str());
   }
   return laneThread_ == LaneThread::kRunning ? &laneReactor_ : nullptr;
 }
@@ -443,8 +451,8 @@ void SoftContext::onAcceptFromLoop() {
       return;
     }
     if (pendingConns_.size() >= kMaxPendingConns) {
-      FERRY_LOG(kWarn, "%s: %zu connections have not said hello yet; closing a new one", device_.info.name.c_str(),
-                pendingConns_.size());
+      FERRY_LOG(kWarn, "%s: %zu connections have not said hello yet; closing a new one",
+                device_.info.name.c_str(), pendingConns_.size());
       ::close(fd);
       continue;
     }
@@ -497,11 +505,12 @@ void SoftContext::onRingAcceptFromLoop() {
     }
     if (onRingSetupFromLoop(fd)) continue;
     // The setup message is not here yet: wait for it, for as long as a hello may take.
-    auto timer = reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, fd] {
-      if (pendingRingSockets_.erase(fd) == 0) return;
-      reactor_.removeFd(fd);
-      ::close(fd);
-    });
+    auto timer =
+        reactor_.addTimer(Reactor::Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs), [this, fd] {
+          if (pendingRingSockets_.erase(fd) == 0) return;
+          reactor_.removeFd(fd);
+          ::close(fd);
+        });
     pendingRingSockets_[fd] = timer;
     Status st = reactor_.addFd(fd, EPOLLIN | EPOLLRDHUP, [this, fd](uint32_t) {
       auto it = pendingRingSockets_.find(fd);
@@ -536,7 +545,8 @@ bool SoftContext::onRingSetupFromLoop(int fd) {
 
 uint64_t SoftContext::issueRingTicketFromLoop() {
   auto now = std::chrono::steady_clock::now();
-  if (ringTickets_.size() >= kMaxRingTickets) std::erase_if(ringTickets_, [&](const auto& t) { return t.second <= now; });
+  if (ringTickets_.size() >= kMaxRingTickets)
+    std::erase_if(ringTickets_, [&](const auto& t) { return t.second <= now; });
   if (ringTickets_.size() >= kMaxRingTickets) return 0;
   const uint64_t ticket = randomTicket();
   if (ticket == 0) return 0;
@@ -557,7 +567,8 @@ void SoftContext::onDatagramsFromLoop() {
   for (int i = 0; i < 64; ++i) {
     sockaddr_in from{};
     socklen_t fromLen = sizeof from;
-    ssize_t n = ::recvfrom(udpFd_, buf, sizeof buf, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fromLen);
+    ssize_t n =
+        ::recvfrom(udpFd_, buf, sizeof buf, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fromLen);
     if (n < 0) return;
     // A malformed datagram is dropped; it never affects anyone else's traffic.
     auto headerLen = wire::peekHeaderLen(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
@@ -569,7 +580,8 @@ void SoftContext::onDatagramsFromLoop() {
     uint16_t port;
     verbs::Gid src;
     src.raw = h.srcGid;
-    if (!parseSoftGid(src, &ip, &port) || ip != from.sin_addr.s_addr || port != ntohs(from.sin_port)) continue;
+    if (!parseSoftGid(src, &ip, &port) || ip != from.sin_addr.s_addr || port != ntohs(from.sin_port))
+      continue;
     if (auto qp = findUdQp(h.qpn)) qp->onDatagramFromLoop(h, buf + *headerLen);
   }
 }
@@ -629,7 +641,8 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     reply.shareCookie = info.cookie;
   }
   // A TCP connection may bring a lane; the ticket is what it shows (only this connection saw it).
-  if (result == wire::HelloResult::kAccepted && !conn->link().sameHost()) reply.laneTicket = qp->issueLaneTicketFromLoop();
+  if (result == wire::HelloResult::kAccepted && !conn->link().sameHost())
+    reply.laneTicket = qp->issueLaneTicketFromLoop();
   answer(result);
 }
 
@@ -700,10 +713,12 @@ Result<std::shared_ptr<verbs::CompChannelImpl>> SoftContext::createCompChannel()
   return std::shared_ptr<verbs::CompChannelImpl>(channel);
 }
 
-Result<std::shared_ptr<verbs::CqImpl>> SoftContext::createCq(int cqe, std::shared_ptr<verbs::CompChannelImpl> channel,
+Result<std::shared_ptr<verbs::CqImpl>> SoftContext::createCq(int cqe,
+                                                             std::shared_ptr<verbs::CompChannelImpl> channel,
                                                              void* userContext) {
   if (closed_) return closedError("create CQ: the context is closed");
-  if (cqe < 1 || cqe > kMaxCqe) return invalidArgument("create CQ: cqe must be 1.." + std::to_string(kMaxCqe));
+  if (cqe < 1 || cqe > kMaxCqe)
+    return invalidArgument("create CQ: cqe must be 1.." + std::to_string(kMaxCqe));
   std::shared_ptr<SoftCompChannel> soft;
   if (channel) {
     soft = std::dynamic_pointer_cast<SoftCompChannel>(channel);
@@ -744,8 +759,8 @@ Result<std::shared_ptr<SharePeer>> SoftContext::sharePeer(const ShareInfo& info)
   std::erase_if(peers_, [](const std::weak_ptr<SharePeer>& w) { return w.expired(); });
   for (const auto& weak : peers_) {
     auto peer = weak.lock();
-    if (peer && peer->info().pid == info.pid && peer->info().fd == info.fd && peer->info().cookie == info.cookie &&
-        peer->alive()) {
+    if (peer && peer->info().pid == info.pid && peer->info().fd == info.fd &&
+        peer->info().cookie == info.cookie && peer->alive()) {
       return peer;
     }
   }
@@ -760,8 +775,8 @@ namespace {
 // The region mrs holds for key, when it belongs to pd, allows need and (unless anyRange) holds
 // [addr, addr+len); else null.
 const std::shared_ptr<MrEntry>* matchMr(const std::unordered_map<uint32_t, std::shared_ptr<MrEntry>>& mrs,
-                                        uint32_t key, const void* pd, uint64_t addr, uint64_t len, uint32_t need,
-                                        bool anyRange) {
+                                        uint32_t key, const void* pd, uint64_t addr, uint64_t len,
+                                        uint32_t need, bool anyRange) {
   auto it = mrs.find(key);
   if (it == mrs.end()) return nullptr;
   const auto& e = it->second;
@@ -787,7 +802,8 @@ const MrEntry* SoftContext::findMrEntryLocked(uint32_t key, const void* pd, uint
 }
 
 Result<uint32_t> SoftContext::allocQpnLocked() {
-  if (qps_.size() + udQps_.size() >= static_cast<size_t>(kMaxQp)) return resourceExhausted("create QP: too many QPs");
+  if (qps_.size() + udQps_.size() >= static_cast<size_t>(kMaxQp))
+    return resourceExhausted("create QP: too many QPs");
   for (;;) {
     uint32_t qpn = nextQpn_++ & 0xffffff;
     if (qpn < 2 || qps_.count(qpn) || udQps_.count(qpn)) continue;

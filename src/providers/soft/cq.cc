@@ -72,7 +72,8 @@ Status SoftCq::reqNotify(bool solicitedOnly) {
 
 Status SoftCq::resize(int cqe) {
   if (closed_) return closedError("resize CQ: the CQ is closed");
-  if (cqe < 1 || cqe > kMaxCqe) return invalidArgument("resize CQ: cqe must be 1.." + std::to_string(kMaxCqe));
+  if (cqe < 1 || cqe > kMaxCqe)
+    return invalidArgument("resize CQ: cqe must be 1.." + std::to_string(kMaxCqe));
   std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<size_t>(cqe) < entries_.size()) {
     return invalidArgument("resize CQ: fewer entries than the completions it holds");
@@ -88,8 +89,8 @@ int SoftCq::cqe() const {
 
 void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited) { push(wc, solicited, nullptr, 0); }
 
-void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited, std::shared_ptr<std::atomic<uint32_t>> held,
-                  uint32_t slots) {
+void SoftCq::push(const verbs::WorkCompletion& wc, bool solicited,
+                  std::shared_ptr<std::atomic<uint32_t>> held, uint32_t slots) {
   if (closed_) return;
   bool fire = false;
   bool overflow = false;

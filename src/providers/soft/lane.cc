@@ -82,11 +82,13 @@ void LaneOut::close(bool wait) {
 Status LaneOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan* plan) {
   // The peer says two things on a lane: its hello reply, then the second parts of laned READs.
   if (!ready_) {
-    if (h.type != wire::FrameType::kHelloReply) return Status(StatusCode::kProtocolError, "a lane's first frame is its hello reply");
+    if (h.type != wire::FrameType::kHelloReply)
+      return Status(StatusCode::kProtocolError, "a lane's first frame is its hello reply");
     return Status::ok();
   }
   if (h.type != wire::FrameType::kLaneReadResp) {
-    return Status(StatusCode::kProtocolError, "a lane carries nothing back but its hello reply and READ data");
+    return Status(StatusCode::kProtocolError,
+                  "a lane carries nothing back but its hello reply and READ data");
   }
   std::lock_guard<std::mutex> lock(readsMu_);
   // The responder answers laned READs in order, each with its part here (a READ it refuses takes
@@ -107,7 +109,8 @@ void LaneOut::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan&
     if (!plan.revoked && trailer == 0) countLaneBytesPlaced(h.payloadLen);
     if (!closing_) {
       tell_(Event::kReadLanded, h.seq, trailer,
-            plan.revoked ? Status(StatusCode::kPermissionDenied, "a READ's destination was deregistered") : Status::ok());
+            plan.revoked ? Status(StatusCode::kPermissionDenied, "a READ's destination was deregistered")
+                         : Status::ok());
     }
     return;
   }
@@ -136,7 +139,8 @@ void LaneOut::onClosed(Conn&, const Status& why) { tellClosed(why); }
 void LaneOut::tellClosed(const Status& why) {
   if (toldClosed_) return;
   toldClosed_ = true;
-  if (!closing_) tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
+  if (!closing_)
+    tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
 }
 
 LaneIn::LaneIn(std::shared_ptr<Conn> conn, Reactor* reactor, Tell tell)

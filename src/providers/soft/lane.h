@@ -71,7 +71,8 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
 
   // Conn::Delegate (lane thread).
   Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
-  void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan, uint32_t trailer) override;
+  void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan,
+               uint32_t trailer) override;
   void onPayloadRevoked(Conn& conn, const OutFrame& frame) override;
   void onProgress(Conn& conn) override;
   void onConnected(Conn& conn) override;
@@ -94,7 +95,7 @@ class LaneOut final : public Conn::Delegate, public std::enable_shared_from_this
   Tell tell_;
   std::shared_ptr<Conn> conn_;  // lane thread only (set before the first task runs there)
   bool ready_ = false;          // lane thread only
-  bool toldClosed_ = false;    // lane thread only
+  bool toldClosed_ = false;     // lane thread only
   std::atomic<bool> closing_{false};
   std::atomic<int64_t> progressNs_{0};
 };

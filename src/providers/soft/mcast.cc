@@ -19,11 +19,12 @@ namespace {
 Result<std::string> baseDir(bool create) {
   std::string dir = "/dev/shm/ferry-mcast-" + std::to_string(::geteuid());
   if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ioError("mkdir " + dir);
-  struct stat st{};
+  struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) return ioError("stat " + dir);
   if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    return Status(StatusCode::kPermissionDenied,
-                  dir + " is not a private directory of this user: multicast groups are not safe to keep there");
+    return Status(
+        StatusCode::kPermissionDenied,
+        dir + " is not a private directory of this user: multicast groups are not safe to keep there");
   }
   return dir;
 }

@@ -53,7 +53,8 @@ Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& 
     if (auto* table = ctx_->share()) table->withdrawMr(oldKey);
     next->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(next);
-    if (auto* table = ctx_->share()) table->publishMr(next->key, next->addr, next->length, next->access, next->pd);
+    if (auto* table = ctx_->share())
+      table->publishMr(next->key, next->addr, next->length, next->access, next->pd);
     entry_ = std::move(next);
   }
   // Returns once no same-host peer is still copying under the old key.

@@ -15,11 +15,11 @@
 #include <cstring>
 #include <shared_mutex>
 
-#include "ferry/common/config.h"
 #include "common/device_access.h"
 #include "common/log.h"
-#include "verbs/qp_state.h"
+#include "ferry/common/config.h"
 #include "providers/soft/qp_internal.h"
+#include "verbs/qp_state.h"
 
 namespace ferry::soft {
 
@@ -108,8 +108,8 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
           const verbs::SendWr& next = wrs[posted + run];
           uint64_t len = 0;
           for (const auto& sge : next.sgList) len += sge.length;
-          if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 || len > wire::kMaxMessage ||
-              pieces + next.sgList.size() > kMaxFastPieces) {
+          if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 ||
+              len > wire::kMaxMessage || pieces + next.sgList.size() > kMaxFastPieces) {
             break;
           }
           pieces += next.sgList.size();
@@ -179,7 +179,8 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         wqe.inlineData.resize(total);
         size_t off = 0;
         for (const auto& sge : wr.sgList) {
-          if (sge.length) std::memcpy(wqe.inlineData.data() + off, reinterpret_cast<const void*>(sge.addr), sge.length);
+          if (sge.length)
+            std::memcpy(wqe.inlineData.data() + off, reinterpret_cast<const void*>(sge.addr), sge.length);
           off += sge.length;
         }
       } else {
@@ -202,7 +203,7 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
 template <typename Run>
 bool SoftQp::runFastLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run) {
   const FastPath* path = fast_.get();
-  if (!path) return false;                        // no path (it went with its peer): over the connection
+  if (!path) return false;                         // no path (it went with its peer): over the connection
   if (bytes <= kHoldLockBytes) return run(*path);  // a short copy: the lock stays, nothing waits behind it
   // A long one lets the reactor go on meanwhile; what is posted meanwhile waits behind it (fastBusy_).
   std::shared_ptr<FastPath> keep = fast_;  // the lock no longer keeps it
@@ -425,7 +426,8 @@ void SoftQp::flushFromLoop() {
     flushed.push_front(std::move(*curRecv_));
     curRecv_.reset();
   }
-  for (auto& r : flushed) pushRecvCompletion(r, WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, std::nullopt, false);
+  for (auto& r : flushed)
+    pushRecvCompletion(r, WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, std::nullopt, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,7 +437,8 @@ void SoftQp::pushSendCompletion(const SendWqe& wqe, WcStatus status) {
   pushSendCompletion(wqe.wrId, wqe.opcode, wqe.length, wqe.signaled, status);
 }
 
-void SoftQp::pushSendCompletion(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled, WcStatus status) {
+void SoftQp::pushSendCompletion(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled,
+                                WcStatus status) {
   releaseSendSlots(1);
   pushSendWc(wrId, opcode, length, signaled, status);
 }

@@ -35,7 +35,9 @@
 
 namespace ferry::soft {
 
-class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::enable_shared_from_this<SoftQp> {
+class SoftQp final : public verbs::QpImpl,
+                     public Conn::Delegate,
+                     public std::enable_shared_from_this<SoftQp> {
  public:
   SoftQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init);
   ~SoftQp() override;
@@ -65,7 +67,8 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
 
   // Conn::Delegate
   Status onHeader(Conn& conn, const wire::FrameHeader& header, PayloadPlan* plan) override;
-  void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan, uint32_t trailer) override;
+  void onFrame(Conn& conn, const wire::FrameHeader& header, const PayloadPlan& plan,
+               uint32_t trailer) override;
   void onInputDrained(Conn& conn) override;
   // The ACK onInputDrained left to the next run (SoftContext::deferAckFromLoop), when one is due.
   void sendDeferredAckFromLoop();
@@ -90,9 +93,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   // n send requests ended: their send queue slots are free again (one atomic step for them all).
   void releaseSendSlots(uint32_t n);
   // The completion of a send request that ended (its slot released), when it has one.
-  void pushSendWc(uint64_t wrId, verbs::WrOpcode opcode, uint64_t length, bool signaled, verbs::WcStatus status);
-  void pushRecvCompletion(const RecvWqe& wqe, verbs::WcStatus status, verbs::WcOpcode opcode, uint32_t byteLen,
-                          std::optional<uint32_t> imm, bool solicited);
+  void pushSendWc(uint64_t wrId, verbs::WrOpcode opcode, uint64_t length, bool signaled,
+                  verbs::WcStatus status);
+  void pushRecvCompletion(const RecvWqe& wqe, verbs::WcStatus status, verbs::WcOpcode opcode,
+                          uint32_t byteLen, std::optional<uint32_t> imm, bool solicited);
   // Moves the QP to ERR: the oldest send request gets `status` (when given), everything else
   // outstanding or posted is flushed, connections close.
   void enterErrorFromLoop(std::optional<verbs::WcStatus> status);
@@ -129,9 +133,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
 
   // The requester's lane (lane.h).
   void startLaneFromLoop(uint64_t ticket);
-  void sourceRevokedFromLoop(uint32_t seq);  // fails the sent request `seq` (LOC_PROT_ERR)
+  void sourceRevokedFromLoop(uint32_t seq);      // fails the sent request `seq` (LOC_PROT_ERR)
   bool sourceRevoked(const SendWqe& wqe) const;  // a source region of wqe was deregistered
-  void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why);
+  void onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome,
+                           const Status& why);
   void dropLaneOutFromLoop();
   // A sent laned READ whose second part has not landed yet.
   bool readPartsDueFromLoop() const;
@@ -209,10 +214,10 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool fastBusy_ = false;  // a post is copying on the same-host path: posted_ waits behind it
 
   // Reactor thread only.
-  RingDeque<SendWqe> sq_;         // [0, nextToSend_) sent and waiting; the rest not sent yet
+  RingDeque<SendWqe> sq_;  // [0, nextToSend_) sent and waiting; the rest not sent yet
   size_t nextToSend_ = 0;
   uint32_t nextSeq_ = 0;
-  uint32_t ackedThrough_ = 0;     // every request up to here is done at the responder
+  uint32_t ackedThrough_ = 0;  // every request up to here is done at the responder
   uint32_t rdInFlight_ = 0;
   bool localErrorPending_ = false;
   bool rnrWaiting_ = false;
@@ -226,13 +231,13 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   bool reqReady_ = false;
   bool peerReached_ = false;      // a hello of ours was accepted once
   bool listenerReached_ = false;  // a connection to the peer's listener was made once
-  bool peerGone_ = false;     // since then, the peer refused a connection or lost its QP
+  bool peerGone_ = false;         // since then, the peer refused a connection or lost its QP
   bool ringRefused_ = false;      // a ring connection to the peer failed: stay on TCP
 
   std::shared_ptr<Conn> respConn_;
   uint32_t expectedSeq_ = 0;
-  bool respNakPending_ = false;   // after an RNR NAK: drop requests until the refused one returns
-  bool respSkip_ = false;         // the frame being received is dropped
+  bool respNakPending_ = false;  // after an RNR NAK: drop requests until the refused one returns
+  bool respSkip_ = false;        // the frame being received is dropped
   bool ackNeeded_ = false;
   std::optional<RecvWqe> curRecv_;  // the receive a SEND / WRITE_WITH_IMM being received consumes
 
@@ -243,7 +248,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
   uint64_t laneGen_ = 0;
   bool laneReady_ = false;
   bool laneUsed_ = false;
-  uint64_t laneTicketHeld_ = 0;  // the hello reply's lane ticket, until a WRITE opens the lane
+  uint64_t laneTicketHeld_ = 0;    // the hello reply's lane ticket, until a WRITE opens the lane
   bool laneOutlivesConn_ = false;  // reqConn_ closed with READ parts due on the lane: wait for it
   const uint64_t laneMinBytes_ = config::softTcpLaneMinBytes();  // 0: no lane
 
@@ -278,7 +283,7 @@ class SoftQp final : public verbs::QpImpl, public Conn::Delegate, public std::en
     verbs::AsyncEventType event = verbs::AsyncEventType::kQpAccessErr;
   };
   std::optional<LaneRefusal> laneRefusal_;
-  bool ackDeferred_ = false;  // an ACK waits in SoftContext's list for the next run
+  bool ackDeferred_ = false;         // an ACK waits in SoftContext's list for the next run
   std::optional<uint32_t> lastAck_;  // the last ACK sendAckFromLoop sent on respConn_
   // The second parts of the READ responses respConn_'s input asked for: they go to laneIn_
   // together, once the input is drained or pauses (onInputDrained).

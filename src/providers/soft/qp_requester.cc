@@ -1,7 +1,5 @@
 // SoftQp, requester half: sending the send queue, connecting to the peer, responses and
 // acknowledgements, the transport timer (reactor thread).
-#include "providers/soft/qp.h"
-
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -9,11 +7,12 @@
 #include <shared_mutex>
 #include <utility>
 
-#include "ferry/common/config.h"
 #include "common/device_access.h"
 #include "common/log.h"
-#include "verbs/qp_state.h"
+#include "ferry/common/config.h"
+#include "providers/soft/qp.h"
 #include "providers/soft/qp_internal.h"
+#include "verbs/qp_state.h"
 
 namespace ferry::soft {
 
@@ -50,9 +49,15 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe, OutFrame* lanePart) {
   h.rkey = wqe.rkey;
   switch (wqe.opcode) {
     case WrOpcode::kSend: h.type = wire::FrameType::kSend; break;
-    case WrOpcode::kSendWithImm: h.type = wire::FrameType::kSendImm; h.aux = wqe.immData; break;
+    case WrOpcode::kSendWithImm:
+      h.type = wire::FrameType::kSendImm;
+      h.aux = wqe.immData;
+      break;
     case WrOpcode::kRdmaWrite: h.type = wire::FrameType::kWrite; break;
-    case WrOpcode::kRdmaWriteWithImm: h.type = wire::FrameType::kWriteImm; h.aux = wqe.immData; break;
+    case WrOpcode::kRdmaWriteWithImm:
+      h.type = wire::FrameType::kWriteImm;
+      h.aux = wqe.immData;
+      break;
     case WrOpcode::kRdmaRead:
       h.type = wire::FrameType::kReadReq;
       h.length = static_cast<uint32_t>(wqe.length);
@@ -121,12 +126,13 @@ void SoftQp::startLaneFromLoop(uint64_t ticket) {
   const uint64_t gen = ++laneGen_;
   std::weak_ptr<SoftQp> weak = weak_from_this();
   Reactor* loop = &ctx_->reactor();
-  laneOut_ = LaneOut::start(ctx_.get(), laneReactor, ip, port, hello,
-                            [weak, loop, gen](LaneOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why) {
-                              loop->post([weak, gen, event, seq, syndrome, why] {
-                                if (auto self = weak.lock()) self->onLaneEventFromLoop(gen, event, seq, syndrome, why);
-                              });
-                            });
+  laneOut_ = LaneOut::start(
+      ctx_.get(), laneReactor, ip, port, hello,
+      [weak, loop, gen](LaneOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why) {
+        loop->post([weak, gen, event, seq, syndrome, why] {
+          if (auto self = weak.lock()) self->onLaneEventFromLoop(gen, event, seq, syndrome, why);
+        });
+      });
 }
 
 void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome,
@@ -148,12 +154,8 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
       }
       if (laneOutlivesConn_ && !readPartsDueFromLoop()) connectionLostFromLoop();  // heard out
       break;
-    case LaneOut::Event::kReady:
-      laneReady_ = true;
-      break;
-    case LaneOut::Event::kRevoked:
-      sourceRevokedFromLoop(seq);
-      break;
+    case LaneOut::Event::kReady: laneReady_ = true; break;
+    case LaneOut::Event::kRevoked: sourceRevokedFromLoop(seq); break;
     case LaneOut::Event::kClosed: {
       // WRITEs and READs go unlaned from now on. The connection itself stays: a responder that
       // loses a lane ends the connection it belongs to (its laned WRITEs and READs could never
@@ -170,12 +172,14 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
         // connection, and closes that too; short of that, the READs fail after the transport
         // timeout (whatever else the connection brings meanwhile).
         const uint64_t gen = laneGen_;
-        const auto grace = attr_.timeout == 0 ? std::chrono::seconds(2)
-                                              : std::max<Clock::duration>(transportBudget(), std::chrono::milliseconds(100));
+        const auto grace = attr_.timeout == 0
+                               ? std::chrono::seconds(2)
+                               : std::max<Clock::duration>(transportBudget(), std::chrono::milliseconds(100));
         std::weak_ptr<SoftQp> weak = weak_from_this();
         ctx_->reactor().addTimer(Clock::now() + grace, [weak, gen] {
           auto self = weak.lock();
-          if (!self || gen != self->laneGen_ || self->state_.load() != QpState::kRts || !self->readPartsDueFromLoop()) {
+          if (!self || gen != self->laneGen_ || self->state_.load() != QpState::kRts ||
+              !self->readPartsDueFromLoop()) {
             return;
           }
           FERRY_LOG(kInfo, "QP %u: its lane closed with READ parts due", self->qpn_);
@@ -188,8 +192,9 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
 }
 
 bool SoftQp::readPartsDueFromLoop() const {
-  return std::any_of(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(nextToSend_),
-                     [](const SendWqe& w) { return w.laned && w.opcode == WrOpcode::kRdmaRead && !w.laneLanded; });
+  return std::any_of(
+      sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(nextToSend_),
+      [](const SendWqe& w) { return w.laned && w.opcode == WrOpcode::kRdmaRead && !w.laneLanded; });
 }
 
 void SoftQp::connectionLostFromLoop() {
@@ -432,12 +437,13 @@ void SoftQp::scheduleReconnectFromLoop() {
   auto window = std::max<Clock::duration>(transportBudget(), std::chrono::seconds(2));
   if (sq_.empty() && Clock::now() - connectStarted_ > window) return;
   std::weak_ptr<SoftQp> weak = weak_from_this();
-  reconnectTimer_ = ctx_->reactor().addTimer(Clock::now() + std::chrono::milliseconds(reconnectDelayMs_), [weak] {
-    if (auto self = weak.lock()) {
-      self->reconnectTimer_ = 0;
-      self->startConnectFromLoop();
-    }
-  });
+  reconnectTimer_ =
+      ctx_->reactor().addTimer(Clock::now() + std::chrono::milliseconds(reconnectDelayMs_), [weak] {
+        if (auto self = weak.lock()) {
+          self->reconnectTimer_ = 0;
+          self->startConnectFromLoop();
+        }
+      });
   reconnectDelayMs_ = std::min(reconnectDelayMs_ * 2, 100);
 }
 
@@ -546,7 +552,8 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
 
 Status SoftQp::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
   if (&conn == reqConn_.get()) return onResponseHeader(h, plan);
-  if (&conn != respConn_.get()) return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
+  if (&conn != respConn_.get())
+    return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
   if (lanePending_ > 0 && !mayPassPendingLanes(h)) {
     conn.pauseInput();  // this request waits for the lane's pending pieces (asked again then)
     return Status::ok();
@@ -585,8 +592,7 @@ Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
   switch (h.type) {
     case FrameType::kAck:
     case FrameType::kNak:
-    case FrameType::kAtomicResp:
-      return Status::ok();
+    case FrameType::kAtomicResp: return Status::ok();
     case FrameType::kReadResp: {
       // The response belongs to the oldest READ not answered yet.
       for (size_t i = 0; i < nextToSend_; ++i) {
@@ -606,8 +612,7 @@ Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
       }
       return Status(StatusCode::kProtocolError, "READ response with no READ outstanding");
     }
-    default:
-      return Status(StatusCode::kProtocolError, "request frame on a requester connection");
+    default: return Status(StatusCode::kProtocolError, "request frame on a requester connection");
   }
 }
 
@@ -747,9 +752,9 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       if (laneOut_) laneOut_->forgetReadsFrom(front.seq);
       nextSeq_ = front.seq;
       nextToSend_ = refused;
-      rdInFlight_ = static_cast<uint32_t>(
-          std::count_if(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(refused),
-                        [](const SendWqe& w) { return isReadOrAtomic(w.opcode); }));
+      rdInFlight_ =
+          static_cast<uint32_t>(std::count_if(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(refused),
+                                              [](const SendWqe& w) { return isReadOrAtomic(w.opcode); }));
       for (size_t i = refused; i < sq_.size(); ++i) sq_[i].responded = false;
       rnrWaiting_ = true;
       std::weak_ptr<SoftQp> weak = weak_from_this();
@@ -764,11 +769,9 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
       });
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
-
 
 void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {
   if (&conn != reqConn_.get()) return;  // the responder reports it in the READ_RESP trailer

@@ -1,7 +1,5 @@
 // SoftQp, responder half: hellos, requests from the peer checked at access time and carried
 // out, acknowledgements and NAKs (reactor thread).
-#include "providers/soft/qp.h"
-
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -14,11 +12,12 @@
 #include <cstring>
 #include <shared_mutex>
 
-#include "ferry/common/config.h"
 #include "common/device_access.h"
 #include "common/log.h"
-#include "verbs/qp_state.h"
+#include "ferry/common/config.h"
+#include "providers/soft/qp.h"
 #include "providers/soft/qp_internal.h"
+#include "verbs/qp_state.h"
 
 namespace ferry::soft {
 
@@ -63,8 +62,8 @@ uint64_t SoftQp::issueLaneTicketFromLoop() {
   return laneTicket_;
 }
 
-wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
-                                             in_addr_t peerIp) {
+wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn,
+                                             const wire::FrameHeader& hello, in_addr_t peerIp) {
   if (type_ != verbs::QpType::kRc) return wire::HelloResult::kNoSuchQp;
   if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
   // The ticket went only over our current responder connection: whoever shows it is its peer.
@@ -104,13 +103,15 @@ bool SoftQp::mayPassPendingLanes(const wire::FrameHeader& h) {
   // and the order of what lands on the same bytes is kept.
   QpState state = state_.load();
   if (h.type != wire::FrameType::kWrite || respNakPending_ || h.seq != expectedSeq_ ||
-      (state != QpState::kRtr && state != QpState::kRts) || !(attr_.qpAccessFlags & verbs::access::kRemoteWrite)) {
+      (state != QpState::kRtr && state != QpState::kRts) ||
+      !(attr_.qpAccessFlags & verbs::access::kRemoteWrite)) {
     return false;
   }
   const uint64_t total = (h.flags & wire::kFlagLaned) ? h.length : h.payloadLen;
   if (total > 0) {
     std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-    if (!ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, total, verbs::access::kRemoteWrite)) return false;
+    if (!ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, total, verbs::access::kRemoteWrite))
+      return false;
   }
   const uint64_t lo = h.remoteAddr;
   const uint64_t hi = h.remoteAddr + h.payloadLen;  // its own piece, if any, lands after theirs
@@ -301,7 +302,8 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
         for (const auto& sge : rwqe.sges) {
           room += sge.length;
           if (sge.length == 0) continue;
-          auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
+          auto entry =
+              ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
           if (!entry) {
             bad = true;
             break;
@@ -338,7 +340,8 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
           lanePlanned_ = true;
         }
         if (h.payloadLen > 0) {
-          plan->segments.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
+          plan->segments.push_back(
+              Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
         }
       }
       if (h.type == FrameType::kWriteImm) {
@@ -368,8 +371,7 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
       }
       return Status::ok();
-    default:
-      return Status(StatusCode::kProtocolError, "response frame on a responder connection");
+    default: return Status(StatusCode::kProtocolError, "response frame on a responder connection");
   }
 }
 
@@ -427,9 +429,11 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       resp.payloadLen = h.length;
       if (h.length > 0) {
         std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-        auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, h.length, verbs::access::kRemoteRead);
+        auto entry =
+            ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, h.length, verbs::access::kRemoteRead);
         if (entry) {
-          frame.payload.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.length, std::move(entry)});
+          frame.payload.push_back(
+              Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.length, std::move(entry)});
         } else {
           // Deregistered between the check and now: zeros, and the trailer says so.
           auto gone = std::make_shared<MrEntry>();
@@ -500,8 +504,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
       respConn_->sendHeader(resp);
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 

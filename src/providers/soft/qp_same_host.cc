@@ -1,7 +1,5 @@
 // SoftQp, same-host path: WRITE, READ and atomics carried out within the post on the peer's
 // memory (one copy by cross-memory attach, or loads and stores on memory both sides map).
-#include "providers/soft/qp.h"
-
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -16,11 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/common/config.h"
 #include "common/device_access.h"
 #include "common/log.h"
-#include "verbs/qp_state.h"
+#include "ferry/common/config.h"
+#include "providers/soft/qp.h"
 #include "providers/soft/qp_internal.h"
+#include "verbs/qp_state.h"
 
 namespace ferry::soft {
 
@@ -31,8 +30,9 @@ using namespace qp_detail;
 
 const SoftQp::FastPath* SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
   if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
-  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm && opcode != WrOpcode::kRdmaRead &&
-      opcode != WrOpcode::kAtomicCmpAndSwp && opcode != WrOpcode::kAtomicFetchAndAdd) {
+  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm &&
+      opcode != WrOpcode::kRdmaRead && opcode != WrOpcode::kAtomicCmpAndSwp &&
+      opcode != WrOpcode::kAtomicFetchAndAdd) {
     return nullptr;
   }
   // Only with nothing else outstanding (this request is counted): it must not overtake one.
@@ -82,7 +82,8 @@ uint64_t halfwayByAddress(const std::vector<Stretch>& stretches, uint64_t total,
 
 }  // namespace
 
-bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local, std::span<const iovec> remote) {
+bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local,
+                       std::span<const iovec> remote) {
   // The stretches, in post order: each remote piece takes the next bytes of the local pieces.
   std::vector<Stretch> stretches;
   stretches.reserve(local.size() + remote.size());
@@ -125,18 +126,21 @@ bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> lo
     }
     if (low < s.length) {
       highs[0].push_back(iovec{s.local + low, s.length - low});
-      highs[1].push_back(iovec{reinterpret_cast<void*>(static_cast<uintptr_t>(s.remote + low)), s.length - low});
+      highs[1].push_back(
+          iovec{reinterpret_cast<void*>(static_cast<uintptr_t>(s.remote + low)), s.length - low});
     }
   }
   const SharePeer::Slot* slot = fp.slot.get();
   CopyHelper& helper = ctx_->copyHelper();
   // Each half goes to the kernel as one iovec set when the memory is not mapped (IOV_MAX pieces).
-  if (lows[0].empty() || highs[0].empty() || lows[0].size() > kMaxFastPieces || highs[0].size() > kMaxFastPieces ||
+  if (lows[0].empty() || highs[0].empty() || lows[0].size() > kMaxFastPieces ||
+      highs[0].size() > kMaxFastPieces ||
       !helper.tryStart([slot, write, &highs] { return slot->copyv(write, highs[0], highs[1]); })) {
     // Nothing to split, or the helper is busy with another request: all of it here. One request
     // goes through copy(), which carries on after a system call's short count (the kernel moves
     // at most about 2 GiB a call).
-    if (remote.size() == 1) return slot->copy(write, local, reinterpret_cast<uintptr_t>(remote[0].iov_base), total);
+    if (remote.size() == 1)
+      return slot->copy(write, local, reinterpret_cast<uintptr_t>(remote[0].iov_base), total);
     return slot->copyv(write, local, remote);
   }
   const bool a = slot->copyv(write, lows[0], lows[1]);
@@ -164,8 +168,8 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
     uint64_t len = 0;
     for (const auto& sge : wr.sgList) {
       if (sge.length == 0) continue;
-      const bool known = sge.lkey == knownKey && sge.addr >= knownBegin && sge.addr + sge.length >= sge.addr &&
-                         sge.addr + sge.length <= knownEnd;
+      const bool known = sge.lkey == knownKey && sge.addr >= knownBegin &&
+                         sge.addr + sge.length >= sge.addr && sge.addr + sge.length <= knownEnd;
       if (!inlined && !known) {
         auto entry = ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
         if (!entry) return false;
@@ -204,7 +208,8 @@ bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
   std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
   const verbs::Sge& sge = wr.sgList.front();  // one 8-byte SGE (checked at post)
   if (!ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, 8, verbs::access::kLocalWrite)) return false;
-  if (!fp.slot->begin(fp.destQpn, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
+  if (!fp.slot->begin(fp.destQpn, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8,
+                      verbs::access::kRemoteAtomic)) {
     return false;
   }
   // Only memory both sides map: the owner's atomics are instructions on that memory, so ours are

@@ -1,10 +1,5 @@
 #include "providers/soft/ring.h"
 
-#include "common/clock.h"
-#include "common/cpu_relax.h"
-#include "common/device_access.h"
-#include "ferry/common/config.h"
-
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -19,6 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "common/clock.h"
+#include "common/cpu_relax.h"
+#include "common/device_access.h"
+#include "ferry/common/config.h"
 
 namespace ferry::soft {
 namespace ring_layout {
@@ -37,14 +37,14 @@ struct alignas(64) Control {
   // The consumer's state, which it sets: kConsumerAwake, kConsumerAsleep (before it waits on its
   // eventfd) or kConsumerAttended (awake, and its application polls: leave what you write).
   std::atomic<uint32_t> consumerSleeping{1};
-  std::atomic<uint32_t> producerWaiting{0};   // set by the producer when it waits for room
+  std::atomic<uint32_t> producerWaiting{0};  // set by the producer when it waits for room
   // CLOCK_MONOTONIC ns until which the consumer's application polls (and progresses this ring
   // itself): a producer does not wake a sleeping consumer before then. Written by the consumer.
   std::atomic<int64_t> attendedUntilNs{0};
   uint8_t pad2[48];
 };
 
-struct Segment {
+struct RingSegment {
   uint64_t magic;
   uint32_t version;
   uint32_t ringBytes;
@@ -53,7 +53,7 @@ struct Segment {
 };
 
 constexpr size_t kDataOffset = 4096;
-static_assert(sizeof(Segment) <= kDataOffset);
+static_assert(sizeof(RingSegment) <= kDataOffset);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the rings need address-free atomics");
 
@@ -62,11 +62,11 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 namespace {
 
 using ring_layout::Control;
-using ring_layout::kDataOffset;
-using ring_layout::Segment;
 using ring_layout::kConsumerAsleep;
 using ring_layout::kConsumerAttended;
 using ring_layout::kConsumerAwake;
+using ring_layout::kDataOffset;
+using ring_layout::RingSegment;
 
 std::atomic<uint64_t> linksMade{0};
 std::atomic<uint64_t> bytesWritten{0};
@@ -75,7 +75,6 @@ std::atomic<uint64_t> wakesSpared{0};
 
 constexpr size_t kMinRing = 64 * 1024;
 constexpr size_t kMaxRing = 64 * 1024 * 1024;
-
 
 // The longest a consumer polls its ring before it sleeps: FERRY_SOFT_SPIN_US (0 turns polling
 // off), default 0 on machines with fewer than four cores (the polling thread would take the core
@@ -191,7 +190,8 @@ Status sendRingSetup(int sock, const RingPair& rings, uint64_t ticket) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit) {
+Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock,
+                                                   const std::function<bool(uint64_t ticket)>& admit) {
   RingSetupMessage msg;
   // Room for one descriptor more than a setup has, so that too many show as MSG_CTRUNC or a count.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kSetupFds + 1))];
@@ -248,7 +248,7 @@ Result<std::unique_ptr<RingPair>> RingPair::create(size_t ringBytes) {
   void* base = ::mmap(nullptr, rings->mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, rings->memfd_, 0);
   if (base == MAP_FAILED) return ioError("mmap of a ring");
   rings->base_ = static_cast<uint8_t*>(base);
-  auto* seg = new (rings->base_) Segment{};
+  auto* seg = new (rings->base_) RingSegment{};
   seg->magic = RingSetupMessage::kMagic;
   seg->version = RingSetupMessage::kVersion;
   seg->ringBytes = static_cast<uint32_t>(ringBytes);
@@ -331,8 +331,8 @@ RingSetupMessage RingPair::setupMessage() const {
   return msg;
 }
 
-Control& RingPair::outCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 0 : 1]; }
-Control& RingPair::inCtl() const { return reinterpret_cast<Segment*>(base_)->ctl[requester_ ? 1 : 0]; }
+Control& RingPair::outCtl() const { return reinterpret_cast<RingSegment*>(base_)->ctl[requester_ ? 0 : 1]; }
+Control& RingPair::inCtl() const { return reinterpret_cast<RingSegment*>(base_)->ctl[requester_ ? 1 : 0]; }
 
 void RingPair::wakePeer() {
   uint64_t one = 1;
@@ -387,7 +387,8 @@ ssize_t RingPair::writev(const iovec* iov, int count) {
   // A sleeping consumer is woken, unless its application polls the ring meanwhile (it said until
   // when); then its own timer at that moment takes what it left.
   // A consumer whose application polls (attend) said so itself: nothing to weigh.
-  if (const uint32_t consumer = ctl.consumerSleeping.load(std::memory_order_seq_cst); consumer == kConsumerAttended) {
+  if (const uint32_t consumer = ctl.consumerSleeping.load(std::memory_order_seq_cst);
+      consumer == kConsumerAttended) {
     wakesSpared.fetch_add(1, std::memory_order_relaxed);
   } else if (consumer != kConsumerAwake) {
     const int64_t attended = ctl.attendedUntilNs.load(std::memory_order_seq_cst);

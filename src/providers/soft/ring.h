@@ -45,7 +45,7 @@
 namespace ferry::soft {
 
 namespace ring_layout {
-struct Segment;
+struct RingSegment;
 struct Control;
 }  // namespace ring_layout
 
@@ -140,9 +140,9 @@ class RingPair {
   // frame). The consumer only moves its tail on, so the room counted from an old tail is never
   // more than there is.
   uint64_t outTailSeen_ = 0;
-  uint64_t inTail_ = 0;   // ours: bytes consumed
-  int64_t spinNs_ = 0;    // the current spin budget (adapts between 0 and the maximum)
-  int idleSleeps_ = 0;    // sleeps since the budget fell to 0
+  uint64_t inTail_ = 0;  // ours: bytes consumed
+  int64_t spinNs_ = 0;   // the current spin budget (adapts between 0 and the maximum)
+  int idleSleeps_ = 0;   // sleeps since the budget fell to 0
 };
 
 // How many ring links this process has set up (either side) and how many bytes it has written
@@ -168,6 +168,7 @@ Status sendRingSetup(int sock, const RingPair& rings, uint64_t ticket);
 // admit(ticket) says the message's ticket is one this process issued (admit consumes it).
 // kUnavailable (cause EAGAIN) when nothing has arrived yet; kProtocolError for a hang-up, a
 // ticket admit refuses, or a setup that cannot be trusted, with every descriptor that came closed.
-Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock, const std::function<bool(uint64_t ticket)>& admit);
+Result<std::unique_ptr<RingPair>> receiveRingSetup(int sock,
+                                                   const std::function<bool(uint64_t ticket)>& admit);
 
 }  // namespace ferry::soft

@@ -150,7 +150,8 @@ Result<std::unique_ptr<Link>> dialRingLink(uint32_t pid, uint64_t nonce, uint64_
   // The listener's name came from the peer's hello reply; its owner must be the process named there.
   ucred cred{};
   socklen_t credLen = sizeof cred;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credLen) != 0 || static_cast<uint32_t>(cred.pid) != pid) {
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credLen) != 0 ||
+      static_cast<uint32_t>(cred.pid) != pid) {
     ::close(fd);
     return fail("the ring listener belongs to another process");
   }

@@ -1,5 +1,4 @@
 #include "providers/soft/share.h"
-#include "ferry/common/config.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -21,6 +20,7 @@
 
 #include "common/device_access.h"
 #include "common/log.h"
+#include "ferry/common/config.h"
 #include "ferry/common/shared_memory.h"
 
 namespace ferry::soft {
@@ -39,7 +39,7 @@ struct Header {
   std::atomic<uint32_t> version;
   std::atomic<uint32_t> ownerPid;
   std::atomic<uint64_t> cookie;
-  std::atomic<uint64_t> cookieAddr;   // where the owner keeps its private copy of the cookie
+  std::atomic<uint64_t> cookieAddr;  // where the owner keeps its private copy of the cookie
   std::atomic<uint32_t> mrSlots;
   std::atomic<uint32_t> qpSlots;
   std::atomic<uint32_t> accessorSlots;
@@ -91,7 +91,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 
 inline MrRecord* mrs(uint8_t* base) { return reinterpret_cast<MrRecord*>(base + kMrOffset); }
 inline QpRecord* qps(uint8_t* base) { return reinterpret_cast<QpRecord*>(base + kQpOffset); }
-inline AccessorSlot* accessors(uint8_t* base) { return reinterpret_cast<AccessorSlot*>(base + kAccessorOffset); }
+inline AccessorSlot* accessors(uint8_t* base) {
+  return reinterpret_cast<AccessorSlot*>(base + kAccessorOffset);
+}
 inline uint32_t mrSlotOf(uint32_t key) { return (key >> 8) % kMrSlots; }
 inline uint32_t qpSlotOf(uint32_t qpn) { return qpn % kQpSlots; }
 
@@ -203,19 +205,21 @@ const std::pair<bool, std::string>& cmaProbe() {
     // Cross-memory attach may be refused altogether (seccomp in containers, old kernels).
     uint64_t probe = 0x5a5a, got = 0;
     iovec local{&got, sizeof got}, remote{&probe, sizeof probe};
-    if (::process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof got) || got != probe) {
-      return std::make_pair(false, std::string("process_vm_readv refused here (") + std::strerror(errno) + ")");
+    if (::process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof got) ||
+        got != probe) {
+      return std::make_pair(false,
+                            std::string("process_vm_readv refused here (") + std::strerror(errno) + ")");
     }
     int pidfd = pidfdOpen(getpid());
-    if (pidfd < 0) return std::make_pair(false, std::string("pidfd_open unavailable (") + std::strerror(errno) + ")");
+    if (pidfd < 0)
+      return std::make_pair(false, std::string("pidfd_open unavailable (") + std::strerror(errno) + ")");
     ::close(pidfd);
     return std::make_pair(true, std::string());
   }();
   return kernel;
 }
 
-constexpr const char* kRingWords =
-    "SEND, immediates, atomics and acknowledgements over shared-memory rings";
+constexpr const char* kRingWords = "SEND, immediates, atomics and acknowledgements over shared-memory rings";
 
 }  // namespace
 
@@ -224,7 +228,8 @@ bool sameHostAllowed(std::string* reason) {
   static std::once_flag logged;
   std::call_once(logged, [&] {
     if (kernel.first) {
-      FERRY_LOG(kInfo, "soft: same-host path: one-copy WRITE and READ by cross-memory attach; %s", kRingWords);
+      FERRY_LOG(kInfo, "soft: same-host path: one-copy WRITE and READ by cross-memory attach; %s",
+                kRingWords);
     } else {
       FERRY_LOG(kWarn,
                 "soft: same-host path: cross-memory attach unavailable (%s): WRITE and READ data is staged "
@@ -238,17 +243,20 @@ bool sameHostAllowed(std::string* reason) {
       return false;
     case SameHostMode::kRingOnly:
       if (reason) {
-        *reason = std::string("rings only (FERRY_SOFT_SAME_HOST=ring): WRITE and READ data staged through "
-                              "shared-memory rings (two copies); ") + kRingWords;
+        *reason = std::string(
+                      "rings only (FERRY_SOFT_SAME_HOST=ring): WRITE and READ data staged through "
+                      "shared-memory rings (two copies); ") +
+                  kRingWords;
       }
       return false;
-    case SameHostMode::kAuto:
-      break;
+    case SameHostMode::kAuto: break;
   }
   if (reason) {
     if (kernel.first) {
-      *reason = std::string("on: one-copy WRITE and READ by process_vm_writev/readv between processes that may "
-                            "read each other's memory; ") + kRingWords;
+      *reason = std::string(
+                    "on: one-copy WRITE and READ by process_vm_writev/readv between processes that may "
+                    "read each other's memory; ") +
+                kRingWords;
     } else {
       *reason = "on, without cross-memory attach (" + kernel.second +
                 "): WRITE and READ data staged through shared-memory rings (two copies); " + kRingWords;
@@ -400,7 +408,9 @@ void ShareTable::retractQp(uint32_t qpn) {
 // Accessor.
 
 Result<std::shared_ptr<SharePeer>> SharePeer::open(const ShareInfo& info) {
-  auto fail = [](const std::string& what, int err = 0) { return Status(StatusCode::kUnavailable, what, err); };
+  auto fail = [](const std::string& what, int err = 0) {
+    return Status(StatusCode::kUnavailable, what, err);
+  };
   if (info.pid == 0) return fail("the peer offers no same-host path");
   std::shared_ptr<SharePeer> peer(new SharePeer());
   peer->info_ = info;
@@ -472,7 +482,9 @@ std::shared_ptr<SharePeer::Mapping> SharePeer::mapping(uint32_t fd, uint64_t ino
     }
     ::close(f);
   }
-  if (!made) FERRY_LOG(kDebug, "soft: same-host: cannot map %s: copies with it use process_vm_writev/readv", path.c_str());
+  if (!made)
+    FERRY_LOG(kDebug, "soft: same-host: cannot map %s: copies with it use process_vm_writev/readv",
+              path.c_str());
   mappings_[key] = made;
   return made;
 }
@@ -655,7 +667,8 @@ void CopyHelper::run() {
   }
 }
 
-bool SharePeer::Slot::copyMapped(bool toRemote, std::span<const iovec> local, uint64_t remote, size_t len) const {
+bool SharePeer::Slot::copyMapped(bool toRemote, std::span<const iovec> local, uint64_t remote,
+                                 size_t len) const {
   DeviceAccess device;
   auto* at = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(remote + bias_));
   size_t done = 0;
@@ -683,7 +696,8 @@ uint64_t SharePeer::Slot::atomic(bool cmpSwap, uint64_t remote, uint64_t compare
   return __atomic_fetch_add(target, compareAdd, __ATOMIC_SEQ_CST);
 }
 
-bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const {
+bool SharePeer::Slot::copyv(bool toRemote, std::span<const iovec> local,
+                            std::span<const iovec> remote) const {
   if (viaMap_) {
     // One local piece for each remote one, of its length (a batch of one-SGE WRITEs or READs, the
     // common case): straight copies.
@@ -753,7 +767,8 @@ bool SharePeer::Slot::copy(bool toRemote, std::span<const iovec> local, uint64_t
       lv[n++] = iovec{static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
       skip = 0;
     }
-    ssize_t r = toRemote ? ::process_vm_writev(pid, lv, n, &rv, 1, 0) : ::process_vm_readv(pid, lv, n, &rv, 1, 0);
+    ssize_t r =
+        toRemote ? ::process_vm_writev(pid, lv, n, &rv, 1, 0) : ::process_vm_readv(pid, lv, n, &rv, 1, 0);
     if (r <= 0) return false;
     done += static_cast<size_t>(r);
   }

@@ -10,8 +10,8 @@
 // takes the same permission as reading the owner's memory), proves with process_vm_readv that the
 // cookie it was told sits in the owner's memory, and from then on carries out a WRITE or READ (or
 // a WRITE_WITH_IMM's data) itself: it checks the owner's records at the moment of the access and
-// copies with one process_vm_writev/readv call. Anything the records refuse, and any copy that fails, goes the
-// ordinary way over TCP, where the owner's reactor checks it again and reports the error as usual.
+// copies with one process_vm_writev/readv call. Anything the records refuse, and any copy that fails, goes
+// the ordinary way over TCP, where the owner's reactor checks it again and reports the error as usual.
 //
 // Deregistration never races a copy: each accessor QP holds an accessor slot in the table, and
 // marks the key it is about to touch in it before it reads the records (a store, then loads);
@@ -122,7 +122,7 @@ class CopyHelper {
   std::condition_variable cv_;
   std::thread thread_;
   std::function<bool()> job_;
-  bool busy_ = false;     // a job was started and not waited for
+  bool busy_ = false;  // a job was started and not waited for
   bool done_ = false;
   bool result_ = false;
   bool stopping_ = false;

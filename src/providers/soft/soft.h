@@ -26,8 +26,8 @@
 
 #include "common/event_queue.h"
 #include "common/inline_vec.h"
-#include "ferry/common/config.h"
 #include "common/reactor.h"
+#include "ferry/common/config.h"
 #include "ferry/verbs/provider.h"
 #include "providers/soft/share.h"
 #include "providers/soft/wire.h"
@@ -118,16 +118,16 @@ struct SendWqe {
   uint32_t rkey = 0;
   uint64_t compareAdd = 0;
   uint64_t swap = 0;
-  bool placed = false;            // WRITE_WITH_IMM whose data the same-host path already copied
+  bool placed = false;  // WRITE_WITH_IMM whose data the same-host path already copied
   // Reactor state.
   uint32_t seq = 0;
-  bool responded = false;        // READ/atomic response arrived
-  bool laned = false;            // a WRITE whose second part went on the QP's lane, or a READ
-                                 // whose response's second part comes back on it
-  bool laneLanded = false;       // a laned READ: that second part landed
+  bool responded = false;   // READ/atomic response arrived
+  bool laned = false;       // a WRITE whose second part went on the QP's lane, or a READ
+                            // whose response's second part comes back on it
+  bool laneLanded = false;  // a laned READ: that second part landed
   verbs::WcStatus error = verbs::WcStatus::kSuccess;  // set when the WR failed locally or remotely
-  int rnrLeft = -1;               // RNR retries left (-1: not sent yet)
-  Segments local;                 // resolved local SGEs
+  int rnrLeft = -1;                                   // RNR retries left (-1: not sent yet)
+  Segments local;                                     // resolved local SGEs
 };
 
 struct RecvWqe {
@@ -206,7 +206,8 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
                                         uint32_t need, bool anyRange = false) const;
   // The same without taking a reference (a post's check on the same-host path): valid while the
   // memory lock is held.
-  const MrEntry* findMrEntryLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len, uint32_t need) const;
+  const MrEntry* findMrEntryLocked(uint32_t key, const void* pd, uint64_t addr, uint64_t len,
+                                   uint32_t need) const;
 
   // QP table (RC and UD QPs share the number space).
   Result<uint32_t> addQp(const std::shared_ptr<SoftQp>& qp);
@@ -256,7 +257,11 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   SoftDeviceInfo device_;
   Reactor reactor_;
   Reactor laneReactor_;
-  enum class LaneThread { kNotStarted, kRunning, kFailed } laneThread_ = LaneThread::kNotStarted;  // loop only
+  enum class LaneThread {
+    kNotStarted,
+    kRunning,
+    kFailed
+  } laneThread_ = LaneThread::kNotStarted;  // loop only
   const bool callerProgress_ = config::softCallerProgress();
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only
@@ -383,7 +388,8 @@ class SoftCompChannel final : public verbs::CompChannelImpl {
 
 class SoftCq final : public verbs::CqImpl {
  public:
-  SoftCq(std::shared_ptr<SoftContext> ctx, int cqe, std::shared_ptr<SoftCompChannel> channel, void* userContext)
+  SoftCq(std::shared_ptr<SoftContext> ctx, int cqe, std::shared_ptr<SoftCompChannel> channel,
+         void* userContext)
       : ctx_(std::move(ctx)), capacity_(cqe), channel_(std::move(channel)), userContext_(userContext) {}
   Result<int> poll(std::span<verbs::WorkCompletion> out) override;
   Status reqNotify(bool solicitedOnly) override;

@@ -89,7 +89,8 @@ class TcpLink final : public Link {
   std::optional<in_addr_t> peerAddress() const override {
     sockaddr_in peer{};
     socklen_t len = sizeof peer;
-    if (fd_ < 0 || ::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len) != 0 || peer.sin_family != AF_INET) {
+    if (fd_ < 0 || ::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
+        peer.sin_family != AF_INET) {
       return std::nullopt;
     }
     return peer.sin_addr.s_addr;
@@ -127,7 +128,8 @@ class TcpLink final : public Link {
     }
     if (readingPaused_ && (events & (EPOLLERR | EPOLLHUP))) {
       // Reported whatever the interest (level-triggered: again and again): the connection ends.
-      owner.onLinkBroken(Status(StatusCode::kUnavailable, "the connection failed while its input waited", ECONNRESET));
+      owner.onLinkBroken(
+          Status(StatusCode::kUnavailable, "the connection failed while its input waited", ECONNRESET));
       return;
     }
     // The owner may close this link from the first call: the fd says whether to go on.
@@ -160,7 +162,8 @@ Result<std::unique_ptr<Link>> dialTcpLink(in_addr_t localIp, in_addr_t ip, uint1
   sockaddr_in local{};
   local.sin_family = AF_INET;
   local.sin_addr.s_addr = localIp;
-  (void)::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local);  // a soft device speaks from its own address
+  (void)::bind(fd, reinterpret_cast<sockaddr*>(&local),
+               sizeof local);  // a soft device speaks from its own address
   sockaddr_in peer{};
   peer.sin_family = AF_INET;
   peer.sin_addr.s_addr = ip;

@@ -50,7 +50,8 @@ class HostilePeer : public VerbsTest {
   void SetUp() override {
     VerbsTest::SetUp();
     if (IsSkipped()) return;
-    if (providerPath().device.rfind("soft_", 0) != 0) GTEST_SKIP() << "the wire protocol is the soft provider's";
+    if (providerPath().device.rfind("soft_", 0) != 0)
+      GTEST_SKIP() << "the wire protocol is the soft provider's";
   }
 
   // A TCP connection to the listener named by the context's GID.
@@ -97,8 +98,11 @@ class HostilePeer : public VerbsTest {
   void expectPairStillWorks(ConnectedPair& pair, uint64_t seed) {
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair.a.pd, 1 << 20, v::access::kAll, seed));
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair.b.pd, 1 << 20, v::access::kAll, seed + 1));
-    ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = seed, .sges = {sgeOf(src, 0, 1 << 20)},
-                               .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+    ASSERT_OK(post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                               .wrId = seed,
+                               .sges = {sgeOf(src, 0, 1 << 20)},
+                               .remoteAddr = dst.address(),
+                               .rkey = dst.mr.rkey()}));
     v::WorkCompletion wc;
     ASSERT_TRUE(pollOne(pair.a.sendCq, &wc));
     ASSERT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
@@ -194,7 +198,8 @@ TEST_P(HostilePeer, MalformedDatagramsAreDropped) {
   ASSERT_GE(fd, 0);
   std::vector<uint8_t> junk(3000, 0x5a);
   for (int i = 0; i < 50; ++i) {
-    ::sendto(fd, junk.data(), static_cast<size_t>(i * 60), 0, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::sendto(fd, junk.data(), static_cast<size_t>(i * 60), 0, reinterpret_cast<sockaddr*>(&addr),
+             sizeof addr);
   }
   ::close(fd);
   expectPairStillWorks(*pair, 80);

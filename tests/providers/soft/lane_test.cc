@@ -123,10 +123,10 @@ TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) 
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 30));
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize, v::access::kAll, 31));
-    ASSERT_OK_AND_ASSIGN(auto target,
-                         registerBuffer(pair->b.pd, kSize,
-                                        attempt == 0 ? v::access::kLocalWrite | v::access::kRemoteRead : v::access::kAll,
-                                        32));
+    ASSERT_OK_AND_ASSIGN(
+        auto target,
+        registerBuffer(pair->b.pd, kSize,
+                       attempt == 0 ? v::access::kLocalWrite | v::access::kRemoteRead : v::access::kAll, 32));
     ASSERT_TRUE(laneCarries(*pair, src, dst));
     fillPattern(src.memory.bytes(), 33);
     const uint64_t placedBefore = soft::laneBytesPlaced();
@@ -250,7 +250,8 @@ constexpr int kDeregisterAfterUs[] = {0, 500, 1000, 2000, 4000};
   std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
   act();
   if (!pollOne(cq, wc)) return ::testing::AssertionFailure() << "the request never completed";
-  if (wc->wrId != 1) return ::testing::AssertionFailure() << "not the request's completion: " << describe(*wc);
+  if (wc->wrId != 1)
+    return ::testing::AssertionFailure() << "not the request's completion: " << describe(*wc);
   return ::testing::AssertionSuccess();
 }
 
@@ -271,11 +272,15 @@ TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
     fillPattern(src.memory.bytes(), 72);
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
-    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs, [&] {
-      dst.mr.close();  // the memory stays allocated
-      atClose.assign(bytesOf(dst).begin(), bytesOf(dst).end());
-    }, &wc));
-    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
+    ASSERT_TRUE(transferWhile(
+        *pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs,
+        [&] {
+          dst.mr.close();  // the memory stays allocated
+          atClose.assign(bytesOf(dst).begin(), bytesOf(dst).end());
+        },
+        &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr)
+        << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
     }
@@ -292,13 +297,15 @@ TEST_P(LanePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItW
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 82));
     ASSERT_TRUE(laneCarries(*pair, probe, dst));
     v::WorkCompletion wc;
-    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
+    ASSERT_TRUE(transferWhile(
+        *pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
     }
     if (wc.status == v::WcStatus::kLocProtErr) {
-      EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout)) << "a failed request leaves the QP in ERR";
+      EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout))
+          << "a failed request leaves the QP in ERR";
     }
   }
 }
@@ -343,7 +350,8 @@ TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
   EXPECT_TRUE(bytesEqual(bytesOf(local), expected));
   // The lane placed the WRITE's second part at the responder and the READ's here.
   const size_t write = 2 << 20;
-  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, (write - soft::laneSplitAt(write)) + (kSize - soft::laneSplitAt(kSize)));
+  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
+            (write - soft::laneSplitAt(write)) + (kSize - soft::laneSplitAt(kSize)));
 
   // Shorter READs, from an odd offset, posted together into a cleared buffer.
   std::memset(local.data(), 0, kSize);
@@ -367,7 +375,8 @@ TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
     SCOPED_TRACE("READ of " + std::to_string(lengths[i]) + " bytes");
     EXPECT_EQ(completions[i].wrId, 10 + i);
     EXPECT_EQ(completions[i].status, v::WcStatus::kSuccess) << describe(completions[i]);
-    EXPECT_TRUE(bytesEqual(bytesOf(local, at[i], lengths[i]), std::span<const uint8_t>(expected).subspan(from, lengths[i])));
+    EXPECT_TRUE(bytesEqual(bytesOf(local, at[i], lengths[i]),
+                           std::span<const uint8_t>(expected).subspan(from, lengths[i])));
   }
   EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, laned);
 }
@@ -377,7 +386,8 @@ TEST_P(LanePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 100));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize, v::access::kAll, 101));
-  ASSERT_OK_AND_ASSIGN(auto noRead, registerBuffer(pair->b.pd, kSize, v::access::kLocalWrite | v::access::kRemoteWrite, 102));
+  ASSERT_OK_AND_ASSIGN(
+      auto noRead, registerBuffer(pair->b.pd, kSize, v::access::kLocalWrite | v::access::kRemoteWrite, 102));
   ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 103));
   ASSERT_TRUE(laneCarries(*pair, src, dst));
   const uint64_t placedBefore = soft::laneBytesPlaced();
@@ -448,7 +458,8 @@ TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kAll, 180));
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kSize, v::access::kAll, 181 + round));
-    ASSERT_OK_AND_ASSIGN(auto readOnly, registerBuffer(pair->b.pd, 4096, v::access::kLocalWrite | v::access::kRemoteRead, 190));
+    ASSERT_OK_AND_ASSIGN(auto readOnly, registerBuffer(pair->b.pd, 4096,
+                                                       v::access::kLocalWrite | v::access::kRemoteRead, 190));
     ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 191));
     ASSERT_TRUE(laneCarries(*pair, src, remote));
     const std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
@@ -487,19 +498,24 @@ TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwa
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
     ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 110));
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 111));
-    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 112));
+    ASSERT_OK_AND_ASSIGN(auto local,
+                         registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 112));
     ASSERT_TRUE(laneCarries(*pair, probe, remote));
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
     const uint64_t placedBefore = soft::laneBytesPlaced();
-    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] {
-      local.mr.close();  // the memory stays allocated
-      atClose.assign(bytesOf(local).begin(), bytesOf(local).end());
-    }, &wc));
+    ASSERT_TRUE(transferWhile(
+        *pair, v::WrOpcode::kRdmaRead, local, remote, delayUs,
+        [&] {
+          local.mr.close();  // the memory stays allocated
+          atClose.assign(bytesOf(local).begin(), bytesOf(local).end());
+        },
+        &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
-      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
+      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
+                kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
           << "the READ's second part came over the lane";
     }
     EXPECT_TRUE(nothingLandsLater(local, atClose)) << "bytes landed after the region was deregistered";
@@ -513,19 +529,24 @@ TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsI
     ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 120));
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 8192, v::access::kAll, 121));
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 122));
-    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 123));
+    ASSERT_OK_AND_ASSIGN(auto local,
+                         registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 123));
     ASSERT_TRUE(laneCarries(*pair, probe, dst));
     v::WorkCompletion wc;
     const uint64_t placedBefore = soft::laneBytesPlaced();
-    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
-    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr) << describe(wc);
+    ASSERT_TRUE(transferWhile(
+        *pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
+    ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr)
+        << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
-      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
+      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
+                kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
           << "the READ's second part came over the lane";
     }
     if (wc.status == v::WcStatus::kRemAccessErr) {
-      EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout)) << "a failed request leaves the QP in ERR";
+      EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout))
+          << "a failed request leaves the QP in ERR";
     }
   }
 }
@@ -538,19 +559,24 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
     ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 130));
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 131));
-    ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 132));
+    ASSERT_OK_AND_ASSIGN(auto local,
+                         registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 132));
     ASSERT_TRUE(laneCarries(*pair, probe, remote));
     v::WorkCompletion wc;
     const uint64_t placedBefore = soft::laneBytesPlaced();
-    ASSERT_TRUE(transferWhile(*pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] {
-      v::QpAttr attr;
-      attr.state = v::QpState::kErr;
-      ASSERT_OK(pair->a.qp.modify(attr, v::qp_attr_mask::kState));
-    }, &wc));
+    ASSERT_TRUE(transferWhile(
+        *pair, v::WrOpcode::kRdmaRead, local, remote, delayUs,
+        [&] {
+          v::QpAttr attr;
+          attr.state = v::QpState::kErr;
+          ASSERT_OK(pair->a.qp.modify(attr, v::qp_attr_mask::kState));
+        },
+        &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kWrFlushErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
-      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
+      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
+                kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
           << "the READ's second part came over the lane";
     }
     const std::vector<uint8_t> atCompletion(bytesOf(local).begin(), bytesOf(local).end());

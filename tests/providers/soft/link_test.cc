@@ -2,6 +2,8 @@
 // connection on loopback: a TCP link told to await n bytes of a payload says it is readable only
 // once that many wait (never more than asked, so a payload's last bytes are never stranded), a
 // read still returns what there is, and the peer's hang-up says so at once.
+#include "providers/soft/link.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "common/reactor.h"
-#include "providers/soft/link.h"
 
 namespace ferry::test {
 namespace {

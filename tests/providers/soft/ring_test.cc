@@ -6,8 +6,6 @@
 // polls stop, and a context's ring listener shrugs off hostile setups.
 #include "providers/soft/ring.h"
 
-#include "common/clock.h"
-
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/audit.h>
@@ -31,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "ferry/common/config.h"
 #include "providers/soft/share.h"
 #include "providers/soft/soft.h"
@@ -465,7 +464,8 @@ bool hungUpWithin(int sock, std::chrono::milliseconds limit) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   for (;;) {
     pollfd p{sock, POLLIN, 0};
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
     if (n == 1) {
       char byte;
@@ -538,7 +538,8 @@ TEST_P(RingPath, AFrameLeftInAnAttendedRingIsTakenWhenThePollsStop) {
   const uint64_t spared = soft::ringWakesSpared();
   ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 8, .sges = {sgeOf(src, 64, 64)}}));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(soft::ringWakesSpared(), spared) << "the producer still saw the lease of a context that armed a CQ";
+  EXPECT_EQ(soft::ringWakesSpared(), spared)
+      << "the producer still saw the lease of a context that armed a CQ";
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc, std::chrono::seconds(10)));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
@@ -570,7 +571,8 @@ TEST_P(RingPath, AnAckAPollLeftIsSentWhenThePollsStop) {
     ASSERT_OK(postReceive(pair->b.qp, recvId, {sgeOf(dst, 64, 64)}));
     ASSERT_TRUE(leaseFromAPollOf(pair->b.recvCq));
     const uint64_t before = soft::acksDeferred();
-    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kSend, .wrId = 20 + attempt, .sges = {sgeOf(src, from, 64)}}));
+    ASSERT_OK(post(pair->a.qp,
+                   {.opcode = v::WrOpcode::kSend, .wrId = 20 + attempt, .sges = {sgeOf(src, from, 64)}}));
     ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));  // b's poll takes the SEND; then b stops
     EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
     EXPECT_EQ(wc.wrId, recvId);
@@ -831,7 +833,8 @@ TEST_P(RingPath, SilentRingConnectionsAreBoundedInNumberAndTime) {
   rlimit saved = lim;
   lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 8192);
   if (::setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 2 * kBound + 3 * kExtra + 256) {
-    GTEST_SKIP() << "needs room for " << 2 * kBound << " descriptors (RLIMIT_NOFILE " << saved.rlim_max << ")";
+    GTEST_SKIP() << "needs room for " << 2 * kBound << " descriptors (RLIMIT_NOFILE " << saved.rlim_max
+                 << ")";
   }
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   auto names = ringListeners();
@@ -851,7 +854,8 @@ TEST_P(RingPath, SilentRingConnectionsAreBoundedInNumberAndTime) {
     if (later < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_GE(later, 0);
-  EXPECT_TRUE(hungUpWithin(later, std::chrono::seconds(3))) << "a connection past the bound is closed at once";
+  EXPECT_TRUE(hungUpWithin(later, std::chrono::seconds(3)))
+      << "a connection past the bound is closed at once";
   ::close(later);
   size_t stillOpen = 0;
   for (int s : silent) stillOpen += hungUpWithin(s, std::chrono::milliseconds(0)) ? 0 : 1;
@@ -882,7 +886,8 @@ TEST_P(RingPath, AQpWhoseRingsTheListenerDropsGoesOnOverTcp) {
   rlimit saved = lim;
   lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 8192);
   if (::setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 2 * kBound + 256) {
-    GTEST_SKIP() << "needs room for " << 2 * kBound << " descriptors (RLIMIT_NOFILE " << saved.rlim_max << ")";
+    GTEST_SKIP() << "needs room for " << 2 * kBound << " descriptors (RLIMIT_NOFILE " << saved.rlim_max
+                 << ")";
   }
   ConnectedPair pair;
   ASSERT_OK(openSide(pair.a, nullptr, 64));

@@ -2,6 +2,8 @@
 // deregistration waits for a copy in progress (and not for a dead accessor), a table is reached
 // only by a process that proves it can read the owner's memory, and WRITE/READ through the verbs
 // API take the path and fall back to TCP for whatever the table refuses.
+#include "providers/soft/share.h"
+
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,7 +18,6 @@
 #include <thread>
 
 #include "ferry/common/shared_memory.h"
-#include "providers/soft/share.h"
 #include "providers/soft/soft.h"
 #include "support/verbs_fixture.h"
 
@@ -55,7 +56,9 @@ void openTable(Table& t) {
   t.slot = std::move(*slot);
 }
 
-uint64_t addr(const Table& t, size_t offset = 0) { return reinterpret_cast<uintptr_t>(t.memory.data() + offset); }
+uint64_t addr(const Table& t, size_t offset = 0) {
+  return reinterpret_cast<uintptr_t>(t.memory.data() + offset);
+}
 
 TEST(ShareTable, AccessIsCheckedAgainstTheOwnersRecords) {
   Table t;
@@ -67,15 +70,19 @@ TEST(ShareTable, AccessIsCheckedAgainstTheOwnersRecords) {
   };
   EXPECT_TRUE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), t.memory.size(), v::access::kRemoteWrite));
   EXPECT_TRUE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t, 100), 28, v::access::kRemoteRead));
-  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key ^ 0x100, addr(t), 8, v::access::kRemoteWrite)) << "other key";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key ^ 0x100, addr(t), 8, v::access::kRemoteWrite))
+      << "other key";
   EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t, 1), t.memory.size(), v::access::kRemoteWrite))
       << "one byte past the end";
   EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t) - 1, 8, v::access::kRemoteWrite)) << "before";
-  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, ~uint64_t{0} - 3, 8, v::access::kRemoteWrite)) << "wraps";
-  EXPECT_FALSE(allowed(kOwnerQpn + 1, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "other QP";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, ~uint64_t{0} - 3, 8, v::access::kRemoteWrite))
+      << "wraps";
+  EXPECT_FALSE(allowed(kOwnerQpn + 1, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite))
+      << "other QP";
   EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn + 1, t.key, addr(t), 8, v::access::kRemoteWrite))
       << "the owner's QP is connected to another peer";
-  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteAtomic)) << "not granted";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteAtomic))
+      << "not granted";
 
   // The region's own access, the QP's access flags, its state and its PD all count.
   uint32_t readOnly = 0x00abce02;
@@ -100,7 +107,8 @@ TEST(ShareTable, AccessIsCheckedAgainstTheOwnersRecords) {
   t.table->publishQp(kOwnerQpn, v::QpState::kRts, kRw, &t.pd, kAccessorQpn);
   t.table->withdrawMr(t.key);
   t.table->waitForAccessors(t.key);
-  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite)) << "deregistered";
+  EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, t.key, addr(t), 8, v::access::kRemoteWrite))
+      << "deregistered";
   EXPECT_FALSE(allowed(kOwnerQpn, kAccessorQpn, 0, addr(t), 8, v::access::kRemoteWrite)) << "key 0";
 }
 
@@ -226,7 +234,8 @@ TEST(ShareTable, SharedMemoryIsCopiedThroughAMapping) {
   EXPECT_TRUE(t.slot->copy(true, std::span<const iovec>(&piece, 1), at + 100, 4000));
   t.slot->end();
   EXPECT_TRUE(std::equal(local.begin(), local.begin() + 4000, owner + 4096 + 100));
-  EXPECT_TRUE(std::all_of(owner, owner + 4096 + 100, [](uint8_t b) { return b == 0; })) << "nothing before it";
+  EXPECT_TRUE(std::all_of(owner, owner + 4096 + 100, [](uint8_t b) { return b == 0; }))
+      << "nothing before it";
 
   // Several pieces in one call, and a READ back.
   std::vector<uint8_t> back(8192);
@@ -312,22 +321,31 @@ TEST_P(SameHostPath, WritesAndReadsTakeThePathAndFallBackForWhatItRefuses) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 1 << 20, v::access::kLocalWrite, 91));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 1 << 20, v::access::kAll, 92));
   // The first WRITE may go over TCP while the requester connection comes up.
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 1,
+                              .sges = {sgeOf(src, 0, 64)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   v::WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   ASSERT_EQ(wc.status, v::WcStatus::kSuccess);
 
   const uint64_t before = soft::sameHostOpsDone();
   const uint64_t mappedBefore = soft::sameHostMappedOpsDone();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 2, .sges = {sgeOf(src, 0, 1 << 20)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 2,
+                              .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
   fillPattern(dst.memory.bytes(), 93);
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 3, .sges = {sgeOf(src, 0, 1 << 20)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead,
+                              .wrId = 3,
+                              .sges = {sgeOf(src, 0, 1 << 20)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(matchesPattern(bytesOf(src), 93));
@@ -339,8 +357,11 @@ TEST_P(SameHostPath, WritesAndReadsTakeThePathAndFallBackForWhatItRefuses) {
   // owner reports it as ever.
   const uint32_t oldKey = dst.mr.rkey();
   dst.mr.close();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 4, .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = dst.address(), .rkey = oldKey}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 4,
+                              .sges = {sgeOf(src, 0, 64)},
+                              .remoteAddr = dst.address(),
+                              .rkey = oldKey}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr);
   EXPECT_EQ(soft::sameHostOpsDone(), before + 2);
@@ -349,29 +370,41 @@ TEST_P(SameHostPath, WritesAndReadsTakeThePathAndFallBackForWhatItRefuses) {
 // Memory from ProtectionDomain::allocMr: the peer maps it once and WRITE, READ and batches of
 // them are loads and stores, byte-exact, refused like any other once the region is closed.
 TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
-  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 128, .maxRecvWr = 16, .maxSendSge = 4,
-                                                            .maxRecvSge = 4, .maxInlineData = 0}}}));
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 128,
+                                                            .maxRecvWr = 16,
+                                                            .maxSendSge = 4,
+                                                            .maxRecvSge = 4,
+                                                            .maxInlineData = 0}}}));
   ASSERT_OK_AND_ASSIGN(v::MemoryRegion src, pair->a.pd.allocMr(1 << 20, v::access::kLocalWrite));
   ASSERT_OK_AND_ASSIGN(v::MemoryRegion dst, pair->b.pd.allocMr(1 << 20, v::access::kAll));
   std::span<uint8_t> srcBytes(static_cast<uint8_t*>(src.addr()), src.length());
   std::span<uint8_t> dstBytes(static_cast<uint8_t*>(dst.addr()), dst.length());
   const auto dstAddr = reinterpret_cast<uintptr_t>(dst.addr());
   fillPattern(srcBytes, 51);
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {src.sge(0, 64)},
-                              .remoteAddr = dstAddr, .rkey = dst.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 1,
+                              .sges = {src.sge(0, 64)},
+                              .remoteAddr = dstAddr,
+                              .rkey = dst.rkey()}));
   v::WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
   ASSERT_EQ(wc.status, v::WcStatus::kSuccess);
 
   const uint64_t before = soft::sameHostMappedOpsDone();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 2, .sges = {src.sge(0, 1 << 20)},
-                              .remoteAddr = dstAddr, .rkey = dst.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 2,
+                              .sges = {src.sge(0, 1 << 20)},
+                              .remoteAddr = dstAddr,
+                              .rkey = dst.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(std::equal(srcBytes.begin(), srcBytes.end(), dstBytes.begin()));
   fillPattern(dstBytes, 52);
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 3, .sges = {src.sge(8, 4096)},
-                              .remoteAddr = dstAddr + 100, .rkey = dst.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead,
+                              .wrId = 3,
+                              .sges = {src.sge(8, 4096)},
+                              .remoteAddr = dstAddr + 100,
+                              .rkey = dst.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(std::equal(srcBytes.begin() + 8, srcBytes.begin() + 8 + 4096, dstBytes.begin() + 100));
@@ -380,8 +413,11 @@ TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
   // 32 small WRITEs posted together, reversed: one batch through the mapping.
   std::vector<SendOp> ops;
   for (uint64_t i = 0; i < 32; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {src.sge(i * 64, 64)},
-                   .flags = i == 31 ? v::send_flags::kSignaled : 0u, .remoteAddr = dstAddr + (31 - i) * 64,
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 10 + i,
+                   .sges = {src.sge(i * 64, 64)},
+                   .flags = i == 31 ? v::send_flags::kSignaled : 0u,
+                   .remoteAddr = dstAddr + (31 - i) * 64,
                    .rkey = dst.rkey()});
   }
   ASSERT_OK(postAll(pair->a.qp, ops));
@@ -390,7 +426,8 @@ TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
   EXPECT_EQ(wc.wrId, 41u);
   for (uint64_t i = 0; i < 32; ++i) {
     EXPECT_TRUE(std::equal(srcBytes.begin() + i * 64, srcBytes.begin() + (i + 1) * 64,
-                           dstBytes.begin() + (31 - i) * 64)) << "write " << i;
+                           dstBytes.begin() + (31 - i) * 64))
+        << "write " << i;
   }
   EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 34);
 
@@ -399,8 +436,13 @@ TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
   auto* word = reinterpret_cast<uint64_t*>(dstBytes.data() + 4096);
   *word = 40;
   auto atomic = [&](v::WrOpcode op, uint64_t compareAdd, uint64_t swap) {
-    ASSERT_OK(post(pair->a.qp, {.opcode = op, .wrId = 50, .sges = {src.sge(8, 8)}, .remoteAddr = dstAddr + 4096,
-                                .rkey = dst.rkey(), .compareAdd = compareAdd, .swap = swap}));
+    ASSERT_OK(post(pair->a.qp, {.opcode = op,
+                                .wrId = 50,
+                                .sges = {src.sge(8, 8)},
+                                .remoteAddr = dstAddr + 4096,
+                                .rkey = dst.rkey(),
+                                .compareAdd = compareAdd,
+                                .swap = swap}));
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   };
@@ -420,8 +462,11 @@ TEST_P(SameHostPath, AllocatedMemoryIsReachedThroughAMapping) {
   // the peer's mapping outlives the region, the records do not.
   const uint32_t oldKey = dst.rkey();
   dst.close();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 4, .sges = {src.sge(0, 64)},
-                              .remoteAddr = dstAddr, .rkey = oldKey}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 4,
+                              .sges = {src.sge(0, 64)},
+                              .remoteAddr = dstAddr,
+                              .rkey = oldKey}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr);
   EXPECT_EQ(soft::sameHostMappedOpsDone(), before + 37);
@@ -432,8 +477,11 @@ TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 1 << 20, v::access::kLocalWrite, 94));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 1 << 20, v::access::kAll, 95));
   ASSERT_OK_AND_ASSIGN(auto sink, registerBuffer(pair->b.pd, 64, v::access::kLocalWrite, 96));
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 1,
+                              .sges = {sgeOf(src, 0, 64)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   v::WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // the requester connection is up now
   fillPattern(src.memory.bytes(), 97);
@@ -441,9 +489,12 @@ TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
   // No receive posted yet: the data is placed at once, the immediate waits (receiver not ready)
   // and arrives, once, when a receive is posted; the WRITE completes after that.
   const uint64_t before = soft::sameHostOpsDone();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWriteWithImm, .wrId = 2,
-                              .sges = {sgeOf(src, 4096, 512 * 1024)}, .remoteAddr = dst.address(8),
-                              .rkey = dst.mr.rkey(), .imm = 0xfeedf00d}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWriteWithImm,
+                              .wrId = 2,
+                              .sges = {sgeOf(src, 4096, 512 * 1024)},
+                              .remoteAddr = dst.address(8),
+                              .rkey = dst.mr.rkey(),
+                              .imm = 0xfeedf00d}));
   EXPECT_EQ(soft::sameHostOpsDone(), before + 1);
   EXPECT_TRUE(noCompletionFor(pair->a.sendCq, std::chrono::milliseconds(50)));
   ASSERT_OK(postReceive(pair->b.qp, 7, {sgeOf(sink, 0, 64)}));
@@ -462,12 +513,18 @@ TEST_P(SameHostPath, WriteWithImmediatePlacesTheDataAndSendsOnlyTheImmediate) {
 }
 
 TEST_P(SameHostPath, RequestsPostedTogetherMoveTogetherAndKeepTheirMeaning) {
-  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 128, .maxRecvWr = 16, .maxSendSge = 4,
-                                                            .maxRecvSge = 4, .maxInlineData = 0}}}));
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 128,
+                                                            .maxRecvWr = 16,
+                                                            .maxSendSge = 4,
+                                                            .maxRecvSge = 4,
+                                                            .maxInlineData = 0}}}));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 64 * 1024, v::access::kLocalWrite, 31));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 64 * 1024, v::access::kAll, 32));
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 100, .sges = {sgeOf(src, 0, 8)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 100,
+                              .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   v::WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
   fillPattern(dst.memory.bytes(), 33);
@@ -476,10 +533,12 @@ TEST_P(SameHostPath, RequestsPostedTogetherMoveTogetherAndKeepTheirMeaning) {
   // every fourth signaled: their bytes land where each says, and only the signaled ones complete.
   std::vector<SendOp> ops;
   for (uint64_t i = 0; i < 32; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = i,
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = i,
                    .sges = {sgeOf(src, i * 1024, 512), sgeOf(src, i * 1024 + 512, 512)},
                    .flags = i % 4 == 3 ? v::send_flags::kSignaled : 0u,
-                   .remoteAddr = dst.address((31 - i) * 1024), .rkey = dst.mr.rkey()});
+                   .remoteAddr = dst.address((31 - i) * 1024),
+                   .rkey = dst.mr.rkey()});
   }
   uint64_t before = soft::sameHostOpsDone();
   ASSERT_OK(postAll(pair->a.qp, ops));
@@ -491,16 +550,21 @@ TEST_P(SameHostPath, RequestsPostedTogetherMoveTogetherAndKeepTheirMeaning) {
   }
   EXPECT_EQ(soft::sameHostOpsDone(), before + 32);
   for (uint64_t i = 0; i < 32; ++i) {
-    EXPECT_TRUE(bytesEqual(bytesOf(dst, (31 - i) * 1024, 1024), bytesOf(src, i * 1024, 1024))) << "write " << i;
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, (31 - i) * 1024, 1024), bytesOf(src, i * 1024, 1024)))
+        << "write " << i;
   }
-  EXPECT_TRUE(matchesPattern(bytesOf(dst, 32 * 1024, 32 * 1024), 33, 32 * 1024)) << "nothing beyond them moved";
+  EXPECT_TRUE(matchesPattern(bytesOf(dst, 32 * 1024, 32 * 1024), 33, 32 * 1024))
+      << "nothing beyond them moved";
 
   // READs posted together come back the same way.
   fillPattern(src.memory.bytes(), 34);
   ops.clear();
   for (uint64_t i = 0; i < 16; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaRead, .wrId = 200 + i, .sges = {sgeOf(src, i * 2048, 2048)},
-                   .remoteAddr = dst.address(i * 2048), .rkey = dst.mr.rkey()});
+    ops.push_back({.opcode = v::WrOpcode::kRdmaRead,
+                   .wrId = 200 + i,
+                   .sges = {sgeOf(src, i * 2048, 2048)},
+                   .remoteAddr = dst.address(i * 2048),
+                   .rkey = dst.mr.rkey()});
   }
   before = soft::sameHostOpsDone();
   ASSERT_OK(postAll(pair->a.qp, ops));
@@ -514,8 +578,11 @@ TEST_P(SameHostPath, RequestsPostedTogetherMoveTogetherAndKeepTheirMeaning) {
   // REM_ACCESS_ERR and writes nothing, the rest are flushed.
   ops.clear();
   for (uint64_t i = 0; i < 4; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 300 + i, .sges = {sgeOf(src, 0, 1024)},
-                   .remoteAddr = dst.address(i == 2 ? 64 * 1024 - 512 : i * 1024), .rkey = dst.mr.rkey()});
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 300 + i,
+                   .sges = {sgeOf(src, 0, 1024)},
+                   .remoteAddr = dst.address(i == 2 ? 64 * 1024 - 512 : i * 1024),
+                   .rkey = dst.mr.rkey()});
   }
   ASSERT_OK(postAll(pair->a.qp, ops));
   wcs.clear();
@@ -537,8 +604,11 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kBig, v::access::kLocalWrite, 41));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kBig + 4096, v::access::kAll, 42));
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 8)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 1,
+                              .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   v::WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
   fillPattern(dst.memory.bytes(), 43);
@@ -546,10 +616,12 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
   const uint64_t splitBefore = soft::sameHostSplitCopies();
   uint64_t before = soft::sameHostOpsDone();
   const size_t cut1 = (5u << 20) + 123, cut2 = (6u << 20) + 4097;  // around the 6 MiB split
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 2,
-                              .sges = {sgeOf(src, 0, cut1), sgeOf(src, cut1, cut2 - cut1),
-                                       sgeOf(src, cut2, kBig - cut2)},
-                              .remoteAddr = dst.address(4096), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp,
+                 {.opcode = v::WrOpcode::kRdmaWrite,
+                  .wrId = 2,
+                  .sges = {sgeOf(src, 0, cut1), sgeOf(src, cut1, cut2 - cut1), sgeOf(src, cut2, kBig - cut2)},
+                  .remoteAddr = dst.address(4096),
+                  .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_EQ(wc.byteLen, kBig);
@@ -558,8 +630,11 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 4096, kBig), bytesOf(src)));
 
   fillPattern(dst.memory.bytes(), 44);
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead, .wrId = 3, .sges = {sgeOf(src, 0, kBig)},
-                              .remoteAddr = dst.address(4096), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaRead,
+                              .wrId = 3,
+                              .sges = {sgeOf(src, 0, kBig)},
+                              .remoteAddr = dst.address(4096),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_TRUE(matchesPattern(bytesOf(src), 44, 4096));
@@ -568,8 +643,11 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
   fillPattern(src.memory.bytes(), 45);
   std::vector<SendOp> ops;
   for (uint64_t i = 0; i < 8; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {sgeOf(src, i << 20, 1u << 20)},
-                   .flags = i == 7 ? v::send_flags::kSignaled : 0u, .remoteAddr = dst.address((7 - i) << 20),
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 10 + i,
+                   .sges = {sgeOf(src, i << 20, 1u << 20)},
+                   .flags = i == 7 ? v::send_flags::kSignaled : 0u,
+                   .remoteAddr = dst.address((7 - i) << 20),
                    .rkey = dst.mr.rkey()});
   }
   before = soft::sameHostOpsDone();
@@ -579,7 +657,8 @@ TEST_P(SameHostPath, LargeRequestsCopiedByTwoThreadsLandWhole) {
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_EQ(soft::sameHostOpsDone(), before + 8);
   for (uint64_t i = 0; i < 8; ++i) {
-    EXPECT_TRUE(bytesEqual(bytesOf(dst, (7 - i) << 20, 1u << 20), bytesOf(src, i << 20, 1u << 20))) << "write " << i;
+    EXPECT_TRUE(bytesEqual(bytesOf(dst, (7 - i) << 20, 1u << 20), bytesOf(src, i << 20, 1u << 20)))
+        << "write " << i;
   }
   EXPECT_EQ(soft::sameHostSplitCopies(), splitBefore + 3) << "each of the three was copied by two threads";
 }
@@ -593,8 +672,11 @@ TEST_P(SameHostPath, OverlappingRequestsCopiedByTwoThreadsLandInPostOrder) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kCount * kBlock, v::access::kLocalWrite, 61));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSpan, v::access::kAll, 62));
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 1, .sges = {sgeOf(src, 0, 8)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 1,
+                              .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   v::WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));  // connected
   for (size_t i = 0; i < kCount; ++i) fillPattern(src.memory.bytes().subspan(i * kBlock, kBlock), 70 + i);
@@ -604,8 +686,11 @@ TEST_P(SameHostPath, OverlappingRequestsCopiedByTwoThreadsLandInPostOrder) {
   std::vector<uint8_t> expected(bytesOf(dst).begin(), bytesOf(dst).end());
   std::vector<SendOp> ops;
   for (size_t i = 0; i < kCount; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {sgeOf(src, i * kBlock, kBlock)},
-                   .flags = i + 1 == kCount ? v::send_flags::kSignaled : 0u, .remoteAddr = dst.address(i * kShift),
+    ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 10 + i,
+                   .sges = {sgeOf(src, i * kBlock, kBlock)},
+                   .flags = i + 1 == kCount ? v::send_flags::kSignaled : 0u,
+                   .remoteAddr = dst.address(i * kShift),
                    .rkey = dst.mr.rkey()});
     auto block = bytesOf(src, i * kBlock, kBlock);
     std::copy(block.begin(), block.end(), expected.begin() + static_cast<std::ptrdiff_t>(i * kShift));
@@ -617,15 +702,19 @@ TEST_P(SameHostPath, OverlappingRequestsCopiedByTwoThreadsLandInPostOrder) {
   EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   EXPECT_EQ(soft::sameHostOpsDone(), before + kCount);
   EXPECT_EQ(soft::sameHostSplitCopies(), split + 1) << "the run was copied by two threads";
-  EXPECT_TRUE(bytesEqual(bytesOf(dst), std::span<const uint8_t>(expected))) << "the WRITEs landed out of order";
+  EXPECT_TRUE(bytesEqual(bytesOf(dst), std::span<const uint8_t>(expected)))
+      << "the WRITEs landed out of order";
 
   // READ i fetches 1 MiB from i * 96 KiB of the peer's into the same local block: the last wins.
   fillPattern(dst.memory.bytes(), 79);
   fillPattern(src.memory.bytes(), 78);
   ops.clear();
   for (size_t i = 0; i < kCount; ++i) {
-    ops.push_back({.opcode = v::WrOpcode::kRdmaRead, .wrId = 20 + i, .sges = {sgeOf(src, 0, kBlock)},
-                   .flags = i + 1 == kCount ? v::send_flags::kSignaled : 0u, .remoteAddr = dst.address(i * kShift),
+    ops.push_back({.opcode = v::WrOpcode::kRdmaRead,
+                   .wrId = 20 + i,
+                   .sges = {sgeOf(src, 0, kBlock)},
+                   .flags = i + 1 == kCount ? v::send_flags::kSignaled : 0u,
+                   .remoteAddr = dst.address(i * kShift),
                    .rkey = dst.mr.rkey()});
   }
   split = soft::sameHostSplitCopies();
@@ -644,20 +733,29 @@ TEST_P(SameHostPath, OverlappingRequestsCopiedByTwoThreadsLandInPostOrder) {
 void SameHostPath::runWhosePathGoes(bool* parked) {
   constexpr size_t kEach = 12 * 1024;  // each under the 16 KiB held under the lock; the run above it
   *parked = false;
-  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 16, .maxRecvWr = 16, .maxSendSge = 4,
-                                                            .maxRecvSge = 4, .maxInlineData = 0}}}));
+  ASSERT_OK_AND_ASSIGN(auto pair, makePair({.qpA = {.cap = {.maxSendWr = 16,
+                                                            .maxRecvWr = 16,
+                                                            .maxSendSge = 4,
+                                                            .maxRecvSge = 4,
+                                                            .maxInlineData = 0}}}));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 2 * kEach, v::access::kLocalWrite, 51));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 2 * kEach, v::access::kAll, 52));
   v::WorkCompletion wc;
   for (uint64_t id = 1; id <= 2; ++id) {  // the first may go over TCP while the path comes up
-    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = id, .sges = {sgeOf(src, 0, 8)},
-                                .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+    ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                                .wrId = id,
+                                .sges = {sgeOf(src, 0, 8)},
+                                .remoteAddr = dst.address(),
+                                .rkey = dst.mr.rkey()}));
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     ASSERT_EQ(wc.status, v::WcStatus::kSuccess);
   }
   const uint64_t before = soft::sameHostOpsDone();
-  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite, .wrId = 3, .sges = {sgeOf(src, 0, 8)},
-                              .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
+                              .wrId = 3,
+                              .sges = {sgeOf(src, 0, 8)},
+                              .remoteAddr = dst.address(),
+                              .rkey = dst.mr.rkey()}));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   ASSERT_EQ(soft::sameHostOpsDone(), before + 1) << "the same-host path is up";
   fillPattern(dst.memory.bytes(), 53);
@@ -666,8 +764,12 @@ void SameHostPath::runWhosePathGoes(bool* parked) {
   ASSERT_NE(requester, nullptr);
   std::vector<SendOp> run;
   for (uint64_t i = 0; i < 2; ++i) {
-    run.push_back({.opcode = v::WrOpcode::kRdmaWrite, .wrId = 10 + i, .sges = {sgeOf(src, i * kEach, kEach)},
-                   .flags = v::send_flags::kSignaled, .remoteAddr = dst.address(i * kEach), .rkey = dst.mr.rkey()});
+    run.push_back({.opcode = v::WrOpcode::kRdmaWrite,
+                   .wrId = 10 + i,
+                   .sges = {sgeOf(src, i * kEach, kEach)},
+                   .flags = v::send_flags::kSignaled,
+                   .remoteAddr = dst.address(i * kEach),
+                   .rkey = dst.mr.rkey()});
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // what the first WRITEs left is taken
   std::unique_lock<std::shared_mutex> memory(requester->memMu());
@@ -677,7 +779,8 @@ void SameHostPath::runWhosePathGoes(bool* parked) {
   EXPECT_EQ(posting.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
   v::QpAttr err;
   err.state = v::QpState::kErr;
-  auto erred = std::async(std::launch::async, [&] { return pair->a.qp.modify(err, v::qp_attr_mask::kState); });
+  auto erred =
+      std::async(std::launch::async, [&] { return pair->a.qp.modify(err, v::qp_attr_mask::kState); });
   *parked = erred.wait_for(std::chrono::seconds(5)) == std::future_status::ready;  // the path is dropped
   dst.mr.close();  // and the copy will be refused
   memory.unlock();
@@ -726,14 +829,18 @@ TEST_P(ForcedTcpPath, WritesAndReadsNeverTakeTheSameHostPath) {
   const uint64_t before = soft::sameHostOpsDone();
   for (uint64_t id = 1; id <= 8; ++id) {
     const auto op = id % 2 ? v::WrOpcode::kRdmaWrite : v::WrOpcode::kRdmaRead;
-    ASSERT_OK(post(pair->a.qp, {.opcode = op, .wrId = id, .sges = {sgeOf(src, 0, 64 * 1024)},
-                                .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+    ASSERT_OK(post(pair->a.qp, {.opcode = op,
+                                .wrId = id,
+                                .sges = {sgeOf(src, 0, 64 * 1024)},
+                                .remoteAddr = dst.address(),
+                                .rkey = dst.mr.rkey()}));
     v::WorkCompletion wc;
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     EXPECT_EQ(wc.status, v::WcStatus::kSuccess);
   }
   EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
-  EXPECT_EQ(soft::sameHostOpsDone(), before) << "a request took the same-host path with FERRY_SOFT_SAME_HOST=0";
+  EXPECT_EQ(soft::sameHostOpsDone(), before)
+      << "a request took the same-host path with FERRY_SOFT_SAME_HOST=0";
 }
 
 // Large WRITEs back to back: after the first, each frame's header is read in a small window, and
@@ -764,7 +871,8 @@ TEST_P(ForcedTcpPath, LargeWritesBackToBackAreReadIntoPlaceNotStaged) {
       << "large payloads went through the staging buffer";
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, ForcedTcpPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+INSTANTIATE_TEST_SUITE_P(Providers, ForcedTcpPath, ::testing::ValuesIn(providerPaths()),
+                         providerPathTestName);
 
 INSTANTIATE_TEST_SUITE_P(Providers, SameHostPath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
 
