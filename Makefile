@@ -79,7 +79,7 @@ help: ## List the targets
 	echo
 	awk -F':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	echo
-	echo "Variables: TEST_JOBS=$(TEST_JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) TEST_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) BUILD_JOBS=$(BUILD_JOBS) DEMO_ARGS=$(DEMO_ARGS)"
+	echo "Variables: TEST_JOBS=$(TEST_JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) TEST_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) RDMA_TEST_JOBS=$(RDMA_TEST_JOBS) BUILD_JOBS=$(BUILD_JOBS) DEMO_ARGS=$(DEMO_ARGS)"
 	echo 'Shell setup: eval "$$(make -s env)"'
 
 deps: ## Install missing Debian packages and the Python venv (.venv)

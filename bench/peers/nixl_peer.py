@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """NIXL (UCX backend) one-sided WRITE and READ between two processes, for bench/compare.
 
-Each call is one NIXL transfer request of per_call(size) descriptors, all naming the same local and
-remote `size`-byte regions (the same addresses repeated, so NIXL cannot merge them into one larger
-transfer); the request is posted and polled until DONE. UCX picks its transports as usual; set
+Each call is one NIXL transfer request of per_call(size) descriptors (NIXL_PEER_DESCS in the
+environment sets another count), all naming the same local and remote `size`-byte regions (the same
+addresses repeated, so NIXL cannot merge them into one larger transfer); the request is prepared
+once, then reposted and polled until DONE on every call. UCX picks its transports as usual; set
 UCX_TLS in the environment to pin them (bench/compare runs it once with UCX_TLS=tcp and once with
 shared memory and cross-memory attach).
+
+The program uses NIXL's Python API only (nixl._api), so it runs unchanged on ferry.nixl too:
+bench/peers/ferry_nixl_peer.py runs it there after ferry.nixl.install_as_nixl().
 """
 
 import base64
@@ -40,11 +44,12 @@ def measure(hello, args):
     nx.register_memory(np.array([[buf.ctypes.data, args.max_size, 0]], dtype=np.uint64), "DRAM")
     remote = nx.add_remote_agent(base64.b64decode(hello["meta"]))
     results = []
+    descs = int(os.environ.get("NIXL_PEER_DESCS", "0"))
     for size in args.sizes:
-        k = peer_common.per_call(size)
+        k = descs if descs > 0 else peer_common.per_call(size)
         local = nx.get_xfer_descs(np.array([[buf.ctypes.data, size, 0]] * k, dtype=np.uint64), "DRAM")
         far = nx.get_xfer_descs(np.array([[hello["addr"], size, 0]] * k, dtype=np.uint64), "DRAM")
-        row = {"size": size}
+        row = {"size": size, "descs": k}
         for op in ("WRITE", "READ"):
             handle = nx.initialize_xfer(op, local, far, remote)
 

@@ -1,5 +1,6 @@
 """bench/compare's rounds: every figure of several rounds merged into its median, and a --rounds
-outside 1..100 refused before anything is measured; iperf3 pairs run at once summed.
+outside 1..100 refused before anything is measured; iperf3 pairs run at once summed; the NIXL-API
+program's tables, and its driver on ferry.nixl run for real (with FERRY_BIN, the build's ferry).
 
     python -m pytest bench/tests/compare_test.py
 """
@@ -101,3 +102,39 @@ def test_the_machine_busy_share_and_what_a_whole_machine_would_move():
     assert compare.per_machine({1: 6.0, 2: 3.0}, {1: 75.0}) == {1: 8.0}
     row = compare.iperf3_row(1 << 20, 1 << 20, [iperf3_doc(48e9, 90.0, 70.0)], busy=80.0)
     assert row["machine_busy_percent"] == 80.0 and row["gbps"] == 6.0
+
+
+def api_rows(write, read):
+    return {"results": [{"size": 4096, "descs": 1, "write_gbps": write, "read_gbps": read},
+                        {"size": 8, "descs": 1, "write_gbps": 9.0, "read_gbps": 9.0}]}
+
+
+def test_the_nixl_api_tables_set_ferry_nixl_against_nixl_on_each_path():
+    figs = {"ferry_nixl_tcp_1": api_rows(2.0, 3.0), "nixl_api_tcp_1": api_rows(0.5, 1.5),
+            "ferry_nixl_shm_128": api_rows(8.0, 6.0)}  # no NIXL figure for shm: no ratio, no error
+    tcp, shm = compare.nixl_api_tables(figs, [8, 4096])
+    assert tcp.startswith("NIXL-API program") and "TCP path" in tcp and "same host" in shm
+    row = [line.split() for line in tcp.splitlines() if line.strip().startswith("4K")][0]
+    # size, wr1, /nixl, rd1, /nixl, wr128, /nixl, rd128, /nixl
+    assert [float(v) for v in row[1:5]] == [2.0, 4.0, 3.0, 2.0], row
+    assert not any(line.strip().startswith("8 ") for line in tcp.splitlines()), "8 B is below the program's sizes"
+    shm_row = [line.split() for line in shm.splitlines() if line.strip().startswith("4K")][0]
+    assert float(shm_row[5]) == 8.0 and shm_row[6] == "-", shm_row
+
+
+def test_the_nixl_api_program_runs_unchanged_on_ferry_nixl():
+    """bench/peers/nixl_peer.py through ferry_nixl_peer.py, as bench/compare runs it (a short run)."""
+    ferry_bin = os.environ.get("FERRY_BIN")
+    if not ferry_bin:
+        import pytest
+        pytest.skip("FERRY_BIN (the build's ferry program) is not set")
+    for same_host in ("0", None):
+        doc, why = compare.ferry_nixl_peer(ferry_bin, [4096, 1 << 20], 0.05, 128, same_host)
+        assert why is None, why
+        assert doc["peer"] == "ferry.nixl", doc
+        assert ("tcp path" in doc["transport"]) == (same_host == "0"), doc["transport"]
+        assert [r["size"] for r in doc["results"]] == [4096, 1 << 20], doc
+        for r in doc["results"]:
+            assert r["descs"] == 128 and r["write_gbps"] > 0 and r["read_gbps"] > 0, r
+    doc, why = compare.ferry_nixl_peer("/nonexistent/ferry", [4096], 0.05, 1, None)
+    assert doc is None and "no ferry Python package" in why, why
