@@ -6,6 +6,7 @@ two-process tests: it starts a NIXL agent with a 1 MiB registered buffer, prints
 the buffer's address as one JSON line, and serves one JSON command per line on stdin.
 """
 
+import asyncio
 import importlib
 import json
 import os
@@ -767,6 +768,35 @@ def test_release_stops_a_request_that_moves_in_batches(nixl, peer, monkeypatch):
     wait_done(a, h)
     assert peer.ask(cmd="check", seed=22, offset=0, length=SIZE) == {"ok": True}
     assert peer.ask(cmd="notifs", count=1) == {"stopper": [b"whole".hex()]}
+    a.release_xfer_handle(h)
+
+
+def test_a_callers_polls_keep_a_request_of_many_batches_moving(pair, monkeypatch):
+    """check_xfer_state posts the next batches itself as the ones in flight end: with the agent's
+    loop thread kept busy, a caller's poll loop still moves the whole request (before, only the
+    first WINDOW batches moved until the loop thread ran); the loop thread then ends it."""
+    from ferry.nixl import _engine
+    batch = 64 << 10
+    monkeypatch.setattr(_engine, "BATCH_BYTES", batch)
+    monkeypatch.setattr(_engine, "WINDOW", 2)
+    a, b, ba, bb = pair
+    ba[:] = pattern(31, SIZE)
+    release = threading.Event()
+
+    async def hold_the_loop():
+        release.wait(10)  # blocks a's loop thread until the polls below are done
+
+    held = asyncio.run_coroutine_threadsafe(hold_the_loop(), a.agent._loop)
+    try:
+        h = a.initialize_xfer("WRITE", a.get_xfer_descs(ba), b.get_xfer_descs(bb), "B")
+        a.transfer(h)
+        landed = wait_for(lambda: a.check_xfer_state(h) == "PROC" and np.array_equal(ba, bb), timeout=5)
+        assert landed, "only %d of %d bytes moved while the caller polled" % (int((ba == bb).sum()), SIZE)
+        assert SIZE // batch > 2 * 2, "the request must have more batches than its window"
+    finally:
+        release.set()
+        held.result(5)
+    wait_done(a, h)
     a.release_xfer_handle(h)
 
 

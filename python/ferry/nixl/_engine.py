@@ -313,7 +313,8 @@ class _Pipeline:
                 with self._lock:
                     self._fail(e)
             with self._lock:
-                self._inflight.popleft()
+                if self._inflight and self._inflight[0] is oldest:  # else a poll() took it
+                    self._inflight.popleft()
                 self._fill()
         self._done.set()
         try:
@@ -333,7 +334,23 @@ class _Pipeline:
     def done(self):
         return self._done.is_set()
 
-    poll = done  # the pump takes the completions, on the agent's loop thread
+    def poll(self):
+        """The step of a caller's poll loop (check_xfer_state): takes the completions of the batches
+        in flight on the caller's thread and posts the next ones as the oldest end. Without it the
+        window is refilled only when the agent's loop thread gets the interpreter, which a caller
+        spinning on check_xfer_state hands over every few milliseconds: a request of many batches
+        then moved at a third of the engine's rate. The loop thread still ends the request."""
+        if self._done.is_set():
+            return True
+        with self._lock:
+            while self._inflight and self._inflight[0].poll():
+                finished = self._inflight.popleft()
+                try:
+                    finished.wait(0)
+                except _ferry_errors.Error as e:
+                    self._fail(e)
+                self._fill()
+        return self._done.is_set()
 
     def wait(self, timeout=None):
         if not self._done.wait(timeout):
