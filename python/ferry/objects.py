@@ -67,6 +67,8 @@ class StoreStats(TypedDict):
     rdma_bytes: int
     http_bytes: int
     refused: int  # requests answered with an error
+    memory_bytes: int  # bytes of objects, parts and bodies held in memory now (max_memory_bytes)
+    cached_objects: int  # with data_dir: objects whose bytes are in memory too
 
 
 def parse_object_url(url: str) -> Tuple[str, str, str]:
@@ -85,9 +87,13 @@ class ObjectStore:
 
     ``host`` and ``port`` are the HTTP listener's (port 0: the kernel picks one, see ``port`` and
     ``url``); ``rdma_host`` and ``rdma_port`` the object server's RDMA session (default: ``host``,
-    any port). With ``data_dir`` every object is also a file ``data_dir/bucket/key``, and the
-    objects found there are loaded at start, so a store restarted on the same directory serves them
-    again. ``access_key`` and ``secret_key`` (default: ``FERRY_OBJECTS_ACCESS_KEY`` and
+    any port). Without ``data_dir`` objects live in memory; with it they live on disk, each a file
+    ``data_dir/bucket/key`` (metadata under ``data_dir/.ferry``), memory is their cache, and a store
+    restarted on the same directory serves them again with their ETags and metadata.
+    ``max_memory_bytes`` bounds the bytes held in memory (objects, or with ``data_dir`` the cache,
+    parts and bodies being received; 0: half of the host's memory); past it a PUT is refused with
+    507 InsufficientStorage, or with ``data_dir`` the least recently used cached objects are
+    dropped from memory first. ``access_key`` and ``secret_key`` (default: ``FERRY_OBJECTS_ACCESS_KEY`` and
     ``FERRY_OBJECTS_SECRET_KEY``; none: no authentication) require every request to be signed
     (AWS SigV4, ``region``). ``threads`` HTTP workers serve requests; an object may have up to
     ``max_object_bytes``.
@@ -99,11 +105,12 @@ class ObjectStore:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, rdma_host: Optional[str] = None,
                  rdma_port: int = 0, data_dir: Optional[PathLike] = None, access_key: Optional[str] = None,
                  secret_key: Optional[str] = None, region: str = "us-east-1", threads: int = 8,
-                 max_object_bytes: int = 64 << 30) -> None:
+                 max_object_bytes: int = 64 << 30, max_memory_bytes: int = 0) -> None:
         self._store = _co.ObjectStore.start(
             host=host, port=port, rdma_host=_text(rdma_host), rdma_port=rdma_port,
             data_dir="" if data_dir is None else os.fspath(data_dir), access_key=_text(access_key),
-            secret_key=_text(secret_key), region=region, threads=threads, max_object_bytes=max_object_bytes)
+            secret_key=_text(secret_key), region=region, threads=threads, max_object_bytes=max_object_bytes,
+            max_memory_bytes=max_memory_bytes)
 
     @classmethod
     def start(cls, host: str = "127.0.0.1", port: int = 0, **options: Any) -> "ObjectStore":

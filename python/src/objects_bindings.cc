@@ -151,6 +151,8 @@ py::dict storeStatsDict(const objects::StoreStats& s) {
   d["rdma_bytes"] = s.rdmaBytes;
   d["http_bytes"] = s.httpBytes;
   d["refused"] = s.refused;
+  d["memory_bytes"] = s.memoryBytes;
+  d["cached_objects"] = s.cachedObjects;
   return d;
 }
 
@@ -201,7 +203,7 @@ void bindObjects(py::module_& m) {
           "start",
           [](std::string host, int port, std::string rdmaHost, int rdmaPort, std::string dataDir,
              std::string accessKey, std::string secretKey, std::string region, int threads,
-             uint64_t maxObjectBytes) {
+             uint64_t maxObjectBytes, uint64_t maxMemoryBytes) {
             StoreOptions o;
             o.host = std::move(host);
             o.port = toPort(port, "port");
@@ -213,6 +215,7 @@ void bindObjects(py::module_& m) {
             o.region = std::move(region);
             o.threads = threads;
             o.maxObjectBytes = maxObjectBytes;
+            o.maxMemoryBytes = maxMemoryBytes;
             auto store = [&] {
               py::gil_scoped_release release;
               return ObjectStore::start(std::move(o));
@@ -222,7 +225,7 @@ void bindObjects(py::module_& m) {
           py::kw_only(), py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("rdma_host") = "",
           py::arg("rdma_port") = 0, py::arg("data_dir") = "", py::arg("access_key") = "",
           py::arg("secret_key") = "", py::arg("region") = "us-east-1", py::arg("threads") = 8,
-          py::arg("max_object_bytes") = uint64_t{64} << 30,
+          py::arg("max_object_bytes") = uint64_t{64} << 30, py::arg("max_memory_bytes") = 0,
           "Starts the HTTP listener and the object server (port 0: the kernel picks one). "
           "ferry.InvalidArgument for bad options, ferry.Unavailable when the address cannot be bound, "
           "ferry.IoError when the data directory cannot be read.")
@@ -231,7 +234,8 @@ void bindObjects(py::module_& m) {
       .def(
           "stats", [](const ObjectStore& s) { return storeStatsDict(s.stats()); },
           "objects, bytes, buckets, rdma_gets, rdma_puts, http_gets, http_puts, rdma_bytes, http_bytes, "
-          "refused (requests answered with an error)")
+          "refused (requests answered with an error), memory_bytes (held in memory now), cached_objects "
+          "(with a data directory: objects whose bytes are in memory too)")
       .def(
           "stop",
           [](ObjectStore& s) {

@@ -133,13 +133,11 @@ void ObjectStore::Impl::deleteObjects(const httplib::Request& req, httplib::Resp
       }
       auto it = b->second.find(key);
       if (it != b->second.end()) {
+        forgetLocked(it->second);
         removed.push_back(it->second);
         b->second.erase(it);
       }
-      if (!opts.dataDir.empty()) {
-        std::error_code ec;
-        fs::remove(fileOf(bucket, key), ec);
-      }
+      removeFilesLocked(bucket, key);
       if (!request.quiet)
         entries += "<Deleted><Key>" + xmlEscape(key) + "</Key></Deleted>";  // S3: present or not
     }

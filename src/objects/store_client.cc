@@ -209,7 +209,11 @@ struct ObjectClient::Impl {
       ssize_t r = op == CUOBJ_GET
                       ? rdma->cuObjGet(&call, data, n, static_cast<loff_t>(off), static_cast<loff_t>(off))
                       : rdma->cuObjPut(&call, data, n, static_cast<loff_t>(off), static_cast<loff_t>(off));
-      if (r < 0 || static_cast<uint64_t>(r) != n) {
+      // A GET may be answered with less than the piece (a store on disk sends what fits in its
+      // memory); the rest is asked for next.
+      const bool moved =
+          op == CUOBJ_GET ? r > 0 && static_cast<uint64_t>(r) <= n : static_cast<uint64_t>(r) == n;
+      if (r < 0 || !moved) {
         st = !call.error.isOk() ? call.error
                                 : Status(StatusCode::kIoError,
                                          std::string(op == CUOBJ_GET ? "GET" : "PUT") + " /" + bucket + "/" +
@@ -217,7 +221,7 @@ struct ObjectClient::Impl {
                                              std::to_string(r) + " of " + std::to_string(n) + " bytes");
         break;
       }
-      off += n;
+      off += static_cast<uint64_t>(r);
       if (opts.progress) opts.progress(off, size);
     }
     rdma->cuMemObjPutDescriptor(data);
@@ -441,18 +445,18 @@ Status ObjectClient::getFile(const std::string& bucket, const std::string& key, 
   for (uint64_t off = 0; off < info.size;) {
     uint64_t n = std::min(piece, info.size - off);
     ssize_t r = impl_->rdma->cuObjGet(&call, staging.mem, n, static_cast<loff_t>(off), 0);
-    if (r < 0 || static_cast<uint64_t>(r) != n) {
+    if (r <= 0 || static_cast<uint64_t>(r) > n) {  // less than n: the rest is asked for next
       st = Status(StatusCode::kIoError,
                   "get " + path + " at " + std::to_string(off) + ": " +
                       (call.error.isOk() ? "short read (the object changed?)" : call.error.toString()));
       break;
     }
-    out.write(static_cast<const char*>(staging.mem), static_cast<std::streamsize>(n));
+    out.write(static_cast<const char*>(staging.mem), static_cast<std::streamsize>(r));
     if (!out) {
       st = Status(StatusCode::kIoError, "get: cannot write " + path);
       break;
     }
-    off += n;
+    off += static_cast<uint64_t>(r);
     if (impl_->opts.progress) impl_->opts.progress(off, info.size);
   }
   impl_->rdma->cuMemObjPutDescriptor(staging.mem);

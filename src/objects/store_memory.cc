@@ -11,9 +11,13 @@ std::optional<BoundShare> ObjectStore::Impl::reserveReceiving(uint64_t bytes) {
 }
 
 // A share of maxMemoryBytes for an object or part of `bytes`, or nullopt when the bound would be
-// passed.
+// passed. With --data-dir, cached objects are evicted (least recently used first) to make room.
+// Never called under mu.
 std::optional<BoundShare> ObjectStore::Impl::reserveMemory(uint64_t bytes) {
-  return reserve(memory, opts.maxMemoryBytes, bytes);
+  for (;;) {
+    if (auto share = reserve(memory, opts.maxMemoryBytes, bytes)) return share;
+    if (bytes > opts.maxMemoryBytes || !evictOne()) return std::nullopt;
+  }
 }
 
 std::optional<BoundShare> ObjectStore::Impl::reserve(std::atomic<uint64_t>& pool, uint64_t limit,
@@ -55,7 +59,7 @@ Result<ObjectPtr> ObjectStore::Impl::newObject(uint64_t size, bool registered) {
 }
 
 Status ObjectStore::Impl::registerObject(const ObjectPtr& o) {
-  if (o->size == 0 || o->buf != nullptr) return Status::ok();
+  if (o->size == 0 || o->buf != nullptr || o->mem == nullptr) return Status::ok();  // nothing in memory
   o->buf = rdma->registerBuffer(o->mem, o->size);
   if (o->buf == nullptr)
     return Status(StatusCode::kResourceExhausted, "the object's memory did not register");
@@ -66,7 +70,7 @@ void ObjectStore::Impl::insufficientStorage(const httplib::Request& req, httplib
                                             uint64_t bytes) {
   const std::string why = "the store holds as many bytes in memory as it may (--max-memory " +
                           std::to_string(opts.maxMemoryBytes) + "); " + std::to_string(bytes) +
-                          " more do not fit";
+                          " more do not fit" + (onDisk() ? " beside the requests in progress" : "");
   logRefusal(req, 507, "InsufficientStorage", why);
   error(res, 507, "InsufficientStorage", why, req.path);
 }

@@ -20,15 +20,18 @@ void ObjectStore::Impl::sweepAbandonedUploads() {
   if (now - last < 1000000000 || !lastSweepNs.compare_exchange_strong(last, now)) return;
   const int64_t idleNs = opts.abandonedUploadSeconds * 1000000000;
   std::vector<UploadPtr> dropped;  // freed outside mu
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto it = multipart.begin(); it != multipart.end();) {
-    if (now - it->second->touchedNs > idleNs) {
-      dropped.push_back(it->second);
-      it = multipart.erase(it);
-    } else {
-      ++it;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = multipart.begin(); it != multipart.end();) {
+      if (now - it->second->touchedNs > idleNs) {
+        dropped.push_back(it->second);
+        it = multipart.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
+  for (const UploadPtr& u : dropped) removeUploadFiles(u->id);
 }
 
 // Under mu: the upload `id` of bucket/key, touched, or nullptr.
@@ -112,17 +115,62 @@ void ObjectStore::Impl::uploadPart(const httplib::Request& req, httplib::Respons
     upload = findUploadLocked(bucket, key, id);
   }
   if (!upload) return noSuchUpload(res, req.path);  // before the body is read
-  ObjectPtr part = receiveBody(req, res, reader);
+  fs::path written;                                 // with --data-dir a part waits on disk, not in memory
+  ObjectPtr part = receiveBody(req, res, reader, &written);
   if (!part) return;
   part->etag = etagOf(part);
   part->modifiedNs = nowNs();
+  const auto number = static_cast<uint32_t>(*partNumber);
+  if (!written.empty()) {
+    struct stat sb {};
+    if (::stat(written.c_str(), &sb) == 0) part->inode = sb.st_ino;
+    part->onDisk = true;
+  }
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (findUploadLocked(bucket, key, id) != upload) return noSuchUpload(res, req.path);  // aborted meanwhile
-    upload->parts[static_cast<uint32_t>(*partNumber)] = part;
+    if (findUploadLocked(bucket, key, id) != upload) {  // aborted meanwhile
+      std::error_code ec;
+      if (!written.empty()) fs::remove(written, ec);
+      return noSuchUpload(res, req.path);
+    }
+    if (!written.empty()) {
+      std::error_code ec;
+      const fs::path file = partOf(id, number);
+      fs::create_directories(file.parent_path(), ec);
+      fs::rename(written, file, ec);
+      if (ec) {
+        fs::remove(written, ec);
+        return error(res, 500, "InternalError", "cannot keep the part as " + file.string(), req.path);
+      }
+    }
+    upload->parts[number] = part;
   }
   res.status = 200;
   res.set_header("ETag", part->etag);
+}
+
+void ObjectStore::Impl::removeUploadFiles(const std::string& id) {
+  if (!onDisk()) return;
+  std::error_code ec;
+  fs::remove_all(partOf(id, 1).parent_path(), ec);
+}
+
+Result<fs::path> ObjectStore::Impl::concatenateParts(const std::string& id,
+                                                     const std::vector<CompletedPart>& listed,
+                                                     const std::vector<ObjectPtr>& parts) {
+  std::vector<int> files;
+  Status st;
+  for (size_t i = 0; i < parts.size() && st.isOk(); ++i) {
+    auto fd = openFile(partOf(id, listed[i].number), parts[i]->inode);
+    if (fd.isOk())
+      files.push_back(*fd);
+    else
+      st = fd.status();
+  }
+  auto file = st.isOk() ? writeTemporary([&](int fd) { return copyFiles(fd, files); }, nullptr)
+                        : Result<fs::path>(st);
+  for (int fd : files) ::close(fd);
+  return file;
 }
 
 std::optional<ObjectStore::Impl::ListedParts> ObjectStore::Impl::listedParts(
@@ -175,20 +223,19 @@ void ObjectStore::Impl::completeUpload(const httplib::Request& req, httplib::Res
         "the object is larger than the store's limit of " + std::to_string(opts.maxObjectBytes) + " bytes",
         req.path);
   }
-  // The object is a copy of its parts (registered memory is one range): room for both is needed
-  // until the parts are freed below.
-  auto held = reserveMemory(total);
-  if (!held) return insufficientStorage(req, res, total);
-  auto made = newObject(total, /*registered=*/false);
-  if (!made.isOk()) return error(res, 400, "EntityTooLarge", made.status().message(), req.path);
-  ObjectPtr o = *made;
-  o->memory = std::move(*held);
-  uint64_t at = 0;
-  for (const ObjectPtr& part : found->parts) {
-    if (part->size) std::memcpy(static_cast<char*>(o->mem) + at, part->mem, part->size);
-    at += part->size;
+  ObjectPtr o;
+  fs::path written;
+  if (onDisk()) {  // the parts' files, one after another, in the object's
+    auto file = concatenateParts(id, listed, found->parts);
+    if (!file.isOk()) return diskFull(res, req.path, file.status());
+    written = *file;
+    o = std::make_shared<StoredObject>();
+    o->server = rdma.get();
+    o->size = total;
+  } else {
+    o = joinInMemory(req, res, found->parts, total);
+    if (!o) return;
   }
-  if (Status st = registerObject(o); !st.isOk()) return error(res, 503, "SlowDown", st.message(), req.path);
   o->contentType = found->contentType;
   o->meta = found->meta;
   o->etag = "\"" + agent::hexOf(md5Of(found->md5s.data(), found->md5s.size())) + "-" +
@@ -198,17 +245,40 @@ void ObjectStore::Impl::completeUpload(const httplib::Request& req, httplib::Res
   {
     std::lock_guard<std::mutex> lock(mu);  // one completion wins; an abort meanwhile wins too
     auto it = multipart.find(id);
-    if (it == multipart.end()) return noSuchUpload(res, req.path);
+    if (it == multipart.end()) {
+      std::error_code ec;
+      if (!written.empty()) fs::remove(written, ec);
+      return noSuchUpload(res, req.path);
+    }
     finished = it->second;
     multipart.erase(it);
   }
-  commit(res, bucket, key, o, req.path);
+  removeUploadFiles(id);
+  commit(res, bucket, key, o, req.path, written);
   if (res.status != 200) return;
   res.set_content(xmlHead("CompleteMultipartUploadResult") + "<Location>/" + xmlEscape(bucket) + "/" +
                       xmlEscape(key) + "</Location><Bucket>" + xmlEscape(bucket) + "</Bucket><Key>" +
                       xmlEscape(key) + "</Key><ETag>" + xmlEscape(o->etag) +
                       "</ETag></CompleteMultipartUploadResult>",
                   "application/xml");
+}
+
+ObjectPtr ObjectStore::Impl::joinInMemory(const httplib::Request& req, httplib::Response& res,
+                                          const std::vector<ObjectPtr>& parts, uint64_t total) {
+  // The object is a copy of its parts (registered memory is one range): room for both is needed
+  // until the parts are freed.
+  ObjectPtr o = heldObject(req, res, total);
+  if (!o) return nullptr;
+  uint64_t at = 0;
+  for (const ObjectPtr& part : parts) {
+    if (part->size) std::memcpy(static_cast<char*>(o->mem) + at, part->mem, part->size);
+    at += part->size;
+  }
+  if (Status st = registerObject(o); !st.isOk()) {
+    error(res, 503, "SlowDown", st.message(), req.path);
+    return nullptr;
+  }
+  return o;
 }
 
 bool ObjectStore::Impl::equalsHex(const std::string& a, const std::string& b) {
@@ -226,6 +296,7 @@ void ObjectStore::Impl::abortUpload(const httplib::Request& req, httplib::Respon
     if (!upload) return noSuchUpload(res, req.path);
     multipart.erase(upload->id);
   }
+  removeUploadFiles(upload->id);
   res.status = 204;
 }
 

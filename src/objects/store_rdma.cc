@@ -4,8 +4,8 @@
 
 namespace ferry::objects {
 
-void ObjectStore::Impl::rdmaGet(const httplib::Request& req, httplib::Response& res, const std::string& name,
-                                const ObjectPtr& o) {
+void ObjectStore::Impl::rdmaGet(const httplib::Request& req, httplib::Response& res,
+                                const std::string& bucket, const std::string& key, const ObjectPtr& o) {
   auto addr = number(req.get_header_value("x-ferry-rdma-addr"));
   auto length = number(req.get_header_value("x-ferry-rdma-length"));
   auto offset =
@@ -18,11 +18,19 @@ void ObjectStore::Impl::rdmaGet(const httplib::Request& req, httplib::Response& 
   }
   uint64_t n = *offset >= o->size ? 0 : std::min(*length, o->size - *offset);
   if (n > 0) {
+    auto source = rdmaSource(bucket, key, o, *offset, n);  // may shorten n
+    if (!source.isOk()) {
+      const bool retry = source.status().code() != StatusCode::kIoError;
+      if (retry) res.set_header("Retry-After", "1");
+      return error(res, retry ? 503 : 500, retry ? "SlowDown" : "InternalError", source.status().message(),
+                   req.path);
+    }
+    const auto& [bytes, at] = *source;
     uint16_t ch = rdma->allocateChannelId();
     if (ch == INVALID_CHANNEL_ID) return error(res, 503, "SlowDown", "every channel is busy", req.path);
     ibv_wc_status st = IBV_WC_SUCCESS;
-    ssize_t rc = rdma->handleGetObject(name, o->buf, *addr, n,
-                                       req.get_header_value("x-ferry-rdma-descriptor"), ch, *offset, &st);
+    ssize_t rc = rdma->handleGetObject(bucket + "/" + key, bytes->buf, *addr, n,
+                                       req.get_header_value("x-ferry-rdma-descriptor"), ch, at, &st);
     rdma->freeChannelId(ch);
     if (rc < 0) {
       return error(res, 400, "RdmaTransferFailed",
@@ -39,6 +47,20 @@ void ObjectStore::Impl::rdmaGet(const httplib::Request& req, httplib::Response& 
   res.status = 200;
   res.set_header("x-ferry-rdma-bytes", std::to_string(n));
   res.set_content("", "application/octet-stream");
+}
+
+Result<std::pair<ObjectPtr, uint64_t>> ObjectStore::Impl::rdmaSource(const std::string& bucket,
+                                                                     const std::string& key,
+                                                                     const ObjectPtr& record, uint64_t offset,
+                                                                     uint64_t& n) {
+  auto whole = bytesOf(bucket, key, record);
+  if (whole.isOk()) return std::make_pair(*whole, offset);
+  if (whole.status().code() != StatusCode::kResourceExhausted) return whole.status();
+  // Larger than the cache can hold: the piece alone (at most half the memory bound; the client
+  // asks for the rest next), read into registered memory of its own.
+  n = std::min(n, std::max<uint64_t>(opts.maxMemoryBytes / 2, 1));
+  FERRY_ASSIGN_OR_RETURN(ObjectPtr piece, readRecord(bucket, key, record, offset, n));
+  return std::make_pair(piece, uint64_t{0});
 }
 
 void ObjectStore::Impl::rdmaPut(const httplib::Request& req, httplib::Response& res,

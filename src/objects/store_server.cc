@@ -351,6 +351,7 @@ StoreStats ObjectStore::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   s.buckets = impl_->buckets.size();
   s.uploads = impl_->multipart.size();
+  s.cachedObjects = impl_->lru.size();
   for (const auto& [b, objects] : impl_->buckets) {
     s.objects += objects.size();
     for (const auto& [k, o] : objects) s.bytes += o->size;
@@ -366,6 +367,7 @@ void ObjectStore::stop() {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->uploads.clear();
     impl_->multipart.clear();
+    impl_->lru.clear();
     impl_->buckets.clear();
   }
   impl_->rdma.reset();

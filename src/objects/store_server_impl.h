@@ -2,8 +2,9 @@
 // store_server.cc (HTTP front: start, admission, authentication, routing), store_objects.cc
 // (object GET, PUT, copy and DELETE), store_buckets.cc (buckets and listings), store_multipart.cc
 // (multipart uploads), store_rdma.cc (payloads moved by RDMA), store_persistence.cc (objects
-// under --data-dir), store_memory.cc (object memory and the store's bounds) and
-// store_formats.cc (XML, times, names, MD5).
+// and their metadata under --data-dir), store_cache.cc (the memory cache of objects on disk),
+// store_memory.cc (object memory and the store's bounds) and store_formats.cc (XML, times,
+// names, MD5).
 #pragma once
 
 #include <arpa/inet.h>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -135,7 +137,10 @@ class Md5 {
   EVP_MD_CTX* ctx_;
 };
 
-// One object: page-aligned memory registered with the object server.
+// One object: page-aligned memory registered with the object server. With --data-dir, an object
+// in a bucket is instead a record of its file (onDisk): its size, ETag and metadata, the file's
+// inode, and its bytes in memory (`cached`, an object of the first kind) while the memory cache
+// holds them.
 struct StoredObject {
   cuObjServer* server = nullptr;
   void* mem = nullptr;
@@ -151,6 +156,10 @@ struct StoredObject {
   BoundShare memory;      // its share of maxMemoryBytes, for as long as it lives
   std::string md5;        // a body's or part's MD5 (16 bytes), when it was computed as it arrived
   size_t mapped = 0;      // the mapping's length
+  bool onDisk = false;    // a record of a file under --data-dir (an object's, or a part's)
+  uint64_t inode = 0;     // that file's inode: a file replaced since is not this object's
+  std::shared_ptr<StoredObject> cached;                       // the file's bytes in memory, under mu
+  std::list<std::shared_ptr<StoredObject>>::iterator lruPos;  // in Impl::lru while cached
   ~StoredObject() {
     if (buf) server->deRegisterBuffer(buf);
     if (mem) munmap(mem, mapped);
@@ -190,7 +199,8 @@ struct ObjectStore::Impl {
   std::map<std::string, int64_t> bucketCreated;
   std::map<std::string, ObjectPtr> uploads;    // "bucket/key/upload-id" -> object being received
   std::map<std::string, UploadPtr> multipart;  // upload id -> multipart upload in progress
-  mutable std::mutex statsMu;                  // never held with mu's callers waiting: error() runs under mu
+  std::list<ObjectPtr> lru;    // --data-dir: records whose bytes are cached, least recently used first
+  mutable std::mutex statsMu;  // never held with mu's callers waiting: error() runs under mu
   StoreStats stats;
 
   // ---- objects ----
@@ -198,7 +208,7 @@ struct ObjectStore::Impl {
   // be passed.
   std::optional<BoundShare> reserveReceiving(uint64_t bytes);
   // A share of maxMemoryBytes for an object or part of `bytes`, or nullopt when the bound would be
-  // passed.
+  // passed. With --data-dir, cached objects are evicted to make room. Never called under mu.
   std::optional<BoundShare> reserveMemory(uint64_t bytes);
   static std::optional<BoundShare> reserve(std::atomic<uint64_t>& pool, uint64_t limit, uint64_t bytes);
 
@@ -212,11 +222,63 @@ struct ObjectStore::Impl {
   // S3's ETag of a single-part object: its MD5, quoted hex.
   static std::string etagOf(const ObjectPtr& o);
 
+  // ---- objects on disk (store_persistence.cc) ----
+  // Whether objects live on disk (--data-dir), with memory as their cache.
+  bool onDisk() const { return !opts.dataDir.empty(); }
+  // DIR/bucket/key, and its metadata DIR/.ferry/meta/bucket/key (a bucket name never starts with
+  // a dot, so .ferry is no bucket's).
   fs::path fileOf(const std::string& bucket, const std::string& key) const;
-
-  Status persist(const std::string& bucket, const std::string& key, const ObjectPtr& o);
-
+  fs::path metaOf(const std::string& bucket, const std::string& key) const;
+  // Where a multipart upload keeps its parts: DIR/.ferry/uploads/ID/N.
+  fs::path partOf(const std::string& uploadId, uint32_t partNumber) const;
+  // A new temporary file under DIR/.ferry/tmp (same file system as the objects) that `fill`
+  // writes; its path, and its inode in *inode. kResourceExhausted (cause ENOSPC) when the disk is
+  // full, kIoError for other failures; the file is removed then.
+  Result<fs::path> writeTemporary(const std::function<Status(int fd)>& fill, uint64_t* inode);
+  // `fill`s: the object's memory, and the bytes of open files one after another.
+  static Status writeMemory(int fd, const void* data, uint64_t size);
+  // (`hash`, when given, takes the bytes copied.)
+  static Status copyFiles(int out, const std::vector<int>& from, Md5* hash = nullptr);
+  // A copy of bucket/key's file in a temporary file, and the object it holds (its size, and its
+  // MD5 when `from` is a multipart object, whose copy's ETag is that).
+  Result<std::pair<ObjectPtr, fs::path>> copyFile(const std::string& bucket, const std::string& key,
+                                                  const ObjectPtr& from);
+  // The record that stands for `o` on disk once its file is in place (bytes in `o->mem`, if any,
+  // are kept as its cache).
+  static ObjectPtr recordOf(const ObjectPtr& o, uint64_t inode);
+  // Writes `record`'s metadata (size, ETag, times, Content-Type, x-amz-meta-*) to a temporary
+  // file, for installLocked() to move in place.
+  Result<fs::path> writeMetadata(const ObjectPtr& record);
+  // Under mu: moves an object's written file and metadata in place.
+  Status installLocked(const std::string& bucket, const std::string& key, const fs::path& data,
+                       const fs::path& meta);
+  // Under mu: removes an object's file and metadata.
+  void removeFilesLocked(const std::string& bucket, const std::string& key);
+  // The object's file, open for reading; kBusy when it was replaced since `record` was taken.
+  Result<int> openRecord(const std::string& bucket, const std::string& key, const ObjectPtr& record) const;
+  Result<int> openFile(const fs::path& file, uint64_t inode) const;
+  // Records for the objects under the data directory (their bytes stay on disk), with the
+  // metadata written beside them, or what the file tells where there is none.
   Status load();
+  Status loadBucket(const fs::path& dir);
+
+  // ---- the memory cache of objects on disk (store_cache.cc) ----
+  // The bytes of `record` in memory: `record` itself without --data-dir; else its cached copy,
+  // read from its file into the cache when it is not there (least recently used objects are
+  // evicted to make room). kResourceExhausted when it cannot fit in maxMemoryBytes.
+  Result<ObjectPtr> bytesOf(const std::string& bucket, const std::string& key, const ObjectPtr& record);
+  // `n` bytes at `offset` of `record`'s file, in new registered memory held against
+  // maxMemoryBytes (evicting cached objects for room). kResourceExhausted when they cannot fit,
+  // kBusy when the file was replaced since `record` was taken.
+  Result<ObjectPtr> readRecord(const std::string& bucket, const std::string& key, const ObjectPtr& record,
+                               uint64_t offset, uint64_t n);
+  // Under mu: `record` (in its bucket now) becomes the most recently used cached object.
+  void cacheLocked(const ObjectPtr& record);
+  // Under mu: `record` leaves the cache (it was replaced or deleted); the bytes are freed when the
+  // last request that reads them ends.
+  void forgetLocked(const ObjectPtr& record);
+  // Evicts the least recently used cached object; false when none is cached.
+  bool evictOne();
 
   // Sets the listener's socket options and limits, and routes each method to its handler.
   void route();
@@ -258,8 +320,22 @@ struct ObjectStore::Impl {
   // ---- handlers ----
   void onGet(const httplib::Request& req, httplib::Response& res);
 
-  void rdmaGet(const httplib::Request& req, httplib::Response& res, const std::string& name,
-               const ObjectPtr& o);
+  // Moves the piece a GET names by RDMA WRITE, from the object's memory (with --data-dir, its
+  // cached copy, or the piece alone read from its file when the object does not fit in memory).
+  void rdmaGet(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
+               const std::string& key, const ObjectPtr& o);
+  // The bytes a GET of `n` bytes at `offset` of `record` reads, and where in them the piece starts;
+  // `n` shortened when only part of the piece fits in memory (the client asks for the rest).
+  Result<std::pair<ObjectPtr, uint64_t>> rdmaSource(const std::string& bucket, const std::string& key,
+                                                    const ObjectPtr& record, uint64_t offset, uint64_t& n);
+
+  // Answers bytes [first, +n) of an object ("bucket/key" is its name) from memory, or from its file.
+  void sendBytes(const httplib::Request& req, httplib::Response& res, const std::string& name,
+                 const ObjectPtr& o, uint64_t first, uint64_t n);
+  // Answers bytes [first, +n) of an object on disk that is not cached, read from its file as the
+  // client takes them ("bucket/key" is its name).
+  void sendFile(const httplib::Request& req, httplib::Response& res, const std::string& name,
+                const ObjectPtr& o, uint64_t first, uint64_t n);
 
   void listBuckets(httplib::Response& res);
 
@@ -294,11 +370,36 @@ struct ObjectStore::Impl {
   void onPut(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
 
   // The body of a PUT, received into a new object of its declared length: held against
-  // maxReceivingBytes while it arrives and maxMemoryBytes while the object lives; its MD5 checked
-  // against Content-MD5 and its SHA-256 against the signed hash. nullptr once a refusal is answered
-  // (the body may then be unread: onGuarded() skips it).
+  // maxReceivingBytes while it arrives and maxMemoryBytes while the object lives (with --data-dir,
+  // written to a temporary file *written instead, as it arrives); its MD5 checked against
+  // Content-MD5 and its SHA-256 against the signed hash. nullptr once a refusal is answered (the
+  // body may then be unread: onGuarded() skips it).
   ObjectPtr receiveBody(const httplib::Request& req, httplib::Response& res,
-                        const httplib::ContentReader& reader);
+                        const httplib::ContentReader& reader, fs::path* written);
+
+  // The object a body of `declared` bytes is received into: in memory (held against
+  // maxMemoryBytes), or with --data-dir one whose bytes go to a file. nullptr once a refusal is
+  // answered.
+  ObjectPtr bodyTarget(const httplib::Request& req, httplib::Response& res, uint64_t declared);
+  // A new unregistered object of `size` bytes in memory, held against maxMemoryBytes; nullptr once
+  // the refusal is answered (507 InsufficientStorage, 503 SlowDown when no memory maps).
+  ObjectPtr heldObject(const httplib::Request& req, httplib::Response& res, uint64_t size);
+  // Where a body's bytes go as they arrive (the object's memory, or the file `fd`) and their
+  // hashes.
+  struct BodySink {
+    ObjectPtr o;
+    bool hashed = false;  // SHA-256 too (a signed payload)
+    int fd = -1;
+    uint64_t got = 0;
+    Sha256 hash;
+    Md5 md5;
+    Status stored;  // a write to the file that failed
+    bool take(const char* data, size_t n);
+  };
+  // Reads the whole body into `sink` (with --data-dir into a temporary file, *written); false once
+  // a refusal is answered (an incomplete body, a full disk).
+  bool readBody(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                BodySink& sink, fs::path* written);
 
   void insufficientStorage(const httplib::Request& req, httplib::Response& res, uint64_t bytes);
 
@@ -315,8 +416,12 @@ struct ObjectStore::Impl {
   // Under mu: forgets uploads whose client stopped sending pieces.
   void dropStaleUploads();
 
+  // Puts `o` in its bucket (replacing the object of that key) and answers 200 with its ETag. With
+  // --data-dir its file is written first: from o->mem, or `written` (a temporary file already
+  // holding its bytes: a copy's, a completion's); 507 InsufficientStorage when the disk is full.
   void commit(httplib::Response& res, const std::string& bucket, const std::string& key, const ObjectPtr& o,
-              const std::string& path);
+              const std::string& path, const fs::path& written = {});
+  void diskFull(httplib::Response& res, const std::string& path, const Status& st);
 
   // ---- multipart uploads, DeleteObjects, CopyObject ----
   static std::string xmlHead(const char* root);
@@ -353,6 +458,16 @@ struct ObjectStore::Impl {
 
   void completeUpload(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
                       const std::string& key, const std::string& body);
+  // Without --data-dir: a new registered object of the parts' bytes, one after another (held
+  // against maxMemoryBytes); nullptr once a refusal is answered.
+  ObjectPtr joinInMemory(const httplib::Request& req, httplib::Response& res,
+                         const std::vector<ObjectPtr>& parts, uint64_t total);
+  // With --data-dir: the listed parts' files (`parts`, as listedParts() found them) copied one
+  // after another into a temporary file.
+  Result<fs::path> concatenateParts(const std::string& id, const std::vector<CompletedPart>& listed,
+                                    const std::vector<ObjectPtr>& parts);
+  // With --data-dir: removes the parts an upload kept on disk.
+  void removeUploadFiles(const std::string& id);
 
   static bool equalsHex(const std::string& a, const std::string& b);
 
@@ -369,6 +484,8 @@ struct ObjectStore::Impl {
 
   void copyObject(const httplib::Request& req, httplib::Response& res, const std::string& bucket,
                   const std::string& key);
+  // Without --data-dir: a registered copy of `from`'s bytes; nullptr once a refusal is answered.
+  ObjectPtr copyInMemory(const httplib::Request& req, httplib::Response& res, const ObjectPtr& from);
 
   void onDelete(const httplib::Request& req, httplib::Response& res);
 };

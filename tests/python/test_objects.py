@@ -426,7 +426,8 @@ def test_the_store_object(tmp_path):
         assert s.url == "http://127.0.0.1:%d" % s.port and s.port > 0
         assert repr(s) == "<ferry ObjectStore %s>" % s.url
         assert s.stats() == dict.fromkeys(["objects", "bytes", "buckets", "rdma_gets", "rdma_puts", "http_gets",
-                                           "http_puts", "rdma_bytes", "http_bytes", "refused"], 0)
+                                           "http_puts", "rdma_bytes", "http_bytes", "refused", "memory_bytes",
+                                           "cached_objects"], 0)
         with ObjectClient(s.url, rdma=False) as c:
             c.create_bucket("counted")
             with pytest.raises(ferry.NotFound):
@@ -495,6 +496,38 @@ def test_a_store_on_a_data_dir_keeps_its_objects_across_a_restart(tmp_path, peer
     assert not (data / "kept" / "a.bin").exists() and not (data / "unused").exists()
     with listening(ObjectStore(data_dir=data)) as third:
         assert (third.stats()["objects"], third.stats()["buckets"]) == (2, 1)
+
+
+def test_a_store_on_disk_holds_more_than_its_memory(tmp_path, peers):
+    """With data_dir, memory is the objects' cache: puts past max_memory_bytes are stored, the least
+    recently used objects leave memory, and RDMA and HTTP gets read every one back; an object larger
+    than the memory bound (a file put there by hand) is sent by RDMA piece by piece."""
+    data = tmp_path / "objects"
+    cap = 4 * MiB
+    objects = {"o%d" % i: (MiB + i, 40 + i) for i in range(6)}
+    (data / "disk").mkdir(parents=True)
+    (data / "disk" / "big").write_bytes(payload(50, 10 * MiB + 3))
+    with listening(ObjectStore(data_dir=data, max_memory_bytes=cap)) as store:
+        p = peers(store.url)
+        for key, (size, seed) in objects.items():
+            p.ok("put", bucket="disk", key=key, size=size, seed=seed, kind="numpy")
+        s = store.stats()
+        assert (s["objects"], s["bytes"]) == (7, 6 * MiB + 15 + 10 * MiB + 3)
+        assert s["memory_bytes"] <= cap and 0 < s["cached_objects"] < 6, s
+        objects["big"] = (10 * MiB + 3, 50)
+        for http in (True, False):
+            p = peers(store.url, *options(http))
+            for key, (size, seed) in objects.items():
+                got = p.ok("get", bucket="disk", key=key, kind="numpy", capacity=size)
+                assert (got["n"], got["sha256"]) == (size, sha(seed, size)), key
+                assert store.stats()["memory_bytes"] <= cap
+        assert 0 < store.stats()["cached_objects"] < 6
+        p.ok("rm", bucket="disk", key="o5")
+        assert not (data / "disk" / "o5").exists() and not (data / ".ferry" / "meta" / "disk" / "o5").exists()
+    with listening(ObjectStore(data_dir=data, max_memory_bytes=cap)) as again:
+        assert (again.stats()["objects"], again.stats()["memory_bytes"]) == (6, 0)  # nothing read yet
+        got = peers(again.url).ok("get", bucket="disk", key="o2", kind="numpy", capacity=MiB + 2)
+        assert got["sha256"] == sha(42, MiB + 2)
 
 
 # ---- SigV4 ----

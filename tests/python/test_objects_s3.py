@@ -431,6 +431,84 @@ def test_a_put_past_max_memory_is_507_and_changes_nothing():
         d.stop()
 
 
+def test_a_store_on_disk_keeps_objects_past_its_memory_and_their_metadata_across_a_restart(tmp_path):
+    # --data-dir with 8 MiB of memory: 20 MiB of single PUTs, a 23 MiB upload in parts (each part
+    # waits on disk) and copies are stored; a restart serves them with their ETags, times,
+    # Content-Types and x-amz-meta-*.
+    data = tmp_path / "store"
+    args = ("--data-dir", str(data), "--max-memory", "8M")
+    blobs = {"k%d" % i: os.urandom((4 << 20) + i) for i in range(5)}
+    big = os.urandom((23 << 20) + 5)
+    (tmp_path / "big.bin").write_bytes(big)
+    d = Daemon(args=args)
+    try:
+        c = s3(d.url)
+        c.create_bucket(Bucket="disk")
+        for key, blob in blobs.items():
+            c.put_object(Bucket="disk", Key=key, Body=blob, ContentType="text/x-" + key, Metadata={"n": key})
+        c.upload_file(str(tmp_path / "big.bin"), "disk", "big", ExtraArgs={"Metadata": {"kind": "parts"}})
+        assert not list((data / ".ferry" / "uploads").iterdir())  # the parts were removed
+        c.copy_object(Bucket="disk", Key="copy", CopySource="disk/big")
+        c.copy_object(Bucket="disk", Key="k0", CopySource="disk/k0", MetadataDirective="REPLACE",
+                      ContentType="application/x-replaced", Metadata={"n": "replaced"})
+        before = {o["Key"]: (o["Size"], o["ETag"], o["LastModified"])
+                  for o in c.list_objects_v2(Bucket="disk")["Contents"]}
+        assert before["k1"][1] == '"%s"' % hashlib.md5(blobs["k1"]).hexdigest()
+        assert before["big"][1].endswith('-3"') and before["copy"][1] == '"%s"' % hashlib.md5(big).hexdigest()
+    finally:
+        d.stop()
+    assert (data / "disk" / "big").read_bytes() == big
+    d = Daemon(args=args)
+    try:
+        c = s3(d.url)
+        after = {o["Key"]: (o["Size"], o["ETag"], o["LastModified"])
+                 for o in c.list_objects_v2(Bucket="disk")["Contents"]}
+        assert after == before
+        for key, blob in blobs.items():
+            got = c.get_object(Bucket="disk", Key=key)
+            assert got["Body"].read() == blob
+            if key == "k0":
+                assert (got["ContentType"], got["Metadata"]) == ("application/x-replaced", {"n": "replaced"})
+            else:
+                assert (got["ContentType"], got["Metadata"]) == ("text/x-" + key, {"n": key})
+        head = c.head_object(Bucket="disk", Key="big")
+        assert (head["Metadata"], head["ETag"]) == ({"kind": "parts"}, before["big"][1])
+        assert c.get_object(Bucket="disk", Key="big", Range="bytes=9000000-9000099")["Body"].read() == \
+            big[9000000:9000100]
+        assert c.get_object(Bucket="disk", Key="copy")["Body"].read() == big
+    finally:
+        d.stop()
+
+
+def test_a_full_disk_is_507_and_changes_nothing(tmp_path):
+    data = tmp_path / "small"
+    data.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(data)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        d = Daemon(args=("--data-dir", str(data)))
+        try:
+            c = s3(d.url)
+            c.create_bucket(Bucket="full")
+            c.put_object(Bucket="full", Key="a", Body=b"a" * (3 << 20))
+            c.put_object(Bucket="full", Key="b", Body=b"b" * (3 << 20))
+            code = error_code(lambda: c.put_object(Bucket="full", Key="c", Body=b"c" * (3 << 20)))
+            assert code == ("InsufficientStorage", 507)
+            assert error_code(lambda: c.put_object(Bucket="full", Key="a", Body=b"x" * (3 << 20))) == code
+            assert error_code(lambda: c.copy_object(Bucket="full", Key="d", CopySource="full/a")) == code
+            assert sorted(o["Key"] for o in c.list_objects_v2(Bucket="full")["Contents"]) == ["a", "b"]
+            assert c.get_object(Bucket="full", Key="a")["Body"].read() == b"a" * (3 << 20)
+            assert not list((data / ".ferry" / "tmp").iterdir())  # nothing half-written is left
+            c.delete_object(Bucket="full", Key="b")
+            c.put_object(Bucket="full", Key="c", Body=b"c" * (3 << 20))
+            assert c.get_object(Bucket="full", Key="c")["Body"].read() == b"c" * (3 << 20)
+        finally:
+            d.stop()
+    finally:
+        subprocess.run(["umount", str(data)], check=True)
+
+
 def test_the_aws_cli_copies_and_syncs(daemon, tmp_path):
     aws = os.path.join(os.path.dirname(sys.executable), "aws")
     if not os.path.exists(aws):

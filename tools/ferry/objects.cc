@@ -75,9 +75,8 @@ std::string whyUnreachable(const std::string& base) {
 }
 
 // The client's error in the words a user acts on: that no server answers at the URL, or which of
-// the bucket and the object is missing. The store names it in its S3 error document (Code
-// NoSuchBucket or NoSuchKey, which the client's message carries); a HEAD answer has no document,
-// so then the bucket list tells.
+// the bucket and the object is missing. A 404 names neither (a HEAD answer has no document), so
+// the store's own list of buckets tells.
 Status explain(const Status& st, const objects::ObjectUrl& u, objects::ObjectClient* client) {
   if (st.code() == StatusCode::kUnavailable) {
     std::string why = whyUnreachable(u.base);
@@ -85,18 +84,13 @@ Status explain(const Status& st, const objects::ObjectUrl& u, objects::ObjectCli
       return Status(StatusCode::kUnavailable, "no server answers at " + u.base + " (" + why + ")");
     return st;
   }
-  if (st.code() != StatusCode::kNotFound || st.message().find(": HTTP 404") == std::string::npos) return st;
-  const std::string& text = st.message();
-  bool noBucket = text.find("HTTP 404 NoSuchBucket") != std::string::npos;
-  bool noKey = text.find("HTTP 404 NoSuchKey") != std::string::npos;
-  if (!noBucket && !noKey && client != nullptr) {
-    auto buckets = client->buckets();
-    if (!buckets.isOk()) return st;
-    noBucket = std::find(buckets->begin(), buckets->end(), u.bucket) == buckets->end();
-    noKey = !noBucket && !u.key.empty();
-  }
-  if (noBucket) return Status(StatusCode::kNotFound, "no bucket '" + u.bucket + "'");
-  if (noKey) return Status(StatusCode::kNotFound, "no object '" + u.key + "' in bucket '" + u.bucket + "'");
+  if (st.code() != StatusCode::kNotFound || client == nullptr || u.bucket.empty()) return st;
+  auto buckets = client->buckets();
+  if (!buckets.isOk()) return st;
+  if (std::find(buckets->begin(), buckets->end(), u.bucket) == buckets->end())
+    return Status(StatusCode::kNotFound, "no bucket '" + u.bucket + "'");
+  if (!u.key.empty())
+    return Status(StatusCode::kNotFound, "no object '" + u.key + "' in bucket '" + u.bucket + "'");
   return st;
 }
 
@@ -131,7 +125,9 @@ int serve(const std::vector<std::string>& args) {
       ->option_text("N")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  app.add_option("--data-dir", o.dataDir, "keep objects as files DIR/BUCKET/KEY too, and load them at start")
+  app.add_option(
+         "--data-dir", o.dataDir,
+         "keep objects on disk, as files DIR/BUCKET/KEY (memory is their cache); a restart serves them again")
       ->option_text("DIR");
   app.add_option("--threads", o.threads, "the HTTP workers started at once (more start on demand)")
       ->option_text("N")
@@ -149,8 +145,9 @@ int serve(const std::vector<std::string>& args) {
   std::string maxMemory;
   app.add_option(
          "--max-memory", maxMemory,
-         "bytes of objects and uploads held in memory (past it: 507 InsufficientStorage; default: half "
-         "of physical memory)")
+         "bytes of objects and uploads held in memory (past it: 507 InsufficientStorage; with --data-dir "
+         "the memory cache's bound, least recently used objects dropped first; default: half of physical "
+         "memory)")
       ->option_text("SIZE");
   app.add_option("--upload-expiry", o.abandonedUploadSeconds,
                  "seconds after which a multipart upload with no call is dropped with its parts")

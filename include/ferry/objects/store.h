@@ -1,4 +1,4 @@
-// ferry's object store: objects kept in registered memory (optionally backed by a directory),
+// ferry's object store: objects kept in registered memory, or on disk with memory as their cache,
 // served over HTTP in the S3 style, with payloads moved by RDMA when the client hands a descriptor.
 //
 //   auto store = ferry::objects::ObjectStore::start({.port = 9000}).value();     // `ferry objects serve`
@@ -48,9 +48,14 @@ struct StoreOptions {
   uint16_t port = 0;               // 0: the kernel picks one (see ObjectStore::port())
   std::string rdmaHost;            // the object server's session address ("" : host)
   uint16_t rdmaPort = 0;           // its port (0: the kernel picks)
-  std::string dataDir;             // "" : memory only; else objects are also files DIR/bucket/key
-  std::string accessKey;           // "" : FERRY_OBJECTS_ACCESS_KEY, else no authentication
-  std::string secretKey;           // "" : FERRY_OBJECTS_SECRET_KEY
+  // "" : objects live in memory. Else they live on disk, as files DIR/bucket/key (metadata in
+  // DIR/.ferry/meta, parts of multipart uploads in DIR/.ferry/uploads), and memory is their
+  // cache: an object received, or read by an RDMA GET, stays in memory until maxMemoryBytes needs
+  // the room (least recently used first); an HTTP GET of one that is not cached reads its file.
+  // At start the objects found there are served again, with their ETags and metadata.
+  std::string dataDir;
+  std::string accessKey;  // "" : FERRY_OBJECTS_ACCESS_KEY, else no authentication
+  std::string secretKey;  // "" : FERRY_OBJECTS_SECRET_KEY
   std::string region = "us-east-1";
   int threads = 8;  // HTTP workers started at once (more are started on demand, up to maxConnections)
   uint64_t maxObjectBytes = uint64_t{64} << 30;  // the largest object (by RDMA pieces or in a body)
@@ -67,6 +72,8 @@ struct StoreOptions {
   // Bytes of objects, multipart parts and bodies being received, held in memory at once; a PUT,
   // part, copy or completion past it: 507 InsufficientStorage, and nothing changes. 0: half of the
   // host's physical memory. Replacing an object needs room for both until the new one is whole.
+  // With dataDir it bounds the bodies being received and the cache (evicted to make room); the
+  // disk bounds the objects (507 InsufficientStorage when it is full).
   uint64_t maxMemoryBytes = 0;
   // A multipart upload that receives no call for this long is dropped with its parts.
   int64_t abandonedUploadSeconds = int64_t{24} * 3600;
@@ -93,6 +100,7 @@ struct StoreStats {
   uint64_t connections = 0;     // connections held now
   uint64_t memoryBytes = 0;     // bytes of objects, parts and bodies held now (maxMemoryBytes)
   uint64_t uploads = 0;         // multipart uploads in progress
+  uint64_t cachedObjects = 0;   // with a data directory: objects whose bytes are in memory too
 };
 
 class ObjectStore {

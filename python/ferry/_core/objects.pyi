@@ -9,13 +9,13 @@ class ObjectStore:
     The object store: S3-style HTTP, payloads by RDMA (store.h).
     """
     @staticmethod
-    def start(*, host: str = '127.0.0.1', port: typing.SupportsInt | typing.SupportsIndex = 0, rdma_host: str = '', rdma_port: typing.SupportsInt | typing.SupportsIndex = 0, data_dir: str = '', access_key: str = '', secret_key: str = '', region: str = 'us-east-1', threads: typing.SupportsInt | typing.SupportsIndex = 8, max_object_bytes: typing.SupportsInt | typing.SupportsIndex = 68719476736) -> ObjectStore:
+    def start(*, host: str = '127.0.0.1', port: typing.SupportsInt | typing.SupportsIndex = 0, rdma_host: str = '', rdma_port: typing.SupportsInt | typing.SupportsIndex = 0, data_dir: str = '', access_key: str = '', secret_key: str = '', region: str = 'us-east-1', threads: typing.SupportsInt | typing.SupportsIndex = 8, max_object_bytes: typing.SupportsInt | typing.SupportsIndex = 68719476736, max_memory_bytes: typing.SupportsInt | typing.SupportsIndex = 0) -> ObjectStore:
         """
         Starts the HTTP listener and the object server (port 0: the kernel picks one). ferry.InvalidArgument for bad options, ferry.Unavailable when the address cannot be bound, ferry.IoError when the data directory cannot be read.
         """
     def stats(self) -> dict:
         """
-        objects, bytes, buckets, rdma_gets, rdma_puts, http_gets, http_puts, rdma_bytes, http_bytes, refused (requests answered with an error)
+        objects, bytes, buckets, rdma_gets, rdma_puts, http_gets, http_puts, rdma_bytes, http_bytes, refused (requests answered with an error), memory_bytes (held in memory now), cached_objects (with a data directory: objects whose bytes are in memory too)
         """
     def stop(self) -> None:
         """
