@@ -606,6 +606,15 @@ void bindEndpoint(py::module_& m) {
           "done", &endpoint::Future::done,
           "Whether the operation completed (with success or an error); never blocks, and takes no completion "
           "itself: another thread must have taken it (poll() takes the completions that are there).")
+      .def(
+          "check",
+          [](const endpoint::Future& f) {
+            if (!f.done()) return false;
+            check(f.status());
+            return true;
+          },
+          "Whether the operation completed; raises its error when it completed with one. Never blocks and "
+          "takes no completion (poll() does): done() and wait(0) in one call.")
       .def("poll", &endpoint::Future::poll, py::call_guard<py::gil_scoped_release>(),
            "Takes the completions that are there once, on this thread, without blocking, and returns whether "
            "the "

@@ -117,6 +117,7 @@ def test_document_write_with_imm_example(pair):
     write_future = initiator.write_with_imm(assignments, imm_data=7, stream=None)
     write_future.wait()
     recv_future.wait()
+    assert write_future.check() is True and recv_future.check() is True
     assert recv_future.imm_data() == 7
     assert np.array_equal(dst, src)
 
@@ -455,9 +456,12 @@ def test_errors_are_ferry_exceptions():
     with pytest.raises(ferry.TimedOut):
         f.wait(0.05)
     assert not f.done()
+    assert f.check() is False  # pending: no error to raise yet
     a.shutdown()
     with pytest.raises(ferry.Cancelled):
         f.wait(1)
+    with pytest.raises(ferry.Cancelled):
+        f.check()  # done() and the error of wait(0), in one call
     with pytest.raises(ferry.Closed):
         a.imm_recv(None)
 

@@ -136,6 +136,10 @@ class Future:
         ...
     def __repr__(self) -> str:
         ...
+    def check(self) -> bool:
+        """
+        Whether the operation completed; raises its error when it completed with one. Never blocks and takes no completion (poll() does): done() and wait(0) in one call.
+        """
     def done(self) -> bool:
         """
         Whether the operation completed (with success or an error); never blocks, and takes no completion itself: another thread must have taken it (poll() takes the completions that are there).

@@ -17,6 +17,9 @@ from ._engine import close_all as _close_all
 from ._engine import refuse_memory_type as _refuse
 from .logging import get_logger
 
+# What transfer() and check_xfer_state() answer for the engine's status.
+_STATES = {_bindings.NIXL_SUCCESS: "DONE", _bindings.NIXL_IN_PROG: "PROC"}
+
 logger = get_logger(__name__)
 
 DEFAULT_COMM_PORT = _bindings.DEFAULT_COMM_PORT
@@ -415,12 +418,10 @@ class nixl_agent:
         return nixl_xfer_handle(self, h)
 
     def transfer(self, handle, notif_msg=b""):
-        status = self.agent.postXferReq(handle._handle, notif_msg if notif_msg else None)
-        return "DONE" if status == _bindings.NIXL_SUCCESS else "PROC" if status == _bindings.NIXL_IN_PROG else "ERR"
+        return _STATES.get(self.agent.postXferReq(handle._handle, notif_msg if notif_msg else None), "ERR")
 
     def check_xfer_state(self, handle):
-        status = self.agent.getXferStatus(handle._handle)
-        return "DONE" if status == _bindings.NIXL_SUCCESS else "PROC" if status == _bindings.NIXL_IN_PROG else "ERR"
+        return _STATES.get(self.agent.getXferStatus(handle._handle), "ERR")
 
     def get_xfer_telemetry(self, handle):
         return self.agent.getXferTelemetry(handle._handle)

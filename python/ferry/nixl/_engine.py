@@ -346,11 +346,19 @@ class _Pipeline:
             while self._inflight and self._inflight[0].poll():
                 finished = self._inflight.popleft()
                 try:
-                    finished.wait(0)
+                    finished.check()
                 except _ferry_errors.Error as e:
                     self._fail(e)
                 self._fill()
         return self._done.is_set()
+
+    def check(self):
+        """As the engine's futures: whether the post ended, raising its error when it failed."""
+        if not self._done.is_set():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
 
     def wait(self, timeout=None):
         if not self._done.wait(timeout):
@@ -903,8 +911,7 @@ class nixlAgent:
         return h
 
     def _req(self, handle):
-        with self._lock:
-            req = self._requests.get(handle)
+        req = self._requests.get(handle)  # one dict lookup: atomic, no lock needed
         if req is None:
             raise nixlNotFoundError("no transfer request with handle %r" % (handle,))
         return req
@@ -929,8 +936,10 @@ class nixlAgent:
                 req.future = None
                 req.state = "PROC"
             else:
-                remote = self._remote(req.remote_name, "postXferReq")
-                conn = self._connection(remote)
+                remote = self._remotes.get(req.remote_name)  # atomic: the lock is for updates
+                conn = remote.conn if remote is not None else None
+                if conn is None:
+                    conn = self._connection(self._remote(req.remote_name, "postXferReq"))
                 try:
                     post = conn.read if req.op == NIXL_READ else conn.write
                     if len(req.batches) == 1:
@@ -944,15 +953,14 @@ class nixlAgent:
                 req.state = "PROC"
             if timed:
                 req.post_us = _us(time.perf_counter() - req.t0)
-        if req.state == "PROC":
             # A same-host transfer is often done within its post: one poll takes its completion.
-            if req.future is None or req.future.poll():
-                self._finalize(req)
-            elif req.post_notif and not isinstance(req.future, _Pipeline):  # a pipeline finalizes itself
-                # Only a notification needs completion to be acted on without anyone polling; a
-                # request without one is finalized by the next getXferStatus (waking the loop
-                # thread costs more than the transfer of a small request).
-                asyncio.run_coroutine_threadsafe(self._watch(req, req.future), self._loop)
+            if req.state == "PROC" and (req.future is None or req.future.poll()):
+                self._finalize_locked(req)
+        if req.state == "PROC" and req.post_notif and not isinstance(req.future, _Pipeline):
+            # A pipeline finalizes itself. Only a notification needs completion to be acted on
+            # without anyone polling; a request without one is finalized by the next getXferStatus
+            # (waking the loop thread costs more than the transfer of a small request).
+            asyncio.run_coroutine_threadsafe(self._watch(req, req.future), self._loop)
         return NIXL_SUCCESS if req.state == "DONE" else NIXL_IN_PROG if req.state == "PROC" else self._raise(req)
 
     def _post_loopback(self, req):
@@ -992,21 +1000,25 @@ class nixlAgent:
     def _finalize(self, req):
         """Moves a completed post to DONE or ERR and sends its notification: once per post."""
         with req.lock:
-            if req.state != "PROC" or (req.future is not None and not req.future.done()):
-                return
-            if req.future is not None:
-                try:
-                    req.future.wait(0)
-                except _ferry_errors.Error as e:
-                    req.error = from_ferry(e, "transfer with agent %r" % req.remote_name)
-            if req.error is None and req.post_notif and not req.cancelled:
-                try:
-                    self._send_notif(req.remote_name, req.post_notif)
-                except (nixlRemoteDisconnectError, nixlNotFoundError) as e:
-                    req.error = e
-            if self._telemetry:
-                req.xfer_us = max(req.post_us, _us(time.perf_counter() - req.t0))
-            req.state = "ERR" if req.error is not None else "DONE"
+            self._finalize_locked(req)
+
+    def _finalize_locked(self, req):
+        if req.state != "PROC":
+            return
+        if req.future is not None:
+            try:
+                if not req.future.check():
+                    return
+            except _ferry_errors.Error as e:
+                req.error = from_ferry(e, "transfer with agent %r" % req.remote_name)
+        if req.error is None and req.post_notif and not req.cancelled:
+            try:
+                self._send_notif(req.remote_name, req.post_notif)
+            except (nixlRemoteDisconnectError, nixlNotFoundError) as e:
+                req.error = e
+        if self._telemetry:
+            req.xfer_us = max(req.post_us, _us(time.perf_counter() - req.t0))
+        req.state = "ERR" if req.error is not None else "DONE"
 
     def _raise(self, req):
         raise req.error if req.error is not None else nixlBackendError("transfer failed")
