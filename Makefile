@@ -42,7 +42,7 @@ TEST_TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
 # The ThreadSanitizer pass: the C++ tests (every one is multi-threaded: progress threads, workers,
 # agents), not the Python, packaging, bench, namespace or RDMA ones, nor the kill campaign (its
 # hundreds of processes add nothing a data race could hide in).
-TSAN_CTEST_ARGS ?= -LE 'rdma|packaging|bench|netns|python' -E KillAndStopCampaign
+TSAN_CTEST_ARGS ?= -LE 'rdma|packaging|bench|netns|python|paths' -E KillAndStopCampaign
 # Extra arguments for `ferry demo`.
 DEMO_ARGS ?=
 # The rxe VM (QEMU guest with the kernel's soft-RoCE, rdma_rxe) that runs the RDMA tests: its
@@ -159,7 +159,7 @@ test: deps ## The whole suite: format check, builds, fuzzing, tests, RDMA tests 
 	pass tsan run env TSAN_OPTIONS=$(TEST_TSAN_OPTIONS) $(CTEST) --test-dir $(TSAN_DIR) $(TSAN_CTEST_ARGS) \
 	  -j$(TEST_JOBS) --output-on-failure
 	pass asan run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
-	  $(CTEST) --test-dir $(ASAN_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
+	  $(CTEST) --test-dir $(ASAN_DIR) -LE 'rdma|paths' -j$(TEST_JOBS) --output-on-failure
 
 # The test passes of `make test` without its builds and fuzzing.
 test-run:
@@ -170,7 +170,7 @@ test-run:
 	run env TSAN_OPTIONS=$(TEST_TSAN_OPTIONS) $(CTEST) --test-dir $(TSAN_DIR) $(TSAN_CTEST_ARGS) -j$(TEST_JOBS) \
 	  --output-on-failure
 	run env ASAN_OPTIONS=$(TEST_ASAN_OPTIONS) UBSAN_OPTIONS=$(TEST_UBSAN_OPTIONS) \
-	  $(CTEST) --test-dir $(ASAN_DIR) -LE rdma -j$(TEST_JOBS) --output-on-failure
+	  $(CTEST) --test-dir $(ASAN_DIR) -LE 'rdma|paths' -j$(TEST_JOBS) --output-on-failure
 
 test-rdma: build ## The RDMA tests (ctest -L rdma: ibverbs on rxe0) in one boot of the rxe VM
 	@$(MAKE) test-rdma-run

@@ -21,6 +21,7 @@
 #include "agent/agent_impl.h"
 #include "ferry/agent/address.h"
 #include "ferry/agent/lanes.h"
+#include "support/path_memory.h"
 
 namespace ferry::agent {
 namespace {
@@ -60,8 +61,8 @@ std::shared_ptr<Agent> startAgent(AgentOptions o) {
   return a.isOk() ? *a : nullptr;
 }
 
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
+test::Bytes pattern(size_t n, uint8_t seed) {
+  test::Bytes v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
   return v;
 }
@@ -205,7 +206,7 @@ TEST(Agent, OperationsBeforeThePeerExistsAreReplayedInOrder) {
   }
   std::this_thread::sleep_for(300ms);  // decode-0 starts later
   EXPECT_FALSE(futures[0].done());
-  std::vector<uint8_t> dst(64 * 1024, 0);
+  test::Bytes dst(64 * 1024, 0);
   auto b = startAgent(options("decode-0", store));
   ASSERT_TRUE(b);
   ASSERT_TRUE(b->registerMemoryRegion("kv", dst.data(), dst.size()).isOk());
@@ -301,7 +302,7 @@ TEST(Agent, LostRequestReplyAndAckAreRetried) {
     auto b = startAgent(ob);
     ASSERT_TRUE(a && b);
     auto bufA = pattern(4096, 7);
-    std::vector<uint8_t> bufB(4096);
+    test::Bytes bufB(4096);
     ASSERT_TRUE(a->registerMemoryRegion("m", bufA.data(), bufA.size()).isOk());
     ASSERT_TRUE(b->registerMemoryRegion("m", bufB.data(), bufB.size()).isOk());
     auto conn = a->connect("b");
@@ -330,7 +331,7 @@ TEST(Agent, WireupDeadlineFailsQueuedOperationsClearly) {
   o.connectTimeout = 600ms;
   auto a = startAgent(o);
   ASSERT_TRUE(a);
-  std::vector<uint8_t> buf(4096);
+  test::Bytes buf(4096);
   ASSERT_TRUE(a->registerMemoryRegion("m", buf.data(), buf.size()).isOk());
   auto conn = a->connect("nobody");
   ASSERT_TRUE(conn.isOk());
@@ -351,7 +352,7 @@ TEST(Agent, BadInputIsRefusedBeforeAnythingIsQueued) {
   std::string store = uniqueStore();
   auto a = startAgent(options("a", store));
   ASSERT_TRUE(a);
-  std::vector<uint8_t> buf(4096);
+  test::Bytes buf(4096);
   ASSERT_TRUE(a->registerMemoryRegion("m", buf.data(), buf.size()).isOk());
   auto conn = a->connect("b");
   ASSERT_TRUE(conn.isOk());
@@ -383,7 +384,7 @@ TEST(Agent, ConnectsByAddressWithoutAStore) {
   auto b = startAgent(ob);
   ASSERT_TRUE(a && b);
   auto src = pattern(1 << 20, 9);
-  std::vector<uint8_t> dst(1 << 20);
+  test::Bytes dst(1 << 20);
   ASSERT_TRUE(a->registerMemoryRegion("src", src.data(), src.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("dst", dst.data(), dst.size()).isOk());
   auto conn = a->connectAddress(b->address());
@@ -394,7 +395,7 @@ TEST(Agent, ConnectsByAddressWithoutAStore) {
   ASSERT_TRUE(f->wait(kWait).isOk());
   EXPECT_EQ(src, dst);
   // A region registered after the wireup is looked up from the peer when first named.
-  std::vector<uint8_t> late(4096, 0x5a), into(4096);
+  test::Bytes late(4096, 0x5a), into(4096);
   ASSERT_TRUE(b->registerMemoryRegion("late", late.data(), late.size()).isOk());
   ASSERT_TRUE(a->registerMemoryRegion("into", into.data(), into.size()).isOk());
   NamedAssignment r{.local = std::string("into"), .remote = std::string("late"), .length = 4096};
@@ -421,7 +422,7 @@ TEST(Agent, AConnectionWhoseEndpointFailedIsRetiredByTheNextLookup) {
   auto b = startAgent(options("b", ""));
   ASSERT_TRUE(a && b);
   auto src = pattern(64 << 10, 3);
-  std::vector<uint8_t> dst(64 << 10);
+  test::Bytes dst(64 << 10);
   ASSERT_TRUE(a->registerMemoryRegion("src", src.data(), src.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("dst", dst.data(), dst.size()).isOk());
   auto keys = b->regionKeys("dst");
@@ -480,7 +481,7 @@ TEST(Agent, MessagesAndImmediatesFlowBothWays) {
   auto b = startAgent(options("b", store));
   ASSERT_TRUE(a && b);
   auto out = pattern(10000, 4);
-  std::vector<uint8_t> in(10000), img(4096);
+  test::Bytes in(10000), img(4096);
   ASSERT_TRUE(a->registerMemoryRegion("out", out.data(), out.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("in", in.data(), in.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("img", img.data(), img.size()).isOk());
@@ -552,7 +553,7 @@ TEST(Agent, UpperLayerMessagesArriveInOrderAndClosedReportsThePeersEnd) {
   EXPECT_FALSE(a->onAgentThread());
 
   // A private region: not in the store, not answered to the peer.
-  std::vector<uint8_t> secret(4096, 0x5a), dst(4096, 0);
+  test::Bytes secret(4096, 0x5a), dst(4096, 0);
   ep::RegionOptions hidden;
   hidden.published = false;
   hidden.remote = ep::RegionOptions::Remote::kNone;
@@ -563,7 +564,7 @@ TEST(Agent, UpperLayerMessagesArriveInOrderAndClosedReportsThePeersEnd) {
   auto rf = (*conn)->read(std::span(&r, 1));
   ASSERT_TRUE(rf.isOk());
   EXPECT_EQ(rf->wait(kWait).code(), StatusCode::kNotFound);
-  EXPECT_EQ(dst, std::vector<uint8_t>(4096, 0));
+  EXPECT_EQ(dst, test::Bytes(4096, 0));
 
   // The peer's end.
   auto closed = (*conn)->closed();
@@ -579,7 +580,7 @@ TEST(Agent, APeerThatLeavesFailsPendingWorkAndARestartIsWiredAgain) {
   ASSERT_TRUE(a);
   auto src = pattern(4096, 8);
   ASSERT_TRUE(a->registerMemoryRegion("m", src.data(), src.size()).isOk());
-  std::vector<uint8_t> dst1(4096), dst2(4096);
+  test::Bytes dst1(4096), dst2(4096);
   {
     auto b = startAgent(options("b", store));
     ASSERT_TRUE(b->registerMemoryRegion("m", dst1.data(), dst1.size()).isOk());
@@ -617,7 +618,7 @@ TEST(Agent, ASilentPeerIsGoneAfterThePeerTimeout) {
   auto a = startAgent(oa);
   auto ob = options("b", store);
   auto b = startAgent(ob);
-  std::vector<uint8_t> buf(64);
+  test::Bytes buf(64);
   ASSERT_TRUE(a->registerMemoryRegion("m", buf.data(), buf.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("m", buf.data(), buf.size()).isOk());
   auto conn = a->connect("b");
@@ -640,7 +641,7 @@ TEST(Agent, SharedSecretIsAMutualChallenge) {
   oa.secret = ob.secret = "s3cret";
   auto a = startAgent(oa);
   auto b = startAgent(ob);
-  std::vector<uint8_t> x = pattern(256, 1), y(256);
+  test::Bytes x = pattern(256, 1), y(256);
   ASSERT_TRUE(a->registerMemoryRegion("m", x.data(), x.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("m", y.data(), y.size()).isOk());
   auto conn = a->connect("b");
@@ -670,7 +671,7 @@ TEST(Agent, StoreListsAgentsAndPublishesRegions) {
   std::string store = uniqueStore();
   auto a = startAgent(options("a", store));
   auto b = startAgent(options("b", store));
-  std::vector<uint8_t> buf(1000);
+  test::Bytes buf(1000);
   ASSERT_TRUE(b->registerMemoryRegion("kv", buf.data(), buf.size()).isOk());
   auto list = a->listAgents();
   ASSERT_TRUE(list.isOk()) << list.status().toString();
@@ -710,7 +711,7 @@ TEST(Agent, WiresUpOverIPv6Loopback) {
   ASSERT_EQ((*a)->workerAddress().control.size(), 1u);
   EXPECT_TRUE((*a)->workerAddress().control[0].ipv6);
   auto x = pattern(4096, 1);
-  std::vector<uint8_t> y(4096);
+  test::Bytes y(4096);
   ASSERT_TRUE((*a)->registerMemoryRegion("m", x.data(), x.size()).isOk());
   ASSERT_TRUE(b->registerMemoryRegion("m", y.data(), y.size()).isOk());
   auto conn = (*a)->connectAddress(b->address());

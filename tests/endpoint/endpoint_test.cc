@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/path_memory.h"
+
 namespace ferry::endpoint {
 namespace {
 
@@ -30,12 +32,12 @@ uint8_t patternByte(uint64_t seed, uint64_t i) {
   return static_cast<uint8_t>((z ^ (z >> 29)) >> 7);
 }
 
-void fill(std::vector<uint8_t>& buf, uint64_t seed) {
+void fill(test::Bytes& buf, uint64_t seed) {
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = patternByte(seed, i);
 }
 
 // Offset of the first byte of buf[off, off+len) that differs from the pattern at patternOff, or -1.
-int64_t mismatch(const std::vector<uint8_t>& buf, size_t off, size_t len, uint64_t seed, size_t patternOff) {
+int64_t mismatch(const test::Bytes& buf, size_t off, size_t len, uint64_t seed, size_t patternOff) {
   for (size_t i = 0; i < len; ++i) {
     if (buf[off + i] != patternByte(seed, patternOff + i)) return static_cast<int64_t>(off + i);
   }
@@ -74,7 +76,7 @@ std::string entryOf(const Endpoint& ep, MrHandle handle) {
 
 // Registers buf on ep under name, and on other as the peer's region of that name.
 std::pair<MrHandle, MrHandle> share(Endpoint& ep, Endpoint& other, const std::string& name,
-                                    std::vector<uint8_t>& buf) {
+                                    test::Bytes& buf) {
   auto local = ep.registerMemoryRegion(name, buf.data(), buf.size());
   EXPECT_TRUE(local.isOk()) << local.status().toString();
   if (!local.isOk()) return {0, 0};
@@ -86,7 +88,7 @@ std::pair<MrHandle, MrHandle> share(Endpoint& ep, Endpoint& other, const std::st
 TEST(EndpointTest, DocumentReadAndWriteTuples) {
   Pair p = connectedPair();
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> local(16, 0), remote(16, 1);
+  test::Bytes local(16, 0), remote(16, 1);
   for (size_t i = 0; i < 16; ++i) remote[i] = static_cast<uint8_t>(100 + i);
   auto [lh, unused] = share(*p.a, *p.b, "buffer", local);
   auto [unused2, rh] = share(*p.b, *p.a, "buffer", remote);
@@ -137,7 +139,7 @@ TEST(EndpointTest, AnImmediateThatArrivedIsDeliveredByAShutdownThatFollows) {
     }
     ~Releaser() { (*this)(); }
   } releaser{release};
-  std::vector<uint8_t> out(64, 5), in(64, 0);
+  test::Bytes out(64, 5), in(64, 0);
   auto oh = q.b->registerMemoryRegion("out", out.data(), out.size());
   auto ih = q.a->registerMemoryRegion("in", in.data(), in.size());
   ASSERT_TRUE(oh.isOk() && ih.isOk());
@@ -154,7 +156,7 @@ TEST(EndpointTest, AnImmediateThatArrivedIsDeliveredByAShutdownThatFollows) {
   ASSERT_EQ(entered.get_future().wait_for(kWait), std::future_status::ready)
       << "the worker never took q.a's message";
 
-  std::vector<uint8_t> src(4096), dst(4096, 0);
+  test::Bytes src(4096), dst(4096, 0);
   fill(src, 40);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
@@ -217,7 +219,7 @@ TEST(EndpointTest, AllocatedRegionsHoldTheirMemoryAndMoveBytes) {
 // What a region grants a peer holding its keys (RegionOptions::remote), and what mr_info lists
 // (published). Each refused access is tried on a fresh pair: a remote access error ends the queue pair.
 TEST(EndpointTest, RegionsGrantOnlyTheirRemoteAccessAndPrivateOnesAreNotListed) {
-  std::vector<uint8_t> owner(4096), mine(4096, 0);
+  test::Bytes owner(4096), mine(4096, 0);
   fill(owner, 3);
   using Remote = RegionOptions::Remote;
   struct Case {
@@ -242,7 +244,7 @@ TEST(EndpointTest, RegionsGrantOnlyTheirRemoteAccessAndPrivateOnesAreNotListed) 
     ASSERT_TRUE(remote.isOk()) << remote.status().toString();
     auto local = p.a->registerMemoryRegion("mine", mine.data(), mine.size());
     ASSERT_TRUE(local.isOk());
-    std::vector<uint8_t> before = owner;
+    test::Bytes before = owner;
     std::fill(mine.begin(), mine.end(), 0);
     Assignment a{.local = *local, .remote = *remote, .length = 4096};
     auto f = c.write ? p.a->write({&a, 1}) : p.a->read({&a, 1});
@@ -253,7 +255,7 @@ TEST(EndpointTest, RegionsGrantOnlyTheirRemoteAccessAndPrivateOnesAreNotListed) 
     if (!c.allowed) {
       EXPECT_EQ(owner, before) << "a refused access changed the owner's memory";
       if (!c.write) {
-        EXPECT_EQ(mine, std::vector<uint8_t>(4096, 0)) << "a refused READ delivered bytes";
+        EXPECT_EQ(mine, test::Bytes(4096, 0)) << "a refused READ delivered bytes";
       }
     }
     ASSERT_TRUE(p.a->unregisterRemoteMemoryRegion(*remote).isOk());
@@ -264,7 +266,7 @@ TEST(EndpointTest, RegionsGrantOnlyTheirRemoteAccessAndPrivateOnesAreNotListed) 
 TEST(EndpointTest, NamedFieldsAndHandles) {
   Pair p = connectedPair();
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> src(4096), dst(4096, 0);
+  test::Bytes src(4096), dst(4096, 0);
   fill(src, 7);
   auto key = p.a->registerMemoryRegion(uint64_t{42}, src.data(), src.size());
   ASSERT_TRUE(key.isOk());
@@ -293,7 +295,7 @@ TEST_P(EndpointStriping, LargeTransferUsesEveryQueuePair) {
   Pair p = connectedPair(o, o);
   ASSERT_TRUE(p.a && p.b);
   const size_t size = 8u << 20;
-  std::vector<uint8_t> src(size), dst(size, 0), back(size, 0);
+  test::Bytes src(size), dst(size, 0), back(size, 0);
   fill(src, 11);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [dl, dr] = share(*p.b, *p.a, "dst", dst);
@@ -329,7 +331,7 @@ TEST(EndpointTest, HundredThousandAssignmentsStayWithinQueueDepth) {
   ASSERT_TRUE(p.a && p.b);
   const size_t count = 100000;
   const size_t piece = 8;
-  std::vector<uint8_t> src(count * piece), dst(count * piece, 0);
+  test::Bytes src(count * piece), dst(count * piece, 0);
   fill(src, 3);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
@@ -367,7 +369,7 @@ TEST(EndpointTest, ConsecutiveRangesShareWorkRequests) {
   Pair p = connectedPair();
   ASSERT_TRUE(p.a && p.b);
   const size_t pages = 1024, page = 4096;
-  std::vector<uint8_t> src(pages * page), dst(pages * page, 0);
+  test::Bytes src(pages * page), dst(pages * page, 0);
   fill(src, 13);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
@@ -395,7 +397,7 @@ TEST_P(EndpointManyOperations, MoreThanTheQueueDepthInFlight) {
   ASSERT_TRUE(p.a && p.b);
   const size_t ops = 600;
   const size_t piece = 3000;  // not a multiple of anything in particular
-  std::vector<uint8_t> src(ops * piece), dst(ops * piece, 0), back(ops * piece, 0);
+  test::Bytes src(ops * piece), dst(ops * piece, 0), back(ops * piece, 0);
   fill(src, 5);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
@@ -426,7 +428,7 @@ TEST_P(EndpointManyOperations, MoreThanTheQueueDepthInFlight) {
   for (const auto& lane : p.a->stats().lanes) EXPECT_LE(lane.maxOutstanding, 8u);
 
   // Messages too: many more than the receive depth, several fragments each.
-  std::vector<uint8_t> sendBuf(ops * 2500), recvBuf(ops * 2500, 0);
+  test::Bytes sendBuf(ops * 2500), recvBuf(ops * 2500, 0);
   fill(sendBuf, 9);
   auto sh = p.a->registerMemoryRegion("send", sendBuf.data(), sendBuf.size());
   auto rh = p.b->registerMemoryRegion("recv", recvBuf.data(), recvBuf.size());
@@ -470,7 +472,7 @@ TEST_P(EndpointImmediates, ExactlyOnceInOrderWhateverCameFirst) {
   ASSERT_TRUE(p.a && p.b);
   const size_t block = 64 << 10;
   const size_t rounds = 40;
-  std::vector<uint8_t> src(block * rounds), dst(block * rounds, 0);
+  test::Bytes src(block * rounds), dst(block * rounds, 0);
   fill(src, 21);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
@@ -542,7 +544,7 @@ TEST(EndpointTest, SendRecvSizesAndChecks) {
   EndpointOptions o{.numQp = 2, .recvDepth = 4, .recvBufferSize = 4096, .maxUnexpectedBytes = 16 << 10};
   Pair p = connectedPair(o, o);
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> src(256 << 10), dst(256 << 10, 0);
+  test::Bytes src(256 << 10), dst(256 << 10, 0);
   fill(src, 33);
   auto sh = p.a->registerMemoryRegion("src", src.data(), src.size());
   auto rh = p.b->registerMemoryRegion("dst", dst.data(), dst.size());
@@ -615,7 +617,7 @@ void expectPolledWritesSpareTheWorker(uint8_t seed,
                                       const std::function<void(const ReadWriteFuture&)>& finish) {
   Pair p = connectedPair();
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> local(4096), remote(4096, 0);
+  test::Bytes local(4096), remote(4096, 0);
   fill(local, seed);
   auto [lh, unused] = share(*p.a, *p.b, "local", local);
   auto [unused2, rh] = share(*p.b, *p.a, "remote", remote);
@@ -671,7 +673,7 @@ TEST(EndpointTest, ASleepingWaiterAndACallbackCompleteWhileWaitersPoll) {
   EndpointOptions o{.numQp = 1, .recvDepth = 4, .recvBufferSize = 4096};
   Pair p = connectedPair(o, o);
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> src(4096), dst(4096, 0);
+  test::Bytes src(4096), dst(4096, 0);
   fill(src, 11);
   auto [sh, srcOnB] = share(*p.a, *p.b, "src", src);  // a's region, and b's handle of it
   auto dstOnB = p.b->registerMemoryRegion("dst", dst.data(), dst.size());
@@ -721,7 +723,7 @@ TEST(EndpointTest, ASleepingWaiterAndACallbackCompleteWhileWaitersPoll) {
 TEST(EndpointTest, BadInputIsRefusedBeforeAnythingMoves) {
   auto lone = makeEndpoint({});
   ASSERT_TRUE(lone);
-  std::vector<uint8_t> buf(64);
+  test::Bytes buf(64);
   auto h = lone->registerMemoryRegion("buf", buf.data(), buf.size());
   ASSERT_TRUE(h.isOk());
   Assignment a{.local = *h, .remote = *h, .length = 8};
@@ -793,7 +795,7 @@ TEST(EndpointTest, MalformedPeerInfoChangesNothing) {
   ASSERT_TRUE(a->connect(good).isOk());
   ASSERT_TRUE(b->connect(a->endpointInfo()).isOk());
   EXPECT_EQ(a->connect(good).code(), StatusCode::kInvalidArgument);  // already connected
-  std::vector<uint8_t> x(1000), y(1000, 0);
+  test::Bytes x(1000), y(1000, 0);
   fill(x, 1);
   auto [xl, unusedA] = share(*a, *b, "x", x);
   auto [unusedB, yr] = share(*b, *a, "y", y);
@@ -810,7 +812,7 @@ TEST(EndpointTest, ShutdownFailsPendingWaitsPromptly) {
   EndpointOptions o{.numQp = 2, .sendDepth = 4};
   Pair p = connectedPair(o, o);
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> src(32 << 20), dst(32 << 20), rbuf(4096);
+  test::Bytes src(32 << 20), dst(32 << 20), rbuf(4096);
   auto [sl, unusedA] = share(*p.a, *p.b, "src", src);
   auto [unusedB, dr] = share(*p.b, *p.a, "dst", dst);
   (void)unusedA;
@@ -851,7 +853,7 @@ TEST(EndpointTest, ShutdownFailsPendingWaitsPromptly) {
 TEST(EndpointTest, PeerGoneFailsPendingOperations) {
   Pair p = connectedPair();
   ASSERT_TRUE(p.a && p.b);
-  std::vector<uint8_t> buf(1 << 20), rbuf(4096);
+  test::Bytes buf(1 << 20), rbuf(4096);
   auto [bl, unusedA] = share(*p.a, *p.b, "buf", buf);
   auto [unusedB, br] = share(*p.b, *p.a, "buf", buf);
   (void)unusedA;
@@ -886,13 +888,13 @@ TEST(EndpointTest, SharedPoolAndWorker) {
   ASSERT_TRUE(pool.isOk());
   auto worker = Worker::create({.id = 7});
   ASSERT_TRUE(worker.isOk());
-  std::vector<uint8_t> shared(1 << 16);
+  test::Bytes shared(1 << 16);
   fill(shared, 77);
   auto h = (*pool)->registerMemoryRegion("shared", shared.data(), shared.size());
   ASSERT_TRUE(h.isOk());
   // Two endpoints on the same pool and worker, each connected to its own peer.
   std::vector<std::shared_ptr<Endpoint>> mine, peers;
-  std::vector<std::vector<uint8_t>> sinks(2, std::vector<uint8_t>(1 << 16, 0));
+  std::vector<test::Bytes> sinks(2, test::Bytes(1 << 16, 0));
   for (int i = 0; i < 2; ++i) {
     auto ep = Endpoint::create(*pool, {.numQp = 2, .worker = *worker});
     ASSERT_TRUE(ep.isOk()) << ep.status().toString();

@@ -22,13 +22,14 @@
 #include "ferry/cuobj_client.h"
 #include "ferry/cuobj_server.h"
 #include "objects/descriptor.h"
+#include "support/path_memory.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
+ferry::test::Bytes pattern(size_t n, uint8_t seed) {
+  ferry::test::Bytes v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 11));
   return v;
 }
@@ -173,7 +174,7 @@ class ObjectsTest : public ::testing::TestWithParam<std::string> {
     unsetenv("FERRY_AGENT_LANES");
   }
   // A GET token for v's bytes (registering v first when asked).
-  std::string token(std::vector<uint8_t>& v, cuObjOpType_t op, size_t offset = 0, size_t size = 0) {
+  std::string token(ferry::test::Bytes& v, cuObjOpType_t op, size_t offset = 0, size_t size = 0) {
     char* text = nullptr;
     EXPECT_EQ(client_->cuMemObjGetRDMAToken(v.data(), size ? size : v.size() - offset, offset, op, &text),
               CU_OBJ_SUCCESS);
@@ -191,7 +192,7 @@ class ObjectsTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   const size_t n = 6 << 20;
-  std::vector<uint8_t> object = pattern(n, 1);
+  ferry::test::Bytes object = pattern(n, 1);
   void* sbuf = server_->allocHostBuffer(n);
   ASSERT_NE(sbuf, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(sbuf) % sysconf(_SC_PAGESIZE), 0u);
@@ -199,7 +200,7 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   rdma_buffer* rb = server_->registerBuffer(sbuf, n);
   ASSERT_NE(rb, nullptr);
 
-  std::vector<uint8_t> dst(n + 4096, 0xee);
+  ferry::test::Bytes dst(n + 4096, 0xee);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   EXPECT_EQ(client_->cuMemObjGetMaxRequestCallbackSize(dst.data()), static_cast<ssize_t>(dst.size()));
   Route route = makeRoute(server_.get(), rb, channel_);
@@ -214,7 +215,7 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   const std::string getDescriptor = route.lastDescriptor;
 
   // PUT: the client's bytes into the server's buffer at object offset 8192.
-  std::vector<uint8_t> src = pattern(1 << 20, 9);
+  ferry::test::Bytes src = pattern(1 << 20, 9);
   std::memcpy(dst.data(), src.data(), src.size());
   ssize_t put = client_->cuObjPut(&route, dst.data(), src.size(), 8192, 0);
   ASSERT_EQ(put, static_cast<ssize_t>(src.size()));
@@ -222,7 +223,7 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   EXPECT_EQ(std::memcmp(sbuf, object.data(), 8192), 0);
 
   // The callback's token was revoked when the callback returned: using it again fails and writes nothing.
-  std::vector<uint8_t> before = dst;
+  ferry::test::Bytes before = dst;
   ibv_wc_status st = IBV_WC_SUCCESS;
   EXPECT_EQ(server_->handleGetObject("stale", rb, reinterpret_cast<uint64_t>(dst.data()) + 100, 4096,
                                      getDescriptor, channel_, 0, &st),
@@ -237,9 +238,9 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
 }
 
 TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
-  std::vector<uint8_t> mem(1 << 20, 0x11);
+  ferry::test::Bytes mem(1 << 20, 0x11);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(mem.data(), mem.size()), CU_OBJ_SUCCESS);
-  std::vector<uint8_t> sdata = pattern(1 << 20, 3);
+  ferry::test::Bytes sdata = pattern(1 << 20, 3);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
   // GET token for [4096, +65536).
@@ -249,7 +250,7 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
   ASSERT_EQ(server_->handleGetObject("k1", rb, base + 1024, 4096, get, channel_, 0, &st), 4096);
   EXPECT_EQ(st, IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(mem.data() + 4096 + 1024, sdata.data(), 4096), 0);
-  std::vector<uint8_t> before = mem;
+  ferry::test::Bytes before = mem;
   // Outside the range, by one byte either side: refused before anything moves.
   EXPECT_EQ(server_->handleGetObject("k2", rb, base - 1, 4096, get, channel_), -EIO);
   EXPECT_EQ(server_->handleGetObject("k3", rb, base + 65536 - 4095, 4096, get, channel_), -EIO);
@@ -294,7 +295,7 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
       8192);
   EXPECT_EQ(std::memcmp(sdata.data(), mem.data(), 8192), 0);
   ASSERT_EQ(client_->cuMemObjPutRDMAToken(put), CU_OBJ_SUCCESS);
-  std::vector<uint8_t> serverBefore = sdata;
+  ferry::test::Bytes serverBefore = sdata;
   st = IBV_WC_SUCCESS;
   EXPECT_EQ(server_->handlePutObject("k9", rb, reinterpret_cast<uint64_t>(mem.data()), 8192, putText,
                                      channel_, 0, &st),
@@ -306,7 +307,7 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
   EXPECT_EQ(client_->cuMemObjPutRDMAToken(bogus), CU_OBJ_FAIL);
   // Token refusals: outside any registration, bad op, size 0, null output.
   char* out = nullptr;
-  std::vector<uint8_t> other(4096);
+  ferry::test::Bytes other(4096);
   EXPECT_EQ(client_->cuMemObjGetRDMAToken(other.data(), 4096, 0, CUOBJ_GET, &out), CU_OBJ_FAIL);
   EXPECT_EQ(client_->cuMemObjGetRDMAToken(mem.data(), mem.size(), 1, CUOBJ_GET, &out), CU_OBJ_FAIL);
   EXPECT_EQ(client_->cuMemObjGetRDMAToken(mem.data(), 4096, 0, CUOBJ_INVALID, &out), CU_OBJ_FAIL);
@@ -326,10 +327,10 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
 
 TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   const size_t piece = 64 << 10, count = 40;
-  std::vector<uint8_t> sdata = pattern(piece * count, 5);
+  ferry::test::Bytes sdata = pattern(piece * count, 5);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
-  std::vector<uint8_t> dst(piece * count, 0);
+  ferry::test::Bytes dst(piece * count, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   for (size_t i = 0; i < count; ++i) {  // a descriptor serves one request: one per piece
     std::string get = token(dst, CUOBJ_GET, i * piece, piece);
@@ -365,7 +366,7 @@ TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   EXPECT_EQ(server_->poll(events, 16, 77), -EINVAL);
   // A forged asynchronous request: the client does not confirm it, so it is refused at submission
   // (-EIO, the status filled) and nothing is queued.
-  std::vector<uint8_t> before = dst;
+  ferry::test::Bytes before = dst;
   std::string get = token(dst, CUOBJ_GET, 0, piece);
   auto forged = ferry::objects::decodeDescriptor(get);
   for (auto& k : forged->keys) k.second ^= 0x330000;
@@ -403,10 +404,10 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
   const uint16_t channel = server.allocateChannelId();
   ASSERT_NE(channel, INVALID_CHANNEL_ID);
   const size_t piece = 4096;
-  std::vector<uint8_t> sdata = pattern(piece, 9);
+  ferry::test::Bytes sdata = pattern(piece, 9);
   rdma_buffer* rb = server.registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
-  std::vector<uint8_t> dst(3 * piece, 0);
+  ferry::test::Bytes dst(3 * piece, 0);
   TestClientAgent client(/*answers=*/true);
   const obj::Descriptor d = client.describe(dst.data(), dst.size(), CUOBJ_GET, "dst");
   ASSERT_FALSE(d.keys.empty());
@@ -431,7 +432,7 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
   EXPECT_EQ(server.handleGetObject("forged", rb, base + piece, piece, granted(2, true), channel, 0, &st),
             -EIO);
   EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
-  std::vector<uint8_t> untouched(piece, 0);
+  ferry::test::Bytes untouched(piece, 0);
   EXPECT_EQ(std::memcmp(dst.data() + piece, untouched.data(), piece), 0);
   // The next request goes over a new connection.
   st = IBV_WC_GENERAL_ERR;
@@ -457,10 +458,10 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
 // and replayed afterwards it moves nothing either.
 TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
   const size_t n = 64 << 10;
-  std::vector<uint8_t> sdata = pattern(n, 61);
+  ferry::test::Bytes sdata = pattern(n, 61);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), n);
   ASSERT_NE(rb, nullptr);
-  std::vector<uint8_t> dst(n, 0x11);
+  ferry::test::Bytes dst(n, 0x11);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), n), CU_OBJ_SUCCESS);
   const uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
   const std::string get = token(dst, CUOBJ_GET);
@@ -483,7 +484,7 @@ TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
     EXPECT_EQ(server_->handleGetObject("edited", rb, addr + 4096, 4096, text, channel_, 0, &st), -EIO);
     EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
   }
-  EXPECT_EQ(dst, std::vector<uint8_t>(n, 0x11));
+  EXPECT_EQ(dst, ferry::test::Bytes(n, 0x11));
   // The real one: every byte, once.
   ibv_wc_status st = IBV_WC_GENERAL_ERR;
   ASSERT_EQ(server_->handleGetObject("once", rb, addr, n, get, channel_, 0, &st), static_cast<ssize_t>(n));
@@ -495,7 +496,7 @@ TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
   EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
   EXPECT_EQ(dst, pattern(n, 61));
   // PUT: once in full; replayed, nothing is read (the object keeps the first PUT's bytes).
-  const std::vector<uint8_t> src = pattern(n, 62);
+  const ferry::test::Bytes src = pattern(n, 62);
   std::copy(src.begin(), src.end(), dst.begin());
   const std::string put = token(dst, CUOBJ_PUT);
   st = IBV_WC_GENERAL_ERR;
@@ -522,10 +523,10 @@ TEST_P(ObjectsTest, ADescriptorOfAnAgentThatNeverMintedItMovesNothing) {
   ASSERT_TRUE(server.isConnected());
   const uint16_t channel = server.allocateChannelId();
   const size_t n = 64 << 10;
-  std::vector<uint8_t> sdata = pattern(n, 71);
+  ferry::test::Bytes sdata = pattern(n, 71);
   rdma_buffer* rb = server.registerBuffer(sdata.data(), n);
   ASSERT_NE(rb, nullptr);
-  std::vector<uint8_t> victim = pattern(n, 72);
+  ferry::test::Bytes victim = pattern(n, 72);
   TestClientAgent silent(/*answers=*/false);
   obj::Descriptor d = silent.describe(victim.data(), n, CUOBJ_GET, "victim");
   ASSERT_FALSE(d.keys.empty());
@@ -563,10 +564,10 @@ TEST_P(ObjectsTest, ADescriptorOfAnAgentThatNeverMintedItMovesNothing) {
 }
 
 TEST_P(ObjectsTest, EveryListedFailureValue) {
-  std::vector<uint8_t> sdata = pattern(1 << 16, 2);
+  ferry::test::Bytes sdata = pattern(1 << 16, 2);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
-  std::vector<uint8_t> dst(1 << 16, 0);
+  ferry::test::Bytes dst(1 << 16, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   std::string get = token(dst, CUOBJ_GET);
   uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
@@ -587,7 +588,7 @@ TEST_P(ObjectsTest, EveryListedFailureValue) {
   rdma_buffer* fake = reinterpret_cast<rdma_buffer*>(sdata.data());
   EXPECT_EQ(server_->handleGetObject("l", fake, addr, 4096, get, channel_, 0, &st), -EIO);
   EXPECT_EQ(st, IBV_WC_WR_FLUSH_ERR);
-  EXPECT_EQ(dst, std::vector<uint8_t>(1 << 16, 0));
+  EXPECT_EQ(dst, ferry::test::Bytes(1 << 16, 0));
   // Registration refusals.
   EXPECT_EQ(server_->registerBuffer(nullptr, 4096), nullptr);
   EXPECT_EQ(server_->registerBuffer(sdata.data(), 0), nullptr);
@@ -685,7 +686,7 @@ TEST_P(ObjectsTest, ScatterGatherBuffersAndViews) {
   std::memcpy(b2, p2.data(), 8192);
   rdma_buffer* sg = server_->registerBuffer(std::vector<cuObjScatterGatherEntry_t>{{b1, 4096}, {b2, 8192}});
   ASSERT_NE(sg, nullptr);
-  std::vector<uint8_t> dst(12288, 0);
+  ferry::test::Bytes dst(12288, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   std::string get = token(dst, CUOBJ_GET);
   uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
@@ -745,12 +746,12 @@ TEST_P(ObjectsTest, ScatterGatherBuffersAndViews) {
 TEST_P(ObjectsTest, ManyChannelsFromManyThreads) {
   const int threads = 8, rounds = 25;
   const size_t piece = 256 << 10;
-  std::vector<uint8_t> sdata = pattern(piece * threads, 31);
-  std::vector<uint8_t> back(piece * threads, 0);
+  ferry::test::Bytes sdata = pattern(piece * threads, 31);
+  ferry::test::Bytes back(piece * threads, 0);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   rdma_buffer* rback = server_->registerBuffer(back.data(), back.size());
   ASSERT_TRUE(rb && rback);
-  std::vector<std::vector<uint8_t>> dst(threads, std::vector<uint8_t>(piece));
+  std::vector<ferry::test::Bytes> dst(threads, ferry::test::Bytes(piece));
   std::atomic<int> failures{0};
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
@@ -791,8 +792,8 @@ TEST_P(ObjectsTest, ManyChannelsFromManyThreads) {
 }
 
 TEST_P(ObjectsTest, DelayModesAllComplete) {
-  std::vector<uint8_t> sdata = pattern(1 << 20, 41);
-  std::vector<uint8_t> dst(1 << 20);
+  ferry::test::Bytes sdata = pattern(1 << 20, 41);
+  ferry::test::Bytes dst(1 << 20);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   for (cuObjDelayMode_t mode :
        {CUOBJ_DELAY_NONE, CUOBJ_DELAY_BATCH, CUOBJ_DELAY_ENTRY, CUOBJ_DELAY_ADAPTIVE, CUOBJ_DELAY_INVALID}) {
@@ -853,7 +854,7 @@ TEST_P(ObjectsTest, TelemetryNamesEachRequestsKey) {
     cuObjClient c(gOps);
     ASSERT_TRUE(s.isConnected() && c.isConnected());
     uint16_t ch = s.allocateChannelId();
-    std::vector<uint8_t> sdata = pattern(4096, 1), dst(4096);
+    ferry::test::Bytes sdata = pattern(4096, 1), dst(4096);
     rdma_buffer* rb = s.registerBuffer(sdata.data(), 4096);
     ASSERT_EQ(c.cuMemObjGetDescriptor(dst.data(), 4096), CU_OBJ_SUCCESS);
     char* g = nullptr;
@@ -898,7 +899,7 @@ TEST(ObjectsIpv6, AServerOnIpv6LoopbackServesAClient) {
   cuObjClient client(gOps);
   ASSERT_TRUE(client.isConnected());
   uint16_t ch = server.allocateChannelId();
-  std::vector<uint8_t> sdata = pattern(1 << 20, 51), dst(1 << 20);
+  ferry::test::Bytes sdata = pattern(1 << 20, 51), dst(1 << 20);
   rdma_buffer* rb = server.registerBuffer(sdata.data(), sdata.size());
   ASSERT_EQ(client.cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   Route route = makeRoute(&server, rb, ch);
@@ -918,7 +919,7 @@ TEST(ObjectsDescriptor, DecoderRefusesEveryMalformedForm) {
   cuObjClient client(gOps);
   ASSERT_TRUE(client.isConnected());
   // A real agent address, from a real token.
-  std::vector<uint8_t> mem(4096);
+  ferry::test::Bytes mem(4096);
   ASSERT_EQ(client.cuMemObjGetDescriptor(mem.data(), mem.size()), CU_OBJ_SUCCESS);
   char* t = nullptr;
   ASSERT_EQ(client.cuMemObjGetRDMAToken(mem.data(), 4096, 0, CUOBJ_GET, &t), CU_OBJ_SUCCESS);
