@@ -516,12 +516,12 @@ def resolve_path(mad: LocalPathResolver, path: IBPath, reversible: bool = False,
         raise SAPathNotFoundError("no path with P_Key 0x%x: %s has %s" % (
             path.pkey, end_port, ", ".join("0x%x" % p for p in end_port.pkeys)))
 
-    if end_port.link_layer == 2 or end_port.parent.provider == "soft":
+    if end_port.link_layer == 2 or end_port.parent.addressed_by_context:
         # RoCE-style addressing: GIDs route, every packet has a GRH, LIDs are unused.
         if path.DGID is None:
             raise SAPathNotFoundError("%s addresses peers by GID: the path needs a DGID" % end_port)
         dgid = IBA.GID(path.DGID)
-        if end_port.parent.provider == "soft" and not _is_soft_gid(dgid):
+        if end_port.parent.addressed_by_context and not _is_soft_gid(dgid):
             raise SAPathNotFoundError("no path to %s from %s: not the GID of a ferry software device "
                                       "(a verbs context)" % (str(dgid), end_port))
         path.DGID = dgid

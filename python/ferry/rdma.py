@@ -37,7 +37,12 @@ class RDMADevice:
 
     :attr:`name`, :attr:`provider` ("soft", "ibverbs"), :attr:`transport`, :attr:`netdev`,
     :attr:`address` (its IP address), :attr:`node_guid`, :attr:`numa_node`, and
-    :attr:`end_ports`, a list of :class:`EndPort` (index 0 is port 1)."""
+    :attr:`end_ports`, a list of :class:`EndPort` (index 0 is port 1).
+
+    :attr:`addressed_by_context` says how peers reach it: True for ferry's software devices, where
+    each verbs context is reached at :attr:`address` and a port of its own and has one GID (index
+    0, that address IPv4-mapped), so LIDs and the GID table mean nothing; False for a NIC, whose
+    ports are addressed by their GID tables and LIDs."""
 
     def __init__(self, info: Mapping[str, Any]) -> None:
         self.name: str = info["name"]
@@ -47,6 +52,8 @@ class RDMADevice:
         self.address: str = info["address"]
         self.node_guid = IBA.GUID(info["guid"])
         self.numa_node: int = info["numa_node"]
+        self.addressed_by_context: bool = info["addressed_by_context"]
+        self._ports: int = info["ports"]  # 0: ask a context
         self._contexts: List[_weakref.ref[verbs.Context]] = []
         self._lock = _threading.Lock()
         self._end_ports: Optional[List[EndPort]] = None
@@ -56,9 +63,8 @@ class RDMADevice:
         """The device's ports, as :class:`EndPort` objects (index 0 is port 1). A software device
         has one; another device is asked once, through a verbs context opened for the query."""
         if self._end_ports is None:
-            if self.provider == "soft":
-                count = 1
-            else:
+            count = self._ports
+            if count == 0:
                 with _TemporaryContext(self.name) as ctx:
                     count = ctx._query_device()["phys_port_cnt"]
             self._end_ports = [EndPort(self, i + 1) for i in range(count)]
@@ -158,8 +164,8 @@ class EndPort:
     def _gid_index(self, gid: IBA.GIDLike) -> Optional[int]:
         """The GID table index of *gid* at this port, or None if it is not one of the port's."""
         gid = IBA.GID(gid)
-        if self.parent.provider == "soft":
-            # Every context of a software device has one GID (index 0), holding the device's IPv4
+        if self.parent.addressed_by_context:
+            # Every context of such a device has one GID (index 0), holding the device's IPv4
             # address; any context of this device may be the source.
             raw = bytes(gid)
             if path._is_soft_gid(gid) and ".".join(str(b) for b in raw[12:16]) == self.parent.address:

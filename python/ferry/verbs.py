@@ -590,9 +590,6 @@ class async_event(NamedTuple):
     obj: Union[CQ, QP, SRQ, EndPort, RDMADevice, int, None]
 
 
-# ACK delay of ferry's software devices, as an IBA timer code (4.096 us * 2**code = 4 ms): the
-# progress thread acknowledges well within it. The C++ DeviceAttr has no such field yet.
-_SOFT_LOCAL_CA_ACK_DELAY = 10
 
 # ---------------------------------------------------------------------------------------------
 # Errors.
@@ -804,7 +801,6 @@ class Context(_core.Context):
 
         :rtype: :data:`device_attr`"""
         d = self._query_device()
-        soft = self.node.provider == "soft"
         return device_attr(
             fw_ver=d["fw_ver"], node_guid=IBA.GUID(d["node_guid"]), sys_image_guid=IBA.GUID(d["sys_image_guid"]),
             max_mr_size=d["max_mr_size"], page_size_cap=d["page_size_cap"], vendor_id=d["vendor_id"],
@@ -816,7 +812,7 @@ class Context(_core.Context):
             max_ee=0, max_rdd=0, max_mw=0, max_raw_ipv6_qp=0, max_raw_ethy_qp=0, max_mcast_grp=0,
             max_mcast_qp_attach=0, max_total_mcast_qp_attach=0, max_ah=d["max_qp"], max_fmr=0, max_map_per_fmr=0,
             max_srq=d["max_srq"], max_srq_wr=d["max_srq_wr"], max_srq_sge=d["max_srq_sge"],
-            max_pkeys=d["max_pkeys"], local_ca_ack_delay=_SOFT_LOCAL_CA_ACK_DELAY if soft else 16,
+            max_pkeys=d["max_pkeys"], local_ca_ack_delay=d["local_ca_ack_delay"],
             phys_port_cnt=d["phys_port_cnt"], max_inline_data=d["max_inline_data"])
 
     def query_port(self, port_id: Optional[int] = None) -> port_attr:

@@ -126,6 +126,7 @@ py::dict deviceAttrToDict(const verbs::DeviceAttr& a) {
   d["max_pkeys"] = a.maxPkeys;
   d["phys_port_cnt"] = a.physPortCnt;
   d["max_inline_data"] = a.maxInlineData;
+  d["local_ca_ack_delay"] = a.localCaAckDelay;
   d["atomic_cap"] = a.atomicCap;
   return d;
 }
@@ -156,6 +157,8 @@ py::dict deviceInfoToDict(const verbs::DeviceInfo& info) {
   d["address"] = info.address;
   d["guid"] = info.guid;
   d["numa_node"] = info.numaNode;
+  d["addressed_by_context"] = info.addressedByContext;
+  d["ports"] = info.ports;
   return d;
 }
 

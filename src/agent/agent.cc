@@ -141,7 +141,7 @@ Status AgentImpl::openDevices() {
     }
     DeviceAddress d;
     d.name = info.name;
-    if (info.provider == "soft") {
+    if (info.addressedByContext) {  // the device's IP address, and a port the context listens on
       d.kind = DeviceAddress::Kind::kSoft;
       d.ip = info.address;
       d.prefixLength = prefixLengthOf(info.address);

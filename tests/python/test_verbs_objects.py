@@ -41,6 +41,12 @@ def test_soft_lo_is_always_there():
     dev = ferry.get_device("soft_lo")
     assert dev.address == "127.0.0.1"
     assert dev.provider == "soft"
+    # What it is, as the layers above ask it: each context reached at the address and a port of
+    # its own, one port, and the ACK delay its progress thread holds (4.096 us * 2**10).
+    assert dev.addressed_by_context is True
+    assert len(dev.end_ports) == 1
+    with ferry.get_verbs(dev.end_ports[0]) as ctx:
+        assert ctx.query_device().local_ca_ack_delay == 10
 
 
 def test_spec_basic_example():

@@ -240,6 +240,17 @@ TEST_P(VerbsConformance, QueryDevicePortAndGid) {
   EXPECT_TRUE(hasCode(context.queryGid(1, port.gidTblLen).status(), StatusCode::kInvalidArgument));
   EXPECT_TRUE(hasCode(context.queryGid(1, -1).status(), StatusCode::kInvalidArgument));
 
+  // What the device says it is (DeviceInfo), which the layers above ask instead of its provider.
+  const v::DeviceInfo& info = context.info();
+  if (info.ports != 0) EXPECT_EQ(info.ports, device.physPortCnt);
+  if (info.addressedByContext) {  // one GID per context: its address, IPv4-mapped
+    EXPECT_EQ(port.gidTblLen, 1);
+    in_addr mapped{};
+    ASSERT_EQ(inet_pton(AF_INET, info.address.c_str(), &mapped), 1) << info.address;
+    EXPECT_EQ(std::memcmp(gid0.raw.data() + 12, &mapped, 4), 0) << gid0.toString();
+  }
+  EXPECT_LE(device.localCaAckDelay, 31);  // an IBA timer code
+
   // A device bound to an IPv4 address carries it as an IPv4-mapped GID.
   in_addr address{};
   if (inet_pton(AF_INET, context.info().address.c_str(), &address) == 1) {

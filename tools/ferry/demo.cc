@@ -72,13 +72,13 @@ bool readLine(FILE* in, std::string* line) {
   return true;
 }
 
-// The IPv4 address of a software device ("" for other devices): the embedded store and the agents
-// listen there, so a target in another network namespace reaches them.
+// The IPv4 address of a device addressed by context, a software device ("" for other devices): the embedded
+// store and the agents listen there, so a target in another network namespace reaches them.
 std::string deviceAddress(const std::string& device) {
   auto devices = listDevices();
   if (!devices.isOk()) return "";
   for (const auto& d : *devices) {
-    if (d.name == device && d.provider == "soft") return d.address;
+    if (d.name == device && d.addressedByContext) return d.address;
   }
   return "";
 }

@@ -193,8 +193,9 @@ struct DeviceAttr {
   int maxSrqSge = 0;
   uint16_t maxPkeys = 0;
   uint8_t physPortCnt = 0;
-  uint32_t maxInlineData = 0;  // largest inline payload a send WR may carry
-  uint8_t atomicCap = 0;       // 0 none, 1 HCA (atomic w.r.t. this device), 2 global
+  uint32_t maxInlineData = 0;   // largest inline payload a send WR may carry
+  uint8_t atomicCap = 0;        // 0 none, 1 HCA (atomic w.r.t. this device), 2 global
+  uint8_t localCaAckDelay = 0;  // how soon the device acknowledges, as an IBA timer code (4.096 us * 2^n)
 };
 
 struct PortAttr {
@@ -331,6 +332,16 @@ struct DeviceInfo {
   std::string address;    // its IP address, if any
   uint64_t guid = 0;
   int numaNode = -1;  // -1 where unknown
+
+  // What the device is, for the layers above to ask rather than name its provider:
+  //
+  // Peers reach each verbs context of the device at `address` and a port of that context's own:
+  // a context has one GID (index 0, the IPv4-mapped `address` with the context's port in it), and
+  // LIDs and the GID table mean nothing (ferry's software devices). False: a port's GID table and
+  // LIDs address it, as on a NIC.
+  bool addressedByContext = false;
+  // Its ports, when known without opening it; 0: ask a context (DeviceAttr::physPortCnt).
+  int ports = 0;
 };
 
 }  // namespace ferry::verbs

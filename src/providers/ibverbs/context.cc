@@ -285,6 +285,7 @@ Result<verbs::DeviceAttr> IbvContext::queryDeviceLocked() {
   d.physPortCnt = a.phys_port_cnt;
   d.atomicCap = static_cast<uint8_t>(a.atomic_cap);
   d.maxInlineData = maxInlineData();
+  d.localCaAckDelay = a.local_ca_ack_delay;
   return d;
 }
 

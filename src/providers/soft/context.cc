@@ -118,6 +118,8 @@ std::vector<SoftDeviceInfo> listSoftDevices() {
     d.info.address = text;
     d.info.guid = (static_cast<uint64_t>(0xfe44) << 48) | ntohl(d.ipv4);
     d.info.numaNode = numaNodeOf(it->ifa_name);
+    d.info.addressedByContext = true;
+    d.info.ports = 1;
     devices.push_back(std::move(d));
   }
   freeifaddrs(list);
@@ -674,6 +676,8 @@ Result<verbs::DeviceAttr> SoftContext::queryDevice() {
   a.physPortCnt = 1;
   a.maxInlineData = kMaxInline;
   a.atomicCap = 1;
+  // 4.096 us * 2^10 = 4 ms: the progress thread acknowledges well within it.
+  a.localCaAckDelay = 10;
   return a;
 }
 
