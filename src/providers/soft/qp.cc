@@ -60,6 +60,16 @@ Result<verbs::QpAttr> SoftQp::query() {
   return attr;
 }
 
+namespace {
+
+uint64_t bytesOf(const verbs::SendWr& wr) {
+  uint64_t total = 0;
+  for (const auto& sge : wr.sgList) total += sge.length;
+  return total;
+}
+
+}  // namespace
+
 Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   size_t posted = 0;
   Status status;
@@ -68,27 +78,10 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
     std::unique_lock<std::mutex> lock(mu_);
     for (; posted < wrs.size(); ++posted) {
       const verbs::SendWr& wr = wrs[posted];
-      QpState state = state_.load();
-      if (closed_) {
-        status = closedError("post send: the QP is closed");
-        break;
-      }
-      if (sendCq_->closed()) {
-        status = closedError("post send: the QP's send CQ is closed");
-        break;
-      }
-      if (state == QpState::kReset || state == QpState::kInit || state == QpState::kRtr) {
-        status = refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state) + ")");
-        break;
-      }
       // The verbs layer checked every request against the QP's capabilities (verbs/posting.h).
-      uint64_t total = 0;
-      for (const auto& sge : wr.sgList) total += sge.length;
-      const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
-      if (total > wire::kMaxMessage) {
-        status = refusePost("message above the 2 GiB limit");
-        break;
-      }
+      const uint64_t total = bytesOf(wr);
+      status = checkPostLocked(total);
+      if (!status.isOk()) break;
       if (sqOutstanding_.load() >= cap_.maxSendWr) {
         if (badIndex) *badIndex = posted;
         status = resourceExhausted("post send: send queue full");
@@ -99,48 +92,15 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       ++sqOutstanding_;
       const FastPath* fp = fastPathForLocked(wr.opcode, total);
       if (fp && (wr.opcode == WrOpcode::kRdmaWrite || wr.opcode == WrOpcode::kRdmaRead)) {
-        // A run of WRITEs (or READs) to one region posted together moves in one copy.
         size_t run = 1;
-        size_t pieces = wr.sgList.size();
-        uint64_t runBytes = total;
-        while (posted + run < wrs.size() && run < kMaxFastBatch &&
-               sqOutstanding_.load() + run < cap_.maxSendWr) {
-          const verbs::SendWr& next = wrs[posted + run];
-          uint64_t len = 0;
-          for (const auto& sge : next.sgList) len += sge.length;
-          if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 ||
-              len > wire::kMaxMessage || pieces + next.sgList.size() > kMaxFastPieces) {
-            break;
-          }
-          pieces += next.sgList.size();
-          runBytes += len;
-          ++run;
+        const FastRun ran = postFastRunLocked(lock, wrs, posted, total, &queued, &run);
+        if (ran == FastRun::kDone) {
+          posted += run - 1;
+          continue;
         }
-        if (run > 1) {
-          sqOutstanding_ += static_cast<uint32_t>(run - 1);
-          auto batch = wrs.subspan(posted, run);
-          const bool done = runFastLocked(lock, runBytes, &queued, [&](const FastPath& path) {
-            if (!runFastPathBatch(path, batch)) return false;
-            // One step for the batch's slots (an atomic step per request cost more than the copy
-            // of a small WRITE), then the completions of the signaled ones.
-            releaseSendSlots(static_cast<uint32_t>(run));
-            for (const auto& w : batch) {
-              if (!sqSigAll_ && !(w.sendFlags & verbs::send_flags::kSignaled)) continue;
-              uint64_t len = 0;
-              for (const auto& sge : w.sgList) len += sge.length;
-              pushSendWc(w.wrId, w.opcode, len, true, WcStatus::kSuccess);
-            }
-            return true;
-          });
-          if (done) {
-            posted += run - 1;
-            continue;
-          }
-          sqOutstanding_ -= static_cast<uint32_t>(run - 1);
-          // A long batch ran without the lock, which let the path go meanwhile (its peer died):
-          // ask again rather than use the one from before.
-          fp = fastPathForLocked(wr.opcode, total);
-        }
+        // A long batch ran without the lock, which let the path go meanwhile (its peer died):
+        // ask again rather than use the one from before.
+        if (ran == FastRun::kRefused) fp = fastPathForLocked(wr.opcode, total);
       }
       if (fp) {
         // Carried out here, before anything posted after it (which waits in posted_).
@@ -155,49 +115,104 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
         placed = fastDone && wr.opcode == WrOpcode::kRdmaWriteWithImm;
         if (fastDone && !placed) continue;
       }
-      SendWqe wqe;
-      wqe.wrId = wr.wrId;
-      wqe.opcode = wr.opcode;
-      wqe.flags = wr.sendFlags;
-      wqe.signaled = signaled;
-      wqe.length = total;
-      wqe.immData = wr.immData;
-      wqe.placed = placed;
-      if (isAtomic(wr.opcode)) {
-        wqe.remoteAddr = wr.atomic.remoteAddr;
-        wqe.rkey = wr.atomic.rkey;
-        wqe.compareAdd = wr.atomic.compareAdd;
-        wqe.swap = wr.atomic.swap;
-      } else {
-        wqe.remoteAddr = wr.rdma.remoteAddr;
-        wqe.rkey = wr.rdma.rkey;
-      }
-      if (placed) {
-        // Nothing of the caller's memory is needed any more.
-      } else if (inlined) {
-        // Inline data is copied now: the caller may reuse its buffer as soon as we return.
-        wqe.inlineData.resize(total);
-        size_t off = 0;
-        for (const auto& sge : wr.sgList) {
-          if (sge.length)
-            std::memcpy(wqe.inlineData.data() + off, reinterpret_cast<const void*>(sge.addr), sge.length);
-          off += sge.length;
-        }
-      } else {
-        wqe.sges.assign(wr.sgList.begin(), wr.sgList.end());
-      }
+      SendWqe wqe = sendWqeOf(wr, total, signaled, placed);
       if (fp) {
         posted_.push_front(std::move(wqe));  // refused by the same-host path, or placed: first in line
-        queued = true;
-        continue;
+      } else {
+        posted_.push_back(std::move(wqe));
       }
-      posted_.push_back(std::move(wqe));
       queued = true;
     }
   }
   if (queued) schedulePump();
   if (!status.isOk() && badIndex) *badIndex = posted;
   return status;
+}
+
+Status SoftQp::checkPostLocked(uint64_t total) const {
+  const QpState state = state_.load();
+  if (closed_) return closedError("post send: the QP is closed");
+  if (sendCq_->closed()) return closedError("post send: the QP's send CQ is closed");
+  if (state == QpState::kReset || state == QpState::kInit || state == QpState::kRtr) {
+    return refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state) + ")");
+  }
+  if (total > wire::kMaxMessage) return refusePost("message above the 2 GiB limit");
+  return Status::ok();
+}
+
+SoftQp::FastRun SoftQp::postFastRunLocked(std::unique_lock<std::mutex>& lock,
+                                          std::span<const verbs::SendWr> wrs, size_t first,
+                                          uint64_t firstBytes, bool* queued, size_t* run) {
+  // A run of WRITEs (or READs) to one region posted together moves in one copy.
+  const verbs::SendWr& wr = wrs[first];
+  size_t n = 1;
+  size_t pieces = wr.sgList.size();
+  uint64_t runBytes = firstBytes;
+  while (first + n < wrs.size() && n < kMaxFastBatch && sqOutstanding_.load() + n < cap_.maxSendWr) {
+    const verbs::SendWr& next = wrs[first + n];
+    const uint64_t len = bytesOf(next);
+    if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 || len > wire::kMaxMessage ||
+        pieces + next.sgList.size() > kMaxFastPieces) {
+      break;
+    }
+    pieces += next.sgList.size();
+    runBytes += len;
+    ++n;
+  }
+  if (n == 1) return FastRun::kNone;
+  sqOutstanding_ += static_cast<uint32_t>(n - 1);
+  auto batch = wrs.subspan(first, n);
+  const bool done = runFastLocked(lock, runBytes, queued, [&](const FastPath& path) {
+    if (!runFastPathBatch(path, batch)) return false;
+    // One step for the batch's slots (an atomic step per request cost more than the copy of a
+    // small WRITE), then the completions of the signaled ones.
+    releaseSendSlots(static_cast<uint32_t>(n));
+    for (const auto& w : batch) {
+      if (!sqSigAll_ && !(w.sendFlags & verbs::send_flags::kSignaled)) continue;
+      pushSendWc(w.wrId, w.opcode, bytesOf(w), true, WcStatus::kSuccess);
+    }
+    return true;
+  });
+  if (done) {
+    *run = n;
+    return FastRun::kDone;
+  }
+  sqOutstanding_ -= static_cast<uint32_t>(n - 1);
+  return FastRun::kRefused;
+}
+
+SendWqe SoftQp::sendWqeOf(const verbs::SendWr& wr, uint64_t total, bool signaled, bool placed) {
+  SendWqe wqe;
+  wqe.wrId = wr.wrId;
+  wqe.opcode = wr.opcode;
+  wqe.flags = wr.sendFlags;
+  wqe.signaled = signaled;
+  wqe.length = total;
+  wqe.immData = wr.immData;
+  wqe.placed = placed;
+  if (isAtomic(wr.opcode)) {
+    wqe.remoteAddr = wr.atomic.remoteAddr;
+    wqe.rkey = wr.atomic.rkey;
+    wqe.compareAdd = wr.atomic.compareAdd;
+    wqe.swap = wr.atomic.swap;
+  } else {
+    wqe.remoteAddr = wr.rdma.remoteAddr;
+    wqe.rkey = wr.rdma.rkey;
+  }
+  if (placed) return wqe;  // nothing of the caller's memory is needed any more
+  if ((wr.sendFlags & verbs::send_flags::kInline) != 0) {
+    // Inline data is copied now: the caller may reuse its buffer as soon as we return.
+    wqe.inlineData.resize(total);
+    size_t off = 0;
+    for (const auto& sge : wr.sgList) {
+      if (sge.length)
+        std::memcpy(wqe.inlineData.data() + off, reinterpret_cast<const void*>(sge.addr), sge.length);
+      off += sge.length;
+    }
+  } else {
+    wqe.sges.assign(wr.sgList.begin(), wr.sgList.end());
+  }
+  return wqe;
 }
 
 template <typename Run>

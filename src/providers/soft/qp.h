@@ -169,6 +169,16 @@ class SoftQp final : public verbs::QpImpl,
   // returns: whether the request was carried out.
   template <typename Run>
   bool runFastLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run);
+  // Under mu_: whether a send of `total` bytes may be posted now (the QP's state and CQ, the size).
+  Status checkPostLocked(uint64_t total) const;
+  // Under mu_: wrs[first] and the WRITEs (or READs) after it to the same region, carried out as one
+  // copy on the same-host path. kNone: no such run (wrs[first] goes alone); kDone: *run requests
+  // completed; kRefused: the path refused the run (it may be gone: ask for it again).
+  enum class FastRun { kNone, kDone, kRefused };
+  FastRun postFastRunLocked(std::unique_lock<std::mutex>& lock, std::span<const verbs::SendWr> wrs,
+                            size_t first, uint64_t firstBytes, bool* queued, size_t* run);
+  // The queue entry of a send request (inline data copied; a placed WRITE_WITH_IMM keeps no memory).
+  static SendWqe sendWqeOf(const verbs::SendWr& wr, uint64_t total, bool signaled, bool placed);
   // Carries out wr on the same-host path; false: it must go over TCP.
   bool runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length);
   // An atomic on memory both sides map, as loads and stores; false: it must go to the peer.
@@ -186,9 +196,33 @@ class SoftQp final : public verbs::QpImpl,
   // Requester frames (arrive on reqConn_).
   Status onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan);
   void onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer);
+  // pumpFromLoop's steps: posted_ moved to sq_ (false while a same-host post copies), whether the
+  // QP can send now (else what it waits for is arranged), and one request sent (its lane part, if
+  // any, added to laneParts); false: stop, the QP failed or closed.
+  bool takePostedFromLoop();
+  bool readyToSendFromLoop();
+  bool sendRequestFromLoop(SendWqe& wqe, std::vector<OutFrame>* laneParts);
+  void onHelloReplyFromLoop(const wire::FrameHeader& h);  // the dial's answer: ready, ring, or again
+  void onReadResponseFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer);
+  void onAtomicResponseFromLoop(const wire::FrameHeader& h);
+  void onNakFromLoop(const wire::FrameHeader& h);
+  // After an RNR NAK of sq_[refused]: resend from it once the peer's RNR timer (IBA code) ran out.
+  void rewindForRnrFromLoop(size_t refused, uint8_t rnrTimerCode);
+  SendWqe* sentWqe(uint32_t seq);  // the sent request `seq`, or nullptr
   // Responder frames (arrive on respConn_).
   Status onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan);
   void onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan);
+  // The request's checks and where its payload lands (onRequestHeader); a refusal answers the NAK.
+  void planSendFromLoop(const wire::FrameHeader& h, PayloadPlan* plan);
+  void planWriteFromLoop(const wire::FrameHeader& h, PayloadPlan* plan);
+  std::shared_ptr<MrEntry> remoteEntry(const wire::FrameHeader& h, uint64_t addr, uint64_t len,
+                                       uint32_t need);
+  bool qpAllowsFromLoop(const wire::FrameHeader& h, uint32_t need);
+  // The request once its payload landed (onRequestFrame): completions, and the answers.
+  void receivedSendFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan);
+  void receivedWriteFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan);
+  void answerReadFromLoop(const wire::FrameHeader& h);
+  void answerAtomicFromLoop(const wire::FrameHeader& h);
 
   std::shared_ptr<SoftContext> ctx_;
   std::shared_ptr<SoftPd> pd_;

@@ -220,36 +220,8 @@ void SoftQp::dropLaneOutFromLoop() {
 
 void SoftQp::pumpFromLoop() {
   pumpScheduled_ = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fastBusy_) return;  // the post copying on the same-host path schedules us when it ends
-    if (sq_.empty() && !posted_.empty()) lastProgress_ = ctx_->reactor().runNow();
-    if (sq_.empty()) {
-      sq_.swap(posted_);  // the whole list at once, no request moved
-    } else {
-      while (!posted_.empty()) {
-        sq_.push_back(std::move(posted_.front()));
-        posted_.pop_front();
-      }
-    }
-  }
-  QpState state = state_.load();
-  if (state == QpState::kErr) {
-    flushFromLoop();
-    return;
-  }
-  if (state != QpState::kRts || sq_.empty()) return;
-  if (laneOutlivesConn_) {  // the connection is gone; its lane is heard out first
-    armTimeoutFromLoop();
-    return;
-  }
-  if (!reqConn_ || !reqReady_) {
-    if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
-    armTimeoutFromLoop();
-    return;
-  }
-  if (rnrWaiting_ || localErrorPending_) return;
-  uint32_t maxRd = std::max<uint32_t>(1, attr_.maxRdAtomic);
+  if (!takePostedFromLoop() || !readyToSendFromLoop()) return;
+  const uint32_t maxRd = std::max<uint32_t>(1, attr_.maxRdAtomic);
   // The requests of one pump leave in one write (see Conn::cork).
   struct Corked {
     std::shared_ptr<Conn> conn;
@@ -268,46 +240,87 @@ void SoftQp::pumpFromLoop() {
   } laneBatch{laneOut_, {}};
   while (nextToSend_ < sq_.size()) {
     SendWqe& wqe = sq_[nextToSend_];
-    bool rdAtomic = isReadOrAtomic(wqe.opcode);
+    const bool rdAtomic = isReadOrAtomic(wqe.opcode);
     if (rdAtomic && rdInFlight_ >= maxRd) break;
     if ((wqe.flags & verbs::send_flags::kFence) && rdInFlight_ > 0) break;
-    wqe.seq = nextSeq_++;
-    ++nextToSend_;
-    if (wqe.rnrLeft < 0) wqe.rnrLeft = attr_.rnrRetry;
-    if (WcStatus local = resolveLocalFromLoop(wqe); local != WcStatus::kSuccess) {
-      wqe.error = local;
-      localErrorPending_ = true;
-      completeFromLoop();
-      return;
-    }
-    if (rdAtomic) ++rdInFlight_;
-    const bool laneable = (wqe.opcode == WrOpcode::kRdmaWrite || wqe.opcode == WrOpcode::kRdmaRead) &&
-                          wqe.length >= laneMinBytes_;
-    if (laneTicketHeld_ != 0 && laneable) {
-      startLaneFromLoop(std::exchange(laneTicketHeld_, 0));  // this one goes whole; later ones share
-    }
-    wqe.laned = false;
-    wqe.laneLanded = false;
-    if (laneReady_ && laneable && wqe.opcode == WrOpcode::kRdmaRead) {
-      // The response's second part comes back on the lane, placed by the lane thread: it knows
-      // where before the request leaves.
-      Segments tail;
-      const uint64_t first = laneSplitAt(wqe.length);
-      splitSegments(wqe.local, first, nullptr, &tail);
-      laneOut_->expectRead(wqe.seq, wqe.length - first, std::move(tail));
-      wqe.laned = true;
-    }
-    OutFrame lanePart;
-    OutFrame frame = buildRequestFrame(wqe, &lanePart);
-    if (lanePart.headerLen != 0) {
-      wqe.laned = true;
-      laneBatch.lane = laneOut_;
-      laneBatch.frames.push_back(std::move(lanePart));
-    }
-    reqConn_->send(std::move(frame));
-    if (state_.load() != QpState::kRts || !reqConn_) return;  // the send failed and closed things
+    const size_t laneParts = laneBatch.frames.size();
+    const bool more = sendRequestFromLoop(wqe, &laneBatch.frames);
+    if (laneBatch.frames.size() != laneParts) laneBatch.lane = laneOut_;
+    if (!more) return;
   }
   armTimeoutFromLoop();
+}
+
+bool SoftQp::takePostedFromLoop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fastBusy_) return false;  // the post copying on the same-host path schedules us when it ends
+  if (sq_.empty() && !posted_.empty()) lastProgress_ = ctx_->reactor().runNow();
+  if (sq_.empty()) {
+    sq_.swap(posted_);  // the whole list at once, no request moved
+  } else {
+    while (!posted_.empty()) {
+      sq_.push_back(std::move(posted_.front()));
+      posted_.pop_front();
+    }
+  }
+  return true;
+}
+
+bool SoftQp::readyToSendFromLoop() {
+  const QpState state = state_.load();
+  if (state == QpState::kErr) {
+    flushFromLoop();
+    return false;
+  }
+  if (state != QpState::kRts || sq_.empty()) return false;
+  if (laneOutlivesConn_) {  // the connection is gone; its lane is heard out first
+    armTimeoutFromLoop();
+    return false;
+  }
+  if (!reqConn_ || !reqReady_) {
+    if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
+    armTimeoutFromLoop();
+    return false;
+  }
+  return !rnrWaiting_ && !localErrorPending_;
+}
+
+bool SoftQp::sendRequestFromLoop(SendWqe& wqe, std::vector<OutFrame>* laneParts) {
+  const bool rdAtomic = isReadOrAtomic(wqe.opcode);
+  wqe.seq = nextSeq_++;
+  ++nextToSend_;
+  if (wqe.rnrLeft < 0) wqe.rnrLeft = attr_.rnrRetry;
+  if (WcStatus local = resolveLocalFromLoop(wqe); local != WcStatus::kSuccess) {
+    wqe.error = local;
+    localErrorPending_ = true;
+    completeFromLoop();
+    return false;
+  }
+  if (rdAtomic) ++rdInFlight_;
+  const bool laneable = (wqe.opcode == WrOpcode::kRdmaWrite || wqe.opcode == WrOpcode::kRdmaRead) &&
+                        wqe.length >= laneMinBytes_;
+  if (laneTicketHeld_ != 0 && laneable) {
+    startLaneFromLoop(std::exchange(laneTicketHeld_, 0));  // this one goes whole; later ones share
+  }
+  wqe.laned = false;
+  wqe.laneLanded = false;
+  if (laneReady_ && laneable && wqe.opcode == WrOpcode::kRdmaRead) {
+    // The response's second part comes back on the lane, placed by the lane thread: it knows
+    // where before the request leaves.
+    Segments tail;
+    const uint64_t first = laneSplitAt(wqe.length);
+    splitSegments(wqe.local, first, nullptr, &tail);
+    laneOut_->expectRead(wqe.seq, wqe.length - first, std::move(tail));
+    wqe.laned = true;
+  }
+  OutFrame lanePart;
+  OutFrame frame = buildRequestFrame(wqe, &lanePart);
+  if (lanePart.headerLen != 0) {
+    wqe.laned = true;
+    laneParts->push_back(std::move(lanePart));
+  }
+  reqConn_->send(std::move(frame));
+  return state_.load() == QpState::kRts && reqConn_;  // else the send failed and closed things
 }
 
 void SoftQp::completeFromLoop() {
@@ -618,159 +631,169 @@ Status SoftQp::onResponseHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
 
 void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
   using wire::FrameType;
-  if (h.type == FrameType::kHelloReply) {
-    if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kUseRing) {
-      // The peer is on this host: the same conversation again, over shared-memory rings.
-      reqConn_->close(Status::ok(), true);
-      reqConn_.reset();
-      bool started = false;
-      if (h.sharePid == 0 || h.ringTicket == 0) {
-        stayOnTcpFromLoop("the peer's reply named no ring listener");
-      } else {
-        started = startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket);
-      }
-      if (!started) {
-        scheduleReconnectFromLoop();
-        armTimeoutFromLoop();
-      }
+  switch (h.type) {
+    case FrameType::kHelloReply: return onHelloReplyFromLoop(h);
+    case FrameType::kAck:
+      if (seqLe(ackedThrough_, h.seq)) ackedThrough_ = h.seq;
+      completeFromLoop();
       return;
-    }
-    if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
-      reqReady_ = true;
-      peerReached_ = true;
-      setupFastPathFromLoop(h);
-      // The lane opens with the first WRITE large enough to share: a QP that never sends one
-      // keeps a single connection.
-      laneTicketHeld_ = laneMinBytes_ > 0 && !reqConn_->link().sameHost() ? h.laneTicket : 0;
-      reconnectDelayMs_ = 1;
-      lastProgress_ = Clock::now();
-      pumpFromLoop();
+    case FrameType::kReadResp: return onReadResponseFromLoop(h, plan, trailer);
+    case FrameType::kAtomicResp: return onAtomicResponseFromLoop(h);
+    case FrameType::kNak: return onNakFromLoop(h);
+    default: return;
+  }
+}
+
+void SoftQp::onHelloReplyFromLoop(const wire::FrameHeader& h) {
+  if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kUseRing) {
+    // The peer is on this host: the same conversation again, over shared-memory rings.
+    reqConn_->close(Status::ok(), true);
+    reqConn_.reset();
+    bool started = false;
+    if (h.sharePid == 0 || h.ringTicket == 0) {
+      stayOnTcpFromLoop("the peer's reply named no ring listener");
     } else {
-      // The peer QP is not ready yet (kNotReady: its owner has not moved it to RTR), or refuses us
-      // for now: try again until the transport timeout. A QP that was reached before and now is
-      // not there (destroyed, or in ERR) is gone.
-      reqConn_->close(Status::ok(), true);
-      reqConn_.reset();
-      if (peerReached_ && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {
-        peerGoneFromLoop("its queue pair no longer exists");
-        return;
-      }
+      started = startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket);
+    }
+    if (!started) {
       scheduleReconnectFromLoop();
       armTimeoutFromLoop();
     }
     return;
   }
-  auto findSent = [&](uint32_t seq) -> SendWqe* {
-    for (size_t i = 0; i < nextToSend_; ++i) {
-      if (sq_[i].seq == seq) return &sq_[i];
-    }
-    return nullptr;
-  };
-  switch (h.type) {
-    case FrameType::kAck:
-      if (seqLe(ackedThrough_, h.seq)) ackedThrough_ = h.seq;
-      completeFromLoop();
-      break;
-    case FrameType::kReadResp: {
-      SendWqe* wqe = findSent(h.seq);
-      if (!wqe) return;
-      wqe->responded = true;
-      if (trailer != 0) {
-        wqe->error = statusForSyndrome(static_cast<wire::Syndrome>(trailer));
-        ackedThrough_ = h.seq - 1;
-      } else if (plan.revoked) {
-        wqe->error = WcStatus::kLocProtErr;
-        ackedThrough_ = h.seq - 1;
-      } else {
-        ackedThrough_ = h.seq;
-      }
-      completeFromLoop();
-      break;
-    }
-    case FrameType::kAtomicResp: {
-      SendWqe* wqe = findSent(h.seq);
-      if (!wqe || !isAtomic(wqe->opcode)) {
-        enterErrorFromLoop(WcStatus::kBadRespErr);
-        return;
-      }
-      wqe->responded = true;
-      {
-        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-        if (wqe->local.empty() || wqe->local[0].entry->revoked) {
-          wqe->error = WcStatus::kLocProtErr;
-        } else {
-          DeviceAccess device;
-          std::memcpy(wqe->local[0].ptr, &h.atomicResult, 8);
-        }
-      }
-      ackedThrough_ = wqe->error == WcStatus::kSuccess ? h.seq : h.seq - 1;
-      completeFromLoop();
-      break;
-    }
-    case FrameType::kNak: {
-      SendWqe* wqe = findSent(h.seq);
-      if (!wqe) {
-        enterErrorFromLoop(WcStatus::kBadRespErr);
-        return;
-      }
-      ackedThrough_ = h.seq - 1;
-      auto syndrome = static_cast<wire::Syndrome>(h.aux);
-      if (syndrome != wire::Syndrome::kRnr) {
-        wqe->error = statusForSyndrome(syndrome);
-        completeFromLoop();
-        return;
-      }
-      // Receiver not ready: complete what came before, then resend from the refused request.
-      rnrWaiting_ = true;
-      completeFromLoop();
-      if (state_.load() != QpState::kRts || sq_.empty()) {
-        rnrWaiting_ = false;
-        return;
-      }
-      // What came before is done at the responder, yet a laned READ among it may still wait for
-      // its second part: it stays sent, and the resend starts at the refused request.
-      size_t refused = 0;
-      while (refused < nextToSend_ && sq_[refused].seq != h.seq) ++refused;
-      if (refused == nextToSend_) {
-        enterErrorFromLoop(WcStatus::kBadRespErr);
-        return;
-      }
-      SendWqe& front = sq_[refused];
-      if (attr_.rnrRetry != 7) {
-        if (front.rnrLeft <= 0) {
-          enterErrorFromLoop(WcStatus::kRnrRetryExcErr);
-          return;
-        }
-        --front.rnrLeft;
-      }
-      // Frames not yet out are dropped, except on a connection that laned: each laned WRITE's
-      // second half is on the lane already, and the responder matches halves in order, so every
-      // frame goes (the responder drops those after the refused one, halves too).
-      if (reqConn_ && !laneUsed_) reqConn_->dropUnsentFrames();
-      // The responder answers none of the READs from the refused request on: their parts will
-      // not come, and the resend expects them anew.
-      if (laneOut_) laneOut_->forgetReadsFrom(front.seq);
-      nextSeq_ = front.seq;
-      nextToSend_ = refused;
-      rdInFlight_ =
-          static_cast<uint32_t>(std::count_if(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(refused),
-                                              [](const SendWqe& w) { return isReadOrAtomic(w.opcode); }));
-      for (size_t i = refused; i < sq_.size(); ++i) sq_[i].responded = false;
-      rnrWaiting_ = true;
-      std::weak_ptr<SoftQp> weak = weak_from_this();
-      auto wait = std::chrono::microseconds(verbs::rnrTimerMicros(static_cast<uint8_t>(h.flags & 31)));
-      rnrTimer_ = ctx_->reactor().addTimer(Clock::now() + wait, [weak] {
-        if (auto self = weak.lock()) {
-          self->rnrTimer_ = 0;
-          self->rnrWaiting_ = false;
-          self->lastProgress_ = Clock::now();
-          self->pumpFromLoop();
-        }
-      });
-      break;
-    }
-    default: break;
+  if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
+    reqReady_ = true;
+    peerReached_ = true;
+    setupFastPathFromLoop(h);
+    // The lane opens with the first WRITE large enough to share: a QP that never sends one
+    // keeps a single connection.
+    laneTicketHeld_ = laneMinBytes_ > 0 && !reqConn_->link().sameHost() ? h.laneTicket : 0;
+    reconnectDelayMs_ = 1;
+    lastProgress_ = Clock::now();
+    pumpFromLoop();
+    return;
   }
+  // The peer QP is not ready yet (kNotReady: its owner has not moved it to RTR), or refuses us
+  // for now: try again until the transport timeout. A QP that was reached before and now is
+  // not there (destroyed, or in ERR) is gone.
+  reqConn_->close(Status::ok(), true);
+  reqConn_.reset();
+  if (peerReached_ && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {
+    peerGoneFromLoop("its queue pair no longer exists");
+    return;
+  }
+  scheduleReconnectFromLoop();
+  armTimeoutFromLoop();
+}
+
+SendWqe* SoftQp::sentWqe(uint32_t seq) {
+  for (size_t i = 0; i < nextToSend_; ++i) {
+    if (sq_[i].seq == seq) return &sq_[i];
+  }
+  return nullptr;
+}
+
+void SoftQp::onReadResponseFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  SendWqe* wqe = sentWqe(h.seq);
+  if (!wqe) return;
+  wqe->responded = true;
+  if (trailer != 0) {
+    wqe->error = statusForSyndrome(static_cast<wire::Syndrome>(trailer));
+    ackedThrough_ = h.seq - 1;
+  } else if (plan.revoked) {
+    wqe->error = WcStatus::kLocProtErr;
+    ackedThrough_ = h.seq - 1;
+  } else {
+    ackedThrough_ = h.seq;
+  }
+  completeFromLoop();
+}
+
+void SoftQp::onAtomicResponseFromLoop(const wire::FrameHeader& h) {
+  SendWqe* wqe = sentWqe(h.seq);
+  if (!wqe || !isAtomic(wqe->opcode)) {
+    enterErrorFromLoop(WcStatus::kBadRespErr);
+    return;
+  }
+  wqe->responded = true;
+  {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    if (wqe->local.empty() || wqe->local[0].entry->revoked) {
+      wqe->error = WcStatus::kLocProtErr;
+    } else {
+      DeviceAccess device;
+      std::memcpy(wqe->local[0].ptr, &h.atomicResult, 8);
+    }
+  }
+  ackedThrough_ = wqe->error == WcStatus::kSuccess ? h.seq : h.seq - 1;
+  completeFromLoop();
+}
+
+void SoftQp::onNakFromLoop(const wire::FrameHeader& h) {
+  SendWqe* wqe = sentWqe(h.seq);
+  if (!wqe) {
+    enterErrorFromLoop(WcStatus::kBadRespErr);
+    return;
+  }
+  ackedThrough_ = h.seq - 1;
+  auto syndrome = static_cast<wire::Syndrome>(h.aux);
+  if (syndrome != wire::Syndrome::kRnr) {
+    wqe->error = statusForSyndrome(syndrome);
+    completeFromLoop();
+    return;
+  }
+  // Receiver not ready: complete what came before, then resend from the refused request.
+  rnrWaiting_ = true;
+  completeFromLoop();
+  if (state_.load() != QpState::kRts || sq_.empty()) {
+    rnrWaiting_ = false;
+    return;
+  }
+  // What came before is done at the responder, yet a laned READ among it may still wait for
+  // its second part: it stays sent, and the resend starts at the refused request.
+  size_t refused = 0;
+  while (refused < nextToSend_ && sq_[refused].seq != h.seq) ++refused;
+  if (refused == nextToSend_) {
+    enterErrorFromLoop(WcStatus::kBadRespErr);
+    return;
+  }
+  SendWqe& front = sq_[refused];
+  if (attr_.rnrRetry != 7) {
+    if (front.rnrLeft <= 0) {
+      enterErrorFromLoop(WcStatus::kRnrRetryExcErr);
+      return;
+    }
+    --front.rnrLeft;
+  }
+  rewindForRnrFromLoop(refused, static_cast<uint8_t>(h.flags & 31));
+}
+
+void SoftQp::rewindForRnrFromLoop(size_t refused, uint8_t rnrTimerCode) {
+  SendWqe& front = sq_[refused];
+  // Frames not yet out are dropped, except on a connection that laned: each laned WRITE's
+  // second half is on the lane already, and the responder matches halves in order, so every
+  // frame goes (the responder drops those after the refused one, halves too).
+  if (reqConn_ && !laneUsed_) reqConn_->dropUnsentFrames();
+  // The responder answers none of the READs from the refused request on: their parts will
+  // not come, and the resend expects them anew.
+  if (laneOut_) laneOut_->forgetReadsFrom(front.seq);
+  nextSeq_ = front.seq;
+  nextToSend_ = refused;
+  rdInFlight_ =
+      static_cast<uint32_t>(std::count_if(sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(refused),
+                                          [](const SendWqe& w) { return isReadOrAtomic(w.opcode); }));
+  for (size_t i = refused; i < sq_.size(); ++i) sq_[i].responded = false;
+  rnrWaiting_ = true;
+  std::weak_ptr<SoftQp> weak = weak_from_this();
+  auto wait = std::chrono::microseconds(verbs::rnrTimerMicros(rnrTimerCode));
+  rnrTimer_ = ctx_->reactor().addTimer(Clock::now() + wait, [weak] {
+    if (auto self = weak.lock()) {
+      self->rnrTimer_ = 0;
+      self->rnrWaiting_ = false;
+      self->lastProgress_ = Clock::now();
+      self->pumpFromLoop();
+    }
+  });
 }
 
 void SoftQp::onPayloadRevoked(Conn& conn, const OutFrame& frame) {

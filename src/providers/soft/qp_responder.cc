@@ -274,90 +274,14 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     respNakPending_ = false;
   }
   if (h.seq != expectedSeq_) return Status(StatusCode::kProtocolError, "request out of sequence");
-  const uint32_t qpAccess = attr_.qpAccessFlags;
-  auto checkRemote = [&](uint64_t addr, uint64_t len, uint32_t need) -> std::shared_ptr<MrEntry> {
-    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-    return ctx_->findMrLocked(h.rkey, pd_.get(), addr, len, need);
-  };
-  // A QP whose access flags do not allow the operation refuses it as an invalid request (as the
-  // kernel's rxe); a region that does not allow it, as a remote access error.
-  auto qpAllows = [&](uint32_t need) {
-    if (qpAccess & need) return true;
-    responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
-    return false;
-  };
   switch (h.type) {
     case FrameType::kSend:
-    case FrameType::kSendImm: {
-      RecvWqe rwqe;
-      if (!takeRecv(&rwqe)) {
-        noReceiveFromLoop(h.seq);
-        return Status::ok();
-      }
-      uint64_t room = 0;
-      Segments segs;
-      bool bad = false;
-      {
-        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-        for (const auto& sge : rwqe.sges) {
-          room += sge.length;
-          if (sge.length == 0) continue;
-          auto entry =
-              ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
-          if (!entry) {
-            bad = true;
-            break;
-          }
-          segs.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
-        }
-      }
-      if (bad || room < h.payloadLen) {
-        // The receive cannot hold the message (a bad key or range, or too short): as the kernel's
-        // rxe, a malformed receive — LOC_QP_OP_ERR here, REM_OP_ERR at the requester.
-        pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
-        responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
-        return Status::ok();
-      }
-      plan->segments = std::move(segs);
-      curRecv_ = std::move(rwqe);
-      return Status::ok();
-    }
+    case FrameType::kSendImm: planSendFromLoop(h, plan); return Status::ok();
     case FrameType::kWrite:
-    case FrameType::kWriteImm: {
-      const bool laned = h.flags & wire::kFlagLaned;
-      const uint64_t total = laned ? h.length : h.payloadLen;  // a laned WRITE is checked whole
-      if (total > 0) {
-        if (!qpAllows(verbs::access::kRemoteWrite)) return Status::ok();
-        auto entry = checkRemote(h.remoteAddr, total, verbs::access::kRemoteWrite);
-        if (!entry) {
-          responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
-          return Status::ok();
-        }
-        if (laned) {
-          const uint64_t second = h.remoteAddr + h.payloadLen;
-          expectLanePieceFromLoop(h.seq, second, total - h.payloadLen,
-                                  {Segment{reinterpret_cast<uint8_t*>(second), total - h.payloadLen, entry}});
-          lanePlanned_ = true;
-        }
-        if (h.payloadLen > 0) {
-          plan->segments.push_back(
-              Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
-        }
-      }
-      if (h.type == FrameType::kWriteImm) {
-        RecvWqe rwqe;
-        if (!takeRecv(&rwqe)) {
-          plan->segments.clear();
-          noReceiveFromLoop(h.seq);
-          return Status::ok();
-        }
-        curRecv_ = std::move(rwqe);
-      }
-      return Status::ok();
-    }
+    case FrameType::kWriteImm: planWriteFromLoop(h, plan); return Status::ok();
     case FrameType::kReadReq:
-      if (h.length > 0 && !qpAllows(verbs::access::kRemoteRead)) return Status::ok();
-      if (h.length > 0 && !checkRemote(h.remoteAddr, h.length, verbs::access::kRemoteRead)) {
+      if (h.length > 0 && !qpAllowsFromLoop(h, verbs::access::kRemoteRead)) return Status::ok();
+      if (h.length > 0 && !remoteEntry(h, h.remoteAddr, h.length, verbs::access::kRemoteRead)) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
       }
       return Status::ok();
@@ -365,13 +289,92 @@ Status SoftQp::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
     case FrameType::kFetchAdd:
       if (h.remoteAddr % 8 != 0) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
-      } else if (!qpAllows(verbs::access::kRemoteAtomic)) {
+      } else if (!qpAllowsFromLoop(h, verbs::access::kRemoteAtomic)) {
         return Status::ok();
-      } else if (!checkRemote(h.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
+      } else if (!remoteEntry(h, h.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
         responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
       }
       return Status::ok();
     default: return Status(StatusCode::kProtocolError, "response frame on a responder connection");
+  }
+}
+
+std::shared_ptr<MrEntry> SoftQp::remoteEntry(const wire::FrameHeader& h, uint64_t addr, uint64_t len,
+                                             uint32_t need) {
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  return ctx_->findMrLocked(h.rkey, pd_.get(), addr, len, need);
+}
+
+bool SoftQp::qpAllowsFromLoop(const wire::FrameHeader& h, uint32_t need) {
+  // A QP whose access flags do not allow the operation refuses it as an invalid request (as the
+  // kernel's rxe); a region that does not allow it, as a remote access error.
+  if (attr_.qpAccessFlags & need) return true;
+  responderErrorFromLoop(h.seq, wire::Syndrome::kRemInvReq, verbs::AsyncEventType::kQpReqErr);
+  return false;
+}
+
+void SoftQp::planSendFromLoop(const wire::FrameHeader& h, PayloadPlan* plan) {
+  RecvWqe rwqe;
+  if (!takeRecv(&rwqe)) {
+    noReceiveFromLoop(h.seq);
+    return;
+  }
+  uint64_t room = 0;
+  Segments segs;
+  bool bad = false;
+  {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    for (const auto& sge : rwqe.sges) {
+      room += sge.length;
+      if (sge.length == 0) continue;
+      auto entry = ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
+      if (!entry) {
+        bad = true;
+        break;
+      }
+      segs.push_back(Segment{reinterpret_cast<uint8_t*>(sge.addr), sge.length, std::move(entry)});
+    }
+  }
+  if (bad || room < h.payloadLen) {
+    // The receive cannot hold the message (a bad key or range, or too short): as the kernel's
+    // rxe, a malformed receive — LOC_QP_OP_ERR here, REM_OP_ERR at the requester.
+    pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
+    responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
+    return;
+  }
+  plan->segments = std::move(segs);
+  curRecv_ = std::move(rwqe);
+}
+
+void SoftQp::planWriteFromLoop(const wire::FrameHeader& h, PayloadPlan* plan) {
+  const bool laned = h.flags & wire::kFlagLaned;
+  const uint64_t total = laned ? h.length : h.payloadLen;  // a laned WRITE is checked whole
+  if (total > 0) {
+    if (!qpAllowsFromLoop(h, verbs::access::kRemoteWrite)) return;
+    auto entry = remoteEntry(h, h.remoteAddr, total, verbs::access::kRemoteWrite);
+    if (!entry) {
+      responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+      return;
+    }
+    if (laned) {
+      const uint64_t second = h.remoteAddr + h.payloadLen;
+      expectLanePieceFromLoop(h.seq, second, total - h.payloadLen,
+                              {Segment{reinterpret_cast<uint8_t*>(second), total - h.payloadLen, entry}});
+      lanePlanned_ = true;
+    }
+    if (h.payloadLen > 0) {
+      plan->segments.push_back(
+          Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.payloadLen, std::move(entry)});
+    }
+  }
+  if (h.type == wire::FrameType::kWriteImm) {
+    RecvWqe rwqe;
+    if (!takeRecv(&rwqe)) {
+      plan->segments.clear();
+      noReceiveFromLoop(h.seq);
+      return;
+    }
+    curRecv_ = std::move(rwqe);
   }
 }
 
@@ -383,129 +386,132 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
   }
   switch (h.type) {
     case FrameType::kSend:
-    case FrameType::kSendImm: {
-      RecvWqe rwqe = std::move(*curRecv_);
-      curRecv_.reset();
-      if (plan.revoked) {
-        pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
-        responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
-        return;
-      }
-      std::optional<uint32_t> imm;
-      if (h.type == FrameType::kSendImm) imm = h.aux;
-      ++expectedSeq_;
-      ackNeeded_ = true;
-      pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecv, h.payloadLen, imm,
-                         (h.flags & wire::kFlagSolicited) != 0);
-      return;
-    }
+    case FrameType::kSendImm: return receivedSendFromLoop(h, plan);
     case FrameType::kWrite:
-    case FrameType::kWriteImm: {
-      if (plan.revoked) {
-        if (curRecv_) {
-          giveBackRecv(std::move(*curRecv_));
-          curRecv_.reset();
-        }
-        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
-        return;
-      }
-      ++expectedSeq_;
-      ackNeeded_ = true;
-      if (h.type == FrameType::kWriteImm) {
-        RecvWqe rwqe = std::move(*curRecv_);
-        curRecv_.reset();
-        const uint32_t byteLen = (h.flags & wire::kFlagPlaced) ? h.length : h.payloadLen;
-        pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, byteLen, h.aux,
-                           (h.flags & wire::kFlagSolicited) != 0);
-      }
-      return;
-    }
-    case FrameType::kReadReq: {
-      OutFrame frame;
-      wire::FrameHeader resp;
-      resp.type = FrameType::kReadResp;
-      resp.seq = h.seq;
-      resp.qpn = attr_.destQpNum;
-      resp.payloadLen = h.length;
-      if (h.length > 0) {
-        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-        auto entry =
-            ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, h.length, verbs::access::kRemoteRead);
-        if (entry) {
-          frame.payload.push_back(
-              Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.length, std::move(entry)});
-        } else {
-          // Deregistered between the check and now: zeros, and the trailer says so.
-          auto gone = std::make_shared<MrEntry>();
-          gone->revoked = true;
-          frame.payload.push_back(Segment{nullptr, h.length, std::move(gone)});
-        }
-      }
-      OutFrame lanePart;
-      if ((h.flags & wire::kFlagLaned) && laneIn_) {
-        // The requester asked for it in two parts: the second goes back on the lane.
-        const uint64_t first = laneSplitAt(h.length);
-        Segments whole = std::move(frame.payload);
-        frame.payload.clear();
-        splitSegments(whole, first, &frame.payload, &lanePart.payload);
-        resp.payloadLen = static_cast<uint32_t>(first);
-        wire::FrameHeader part;
-        part.type = FrameType::kLaneReadResp;
-        part.seq = h.seq;
-        part.qpn = attr_.destQpNum;
-        part.payloadLen = h.length - static_cast<uint32_t>(first);
-        lanePart.headerLen = static_cast<uint16_t>(wire::encodeHeader(part, lanePart.header));
-        lanePart.hasTrailer = true;
-        lanePart.seq = h.seq;
-      }
-      frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(resp, frame.header));
-      frame.hasTrailer = true;
-      frame.seq = h.seq;
-      ++expectedSeq_;
-      ackNeeded_ = false;  // the response acknowledges everything before it
-      respConn_->send(std::move(frame));
-      // (A send that fails closes the connection, and the lane with it.) The READ parts this input
-      // asks for leave together, as the connection's own responses do: when the input is drained
-      // or pauses (onInputDrained).
-      if (lanePart.headerLen != 0 && laneIn_) laneReadParts_.push_back(std::move(lanePart));
-      return;
-    }
+    case FrameType::kWriteImm: return receivedWriteFromLoop(h, plan);
+    case FrameType::kReadReq: return answerReadFromLoop(h);
     case FrameType::kCmpSwap:
-    case FrameType::kFetchAdd: {
-      uint64_t original = 0;
-      bool ok = false;
-      {
-        std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-        auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, 8, verbs::access::kRemoteAtomic);
-        if (entry) {
-          auto* target = reinterpret_cast<uint64_t*>(h.remoteAddr);
-          DeviceAccess device;
-          if (h.type == FrameType::kCmpSwap) {
-            uint64_t expected = h.compareAdd;
-            __atomic_compare_exchange_n(target, &expected, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-            original = expected;
-          } else {
-            original = __atomic_fetch_add(target, h.compareAdd, __ATOMIC_SEQ_CST);
-          }
-          ok = true;
-        }
-      }
-      if (!ok) {
-        responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
-        return;
-      }
-      wire::FrameHeader resp;
-      resp.type = FrameType::kAtomicResp;
-      resp.seq = h.seq;
-      resp.qpn = attr_.destQpNum;
-      resp.atomicResult = original;
-      ++expectedSeq_;
-      ackNeeded_ = false;
-      respConn_->sendHeader(resp);
-      return;
-    }
+    case FrameType::kFetchAdd: return answerAtomicFromLoop(h);
     default: return;
   }
+}
+
+void SoftQp::receivedSendFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  RecvWqe rwqe = std::move(*curRecv_);
+  curRecv_.reset();
+  if (plan.revoked) {
+    pushRecvCompletion(rwqe, WcStatus::kLocQpOpErr, WcOpcode::kRecv, 0, std::nullopt, false);
+    responderErrorFromLoop(h.seq, wire::Syndrome::kRemOp, verbs::AsyncEventType::kQpFatal);
+    return;
+  }
+  std::optional<uint32_t> imm;
+  if (h.type == wire::FrameType::kSendImm) imm = h.aux;
+  ++expectedSeq_;
+  ackNeeded_ = true;
+  pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecv, h.payloadLen, imm,
+                     (h.flags & wire::kFlagSolicited) != 0);
+}
+
+void SoftQp::receivedWriteFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  if (plan.revoked) {
+    if (curRecv_) {
+      giveBackRecv(std::move(*curRecv_));
+      curRecv_.reset();
+    }
+    responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+    return;
+  }
+  ++expectedSeq_;
+  ackNeeded_ = true;
+  if (h.type == wire::FrameType::kWriteImm) {
+    RecvWqe rwqe = std::move(*curRecv_);
+    curRecv_.reset();
+    const uint32_t byteLen = (h.flags & wire::kFlagPlaced) ? h.length : h.payloadLen;
+    pushRecvCompletion(rwqe, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, byteLen, h.aux,
+                       (h.flags & wire::kFlagSolicited) != 0);
+  }
+}
+
+void SoftQp::answerReadFromLoop(const wire::FrameHeader& h) {
+  using wire::FrameType;
+  OutFrame frame;
+  wire::FrameHeader resp;
+  resp.type = FrameType::kReadResp;
+  resp.seq = h.seq;
+  resp.qpn = attr_.destQpNum;
+  resp.payloadLen = h.length;
+  if (h.length > 0) {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, h.length, verbs::access::kRemoteRead);
+    if (entry) {
+      frame.payload.push_back(Segment{reinterpret_cast<uint8_t*>(h.remoteAddr), h.length, std::move(entry)});
+    } else {
+      // Deregistered between the check and now: zeros, and the trailer says so.
+      auto gone = std::make_shared<MrEntry>();
+      gone->revoked = true;
+      frame.payload.push_back(Segment{nullptr, h.length, std::move(gone)});
+    }
+  }
+  OutFrame lanePart;
+  if ((h.flags & wire::kFlagLaned) && laneIn_) {
+    // The requester asked for it in two parts: the second goes back on the lane.
+    const uint64_t first = laneSplitAt(h.length);
+    Segments whole = std::move(frame.payload);
+    frame.payload.clear();
+    splitSegments(whole, first, &frame.payload, &lanePart.payload);
+    resp.payloadLen = static_cast<uint32_t>(first);
+    wire::FrameHeader part;
+    part.type = FrameType::kLaneReadResp;
+    part.seq = h.seq;
+    part.qpn = attr_.destQpNum;
+    part.payloadLen = h.length - static_cast<uint32_t>(first);
+    lanePart.headerLen = static_cast<uint16_t>(wire::encodeHeader(part, lanePart.header));
+    lanePart.hasTrailer = true;
+    lanePart.seq = h.seq;
+  }
+  frame.headerLen = static_cast<uint16_t>(wire::encodeHeader(resp, frame.header));
+  frame.hasTrailer = true;
+  frame.seq = h.seq;
+  ++expectedSeq_;
+  ackNeeded_ = false;  // the response acknowledges everything before it
+  respConn_->send(std::move(frame));
+  // (A send that fails closes the connection, and the lane with it.) The READ parts this input
+  // asks for leave together, as the connection's own responses do: when the input is drained
+  // or pauses (onInputDrained).
+  if (lanePart.headerLen != 0 && laneIn_) laneReadParts_.push_back(std::move(lanePart));
+}
+
+void SoftQp::answerAtomicFromLoop(const wire::FrameHeader& h) {
+  uint64_t original = 0;
+  bool ok = false;
+  {
+    std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+    auto entry = ctx_->findMrLocked(h.rkey, pd_.get(), h.remoteAddr, 8, verbs::access::kRemoteAtomic);
+    if (entry) {
+      auto* target = reinterpret_cast<uint64_t*>(h.remoteAddr);
+      DeviceAccess device;
+      if (h.type == wire::FrameType::kCmpSwap) {
+        uint64_t expected = h.compareAdd;
+        __atomic_compare_exchange_n(target, &expected, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        original = expected;
+      } else {
+        original = __atomic_fetch_add(target, h.compareAdd, __ATOMIC_SEQ_CST);
+      }
+      ok = true;
+    }
+  }
+  if (!ok) {
+    responderErrorFromLoop(h.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+    return;
+  }
+  wire::FrameHeader resp;
+  resp.type = wire::FrameType::kAtomicResp;
+  resp.seq = h.seq;
+  resp.qpn = attr_.destQpNum;
+  resp.atomicResult = original;
+  ++expectedSeq_;
+  ackNeeded_ = false;
+  respConn_->sendHeader(resp);
 }
 
 void SoftQp::onInputDrained(Conn& conn) {
