@@ -37,8 +37,6 @@ EXISTING = {
     ("src/providers/ibverbs/context.cc", "ferry::ibverbs::IbvContext::getAsyncEvent"): (68, 32),
     ("src/providers/ibverbs/loader.cc", "ferry::ibverbs::load"): (50, 36),
     ("src/providers/ibverbs/qp.cc", "ferry::ibverbs::IbvQp::postSend"): (84, 23),
-    ("src/providers/soft/conn.cc", "ferry::soft::Conn::flush"): (109, 43),
-    ("src/providers/soft/conn.cc", "ferry::soft::Conn::onReadable"): (96, 43),
     ("src/providers/soft/context.cc", "ferry::soft::SoftContext::start"): (80, 21),
     ("src/providers/soft/qp.cc", "ferry::soft::SoftQp::modifyFromLoop"): (66, 32),
     ("src/providers/soft/qp_requester.cc", "ferry::soft::SoftQp::buildRequestFrame"): (65, 18),

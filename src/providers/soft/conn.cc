@@ -26,6 +26,40 @@ std::atomic<uint64_t> largeStagedCount{0};
 
 }  // namespace
 
+// The iovec of one write: frames' pieces, the first `skip` bytes (already sent) left out.
+struct IovBuilder {
+  iovec iov[kMaxIov];
+  int count = 0;
+  size_t skip = 0;
+
+  bool full() const { return count == kMaxIov; }
+  void add(const uint8_t* p, size_t len) {
+    if (skip >= len) {
+      skip -= len;
+      return;
+    }
+    p += skip;
+    len -= skip;
+    skip = 0;
+    if (count < kMaxIov && len > 0) iov[count++] = {const_cast<uint8_t*>(p), len};
+  }
+  // len zero bytes (a deregistered region's, never read); false when they did not all fit.
+  bool addZeros(size_t len) {
+    size_t done = 0;
+    while (done < len && count < kMaxIov) {
+      const size_t piece = std::min(kZeroBytes, len - done);
+      if (skip >= piece) {
+        skip -= piece;
+      } else {
+        iov[count++] = {const_cast<uint8_t*>(kZeros + skip), piece - skip};
+        skip = 0;
+      }
+      done += piece;
+    }
+    return done == len;
+  }
+};
+
 uint64_t largePayloadBytesStaged() { return largeStagedCount.load(std::memory_order_relaxed); }
 
 template <typename Other>
@@ -237,60 +271,12 @@ void Conn::flush() {
   if (closed() || link_->connecting()) return;
   std::vector<uint32_t> revokedSeqs;
   while (!out_.empty()) {
-    iovec iov[kMaxIov];
-    int count = 0;
+    IovBuilder out;
     ssize_t n;
     {
       std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-      for (auto& frame : out_) {
-        if (count == kMaxIov) break;
-        size_t skip = frame.sent;
-        auto addPiece = [&](const uint8_t* p, size_t len) {
-          if (skip >= len) {
-            skip -= len;
-            return;
-          }
-          p += skip;
-          len -= skip;
-          skip = 0;
-          if (count < kMaxIov && len > 0) iov[count++] = {const_cast<uint8_t*>(p), len};
-        };
-        addPiece(frame.header, frame.headerLen);
-        if (!frame.ownedPayload.empty()) addPiece(frame.ownedPayload.data(), frame.ownedPayload.size());
-        for (auto& seg : frame.payload) {
-          if (count == kMaxIov) break;
-          if (seg.entry && seg.entry->revoked) {
-            if (!frame.revoked) {
-              frame.revoked = true;
-              revokedSeqs.push_back(frame.seq);
-            }
-            // Never read a deregistered region: its bytes go out as zeros.
-            size_t len = seg.length;
-            size_t done = 0;
-            while (done < len && count < kMaxIov) {
-              size_t piece = std::min(kZeroBytes, len - done);
-              if (skip >= piece) {
-                skip -= piece;
-              } else {
-                iov[count++] = {const_cast<uint8_t*>(kZeros + skip), piece - skip};
-                skip = 0;
-              }
-              done += piece;
-            }
-            if (done < len) break;
-          } else {
-            addPiece(seg.ptr, seg.length);
-          }
-        }
-        if (frame.hasTrailer && count < kMaxIov) {
-          uint32_t status = frame.revoked ? static_cast<uint32_t>(wire::Syndrome::kRemAccess) : frame.trailer;
-          frame.trailer = status;
-          static_assert(sizeof(frame.trailer) == 4);
-          addPiece(reinterpret_cast<const uint8_t*>(&frame.trailer), 4);
-        }
-        if (skip > 0) break;  // the frame did not fit in iov; later frames must wait
-      }
-      n = count == 0 ? 0 : link_->writev(iov, count);
+      gatherLocked(out, &revokedSeqs);
+      n = out.count == 0 ? 0 : link_->writev(out.iov, out.count);
     }
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -306,24 +292,12 @@ void Conn::flush() {
     }
     if (n > 0) reactor_->noteWork(static_cast<size_t>(n));
     if (n > 0 && delegate_) delegate_->onProgress(*this);
-    size_t left = static_cast<size_t>(n);
-    while (!out_.empty()) {
-      size_t remaining = out_.front().total() - out_.front().sent;
-      if (left >= remaining) {
-        left -= remaining;
-        out_.pop_front();
-      } else {
-        out_.front().sent += left;
-        break;
-      }
-    }
-    if (count == 0) break;
+    consumeSent(static_cast<size_t>(n));
+    if (out.count == 0) break;
   }
-  if (out_.empty()) {
-    if (wantWrite_) {
-      wantWrite_ = false;
-      link_->wantWritable(false);
-    }
+  if (out_.empty() && wantWrite_) {
+    wantWrite_ = false;
+    link_->wantWritable(false);
   }
   if (delegate_) {
     for (uint32_t seq : revokedSeqs) {
@@ -343,6 +317,46 @@ void Conn::flush() {
   }
 }
 
+void Conn::gatherLocked(IovBuilder& out, std::vector<uint32_t>* revokedSeqs) {
+  for (auto& frame : out_) {
+    if (out.full()) break;
+    out.skip = frame.sent;
+    out.add(frame.header, frame.headerLen);
+    if (!frame.ownedPayload.empty()) out.add(frame.ownedPayload.data(), frame.ownedPayload.size());
+    for (auto& seg : frame.payload) {
+      if (out.full()) break;
+      if (seg.entry && seg.entry->revoked) {
+        if (!frame.revoked) {
+          frame.revoked = true;
+          revokedSeqs->push_back(frame.seq);
+        }
+        // Never read a deregistered region: its bytes go out as zeros.
+        if (!out.addZeros(seg.length)) break;
+      } else {
+        out.add(seg.ptr, seg.length);
+      }
+    }
+    if (frame.hasTrailer && !out.full()) {
+      frame.trailer = frame.revoked ? static_cast<uint32_t>(wire::Syndrome::kRemAccess) : frame.trailer;
+      static_assert(sizeof(frame.trailer) == 4);
+      out.add(reinterpret_cast<const uint8_t*>(&frame.trailer), 4);
+    }
+    if (out.skip > 0) break;  // the frame did not fit in iov; later frames must wait
+  }
+}
+
+void Conn::consumeSent(size_t n) {
+  while (!out_.empty()) {
+    const size_t remaining = out_.front().total() - out_.front().sent;
+    if (n < remaining) {
+      out_.front().sent += n;
+      return;
+    }
+    n -= remaining;
+    out_.pop_front();
+  }
+}
+
 void Conn::awaitWhatIsLeft() {
   // Set at every stop, never left from an earlier one: a mark from an earlier wait (the rest of a
   // payload since taken) could exceed every byte still to come, and they would never wake us.
@@ -355,99 +369,111 @@ void Conn::awaitWhatIsLeft() {
 
 void Conn::onReadable() {
   auto self = shared_from_this();
-  if (draining_) {
-    // Closing: discard whatever arrives until the peer closes its side (a bounded amount at a
-    // time, so a peer that keeps writing cannot hold the progress thread).
-    for (int i = 0;; ++i) {
-      if (i == 64) {
-        link_->resumeReadingLater();
-        return;
-      }
-      ssize_t n = link_->read(staged_.get(), kStagingBytes);
-      if (n > 0) continue;
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (link_->prepareToSleep()) continue;
-        return;
-      }
-      close(Status::ok(), true);
-      return;
+  if (draining_) return discardWhileDraining();
+  for (;;) {
+    cork();
+    int round = 0;
+    for (; round < 64 && !closed() && !paused_; ++round) {
+      const ReadStep step = directReadPossible() ? readDirectStep() : ReadStep::kStaged;
+      if (step == ReadStep::kMore) continue;
+      if (step == ReadStep::kWait) break;
+      if (step == ReadStep::kStop) return;
+      const ReadStep staged = readStagedStep();
+      if (staged == ReadStep::kWait) break;
+      if (staged == ReadStep::kStop) return;
     }
-  }
-  int round = 0;
-readMore:
-  cork();
-  for (; round < 64 && !closed() && !paused_; ++round) {
-    if (inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
-        segIndex_ < plan_.segments.size()) {
-      ssize_t n = readDirect();
-      if (n > 0) {
-        reactor_->noteWork(static_cast<size_t>(n));
-        if (delegate_) delegate_->onProgress(*this);
-        if (payloadLeft_ == 0) finishPayload();
-        continue;
-      }
-      if (n == -2) {
-        // The destination is gone: fall through to the staged path, which discards.
-      } else if (n == 0) {
-        close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
-        return;
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        awaitWhatIsLeft();
-        break;
-      } else if (errno == EINTR) {
-        continue;
-      } else {
-        close(ioError("recv"));
-        return;
-      }
-    }
-    if (stagedBegin_ == stagedEnd_) {
-      stagedBegin_ = stagedEnd_ = 0;
-    } else if (stagedBegin_ > kStagingBytes / 2) {
-      std::memmove(staged_.get(), staged_.get() + stagedBegin_, stagedEnd_ - stagedBegin_);
-      stagedEnd_ -= stagedBegin_;
-      stagedBegin_ = 0;
-    }
-    // After a large payload the next frame is likely large too: a small read takes its header and
-    // the direct read above its payload. After small ones, a read takes as many as fit.
-    const size_t room = kStagingBytes - stagedEnd_;
-    ssize_t n = link_->read(staged_.get() + stagedEnd_,
-                            lastPayloadDirect_ ? std::min(room, kHeaderWindowBytes) : room);
-    if (n > 0) {
-      stagedEnd_ += static_cast<size_t>(n);
-      reactor_->noteWork(static_cast<size_t>(n));
-      if (delegate_) delegate_->onProgress(*this);
-      if (!consumeStaged()) return;
-      continue;
-    }
-    if (n == 0) {
-      close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
-      return;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (!closed() && delegate_) delegate_->onInputDrained(*this);
+    if (closed()) return;
+    uncork();                         // what the input caused goes out now, before any wait
+    if (closed() || paused_) return;  // a paused connection reads again when resumed
+    if (round >= 64) {
+      // Yield to the reactor's other work; the link brings us back for the rest.
       awaitWhatIsLeft();
-      break;
+      link_->resumeReadingLater();
+      return;
     }
-    if (errno == EINTR) continue;
-    close(ioError("recv"));
+    // Nothing more to read: poll briefly (a link that can), then wait to be told.
+    if (!link_->prepareToSleep()) return;
+  }
+}
+
+void Conn::discardWhileDraining() {
+  // Closing: discard whatever arrives until the peer closes its side (a bounded amount at a
+  // time, so a peer that keeps writing cannot hold the progress thread).
+  for (int i = 0;; ++i) {
+    if (i == 64) {
+      link_->resumeReadingLater();
+      return;
+    }
+    ssize_t n = link_->read(staged_.get(), kStagingBytes);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (link_->prepareToSleep()) continue;
+      return;
+    }
+    close(Status::ok(), true);
     return;
   }
-  if (!closed() && delegate_) delegate_->onInputDrained(*this);
-  if (closed()) return;
-  uncork();                         // what the input caused goes out now, before any wait
-  if (closed() || paused_) return;  // a paused connection reads again when resumed
-  if (round >= 64) {
-    // Yield to the reactor's other work; the link brings us back for the rest.
+}
+
+bool Conn::directReadPossible() const {
+  return inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
+         segIndex_ < plan_.segments.size();
+}
+
+Conn::ReadStep Conn::readDirectStep() {
+  ssize_t n = readDirect();
+  if (n > 0) {
+    reactor_->noteWork(static_cast<size_t>(n));
+    if (delegate_) delegate_->onProgress(*this);
+    if (payloadLeft_ == 0) finishPayload();
+    return ReadStep::kMore;
+  }
+  if (n == -2) return ReadStep::kStaged;  // the destination is gone: the staged path discards
+  if (n == 0) {
+    close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
+    return ReadStep::kStop;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
     awaitWhatIsLeft();
-    link_->resumeReadingLater();
-    return;
+    return ReadStep::kWait;
   }
-  // Nothing more to read: poll briefly (a link that can), then wait to be told.
-  if (link_->prepareToSleep()) {
-    round = 0;
-    goto readMore;
+  if (errno == EINTR) return ReadStep::kMore;
+  close(ioError("recv"));
+  return ReadStep::kStop;
+}
+
+Conn::ReadStep Conn::readStagedStep() {
+  if (stagedBegin_ == stagedEnd_) {
+    stagedBegin_ = stagedEnd_ = 0;
+  } else if (stagedBegin_ > kStagingBytes / 2) {
+    std::memmove(staged_.get(), staged_.get() + stagedBegin_, stagedEnd_ - stagedBegin_);
+    stagedEnd_ -= stagedBegin_;
+    stagedBegin_ = 0;
   }
+  // After a large payload the next frame is likely large too: a small read takes its header and
+  // the direct read above its payload. After small ones, a read takes as many as fit.
+  const size_t room = kStagingBytes - stagedEnd_;
+  ssize_t n =
+      link_->read(staged_.get() + stagedEnd_, lastPayloadDirect_ ? std::min(room, kHeaderWindowBytes) : room);
+  if (n > 0) {
+    stagedEnd_ += static_cast<size_t>(n);
+    reactor_->noteWork(static_cast<size_t>(n));
+    if (delegate_) delegate_->onProgress(*this);
+    return consumeStaged() ? ReadStep::kMore : ReadStep::kStop;
+  }
+  if (n == 0) {
+    close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
+    return ReadStep::kStop;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    awaitWhatIsLeft();
+    return ReadStep::kWait;
+  }
+  if (errno == EINTR) return ReadStep::kMore;
+  close(ioError("recv"));
+  return ReadStep::kStop;
 }
 
 ssize_t Conn::readDirect() {

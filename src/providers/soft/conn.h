@@ -56,6 +56,8 @@ struct OutFrame {
   void assignFrom(Other&& o);  // a copy or a move (Other: const OutFrame& or OutFrame)
 };
 
+struct IovBuilder;  // conn.cc: the iovec of one write
+
 class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
  public:
   class Delegate {
@@ -142,7 +144,21 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   void onLinkBroken(const Status& why) override;
 
   void onReadable();
+  // onReadable's steps: what arrives while closing, discarded; one read straight into the payload's
+  // place, or into the staging buffer and consumed. kMore: read on; kWait: nothing more now (the
+  // link is told what to wake for); kStop: the connection closed or its owner stopped it;
+  // kStaged: read through the staging buffer instead.
+  enum class ReadStep { kMore, kWait, kStop, kStaged };
+  void discardWhileDraining();
+  bool directReadPossible() const;
+  ReadStep readDirectStep();
+  ReadStep readStagedStep();
   void flush();
+  // flush's steps: the iovec of the frames waiting (their sent bytes left out; a deregistered
+  // region's bytes as zeros, its frame's seq noted), taken under the memory lock; n bytes written
+  // taken off the frames.
+  void gatherLocked(IovBuilder& out, std::vector<uint32_t>* revokedSeqs);
+  void consumeSent(size_t n);
   // Consumes staged bytes: headers, payload copies, trailers.
   bool consumeStaged();
   void finishPayload();
