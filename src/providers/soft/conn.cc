@@ -431,6 +431,10 @@ Conn::ReadStep Conn::readDirectStep() {
     return ReadStep::kMore;
   }
   if (n == -2) return ReadStep::kStaged;  // the destination is gone: the staged path discards
+  return readEnded(n);
+}
+
+Conn::ReadStep Conn::readEnded(ssize_t n) {
   if (n == 0) {
     close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
     return ReadStep::kStop;
@@ -463,17 +467,7 @@ Conn::ReadStep Conn::readStagedStep() {
     if (delegate_) delegate_->onProgress(*this);
     return consumeStaged() ? ReadStep::kMore : ReadStep::kStop;
   }
-  if (n == 0) {
-    close(Status(StatusCode::kUnavailable, "the peer closed the connection", ECONNRESET));
-    return ReadStep::kStop;
-  }
-  if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    awaitWhatIsLeft();
-    return ReadStep::kWait;
-  }
-  if (errno == EINTR) return ReadStep::kMore;
-  close(ioError("recv"));
-  return ReadStep::kStop;
+  return readEnded(n);
 }
 
 ssize_t Conn::readDirect() {

@@ -153,6 +153,7 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   bool directReadPossible() const;
   ReadStep readDirectStep();
   ReadStep readStagedStep();
+  ReadStep readEnded(ssize_t n);  // a read that took nothing (n <= 0): closed, wait, or again
   void flush();
   // flush's steps: the iovec of the frames waiting (their sent bytes left out; a deregistered
   // region's bytes as zeros, its frame's seq noted), taken under the memory lock; n bytes written
