@@ -272,8 +272,9 @@ std::vector<UnknownVariable> unknownVariables() {
   return out;
 }
 
-const std::vector<Variable>& variables() {
-  static const std::vector<Variable> table = {
+// The variables of the devices: which are visible, and how the software provider moves bytes.
+std::vector<Variable> deviceVariables() {
+  return {
       {"FERRY_DEVICES", "Only the named devices are listed and opened, everywhere devices are.",
        "all devices", "device names separated by commas, e.g. soft_lo,rxe0", parseDevices},
       {"FERRY_SOFT_SAME_HOST",
@@ -310,6 +311,13 @@ const std::vector<Variable>& variables() {
        "rings itself, running the device's loop when they bring something, before it leaves them to the "
        "progress thread (0: never). Needs FERRY_SOFT_CALLER_PROGRESS.",
        "1000", "0..10000 (microseconds)", parseSpinMicroseconds<kSoftAttendUs>},
+  };
+}
+
+// The variables of the layers above the devices: waits, transports, RDMA ports, logging, the
+// agent and the object store.
+std::vector<Variable> layerVariables() {
+  return {
       {"FERRY_WAIT_SPIN_US",
        "How long a thread waiting for an Endpoint API operation (wait() on its future) polls the endpoint's "
        "completions itself before it sleeps until the endpoint's worker wakes it (0: never polls).",
@@ -358,6 +366,15 @@ const std::vector<Variable>& variables() {
       {"FERRY_OBJECTS_SECRET_KEY", "The secret key that goes with FERRY_OBJECTS_ACCESS_KEY.", "none",
        "any text (it is never printed)", parseSecret},
   };
+}
+
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> table = [] {
+    std::vector<Variable> all = deviceVariables();
+    std::vector<Variable> layers = layerVariables();
+    all.insert(all.end(), layers.begin(), layers.end());
+    return all;
+  }();
   return table;
 }
 

@@ -303,6 +303,11 @@ class IbvQp final : public verbs::QpImpl {
 
  private:
   Status mcast(const verbs::Gid& gid, uint16_t lid, bool join);  // ibv_attach_mcast or ibv_detach_mcast
+  // The address handles a post's UD requests use, each held until the post is done.
+  using HeldAhs = std::vector<std::pair<std::shared_ptr<IbvAh>, std::shared_lock<std::shared_mutex>>>;
+  // wr as libibverbs' request (its scatter list into sges; a UD request's handle added to held);
+  // kInvalidArgument for what ferry refuses before the device sees it.
+  Status translate(const verbs::SendWr& wr, ibv_send_wr* w, ibv_sge* sges, uint32_t mtu, HeldAhs* held);
   std::shared_ptr<IbvPd> pd_;
   std::shared_ptr<IbvCq> sendCq_;
   std::shared_ptr<IbvCq> recvCq_;

@@ -268,55 +268,16 @@ Status IbvQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   chain.assign(wrs.size(), ibv_send_wr{});
   sges.resize(sgeCount);
   // UD requests name an address handle of this QP's PD; each stays held until the post is done.
-  std::vector<std::pair<std::shared_ptr<IbvAh>, std::shared_lock<std::shared_mutex>>> held;
+  HeldAhs held;
   const uint32_t mtu = type_ == verbs::QpType::kUd ? pd_->ctx()->activeMtuBytes(port_.load()) : 0;
 
   // Translates up to the first request ferry refuses; the ones before it are posted either way.
   size_t count = 0;
   Status refused;
-  size_t at = 0;
-  for (; count < wrs.size(); ++count) {
-    const verbs::SendWr& wr = wrs[count];
-    ibv_send_wr& w = chain[count];
-    w.wr_id = wr.wrId;
-    w.sg_list = sges.data() + at;
-    w.num_sge = static_cast<int>(wr.sgList.size());
-    uint64_t length = 0;
-    for (const verbs::Sge& s : wr.sgList) {
-      sges[at++] = toIbv(s);
-      length += s.length;
-    }
-    w.opcode = static_cast<ibv_wr_opcode>(wr.opcode);
-    w.send_flags = wr.sendFlags;
-    // The sender's 32 bits, unchanged: the receiver's completion holds the same ones.
-    w.imm_data = wr.immData;
-    if (type_ == verbs::QpType::kUd) {
-      if (mtu != 0 && length > mtu) {
-        refused = invalidArgument("post send: a UD message of " + std::to_string(length) +
-                                  " bytes exceeds the path MTU of " + std::to_string(mtu));
-        break;
-      }
-      std::shared_ptr<IbvAh> ah = pd_->findAh(wr.ud.ah);
-      ibv_ah* rawAh = nullptr;
-      std::shared_lock<std::shared_mutex> ahLock;
-      if (ah) ahLock = ah->use(&rawAh);
-      if (rawAh == nullptr) {
-        refused = invalidArgument("post send: the address handle is not a live one of this QP's PD");
-        break;
-      }
-      w.wr.ud.ah = rawAh;
-      w.wr.ud.remote_qpn = wr.ud.remoteQpn;
-      w.wr.ud.remote_qkey = wr.ud.remoteQkey;
-      held.emplace_back(std::move(ah), std::move(ahLock));
-    } else if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
-      w.wr.atomic.remote_addr = wr.atomic.remoteAddr;
-      w.wr.atomic.compare_add = wr.atomic.compareAdd;
-      w.wr.atomic.swap = wr.atomic.swap;
-      w.wr.atomic.rkey = wr.atomic.rkey;
-    } else {
-      w.wr.rdma.remote_addr = wr.rdma.remoteAddr;
-      w.wr.rdma.rkey = wr.rdma.rkey;
-    }
+  for (size_t at = 0; count < wrs.size(); ++count) {
+    refused = translate(wrs[count], &chain[count], sges.data() + at, mtu, &held);
+    if (!refused.isOk()) break;
+    at += wrs[count].sgList.size();
   }
   if (count > 0) {
     chain[count - 1].next = nullptr;
@@ -327,6 +288,46 @@ Status IbvQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
     }
   }
   if (!refused.isOk()) return refuse(count, refused);
+  return Status::ok();
+}
+
+Status IbvQp::translate(const verbs::SendWr& wr, ibv_send_wr* w, ibv_sge* sges, uint32_t mtu, HeldAhs* held) {
+  w->wr_id = wr.wrId;
+  w->sg_list = sges;
+  w->num_sge = static_cast<int>(wr.sgList.size());
+  uint64_t length = 0;
+  for (const verbs::Sge& s : wr.sgList) {
+    *sges++ = toIbv(s);
+    length += s.length;
+  }
+  w->opcode = static_cast<ibv_wr_opcode>(wr.opcode);
+  w->send_flags = wr.sendFlags;
+  // The sender's 32 bits, unchanged: the receiver's completion holds the same ones.
+  w->imm_data = wr.immData;
+  if (type_ == verbs::QpType::kUd) {
+    if (mtu != 0 && length > mtu) {
+      return invalidArgument("post send: a UD message of " + std::to_string(length) +
+                             " bytes exceeds the path MTU of " + std::to_string(mtu));
+    }
+    std::shared_ptr<IbvAh> ah = pd_->findAh(wr.ud.ah);
+    ibv_ah* rawAh = nullptr;
+    std::shared_lock<std::shared_mutex> ahLock;
+    if (ah) ahLock = ah->use(&rawAh);
+    if (rawAh == nullptr)
+      return invalidArgument("post send: the address handle is not a live one of this QP's PD");
+    w->wr.ud.ah = rawAh;
+    w->wr.ud.remote_qpn = wr.ud.remoteQpn;
+    w->wr.ud.remote_qkey = wr.ud.remoteQkey;
+    held->emplace_back(std::move(ah), std::move(ahLock));
+  } else if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
+    w->wr.atomic.remote_addr = wr.atomic.remoteAddr;
+    w->wr.atomic.compare_add = wr.atomic.compareAdd;
+    w->wr.atomic.swap = wr.atomic.swap;
+    w->wr.atomic.rkey = wr.atomic.rkey;
+  } else {
+    w->wr.rdma.remote_addr = wr.rdma.remoteAddr;
+    w->wr.rdma.rkey = wr.rdma.rkey;
+  }
   return Status::ok();
 }
 
