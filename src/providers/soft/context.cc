@@ -185,6 +185,25 @@ SoftContext::~SoftContext() {
 
 Status SoftContext::start() {
   if (!asyncEvents_.valid()) return ioError("eventfd for async events");
+  FERRY_ASSIGN_OR_RETURN(const uint16_t port, bindSockets());
+  gid_ = makeSoftGid(device_.ipv4, port);
+  if (sameHostRingsAllowed()) openRingListener();
+  if (sameHostAllowed()) {
+    auto table = ShareTable::create();
+    if (table.isOk()) {
+      share_ = std::move(*table);
+    } else {
+      FERRY_LOG(kWarn, "%s: no same-host path: %s", device_.info.name.c_str(),
+                table.status().toString().c_str());
+    }
+  }
+  FERRY_RETURN_IF_ERROR(startReactor());
+  FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
+            static_cast<unsigned>(port));
+  return Status::ok();
+}
+
+Result<uint16_t> SoftContext::bindSockets() {
   // A TCP listener and a UDP socket on one address and port: the GID names both.
   sockaddr_in addr{};
   for (int attempt = 0;; ++attempt) {
@@ -211,31 +230,26 @@ Status SoftContext::start() {
     udpFd_ = listenFd_ = -1;
     if (err != EADDRINUSE || attempt == 64) return ioError("bind UDP to " + device_.info.address, err);
   }
-  gid_ = makeSoftGid(device_.ipv4, ntohs(addr.sin_port));
-  if (sameHostRingsAllowed()) {
-    // The ring listener: an abstract AF_UNIX name no other process can guess, given only to peers
-    // whose TCP hello this context answers.
-    ringNonce_ = (uint64_t{randomU32()} << 32) | randomU32();
-    sockaddr_un un;
-    socklen_t unLen = ringListenerAddress(static_cast<uint32_t>(getpid()), ringNonce_, &un);
-    ringListenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (ringListenFd_ < 0 || ::bind(ringListenFd_, reinterpret_cast<sockaddr*>(&un), unLen) != 0 ||
-        ::listen(ringListenFd_, SOMAXCONN) != 0) {
-      FERRY_LOG(kWarn, "%s: no shared-memory rings (same-host traffic uses TCP): %s",
-                device_.info.name.c_str(), std::strerror(errno));
-      if (ringListenFd_ >= 0) ::close(ringListenFd_);
-      ringListenFd_ = -1;
-    }
+  return static_cast<uint16_t>(ntohs(addr.sin_port));
+}
+
+void SoftContext::openRingListener() {
+  // The ring listener: an abstract AF_UNIX name no other process can guess, given only to peers
+  // whose TCP hello this context answers.
+  ringNonce_ = (uint64_t{randomU32()} << 32) | randomU32();
+  sockaddr_un un;
+  socklen_t unLen = ringListenerAddress(static_cast<uint32_t>(getpid()), ringNonce_, &un);
+  ringListenFd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (ringListenFd_ < 0 || ::bind(ringListenFd_, reinterpret_cast<sockaddr*>(&un), unLen) != 0 ||
+      ::listen(ringListenFd_, SOMAXCONN) != 0) {
+    FERRY_LOG(kWarn, "%s: no shared-memory rings (same-host traffic uses TCP): %s", device_.info.name.c_str(),
+              std::strerror(errno));
+    if (ringListenFd_ >= 0) ::close(ringListenFd_);
+    ringListenFd_ = -1;
   }
-  if (sameHostAllowed()) {
-    auto table = ShareTable::create();
-    if (table.isOk()) {
-      share_ = std::move(*table);
-    } else {
-      FERRY_LOG(kWarn, "%s: no same-host path: %s", device_.info.name.c_str(),
-                table.status().toString().c_str());
-    }
-  }
+}
+
+Status SoftContext::startReactor() {
   FERRY_RETURN_IF_ERROR(reactor_.start("ferry-" + device_.info.name));
   gate_ = std::make_unique<HelloGate>(this);
   gate_->hello = [this](const std::shared_ptr<Conn>& conn, const wire::FrameHeader& h) {
@@ -259,8 +273,6 @@ Status SoftContext::start() {
     }
     if (attendNs_ > 0) reactor_.addPoller([this](bool vouches) { return attendFromLoop(vouches); });
   }));
-  FERRY_LOG(kInfo, "%s: context listening on %s:%u", device_.info.name.c_str(), device_.info.address.c_str(),
-            static_cast<unsigned>(ntohs(addr.sin_port)));
   return added;
 }
 

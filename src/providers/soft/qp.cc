@@ -290,14 +290,24 @@ void SoftQp::schedulePump() {
 // State changes (reactor thread).
 
 Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
-  namespace m = verbs::qp_attr_mask;
   if (closed_) return closedError("modify: the QP is closed");
   if (type_ != verbs::QpType::kRc && type_ != verbs::QpType::kUc) {
     return notSupported("modify: this QP type is not offered by the soft provider");
   }
-  QpState current = state_.load();
+  const QpState current = state_.load();
   auto next = verbs::checkQpTransition(type_, current, attr, mask);
   if (!next.isOk()) return next.status();
+  FERRY_RETURN_IF_ERROR(checkDeviceLimits(attr, mask));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    applyAttrLocked(attr, mask);
+  }
+  enterStateFromLoop(current, *next);
+  return Status::ok();
+}
+
+Status SoftQp::checkDeviceLimits(const verbs::QpAttr& attr, uint32_t mask) {
+  namespace m = verbs::qp_attr_mask;
   if (mask & m::kAv) {
     in_addr_t ip;
     uint16_t port;
@@ -311,33 +321,31 @@ Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
   if ((mask & m::kMaxQpRdAtomic) && attr.maxRdAtomic > kMaxRdAtomic) {
     return invalidArgument("modify QP: max_rd_atomic above the device limit (16)");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (mask & m::kAccessFlags) attr_.qpAccessFlags = attr.qpAccessFlags;
-    if (mask & m::kPkeyIndex) attr_.pkeyIndex = attr.pkeyIndex;
-    if (mask & m::kPort) attr_.portNum = attr.portNum;
-    if (mask & m::kQkey) attr_.qkey = attr.qkey;
-    if (mask & m::kAv) attr_.ahAttr = attr.ahAttr;
-    if (mask & m::kPathMtu) attr_.pathMtu = attr.pathMtu;
-    if (mask & m::kTimeout) attr_.timeout = attr.timeout;
-    if (mask & m::kRetryCnt) attr_.retryCnt = attr.retryCnt;
-    if (mask & m::kRnrRetry) attr_.rnrRetry = attr.rnrRetry;
-    if (mask & m::kRqPsn) attr_.rqPsn = attr.rqPsn;
-    if (mask & m::kSqPsn) attr_.sqPsn = attr.sqPsn;
-    if (mask & m::kMaxQpRdAtomic) attr_.maxRdAtomic = attr.maxRdAtomic;
-    if (mask & m::kMaxDestRdAtomic) attr_.maxDestRdAtomic = attr.maxDestRdAtomic;
-    if (mask & m::kMinRnrTimer) attr_.minRnrTimer = attr.minRnrTimer;
-    if (mask & m::kDestQpn) attr_.destQpNum = attr.destQpNum;
-  }
-  QpState to = *next;
-  if (to == QpState::kReset) {
-    resetFromLoop();
-    return Status::ok();
-  }
-  if (to == QpState::kErr) {
-    enterErrorFromLoop(std::nullopt);
-    return Status::ok();
-  }
+  return Status::ok();
+}
+
+void SoftQp::applyAttrLocked(const verbs::QpAttr& attr, uint32_t mask) {
+  namespace m = verbs::qp_attr_mask;
+  if (mask & m::kAccessFlags) attr_.qpAccessFlags = attr.qpAccessFlags;
+  if (mask & m::kPkeyIndex) attr_.pkeyIndex = attr.pkeyIndex;
+  if (mask & m::kPort) attr_.portNum = attr.portNum;
+  if (mask & m::kQkey) attr_.qkey = attr.qkey;
+  if (mask & m::kAv) attr_.ahAttr = attr.ahAttr;
+  if (mask & m::kPathMtu) attr_.pathMtu = attr.pathMtu;
+  if (mask & m::kTimeout) attr_.timeout = attr.timeout;
+  if (mask & m::kRetryCnt) attr_.retryCnt = attr.retryCnt;
+  if (mask & m::kRnrRetry) attr_.rnrRetry = attr.rnrRetry;
+  if (mask & m::kRqPsn) attr_.rqPsn = attr.rqPsn;
+  if (mask & m::kSqPsn) attr_.sqPsn = attr.sqPsn;
+  if (mask & m::kMaxQpRdAtomic) attr_.maxRdAtomic = attr.maxRdAtomic;
+  if (mask & m::kMaxDestRdAtomic) attr_.maxDestRdAtomic = attr.maxDestRdAtomic;
+  if (mask & m::kMinRnrTimer) attr_.minRnrTimer = attr.minRnrTimer;
+  if (mask & m::kDestQpn) attr_.destQpNum = attr.destQpNum;
+}
+
+void SoftQp::enterStateFromLoop(QpState current, QpState to) {
+  if (to == QpState::kReset) return resetFromLoop();
+  if (to == QpState::kErr) return enterErrorFromLoop(std::nullopt);
   // Published before the QP acts on its new state, so a same-host peer never sees it stale-ready.
   state_ = to;
   publishShareFromLoop();
@@ -353,7 +361,6 @@ Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
     startConnectFromLoop();
     pumpFromLoop();
   }
-  return Status::ok();
 }
 
 void SoftQp::resetFromLoop() {

@@ -81,6 +81,11 @@ class SoftQp final : public verbs::QpImpl,
   using Clock = std::chrono::steady_clock;
 
   Status modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask);
+  // modifyFromLoop's steps: the device's limits on the new attributes, the attributes the mask
+  // names taken (under mu_), and what entering the new state does.
+  Status checkDeviceLimits(const verbs::QpAttr& attr, uint32_t mask);
+  void applyAttrLocked(const verbs::QpAttr& attr, uint32_t mask);
+  void enterStateFromLoop(verbs::QpState current, verbs::QpState to);
   // Whether a hello names our peer (its QP number and GID, from that GID's address) to a QP that
   // is ready (RTR/RTS): kAccepted, or the result to refuse it with.
   wire::HelloResult helloFromOurPeer(const wire::FrameHeader& hello, in_addr_t peerIp);

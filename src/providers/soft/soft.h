@@ -141,6 +141,12 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   SoftContext(SoftDeviceInfo device);
   ~SoftContext() override;
   Status start();
+  // start()'s steps: the TCP listener and the UDP socket on one port (returned); the same-host ring
+  // listener (left out, with a warning, where it cannot open); the progress thread and what it
+  // watches.
+  Result<uint16_t> bindSockets();
+  void openRingListener();
+  Status startReactor();
 
   const verbs::DeviceInfo& info() const override { return device_.info; }
   Result<verbs::DeviceAttr> queryDevice() override;
