@@ -35,8 +35,6 @@ EXISTING = {
     ("src/objects/server_core.cc", "ferry::objects::ServerCore::start"): (67, 15),
     ("src/providers/ibverbs/context.cc", "ferry::ibverbs::IbvContext::getAsyncEvent"): (68, 32),
     ("src/providers/ibverbs/loader.cc", "ferry::ibverbs::load"): (50, 36),
-    ("src/providers/soft/context.cc", "ferry::soft::SoftContext::start"): (80, 21),
-    ("src/providers/soft/qp.cc", "ferry::soft::SoftQp::modifyFromLoop"): (66, 32),
     ("src/providers/soft/qp_requester.cc", "ferry::soft::SoftQp::buildRequestFrame"): (65, 18),
     ("src/providers/soft/qp_same_host.cc", "ferry::soft::SoftQp::copyInTwo"): (65, 18),
     ("src/providers/soft/wire.cc", "ferry::soft::wire::encodeHeader"): (62, 15),
