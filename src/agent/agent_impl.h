@@ -240,6 +240,11 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
 
   // ---- channel.cc (loop thread) ----
   void onLine(Link& link, std::string_view line);
+  // onLine's steps: a request addressed to an earlier life of this agent rejected as stale, and a
+  // decoded message for this agent handed to its handler.
+  void rejectStale(const WireupMessage& m);
+  void dispatch(Link& link, const WireupMessage& m);
+  void onPing(const WireupMessage& m);  // answered with a pong over the peer's connection
   void sendLine(const WorkerAddress& to, const std::string& line);
 
   // ---- handshake.cc: the wireup state machine (loop thread) ----

@@ -69,22 +69,25 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
     link.owner = m.from;
     link.hasOwner = true;
   }
-  if (m.to != self_.uuid) {
-    // Addressed to an earlier life of this agent (or to another agent on a reused port).
-    if (m.type == WireupType::kRequest) {
-      auto from = WorkerAddress::decode(m.fromAddress);
-      if (from.isOk()) {
-        WireupMessage r = wireupHeader(WireupType::kReject, self_.uuid, m.from, m.conn);
-        r.reason = "stale: agent '" + self_.alias + "' restarted (it is " + uuidText(self_.uuid) + " now)";
-        sendLine(*from, encodeWireup(r, secret_));
-      }
-    }
-    return;
-  }
+  if (m.to != self_.uuid) return rejectStale(m);
   if (auto peer = findUuid(m.from)) {
     if (!acceptOnLink(link, peer, m, line)) return;
     peer->lastHeard = Clock::now();
   }
+  dispatch(link, m);
+}
+
+void AgentImpl::rejectStale(const WireupMessage& m) {
+  // Addressed to an earlier life of this agent (or to another agent on a reused port).
+  if (m.type != WireupType::kRequest) return;
+  auto from = WorkerAddress::decode(m.fromAddress);
+  if (!from.isOk()) return;
+  WireupMessage r = wireupHeader(WireupType::kReject, self_.uuid, m.from, m.conn);
+  r.reason = "stale: agent '" + self_.alias + "' restarted (it is " + uuidText(self_.uuid) + " now)";
+  sendLine(*from, encodeWireup(r, secret_));
+}
+
+void AgentImpl::dispatch(Link& link, const WireupMessage& m) {
   switch (m.type) {
     case WireupType::kRequest: {
       auto from = WorkerAddress::decode(m.fromAddress);
@@ -99,17 +102,7 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
     case WireupType::kReply: onReply(link, m); break;
     case WireupType::kAck: onAck(link, m); break;
     case WireupType::kReject: onReject(m); break;
-    case WireupType::kPing: {
-      auto peer = findUuid(m.from);
-      if (!peer) return;
-      auto remote = peer->remote();
-      if (remote) {
-        WireupMessage pong = wireupHeader(WireupType::kPong, self_.uuid, m.from);
-        pong.echo = m.nonce;
-        sendLine(*remote, encodeWireup(pong, secret_));
-      }
-      break;
-    }
+    case WireupType::kPing: onPing(m); break;
     case WireupType::kPong: onPong(link, m); break;
     case WireupType::kMrQuery: onMrQuery(m); break;
     case WireupType::kMrInfo: onMrInfo(m); break;
@@ -120,6 +113,16 @@ void AgentImpl::onLine(Link& link, std::string_view line) {
     case WireupType::kMessage: onMessage(m); break;
     case WireupType::kChallenge: onChallenge(m); break;
   }
+}
+
+void AgentImpl::onPing(const WireupMessage& m) {
+  auto peer = findUuid(m.from);
+  if (!peer) return;
+  auto remote = peer->remote();
+  if (!remote) return;
+  WireupMessage pong = wireupHeader(WireupType::kPong, self_.uuid, m.from);
+  pong.echo = m.nonce;
+  sendLine(*remote, encodeWireup(pong, secret_));
 }
 
 }  // namespace ferry::agent

@@ -214,12 +214,10 @@ const char* wireupTypeName(WireupType t) {
 
 std::string newNonce() { return randomHex(16); }
 
-std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
-  json::Value v = json::Value::emptyObject();
-  v.set("ferry_agent", kWireupVersion);
-  v.set("type", wireupTypeName(m.type));
-  v.set("from", uuidText(m.from));
-  v.set("to", uuidText(m.to));
+namespace {
+
+// The members of a wireup message of its type, after the four every message has.
+void setTypeMembers(const WireupMessage& m, json::Value& v) {
   switch (m.type) {
     case WireupType::kRequest:
       v.set("conn", static_cast<int64_t>(m.conn));
@@ -252,13 +250,10 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
       v.set("reason", m.reason);
       break;
     case WireupType::kMrQuery:
-      v.set("name", m.name);
-      v.set("query", static_cast<int64_t>(m.query));
-      break;
     case WireupType::kMrInfo:
       v.set("name", m.name);
       v.set("query", static_cast<int64_t>(m.query));
-      if (m.info) v.set("info", *m.info);
+      if (m.type == WireupType::kMrInfo && m.info) v.set("info", *m.info);
       break;
     case WireupType::kBye: v.set("reason", m.reason); break;
     case WireupType::kMessage:
@@ -272,6 +267,17 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
       if (!m.echo.empty()) v.set("echo", m.echo);
       break;
   }
+}
+
+}  // namespace
+
+std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
+  json::Value v = json::Value::emptyObject();
+  v.set("ferry_agent", kWireupVersion);
+  v.set("type", wireupTypeName(m.type));
+  v.set("from", uuidText(m.from));
+  v.set("to", uuidText(m.to));
+  setTypeMembers(m, v);
   std::string line = json::serialize(v);
   if (!secret.empty()) {
     std::string mac = macOf(secret, line);
