@@ -25,18 +25,15 @@ TARGET_OVER_LONG, TARGET_OVER_CCN = 10, 5
 EXISTING = {
     ("src/agent/store/ferry_store.cc", "ferry::agent::FerryStore::call"): (61, 23),
     ("src/common/control_channel.cc", "ferry::ControlChannel::receive"): (62, 22),
-    ("src/common/reactor.cc", "ferry::Reactor::loop"): (66, 21),
     ("src/connect/protocol.cc", "ferry::connect::decodeMessage"): (61, 16),
     ("src/endpoint/connection.cc", "ferry::endpoint::Endpoint::connect"): (64, 10),
     ("src/endpoint/context.cc", "ferry::endpoint::RdmaContext::open"): (64, 22),
     ("src/endpoint/operations.cc", "ferry::endpoint::Endpoint::resolveTransfers"): (63, 24),
-    ("src/objects/server_core.cc", "ferry::objects::ServerCore::start"): (67, 15),
     ("src/providers/ibverbs/context.cc", "ferry::ibverbs::IbvContext::getAsyncEvent"): (68, 32),
     ("src/providers/ibverbs/loader.cc", "ferry::ibverbs::load"): (50, 36),
     ("src/providers/soft/qp_requester.cc", "ferry::soft::SoftQp::buildRequestFrame"): (65, 18),
     ("src/providers/soft/qp_same_host.cc", "ferry::soft::SoftQp::copyInTwo"): (65, 18),
     ("src/providers/soft/wire.cc", "ferry::soft::wire::encodeHeader"): (62, 15),
-    ("src/verbs/path.cc", "ferry::verbs::Path::fromJson"): (61, 12),
 }
 
 

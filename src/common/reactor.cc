@@ -375,36 +375,13 @@ void Reactor::loop() {
   epoll_event events[kMaxEvents];
   std::unique_lock<std::mutex> lock(loopMu_);
   for (;;) {
-    int timeoutMs = timeoutMsLocked();
-    threadSleepsUntil_ = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first;
-    // Attended: the callers take the fds' events; sleep on posted work and timers until the end.
-    const auto now = Clock::now();
-    const bool quiet = attendedUntil_ > now;
-    threadQuiet_ = quiet;
-    if (quiet) {
-      const int untilEnd =
-          static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(attendedUntil_ - now).count());
-      timeoutMs = timeoutMs < 0 ? untilEnd : std::min(timeoutMs, untilEnd);
-      // A timer a caller adds that falls due after the lease's end wakes nobody: the thread looks
-      // at the timers again then.
-      threadSleepsUntil_ = std::min(threadSleepsUntil_, attendedUntil_);
-    }
+    bool quiet = false;
+    const int timeoutMs = sleepTimeoutLocked(&quiet);
     const uint64_t progressed = progressed_;
     lock.unlock();
     int n = epoll_wait(quiet ? quietFd_ : epollFd_, events, kMaxEvents, timeoutMs);
     int err = errno;
-    // A caller running the loop holds it for a few microseconds: wait for it without sleeping on
-    // the lock at first, so that its unlock wakes no one (a futex system call on its thread). Not
-    // after a quiet sleep: the callers run the loop over and over while their lease holds (a caller
-    // waiting on a completion channel holds it across most of its waits), and a spin for each of
-    // the thread's look at the lease took a core's worth from them.
-    for (int spin = 0; !lock.try_lock(); ++spin) {
-      if (quiet || spin >= 2000) {
-        lock.lock();
-        break;
-      }
-      cpuRelax();
-    }
+    relockAfterSleep(lock, quiet);
     if (n >= 0 && (quiet || progressed_ != progressed)) {
       // A caller ran the loop meanwhile: what epoll_wait returned may be stale. Ask again. After a
       // quiet sleep, the fds are looked at too: what the callers left.
@@ -417,16 +394,7 @@ void Reactor::loop() {
     }
     runNow_ = Clock::time_point();
     dispatchLocked(events, n);
-    // The work the callers were to find, when they stopped coming: after a quiet sleep, and once
-    // for every lease that has ended, however late the thread comes (a lease may begin and end
-    // while the thread waits for a core, and a producer that saw it woke nobody).
-    const auto after = Clock::now();
-    const bool ended = attendedUntil_ != Clock::time_point() && attendedUntil_ <= after;
-    if (quiet || (ended && sweptLease_ != attendedUntil_)) {
-      runNow_ = after;  // a reading from before the lease's end would have the pollers see it hold
-      (void)runPollersLocked(false);
-      if (ended) sweptLease_ = attendedUntil_;
-    }
+    sweepEndedLeaseLocked(quiet);
     if (stopping_) {
       std::lock_guard<std::mutex> postLock(postMu_);
       if (posted_.empty()) {
@@ -434,6 +402,52 @@ void Reactor::loop() {
         break;
       }
     }
+  }
+}
+
+int Reactor::sleepTimeoutLocked(bool* quiet) {
+  int timeoutMs = timeoutMsLocked();
+  threadSleepsUntil_ = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first;
+  // Attended: the callers take the fds' events; sleep on posted work and timers until the end.
+  const auto now = Clock::now();
+  *quiet = attendedUntil_ > now;
+  threadQuiet_ = *quiet;
+  if (*quiet) {
+    const int untilEnd =
+        static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(attendedUntil_ - now).count());
+    timeoutMs = timeoutMs < 0 ? untilEnd : std::min(timeoutMs, untilEnd);
+    // A timer a caller adds that falls due after the lease's end wakes nobody: the thread looks
+    // at the timers again then.
+    threadSleepsUntil_ = std::min(threadSleepsUntil_, attendedUntil_);
+  }
+  return timeoutMs;
+}
+
+void Reactor::relockAfterSleep(std::unique_lock<std::mutex>& lock, bool quiet) {
+  // A caller running the loop holds it for a few microseconds: wait for it without sleeping on
+  // the lock at first, so that its unlock wakes no one (a futex system call on its thread). Not
+  // after a quiet sleep: the callers run the loop over and over while their lease holds (a caller
+  // waiting on a completion channel holds it across most of its waits), and a spin for each of
+  // the thread's look at the lease took a core's worth from them.
+  for (int spin = 0; !lock.try_lock(); ++spin) {
+    if (quiet || spin >= 2000) {
+      lock.lock();
+      return;
+    }
+    cpuRelax();
+  }
+}
+
+void Reactor::sweepEndedLeaseLocked(bool quiet) {
+  // The work the callers were to find, when they stopped coming: after a quiet sleep, and once
+  // for every lease that has ended, however late the thread comes (a lease may begin and end
+  // while the thread waits for a core, and a producer that saw it woke nobody).
+  const auto after = Clock::now();
+  const bool ended = attendedUntil_ != Clock::time_point() && attendedUntil_ <= after;
+  if (quiet || (ended && sweptLease_ != attendedUntil_)) {
+    runNow_ = after;  // a reading from before the lease's end would have the pollers see it hold
+    (void)runPollersLocked(false);
+    if (ended) sweptLease_ = attendedUntil_;
   }
 }
 

@@ -157,6 +157,12 @@ class Reactor {
 
  private:
   void loop();
+  // loop()'s steps, under loopMu_ but the middle one: how long the thread sleeps (*quiet: on the
+  // quiet fd, while callers attend), taking the lock back after the sleep, and the pollers' run
+  // owed after a quiet sleep or an ended lease.
+  int sleepTimeoutLocked(bool* quiet);
+  void relockAfterSleep(std::unique_lock<std::mutex>& lock, bool quiet);
+  void sweepEndedLeaseLocked(bool quiet);
   // Wakes whoever runs the loop next (posted work: a caller's run may take it).
   void wake();
   // Wakes the thread itself (a caller's run does not take this one): it must stop, or sleep less,

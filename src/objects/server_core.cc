@@ -37,21 +37,7 @@ int ServerCore::start(const cuObjRDMATunable& params, const std::shared_ptr<Tele
   if (p.num_dcis < 1 || p.num_dcis >= INVALID_CHANNEL_ID) {
     return fail("num_dcis " + std::to_string(p.num_dcis) + " is outside 1..65534");
   }
-  ag::AgentOptions o;
-  o.alias = "cuobj-server-" + std::to_string(getpid()) + "-" + std::to_string(port_);
-  o.listenHost = ip_;
-  o.listenPort = port_;
-  // The wireup deadline to a client: the connection's transport timeout (4.096 us * 2^timeout,
-  // retry_cnt + 1 tries), at least 10 s.
-  double tries = static_cast<double>(std::min<unsigned>(p.retry_cnt, 7) + 1);
-  double seconds = 4.096e-6 * static_cast<double>(uint64_t{1} << std::min<unsigned>(p.timeout, 31)) * tries;
-  connectTimeout_ = std::chrono::milliseconds(static_cast<int64_t>(std::max(10.0, seconds) * 1000));
-  o.connectTimeout = connectTimeout_;
-  // A client answers a claim at once: what it may take is the same transport timeout, at least
-  // 100 ms (a client that never answers costs its own requests that long).
-  grantTimeout_ = std::clamp(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)),
-                             std::chrono::milliseconds(100), connectTimeout_);
-  auto a = ag::Agent::start(std::move(o));
+  auto a = ag::Agent::start(agentOptions(p));
   if (!a.isOk()) return fail(a.status().toString());
   agent_ = *a;
   std::weak_ptr<ServerCore> weak = weak_from_this();
@@ -60,15 +46,7 @@ int ServerCore::start(const cuObjRDMATunable& params, const std::shared_ptr<Tele
                       if (auto self = weak.lock()) self->onAnswer(from, body);
                     });
   // The device limits: channels need QPs, and max_rd_atomic is capped to what the devices allow.
-  int maxQp = INT32_MAX, maxRd = INT32_MAX;
-  for (const auto& d : agent_->workerAddress().devices) {
-    auto ctx = ferry::openDevice(d.name);
-    if (!ctx.isOk()) continue;
-    auto attr = ctx->queryDevice();
-    if (!attr.isOk()) continue;
-    maxQp = std::min(maxQp, attr->maxQp);
-    maxRd = std::min(maxRd, attr->maxQpInitRdAtom);
-  }
+  const auto [maxQp, maxRd] = deviceLimits();
   if (p.num_dcis > maxQp) {
     agent_->shutdown();
     agent_.reset();
@@ -88,6 +66,37 @@ int ServerCore::start(const cuObjRDMATunable& params, const std::shared_ptr<Tele
               "session on [" + ip_ + "]:" + std::to_string(boundPort_) + " with " +
                   std::to_string(p.num_dcis) + " channels, agent " + agent_->workerAddress().describe());
   return 0;
+}
+
+ag::AgentOptions ServerCore::agentOptions(const cuObjRDMATunableParam& p) {
+  ag::AgentOptions o;
+  o.alias = "cuobj-server-" + std::to_string(getpid()) + "-" + std::to_string(port_);
+  o.listenHost = ip_;
+  o.listenPort = port_;
+  // The wireup deadline to a client: the connection's transport timeout (4.096 us * 2^timeout,
+  // retry_cnt + 1 tries), at least 10 s.
+  double tries = static_cast<double>(std::min<unsigned>(p.retry_cnt, 7) + 1);
+  double seconds = 4.096e-6 * static_cast<double>(uint64_t{1} << std::min<unsigned>(p.timeout, 31)) * tries;
+  connectTimeout_ = std::chrono::milliseconds(static_cast<int64_t>(std::max(10.0, seconds) * 1000));
+  o.connectTimeout = connectTimeout_;
+  // A client answers a claim at once: what it may take is the same transport timeout, at least
+  // 100 ms (a client that never answers costs its own requests that long).
+  grantTimeout_ = std::clamp(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)),
+                             std::chrono::milliseconds(100), connectTimeout_);
+  return o;
+}
+
+std::pair<int, int> ServerCore::deviceLimits() const {
+  int maxQp = INT32_MAX, maxRd = INT32_MAX;
+  for (const auto& d : agent_->workerAddress().devices) {
+    auto ctx = ferry::openDevice(d.name);
+    if (!ctx.isOk()) continue;
+    auto attr = ctx->queryDevice();
+    if (!attr.isOk()) continue;
+    maxQp = std::min(maxQp, attr->maxQp);
+    maxRd = std::min(maxRd, attr->maxQpInitRdAtom);
+  }
+  return {maxQp, maxRd};
 }
 
 void ServerCore::close() {

@@ -137,6 +137,11 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   int poll(cuObjAsyncEvent_t* events, int maxEvents, uint16_t channelId);
 
  private:
+  // start()'s steps: the session's agent (its wireup deadline and the clients' grant timeout set
+  // from the tunables' transport timeout), and the fewest QPs and READ/atomic depth of its devices.
+  ag::AgentOptions agentOptions(const cuObjRDMATunableParam& p);
+  std::pair<int, int> deviceLimits() const;
+
   // One request as the caller made it (checkRequest may take localOffset as 0).
   struct RequestCall {
     cuObjOpType_t op;

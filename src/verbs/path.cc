@@ -122,10 +122,10 @@ Status readGid(const json::Value& doc, const char* name, Gid* out) {
 
 }  // namespace
 
-Result<Path> Path::fromJson(std::string_view text) {
-  Result<json::Value> parsed = json::parse(text);
-  if (!parsed.isOk()) return invalidArgument("path: " + parsed.status().message());
-  const json::Value& doc = *parsed;
+namespace {
+
+// A path document's version, and that it names a queue pair and an address at one of its ends.
+Status checkPathDocument(const json::Value& doc) {
   if (!doc.isObject()) return invalidArgument("path: expected a JSON object");
   const json::Value* version = doc.find("ferry_path");
   if (version == nullptr) return invalidArgument("path: missing \"ferry_path\" version field");
@@ -138,7 +138,6 @@ Result<Path> Path::fromJson(std::string_view text) {
     return invalidArgument("path: unsupported \"ferry_path\" version " + std::to_string(*versionNumber) +
                            " (this build reads version " + std::to_string(kPathVersion) + ")");
   }
-
   // Other fields may be left out (they keep their defaults), but a path must name a QP and an
   // address at one of its ends: a document without them describes no peer at all.
   if (doc.find("sqpn") == nullptr && doc.find("dqpn") == nullptr) {
@@ -148,6 +147,16 @@ Result<Path> Path::fromJson(std::string_view text) {
       doc.find("dlid") == nullptr) {
     return invalidArgument("path: names no address (none of \"sgid\", \"dgid\", \"slid\", \"dlid\")");
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Path> Path::fromJson(std::string_view text) {
+  Result<json::Value> parsed = json::parse(text);
+  if (!parsed.isOk()) return invalidArgument("path: " + parsed.status().message());
+  const json::Value& doc = *parsed;
+  FERRY_RETURN_IF_ERROR(checkPathDocument(doc));
 
   constexpr int64_t kU8 = 0xFF;
   constexpr int64_t kU16 = 0xFFFF;
