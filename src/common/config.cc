@@ -244,6 +244,7 @@ const std::vector<ReservedVariable>& reservedVariables() {
       {"FERRY_AGENT_TEST_DEVICE", "the agent and connector tests: the device they use"},
       {"FERRY_TEST_SHARED_MEMORY", "the conformance fixture's peers: memory from shared memory"},
       {"FERRY_CAMPAIGN_TRIALS", "the multi-process verbs test: trials of its campaign"},
+      {"FERRY_REQUIRE_CUDA", "the GPU tests (label gpu): no usable CUDA driver is a failure, not a skip"},
       {"FERRY_BIN", "bench/tests/sizes_test.py: the ferry program to compare with"},
       {"FERRY_BUILD_DIR", "the bench/ scripts: the build tree holding ferry"},
       {"FERRY_VENV", "scripts/install-deps.sh: the virtual environment"},
@@ -339,6 +340,9 @@ std::vector<Variable> layerVariables() {
       {"FERRY_IB_GID_INDEX", "The GID index every RDMA port uses (as NCCL_IB_GID_INDEX).",
        "chosen by GID type: RoCE v2 IPv4-mapped, then global IPv6, then link-local", "0..255", parseGidIndex},
       {"FERRY_IBVERBS_LIBRARY", "The libibverbs the ibverbs provider loads at run time.", "libibverbs.so.1",
+       "a library name or path", parseAnyText},
+      {"FERRY_CUDA_LIBRARY",
+       "The CUDA driver library ferry loads at run time to tell GPU memory from host memory.", "libcuda.so.1",
        "a library name or path", parseAnyText},
       {"FERRY_LOG_LEVEL", "How much ferry logs (to stderr, or to Python's logging from Python).", "warn",
        "error, warn, info, debug", parseLogLevel},
@@ -477,6 +481,8 @@ int transportTimeoutSeconds() {
 }
 
 std::string ibverbsLibrary() { return parsed("FERRY_IBVERBS_LIBRARY").value_or("libibverbs.so.1"); }
+
+std::string cudaLibrary() { return parsed("FERRY_CUDA_LIBRARY").value_or("libcuda.so.1"); }
 
 int logLevel() {
   const std::string level = parsed("FERRY_LOG_LEVEL").value_or("warn");

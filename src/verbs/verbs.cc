@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/cuda_driver.h"
 #include "ferry/common/shared_memory.h"
 #include "ferry/verbs/path.h"
 #include "verbs/mapped.h"
@@ -93,6 +94,8 @@ Result<MemoryRegion> ProtectionDomain::registerMemory(void* addr, size_t length,
   if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr)) {
     return invalidArgument("register memory: range wraps around the address space");
   }
+  // GPU memory is never read as host memory: the driver tells it apart (where there is one).
+  FERRY_RETURN_IF_ERROR(cuda::refuseDeviceMemory(addr, length, "register memory"));
   // Like ibv_reg_mr: memory that is not mapped, or not mapped with the access asked for, is refused
   // here, on every provider, rather than faulting at its first use.
   FERRY_RETURN_IF_ERROR(checkMapped(

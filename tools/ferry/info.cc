@@ -7,6 +7,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "common/cuda_driver.h"
 #include "common/json.h"
 #include "ferry/agent/agent.h"
 #include "ferry/agent/lanes.h"
@@ -210,6 +211,14 @@ int printJson(const std::string& only) {
     providers.push_back(std::move(o));
   }
   doc.set("providers", json::Value(std::move(providers)));
+  const cuda::DriverInfo& cudaDriver = cuda::driver();
+  json::Value cudaDoc = json::Value::emptyObject();
+  cudaDoc.set("usable", cudaDriver.usable);
+  cudaDoc.set("library", cudaDriver.library);
+  cudaDoc.set("reason", cudaDriver.reason);
+  cudaDoc.set("driver_version", cudaDriver.version);
+  cudaDoc.set("devices", cudaDriver.devices);
+  doc.set("cuda", std::move(cudaDoc));
   json::Array devices;
   for (const auto& d : listed.isOk() ? *listed : std::vector<verbs::DeviceInfo>{}) {
     if (!only.empty() && d.name != only) continue;
@@ -329,6 +338,7 @@ void printDevices(const std::vector<verbs::DeviceInfo>& devices, const std::stri
                 p.available ? "available" : "unavailable", p.reason.empty() ? "" : ": ", p.reason.c_str());
     for (const auto& path : p.paths) std::printf("           %s\n", path.c_str());
   }
+  std::printf("cuda: %s\n", cuda::describe().c_str());
   for (const auto& d : devices) {
     if (!only.empty() && d.name != only) continue;
     std::printf("\nhca_id: %s\n", d.name.c_str());

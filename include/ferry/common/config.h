@@ -98,6 +98,8 @@ int transportTimeoutSeconds();
 std::optional<int> ibGidIndex();
 // FERRY_IBVERBS_LIBRARY (default "libibverbs.so.1").
 std::string ibverbsLibrary();
+// FERRY_CUDA_LIBRARY: the CUDA driver library ferry loads at run time (default libcuda.so.1).
+std::string cudaLibrary();
 // FERRY_LOG_LEVEL as 0 error, 1 warn, 2 info, 3 debug.
 int logLevel();
 // FERRY_AGENT_SECRET, FERRY_AGENT_LANES, FERRY_STORE: the raw value, empty when unset.

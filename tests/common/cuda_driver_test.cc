@@ -1,0 +1,40 @@
+// The CUDA driver loader (src/common/cuda_driver.h) on whatever this host has: host memory is
+// host memory whether or not a driver is found, and a driver that is not usable says why.
+#include "common/cuda_driver.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace ferry::cuda {
+namespace {
+
+TEST(CudaDriver, HostMemoryIsHostMemoryAndRegisters) {
+  std::vector<char> heap(4096);
+  static char global[64];
+  char stack[64] = {};
+  for (const void* p : {static_cast<const void*>(heap.data()), static_cast<const void*>(global),
+                        static_cast<const void*>(stack)}) {
+    EXPECT_EQ(locate(p).kind, MemoryKind::kHost);
+    EXPECT_TRUE(refuseDeviceMemory(p, 64, "register memory").isOk());
+  }
+  EXPECT_EQ(locate(nullptr).kind, MemoryKind::kHost);
+}
+
+TEST(CudaDriver, SaysWhetherItIsUsableAndWhyNot) {
+  const DriverInfo& d = driver();
+  EXPECT_FALSE(d.library.empty());
+  if (d.usable) {
+    EXPECT_TRUE(d.reason.empty()) << d.reason;
+    EXPECT_GE(d.devices, 1);
+    EXPECT_EQ(describe().rfind("usable: driver ", 0), 0u) << describe();
+  } else {
+    EXPECT_FALSE(d.reason.empty());
+    EXPECT_EQ(d.devices, 0);
+    EXPECT_EQ(describe(), "not usable: " + d.reason);
+  }
+  EXPECT_EQ(&driver(), &d) << "loaded once";
+}
+
+}  // namespace
+}  // namespace ferry::cuda
