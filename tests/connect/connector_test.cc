@@ -17,7 +17,6 @@
 
 #include "common/json.h"
 #include "connect/protocol.h"
-#include "support/path_memory.h"
 
 namespace ferry::connect {
 namespace {
@@ -29,13 +28,13 @@ std::string testDevice() {
   return d && *d ? d : "soft_lo";
 }
 
-test::Bytes pattern(size_t n, uint8_t seed) {
-  test::Bytes v(n);
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 9));
   return v;
 }
 
-Buffer buf(test::Bytes& v) { return Buffer{.addr = v.data(), .length = v.size()}; }
+Buffer buf(std::vector<uint8_t>& v) { return Buffer{.addr = v.data(), .length = v.size()}; }
 
 class ConnectorTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -76,8 +75,8 @@ Status waitDone(const std::shared_ptr<Operation>& op, std::chrono::milliseconds 
 
 TEST_P(ConnectorTest, ReadAndWriteMoveEveryByteOfEveryDescriptor) {
   // Read: three descriptors of the owner into three of the peer.
-  test::Bytes s0 = pattern(4096, 1), s1 = pattern(1 << 20, 2), s2 = pattern(9 << 20, 3);
-  test::Bytes d0(s0.size()), d1(s1.size()), d2(s2.size());
+  std::vector<uint8_t> s0 = pattern(4096, 1), s1 = pattern(1 << 20, 2), s2 = pattern(9 << 20, 3);
+  std::vector<uint8_t> d0(s0.size()), d1(s1.size()), d2(s2.size());
   auto readable = a_->createReadable({buf(s0), buf(s1), buf(s2)});
   ASSERT_TRUE(readable.isOk()) << readable.status().toString();
   EXPECT_EQ((*readable)->status(), OperationStatus::kInitialized);
@@ -96,7 +95,7 @@ TEST_P(ConnectorTest, ReadAndWriteMoveEveryByteOfEveryDescriptor) {
   EXPECT_EQ((*readable)->bytes(), s0.size() + s1.size() + s2.size());
 
   // Write: one descriptor of the peer into the owner's writable.
-  test::Bytes target(5 << 20, 0), source = pattern(5 << 20, 9);
+  std::vector<uint8_t> target(5 << 20, 0), source = pattern(5 << 20, 9);
   auto writable = a_->createWritable({buf(target)});
   ASSERT_TRUE(writable.isOk());
   auto write = b_->beginWrite({buf(source)}, (*writable)->metadata().value());
@@ -110,7 +109,7 @@ TEST_P(ConnectorTest, ReadAndWriteMoveEveryByteOfEveryDescriptor) {
 }
 
 TEST_P(ConnectorTest, MetadataThatWasChangedReusedOrExpiredIsRefused) {
-  test::Bytes src = pattern(8192, 4), dst(8192, 0);
+  std::vector<uint8_t> src = pattern(8192, 4), dst(8192, 0);
   auto readable = a_->createReadable({buf(src)});
   ASSERT_TRUE(readable.isOk());
   std::string text = (*readable)->metadata().value();
@@ -136,7 +135,7 @@ TEST_P(ConnectorTest, MetadataThatWasChangedReusedOrExpiredIsRefused) {
     EXPECT_NE(st.message().find("tag"), std::string::npos) << st.message();
     EXPECT_EQ((*r)->status(), OperationStatus::kErrored);
   }
-  EXPECT_EQ(dst, test::Bytes(8192, 0));
+  EXPECT_EQ(dst, std::vector<uint8_t>(8192, 0));
   EXPECT_EQ((*readable)->status(), OperationStatus::kInitialized);  // still usable by the real text
   EXPECT_EQ(a_->stats().refused, 2u);
 
@@ -145,13 +144,13 @@ TEST_P(ConnectorTest, MetadataThatWasChangedReusedOrExpiredIsRefused) {
   ASSERT_TRUE(first.isOk());
   ASSERT_TRUE(waitDone(*first).isOk());
   EXPECT_EQ(dst, src);
-  test::Bytes again(8192, 0);
+  std::vector<uint8_t> again(8192, 0);
   auto second = b_->beginRead(text, {buf(again)});
   ASSERT_TRUE(second.isOk());
   Status st = waitDone(*second);
   EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.toString();
   EXPECT_NE(st.message().find("used once"), std::string::npos) << st.message();
-  EXPECT_EQ(again, test::Bytes(8192, 0));
+  EXPECT_EQ(again, std::vector<uint8_t>(8192, 0));
 
   // Expired: refused before anything is sent.
   b_->shutdown();
@@ -170,7 +169,7 @@ TEST_P(ConnectorTest, MetadataThatWasChangedReusedOrExpiredIsRefused) {
 }
 
 TEST_P(ConnectorTest, SizesKindsAndBuffersAreCheckedBeforeAnythingMoves) {
-  test::Bytes src = pattern(4096, 5), small(4095), right(4096), other(4096);
+  std::vector<uint8_t> src = pattern(4096, 5), small(4095), right(4096), other(4096);
   auto readable = a_->createReadable({buf(src)});
   ASSERT_TRUE(readable.isOk());
   std::string text = (*readable)->metadata().value();
@@ -207,7 +206,7 @@ TEST_P(ConnectorTest, SizesKindsAndBuffersAreCheckedBeforeAnythingMoves) {
 }
 
 TEST_P(ConnectorTest, AnOwnerThatCancelsBeforeTheBeginRefusesIt) {
-  test::Bytes src = pattern(4096, 6), dst(4096, 0);
+  std::vector<uint8_t> src = pattern(4096, 6), dst(4096, 0);
   auto readable = a_->createReadable({buf(src)});
   ASSERT_TRUE(readable.isOk());
   std::string text = (*readable)->metadata().value();
@@ -219,7 +218,7 @@ TEST_P(ConnectorTest, AnOwnerThatCancelsBeforeTheBeginRefusesIt) {
   Status st = waitDone(*read);
   EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.toString();
   EXPECT_NE(st.message().find("CANCELLED"), std::string::npos) << st.message();
-  EXPECT_EQ(dst, test::Bytes(4096, 0));
+  EXPECT_EQ(dst, std::vector<uint8_t>(4096, 0));
 }
 
 // A transfer long enough to be cancelled in flight: 512 MiB in 1 MiB batches, two at a time (64 MiB
@@ -237,7 +236,7 @@ TEST_P(ConnectorTest, AnOperationNoPeerBeganEndsAtItsMetadataExpiryOnBothSides) 
   p.cancelGrace = 500ms;
   b_ = start(p);
   ASSERT_TRUE(b_);
-  test::Bytes src = pattern(4096, 6), dst(4096, 0);
+  std::vector<uint8_t> src = pattern(4096, 6), dst(4096, 0);
   auto created = std::chrono::steady_clock::now();
   auto readable = a_->createReadable({buf(src)});
   ASSERT_TRUE(readable.isOk());
@@ -261,7 +260,7 @@ TEST_P(ConnectorTest, AnOperationNoPeerBeganEndsAtItsMetadataExpiryOnBothSides) 
   EXPECT_GE(readerEnded, 790ms);
   EXPECT_LT(readerEnded, 1800ms);
   EXPECT_EQ((*read)->status(), OperationStatus::kErrored);
-  EXPECT_EQ(dst, test::Bytes(4096, 0));
+  EXPECT_EQ(dst, std::vector<uint8_t>(4096, 0));
   EXPECT_EQ(a_->stats().live, 0u);
   EXPECT_EQ(b_->stats().live, 0u);
 }
@@ -281,14 +280,14 @@ TEST_P(ConnectorTest, AnOperationThatBeganIsNotEndedByItsMetadataExpiry) {
   p.cancelGrace = 100ms;
   b_ = start(p);
   ASSERT_TRUE(a_ && b_);
-  test::Bytes warmSrc = pattern(4096, 7), warmDst(4096, 0);
+  std::vector<uint8_t> warmSrc = pattern(4096, 7), warmDst(4096, 0);
   auto warm = a_->createReadable({buf(warmSrc)});
   ASSERT_TRUE(warm.isOk());
   auto warmRead = b_->beginRead((*warm)->metadata().value(), {buf(warmDst)});
   ASSERT_TRUE(warmRead.isOk());
   ASSERT_TRUE(waitDone(*warmRead).isOk()) << (*warmRead)->error().toString();  // wired up
 
-  test::Bytes src = pattern(128 << 20, 8), dst(128 << 20, 0);
+  std::vector<uint8_t> src = pattern(128 << 20, 8), dst(128 << 20, 0);
   auto created = std::chrono::steady_clock::now();
   auto readable = a_->createReadable({buf(src)});
   ASSERT_TRUE(readable.isOk());
@@ -322,7 +321,7 @@ bool waitForBytes(const std::shared_ptr<Operation>& op) {
 TEST_P(ConnectorTest, AWritableOwnerThatCancelsInFlightStopsAndItsMemoryIsNotTouchedAfter) {
   a_->shutdown();
   a_ = start(slow(options("owner-slow")));
-  test::Bytes target(kBig, 0), source(kBig, 0xab);
+  std::vector<uint8_t> target(kBig, 0), source(kBig, 0xab);
   auto writable = a_->createWritable({buf(target)});
   ASSERT_TRUE(writable.isOk());
   auto write = b_->beginWrite({buf(source)}, (*writable)->metadata().value());
@@ -330,7 +329,7 @@ TEST_P(ConnectorTest, AWritableOwnerThatCancelsInFlightStopsAndItsMemoryIsNotTou
   ASSERT_TRUE(waitForBytes(*writable)) << "the transfer ended before it could be cancelled";
   (*writable)->cancel();
   EXPECT_EQ((*writable)->status(), OperationStatus::kCancelled);
-  test::Bytes snapshot = target;
+  std::vector<uint8_t> snapshot = target;
   Status peer = waitDone(*write);
   EXPECT_EQ(peer.code(), StatusCode::kCancelled) << peer.toString();
   EXPECT_EQ((*write)->status(), OperationStatus::kErrored);
@@ -343,7 +342,7 @@ TEST_P(ConnectorTest, AWritableOwnerThatCancelsInFlightStopsAndItsMemoryIsNotTou
 TEST_P(ConnectorTest, AReaderThatCancelsInFlightStopsTheOwnerAndItsMemoryIsNotTouchedAfter) {
   a_->shutdown();
   a_ = start(slow(options("owner-slow")));
-  test::Bytes source(kBig, 0xcd), target(kBig, 0);
+  std::vector<uint8_t> source(kBig, 0xcd), target(kBig, 0);
   auto readable = a_->createReadable({buf(source)});
   ASSERT_TRUE(readable.isOk());
   auto read = b_->beginRead((*readable)->metadata().value(), {buf(target)});
@@ -351,14 +350,14 @@ TEST_P(ConnectorTest, AReaderThatCancelsInFlightStopsTheOwnerAndItsMemoryIsNotTo
   ASSERT_TRUE(waitForBytes(*readable)) << "the transfer ended before it could be cancelled";
   (*read)->cancel();
   EXPECT_EQ((*read)->status(), OperationStatus::kCancelled);
-  test::Bytes snapshot = target;
+  std::vector<uint8_t> snapshot = target;
   Status owner = waitDone(*readable);
   EXPECT_EQ(owner.code(), StatusCode::kCancelled) << owner.toString();
   EXPECT_EQ((*readable)->status(), OperationStatus::kErrored);
   std::this_thread::sleep_for(300ms);
   EXPECT_TRUE(snapshot == target) << "the reader's memory changed after cancel() returned";
   // The connection between them survived the cancel: another operation works.
-  test::Bytes s = pattern(65536, 7), d(65536, 0);
+  std::vector<uint8_t> s = pattern(65536, 7), d(65536, 0);
   auto next = a_->createReadable({buf(s)});
   auto r2 = b_->beginRead((*next)->metadata().value(), {buf(d)});
   ASSERT_TRUE(r2.isOk());
@@ -371,7 +370,7 @@ TEST_P(ConnectorTest, AReaderThatCancelsInFlightStopsTheOwnerAndItsMemoryIsNotTo
 // the connectors' operations after it run on a new wireup and move every byte.
 TEST_P(ConnectorTest, AConnectionWhoseEndpointFailedIsReplacedForTheNextOperations) {
   auto readOnce = [&](uint8_t seed) -> Status {
-    test::Bytes s = pattern(256 << 10, seed), d(256 << 10, 0);
+    std::vector<uint8_t> s = pattern(256 << 10, seed), d(256 << 10, 0);
     auto readable = a_->createReadable({buf(s)});
     if (!readable.isOk()) return readable.status();
     auto read = b_->beginRead((*readable)->metadata().value(), {buf(d)});
@@ -388,7 +387,7 @@ TEST_P(ConnectorTest, AConnectionWhoseEndpointFailedIsReplacedForTheNextOperatio
   ASSERT_TRUE((*conn)->waitReady(10s).isOk());
   auto endpoint = (*conn)->endpoint();
   ASSERT_TRUE(endpoint);
-  test::Bytes scratch(4096, 1);
+  std::vector<uint8_t> scratch(4096, 1);
   ASSERT_TRUE(a_->agent()->registerMemoryRegion("scratch", scratch.data(), scratch.size()).isOk());
   std::string info = "{\"addr\":" + std::to_string(reinterpret_cast<uint64_t>(scratch.data())) +
                      ",\"length\":4096,\"rkey\":4242,\"writable\":true}";
@@ -412,7 +411,7 @@ TEST_P(ConnectorTest, AConnectionWhoseEndpointFailedIsReplacedForTheNextOperatio
 }
 
 TEST_P(ConnectorTest, DroppingAnOperationCancelsIt) {
-  test::Bytes src = pattern(4096, 8), dst(4096, 0);
+  std::vector<uint8_t> src = pattern(4096, 8), dst(4096, 0);
   std::string text;
   {
     auto readable = a_->createReadable({buf(src)});
@@ -430,7 +429,7 @@ TEST_P(ConnectorTest, DroppingAnOperationCancelsIt) {
 TEST_P(ConnectorTest, AnOwnerThatShutsDownFailsTheTransferOfItsPeer) {
   a_->shutdown();
   a_ = start(slow(options("owner-slow")));
-  test::Bytes source(kBig, 0x11), target(kBig, 0);
+  std::vector<uint8_t> source(kBig, 0x11), target(kBig, 0);
   auto readable = a_->createReadable({buf(source)});
   ASSERT_TRUE(readable.isOk());
   auto read = b_->beginRead((*readable)->metadata().value(), {buf(target)});
@@ -446,7 +445,7 @@ TEST_P(ConnectorTest, AnOwnerThatShutsDownFailsTheTransferOfItsPeer) {
 
 TEST_P(ConnectorTest, AThousandOperationsAtOnceAreEachByteExact) {
   constexpr int kOps = 1000;
-  std::vector<test::Bytes> src, dst;
+  std::vector<std::vector<uint8_t>> src, dst;
   std::vector<std::shared_ptr<Operation>> readables, reads;
   for (int i = 0; i < kOps; ++i) {
     src.push_back(pattern(4096 + 64 * (i % 17), static_cast<uint8_t>(i)));

@@ -22,14 +22,13 @@
 #include "ferry/cuobj_client.h"
 #include "ferry/cuobj_server.h"
 #include "objects/descriptor.h"
-#include "support/path_memory.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-ferry::test::Bytes pattern(size_t n, uint8_t seed) {
-  ferry::test::Bytes v(n);
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 11));
   return v;
 }
@@ -174,7 +173,7 @@ class ObjectsTest : public ::testing::TestWithParam<std::string> {
     unsetenv("FERRY_AGENT_LANES");
   }
   // A GET token for v's bytes (registering v first when asked).
-  std::string token(ferry::test::Bytes& v, cuObjOpType_t op, size_t offset = 0, size_t size = 0) {
+  std::string token(std::vector<uint8_t>& v, cuObjOpType_t op, size_t offset = 0, size_t size = 0) {
     char* text = nullptr;
     EXPECT_EQ(client_->cuMemObjGetRDMAToken(v.data(), size ? size : v.size() - offset, offset, op, &text),
               CU_OBJ_SUCCESS);
@@ -192,7 +191,7 @@ class ObjectsTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   const size_t n = 6 << 20;
-  ferry::test::Bytes object = pattern(n, 1);
+  std::vector<uint8_t> object = pattern(n, 1);
   void* sbuf = server_->allocHostBuffer(n);
   ASSERT_NE(sbuf, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(sbuf) % sysconf(_SC_PAGESIZE), 0u);
@@ -200,7 +199,7 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   rdma_buffer* rb = server_->registerBuffer(sbuf, n);
   ASSERT_NE(rb, nullptr);
 
-  ferry::test::Bytes dst(n + 4096, 0xee);
+  std::vector<uint8_t> dst(n + 4096, 0xee);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   EXPECT_EQ(client_->cuMemObjGetMaxRequestCallbackSize(dst.data()), static_cast<ssize_t>(dst.size()));
   Route route = makeRoute(server_.get(), rb, channel_);
@@ -215,7 +214,7 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   const std::string getDescriptor = route.lastDescriptor;
 
   // PUT: the client's bytes into the server's buffer at object offset 8192.
-  ferry::test::Bytes src = pattern(1 << 20, 9);
+  std::vector<uint8_t> src = pattern(1 << 20, 9);
   std::memcpy(dst.data(), src.data(), src.size());
   ssize_t put = client_->cuObjPut(&route, dst.data(), src.size(), 8192, 0);
   ASSERT_EQ(put, static_cast<ssize_t>(src.size()));
@@ -223,7 +222,7 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   EXPECT_EQ(std::memcmp(sbuf, object.data(), 8192), 0);
 
   // The callback's token was revoked when the callback returned: using it again fails and writes nothing.
-  ferry::test::Bytes before = dst;
+  std::vector<uint8_t> before = dst;
   ibv_wc_status st = IBV_WC_SUCCESS;
   EXPECT_EQ(server_->handleGetObject("stale", rb, reinterpret_cast<uint64_t>(dst.data()) + 100, 4096,
                                      getDescriptor, channel_, 0, &st),
@@ -238,9 +237,9 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
 }
 
 TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
-  ferry::test::Bytes mem(1 << 20, 0x11);
+  std::vector<uint8_t> mem(1 << 20, 0x11);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(mem.data(), mem.size()), CU_OBJ_SUCCESS);
-  ferry::test::Bytes sdata = pattern(1 << 20, 3);
+  std::vector<uint8_t> sdata = pattern(1 << 20, 3);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
   // GET token for [4096, +65536).
@@ -250,7 +249,7 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
   ASSERT_EQ(server_->handleGetObject("k1", rb, base + 1024, 4096, get, channel_, 0, &st), 4096);
   EXPECT_EQ(st, IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(mem.data() + 4096 + 1024, sdata.data(), 4096), 0);
-  ferry::test::Bytes before = mem;
+  std::vector<uint8_t> before = mem;
   // Outside the range, by one byte either side: refused before anything moves.
   EXPECT_EQ(server_->handleGetObject("k2", rb, base - 1, 4096, get, channel_), -EIO);
   EXPECT_EQ(server_->handleGetObject("k3", rb, base + 65536 - 4095, 4096, get, channel_), -EIO);
@@ -295,7 +294,7 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
       8192);
   EXPECT_EQ(std::memcmp(sdata.data(), mem.data(), 8192), 0);
   ASSERT_EQ(client_->cuMemObjPutRDMAToken(put), CU_OBJ_SUCCESS);
-  ferry::test::Bytes serverBefore = sdata;
+  std::vector<uint8_t> serverBefore = sdata;
   st = IBV_WC_SUCCESS;
   EXPECT_EQ(server_->handlePutObject("k9", rb, reinterpret_cast<uint64_t>(mem.data()), 8192, putText,
                                      channel_, 0, &st),
@@ -307,7 +306,7 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
   EXPECT_EQ(client_->cuMemObjPutRDMAToken(bogus), CU_OBJ_FAIL);
   // Token refusals: outside any registration, bad op, size 0, null output.
   char* out = nullptr;
-  ferry::test::Bytes other(4096);
+  std::vector<uint8_t> other(4096);
   EXPECT_EQ(client_->cuMemObjGetRDMAToken(other.data(), 4096, 0, CUOBJ_GET, &out), CU_OBJ_FAIL);
   EXPECT_EQ(client_->cuMemObjGetRDMAToken(mem.data(), mem.size(), 1, CUOBJ_GET, &out), CU_OBJ_FAIL);
   EXPECT_EQ(client_->cuMemObjGetRDMAToken(mem.data(), 4096, 0, CUOBJ_INVALID, &out), CU_OBJ_FAIL);
@@ -327,10 +326,10 @@ TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
 
 TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   const size_t piece = 64 << 10, count = 40;
-  ferry::test::Bytes sdata = pattern(piece * count, 5);
+  std::vector<uint8_t> sdata = pattern(piece * count, 5);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
-  ferry::test::Bytes dst(piece * count, 0);
+  std::vector<uint8_t> dst(piece * count, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   for (size_t i = 0; i < count; ++i) {  // a descriptor serves one request: one per piece
     std::string get = token(dst, CUOBJ_GET, i * piece, piece);
@@ -366,7 +365,7 @@ TEST_P(ObjectsTest, AsyncRequestsCompleteThroughPollWithTheirHandles) {
   EXPECT_EQ(server_->poll(events, 16, 77), -EINVAL);
   // A forged asynchronous request: the client does not confirm it, so it is refused at submission
   // (-EIO, the status filled) and nothing is queued.
-  ferry::test::Bytes before = dst;
+  std::vector<uint8_t> before = dst;
   std::string get = token(dst, CUOBJ_GET, 0, piece);
   auto forged = ferry::objects::decodeDescriptor(get);
   for (auto& k : forged->keys) k.second ^= 0x330000;
@@ -404,10 +403,10 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
   const uint16_t channel = server.allocateChannelId();
   ASSERT_NE(channel, INVALID_CHANNEL_ID);
   const size_t piece = 4096;
-  ferry::test::Bytes sdata = pattern(piece, 9);
+  std::vector<uint8_t> sdata = pattern(piece, 9);
   rdma_buffer* rb = server.registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
-  ferry::test::Bytes dst(3 * piece, 0);
+  std::vector<uint8_t> dst(3 * piece, 0);
   TestClientAgent client(/*answers=*/true);
   const obj::Descriptor d = client.describe(dst.data(), dst.size(), CUOBJ_GET, "dst");
   ASSERT_FALSE(d.keys.empty());
@@ -432,7 +431,7 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
   EXPECT_EQ(server.handleGetObject("forged", rb, base + piece, piece, granted(2, true), channel, 0, &st),
             -EIO);
   EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
-  ferry::test::Bytes untouched(piece, 0);
+  std::vector<uint8_t> untouched(piece, 0);
   EXPECT_EQ(std::memcmp(dst.data() + piece, untouched.data(), piece), 0);
   // The next request goes over a new connection.
   st = IBV_WC_GENERAL_ERR;
@@ -458,10 +457,10 @@ TEST_P(ObjectsTest, AConnectionThatEndedWithARequestInFlightIsReplacedForTheNext
 // and replayed afterwards it moves nothing either.
 TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
   const size_t n = 64 << 10;
-  ferry::test::Bytes sdata = pattern(n, 61);
+  std::vector<uint8_t> sdata = pattern(n, 61);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), n);
   ASSERT_NE(rb, nullptr);
-  ferry::test::Bytes dst(n, 0x11);
+  std::vector<uint8_t> dst(n, 0x11);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), n), CU_OBJ_SUCCESS);
   const uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
   const std::string get = token(dst, CUOBJ_GET);
@@ -484,7 +483,7 @@ TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
     EXPECT_EQ(server_->handleGetObject("edited", rb, addr + 4096, 4096, text, channel_, 0, &st), -EIO);
     EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
   }
-  EXPECT_EQ(dst, ferry::test::Bytes(n, 0x11));
+  EXPECT_EQ(dst, std::vector<uint8_t>(n, 0x11));
   // The real one: every byte, once.
   ibv_wc_status st = IBV_WC_GENERAL_ERR;
   ASSERT_EQ(server_->handleGetObject("once", rb, addr, n, get, channel_, 0, &st), static_cast<ssize_t>(n));
@@ -496,7 +495,7 @@ TEST_P(ObjectsTest, ADescriptorServesOneRequestAndAnEditedOneNone) {
   EXPECT_EQ(st, IBV_WC_REM_ACCESS_ERR);
   EXPECT_EQ(dst, pattern(n, 61));
   // PUT: once in full; replayed, nothing is read (the object keeps the first PUT's bytes).
-  const ferry::test::Bytes src = pattern(n, 62);
+  const std::vector<uint8_t> src = pattern(n, 62);
   std::copy(src.begin(), src.end(), dst.begin());
   const std::string put = token(dst, CUOBJ_PUT);
   st = IBV_WC_GENERAL_ERR;
@@ -523,10 +522,10 @@ TEST_P(ObjectsTest, ADescriptorOfAnAgentThatNeverMintedItMovesNothing) {
   ASSERT_TRUE(server.isConnected());
   const uint16_t channel = server.allocateChannelId();
   const size_t n = 64 << 10;
-  ferry::test::Bytes sdata = pattern(n, 71);
+  std::vector<uint8_t> sdata = pattern(n, 71);
   rdma_buffer* rb = server.registerBuffer(sdata.data(), n);
   ASSERT_NE(rb, nullptr);
-  ferry::test::Bytes victim = pattern(n, 72);
+  std::vector<uint8_t> victim = pattern(n, 72);
   TestClientAgent silent(/*answers=*/false);
   obj::Descriptor d = silent.describe(victim.data(), n, CUOBJ_GET, "victim");
   ASSERT_FALSE(d.keys.empty());
@@ -564,10 +563,10 @@ TEST_P(ObjectsTest, ADescriptorOfAnAgentThatNeverMintedItMovesNothing) {
 }
 
 TEST_P(ObjectsTest, EveryListedFailureValue) {
-  ferry::test::Bytes sdata = pattern(1 << 16, 2);
+  std::vector<uint8_t> sdata = pattern(1 << 16, 2);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   ASSERT_NE(rb, nullptr);
-  ferry::test::Bytes dst(1 << 16, 0);
+  std::vector<uint8_t> dst(1 << 16, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   std::string get = token(dst, CUOBJ_GET);
   uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
@@ -588,7 +587,7 @@ TEST_P(ObjectsTest, EveryListedFailureValue) {
   rdma_buffer* fake = reinterpret_cast<rdma_buffer*>(sdata.data());
   EXPECT_EQ(server_->handleGetObject("l", fake, addr, 4096, get, channel_, 0, &st), -EIO);
   EXPECT_EQ(st, IBV_WC_WR_FLUSH_ERR);
-  EXPECT_EQ(dst, ferry::test::Bytes(1 << 16, 0));
+  EXPECT_EQ(dst, std::vector<uint8_t>(1 << 16, 0));
   // Registration refusals.
   EXPECT_EQ(server_->registerBuffer(nullptr, 4096), nullptr);
   EXPECT_EQ(server_->registerBuffer(sdata.data(), 0), nullptr);
@@ -686,7 +685,7 @@ TEST_P(ObjectsTest, ScatterGatherBuffersAndViews) {
   std::memcpy(b2, p2.data(), 8192);
   rdma_buffer* sg = server_->registerBuffer(std::vector<cuObjScatterGatherEntry_t>{{b1, 4096}, {b2, 8192}});
   ASSERT_NE(sg, nullptr);
-  ferry::test::Bytes dst(12288, 0);
+  std::vector<uint8_t> dst(12288, 0);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   std::string get = token(dst, CUOBJ_GET);
   uint64_t addr = reinterpret_cast<uint64_t>(dst.data());
@@ -746,12 +745,12 @@ TEST_P(ObjectsTest, ScatterGatherBuffersAndViews) {
 TEST_P(ObjectsTest, ManyChannelsFromManyThreads) {
   const int threads = 8, rounds = 25;
   const size_t piece = 256 << 10;
-  ferry::test::Bytes sdata = pattern(piece * threads, 31);
-  ferry::test::Bytes back(piece * threads, 0);
+  std::vector<uint8_t> sdata = pattern(piece * threads, 31);
+  std::vector<uint8_t> back(piece * threads, 0);
   rdma_buffer* rb = server_->registerBuffer(sdata.data(), sdata.size());
   rdma_buffer* rback = server_->registerBuffer(back.data(), back.size());
   ASSERT_TRUE(rb && rback);
-  std::vector<ferry::test::Bytes> dst(threads, ferry::test::Bytes(piece));
+  std::vector<std::vector<uint8_t>> dst(threads, std::vector<uint8_t>(piece));
   std::atomic<int> failures{0};
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
@@ -792,8 +791,8 @@ TEST_P(ObjectsTest, ManyChannelsFromManyThreads) {
 }
 
 TEST_P(ObjectsTest, DelayModesAllComplete) {
-  ferry::test::Bytes sdata = pattern(1 << 20, 41);
-  ferry::test::Bytes dst(1 << 20);
+  std::vector<uint8_t> sdata = pattern(1 << 20, 41);
+  std::vector<uint8_t> dst(1 << 20);
   ASSERT_EQ(client_->cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   for (cuObjDelayMode_t mode :
        {CUOBJ_DELAY_NONE, CUOBJ_DELAY_BATCH, CUOBJ_DELAY_ENTRY, CUOBJ_DELAY_ADAPTIVE, CUOBJ_DELAY_INVALID}) {
@@ -854,7 +853,7 @@ TEST_P(ObjectsTest, TelemetryNamesEachRequestsKey) {
     cuObjClient c(gOps);
     ASSERT_TRUE(s.isConnected() && c.isConnected());
     uint16_t ch = s.allocateChannelId();
-    ferry::test::Bytes sdata = pattern(4096, 1), dst(4096);
+    std::vector<uint8_t> sdata = pattern(4096, 1), dst(4096);
     rdma_buffer* rb = s.registerBuffer(sdata.data(), 4096);
     ASSERT_EQ(c.cuMemObjGetDescriptor(dst.data(), 4096), CU_OBJ_SUCCESS);
     char* g = nullptr;
@@ -899,7 +898,7 @@ TEST(ObjectsIpv6, AServerOnIpv6LoopbackServesAClient) {
   cuObjClient client(gOps);
   ASSERT_TRUE(client.isConnected());
   uint16_t ch = server.allocateChannelId();
-  ferry::test::Bytes sdata = pattern(1 << 20, 51), dst(1 << 20);
+  std::vector<uint8_t> sdata = pattern(1 << 20, 51), dst(1 << 20);
   rdma_buffer* rb = server.registerBuffer(sdata.data(), sdata.size());
   ASSERT_EQ(client.cuMemObjGetDescriptor(dst.data(), dst.size()), CU_OBJ_SUCCESS);
   Route route = makeRoute(&server, rb, ch);
@@ -919,7 +918,7 @@ TEST(ObjectsDescriptor, DecoderRefusesEveryMalformedForm) {
   cuObjClient client(gOps);
   ASSERT_TRUE(client.isConnected());
   // A real agent address, from a real token.
-  ferry::test::Bytes mem(4096);
+  std::vector<uint8_t> mem(4096);
   ASSERT_EQ(client.cuMemObjGetDescriptor(mem.data(), mem.size()), CU_OBJ_SUCCESS);
   char* t = nullptr;
   ASSERT_EQ(client.cuMemObjGetRDMAToken(mem.data(), 4096, 0, CUOBJ_GET, &t), CU_OBJ_SUCCESS);
