@@ -332,7 +332,7 @@ class RawRegions {
     auto pool = pool_;
     auto handles = std::make_shared<std::vector<MrHandle>>(std::move(handles_));
     handles_.clear();
-    f.state()->onDone([pool, handles](const endpoint::OpState&) { release(pool, std::move(*handles)); });
+    f.state()->onDone([pool, handles](const Completion&) { release(pool, std::move(*handles)); });
   }
 
  private:
@@ -417,7 +417,7 @@ class DoneNotifier {
   void watch(const endpoint::Future& f, uint64_t token) {
     if (!f.valid()) raiseInvalid("watch: an empty future");
     std::weak_ptr<Shared> weak = shared_;
-    f.state()->onDone([weak, token](const endpoint::OpState&) {
+    f.state()->onDone([weak, token](const Completion&) {
       if (auto s = weak.lock()) s->push(token);
     });
   }

@@ -62,7 +62,7 @@ struct PendingOp {
   std::vector<NamedAssignment> batch;
   std::vector<NamedChunk> chunks;
   uint32_t imm = 0;
-  std::shared_ptr<endpoint::OpState> outer;  // what the caller's future holds
+  std::shared_ptr<Completion> outer;  // what the caller's future holds
 
   OpRequest request() const { return {.kind = kind, .batch = batch, .chunks = chunks, .imm = imm}; }
 };
@@ -81,9 +81,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::optional<WorkerAddress> remote() const;
   std::optional<LaneSet> lanes() const;
   std::shared_ptr<endpoint::Endpoint> endpointOf(OpClass c) const;
-  const std::shared_ptr<endpoint::OpState>& readyOp() const { return readyOp_; }
+  const std::shared_ptr<Completion>& readyOp() const { return readyOp_; }
   // Done (with why) when this connection ends: the peer gone, the wireup failed, the agent shut down.
-  const std::shared_ptr<endpoint::OpState>& goneOp() const { return goneOp_; }
+  const std::shared_ptr<Completion>& goneOp() const { return goneOp_; }
   size_t numQp() const { return numQp_; }
   std::shared_ptr<AgentImpl> agentImpl() const { return agent_.lock(); }
   // Retires this connection in favour of `successor` (another one to the same peer): the queued
@@ -96,7 +96,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // kPeerGone with the endpoint's failure. OK otherwise.
   Status retireIfEndpointFailed();
   // The data path: straight to the endpoint once ready (no copy of the batch), else queued.
-  Result<std::shared_ptr<endpoint::OpState>> submit(const OpRequest& request);
+  Result<std::shared_ptr<Completion>> submit(const OpRequest& request);
 
   // ---- the agent's loop thread ----
   // Fails every queued operation, the ready future and the endpoints with why, and retires.
@@ -150,9 +150,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // Posts what can be posted from the front of the queue (mu_ held).
   void drainLocked();
   // Resolves names against ep; returns nullopt with *missing set when a remote name is unknown.
-  Result<std::shared_ptr<endpoint::OpState>> postLocked(const OpRequest& op, std::string* missing);
+  Result<std::shared_ptr<Completion>> postLocked(const OpRequest& op, std::string* missing);
   // Queues an operation behind the wireup or a region lookup (mu_ held).
-  std::shared_ptr<endpoint::OpState> enqueueLocked(PendingOp op);
+  std::shared_ptr<Completion> enqueueLocked(PendingOp op);
 
   std::weak_ptr<AgentImpl> agent_;
   const std::string alias_;
@@ -165,8 +165,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::map<std::string, std::shared_ptr<endpoint::Endpoint>> endpoints_;  // by local device
   std::shared_ptr<endpoint::Endpoint> byClass_[kNumOpClasses];
   std::deque<PendingOp> queue_;
-  std::shared_ptr<endpoint::OpState> readyOp_;
-  std::shared_ptr<endpoint::OpState> goneOp_;
+  std::shared_ptr<Completion> readyOp_;
+  std::shared_ptr<Completion> goneOp_;
 };
 
 class AgentImpl : public std::enable_shared_from_this<AgentImpl> {

@@ -14,8 +14,8 @@ PeerImpl::PeerImpl(std::weak_ptr<AgentImpl> agent, std::string alias, size_t num
     : agent_(std::move(agent)),
       alias_(std::move(alias)),
       numQp_(numQp),
-      readyOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)),
-      goneOp_(std::make_shared<ep::OpState>(ep::OpKind::kSend)) {
+      readyOp_(std::make_shared<Completion>()),
+      goneOp_(std::make_shared<Completion>()) {
   lastHeard = Clock::now();
   lastPing = lastHeard;
 }
@@ -147,7 +147,7 @@ OpClass classOf(ep::OpKind kind) {
 
 }  // namespace
 
-Result<std::shared_ptr<ep::OpState>> PeerImpl::postLocked(const OpRequest& op, std::string* missing) {
+Result<std::shared_ptr<Completion>> PeerImpl::postLocked(const OpRequest& op, std::string* missing) {
   OpClass cls = classOf(op.kind);
   const std::shared_ptr<ep::Endpoint>& e = byClass_[static_cast<int>(cls)];
   if (!e)
@@ -221,14 +221,14 @@ void PeerImpl::drainLocked() {
         return;
       }
     }
-    std::shared_ptr<ep::OpState> outer = op.outer;
+    std::shared_ptr<Completion> outer = op.outer;
     queue_.pop_front();
     if (!inner.isOk()) {
       outer->complete(inner.status());
       continue;
     }
     (*inner)->onDone(
-        [outer](const ep::OpState& done) { outer->complete(done.status(), done.immData(), done.bytes()); });
+        [outer](const Completion& done) { outer->complete(done.status(), done.immData(), done.bytes()); });
   }
 }
 
@@ -263,7 +263,7 @@ void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::
     } else {
       auto outer = op.outer;
       (*inner)->onDone(
-          [outer](const ep::OpState& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
+          [outer](const Completion& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
     }
   }
   drainLocked();
@@ -292,7 +292,7 @@ Status PeerImpl::retireIfEndpointFailed() {
   return failed.isOk() ? failed : retireAfter(failed);
 }
 
-Result<std::shared_ptr<ep::OpState>> PeerImpl::submit(const OpRequest& request) {
+Result<std::shared_ptr<Completion>> PeerImpl::submit(const OpRequest& request) {
   std::unique_lock<std::mutex> lock(mu_);
   if (state_ == State::kFailed) return failure_;
   if (state_ == State::kReady && queue_.empty() && queryId == 0) {
@@ -328,10 +328,10 @@ void PeerImpl::handOver(const std::shared_ptr<PeerImpl>& successor, const std::s
     failure_ = Status(StatusCode::kPeerGone, why);
   }
   for (auto& op : queued) successor->adopt(std::move(op));
-  std::shared_ptr<ep::OpState> mine = readyOp_;
-  successor->readyOp()->onDone([mine](const ep::OpState& d) { mine->complete(d.status()); });
-  std::shared_ptr<ep::OpState> gone = goneOp_;
-  successor->goneOp()->onDone([gone](const ep::OpState& d) { gone->complete(d.status()); });
+  std::shared_ptr<Completion> mine = readyOp_;
+  successor->readyOp()->onDone([mine](const Completion& d) { mine->complete(d.status()); });
+  std::shared_ptr<Completion> gone = goneOp_;
+  successor->goneOp()->onDone([gone](const Completion& d) { gone->complete(d.status()); });
 }
 
 void PeerImpl::adopt(PendingOp op) {
@@ -343,9 +343,9 @@ void PeerImpl::adopt(PendingOp op) {
   enqueueLocked(std::move(op));
 }
 
-std::shared_ptr<ep::OpState> PeerImpl::enqueueLocked(PendingOp op) {
-  if (!op.outer) op.outer = std::make_shared<ep::OpState>(op.kind);
-  std::shared_ptr<ep::OpState> outer = op.outer;
+std::shared_ptr<Completion> PeerImpl::enqueueLocked(PendingOp op) {
+  if (!op.outer) op.outer = std::make_shared<Completion>();
+  std::shared_ptr<Completion> outer = op.outer;
   queue_.push_back(std::move(op));
   if (state_ == State::kReady) drainLocked();
   return outer;
@@ -381,7 +381,7 @@ bool PeerConnection::isConnected() const { return currentImpl()->state() == Peer
 
 // The wireup as it is: a failed one reports its failure (the next operation starts another).
 Status PeerConnection::waitReady(std::chrono::milliseconds timeout) const {
-  return currentImpl()->readyOp()->waitUntil(ep::OpState::Clock::now() + timeout);
+  return currentImpl()->readyOp()->waitUntil(Completion::Clock::now() + timeout);
 }
 
 Status PeerConnection::retireIfFailed() { return currentImpl()->retireIfEndpointFailed(); }
@@ -431,7 +431,7 @@ Status checkChunks(AgentImpl& agent, std::span<const NamedChunk> chunks, bool wr
 template <typename F>
 Result<F> run(const PeerConnection& c, const OpRequest& request) {
   auto impl = c.impl();
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ep::OpState> state, impl->submit(request));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Completion> state, impl->submit(request));
   return F(std::move(state));
 }
 

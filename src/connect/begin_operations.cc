@@ -58,7 +58,7 @@ void Connector::Impl::sendBeginWhenReady(const OpPtr& op,
     return;
   }
   std::weak_ptr<Impl> weak = weak_from_this();
-  conn->ready().state()->onDone([weak, op](const ep::OpState& d) {
+  conn->ready().state()->onDone([weak, op](const Completion& d) {
     Status st = d.status();
     if (auto self = weak.lock())
       self->agent->post([weak, op, st] {

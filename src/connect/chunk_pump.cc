@@ -42,7 +42,7 @@ void Connector::Impl::pumpLocked(const OpPtr& op, std::unique_lock<std::mutex>& 
     }
     ++op->inflight;
     std::weak_ptr<Impl> weak = weak_from_this();
-    f->state()->onDone([weak, op, bytes](const ep::OpState& d) {
+    f->state()->onDone([weak, op, bytes](const Completion& d) {
       Status st = d.status();
       if (auto self = weak.lock())
         self->agent->post([weak, op, bytes, st] {

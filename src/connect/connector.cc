@@ -168,7 +168,7 @@ void Connector::Impl::watchLocked(const std::shared_ptr<agent::PeerConnection>& 
                                   const std::string& uuid) {
   if (uuid.empty() || !watched.insert(uuid).second) return;
   std::weak_ptr<Impl> weak = weak_from_this();
-  peer->closed().state()->onDone([weak, uuid](const ep::OpState& d) {
+  peer->closed().state()->onDone([weak, uuid](const Completion& d) {
     Status why = d.status();
     if (auto self = weak.lock())
       self->agent->post([weak, uuid, why] {

@@ -64,7 +64,7 @@ struct Operation::State {
   uint64_t id = 0;
   OperationKind kind = OperationKind::kRead;
   bool passive = false;
-  std::shared_ptr<ep::OpState> done = std::make_shared<ep::OpState>(ep::OpKind::kSend);
+  std::shared_ptr<Completion> done = std::make_shared<Completion>();
   std::atomic<uint64_t> bytes{0};
 
   // ---- guarded by Impl::mu ----

@@ -146,7 +146,7 @@ TEST(EndpointTest, AnImmediateThatArrivedIsDeliveredByAShutdownThatFollows) {
   Chunk rc{.mr = *ih, .offset = 0, .length = 64};
   auto held = q.a->recv({&rc, 1});
   ASSERT_TRUE(held.isOk()) << held.status().toString();
-  held->state()->onDone([&entered, released](const OpState&) {
+  held->state()->onDone([&entered, released](const Completion&) {
     entered.set_value();
     released.wait();
   });
@@ -710,7 +710,7 @@ TEST(EndpointTest, ASleepingWaiterAndACallbackCompleteWhileWaitersPoll) {
   auto r2 = p.b->recv(chunks(dh, 300, 200));
   ASSERT_TRUE(r2.isOk()) << r2.status().toString();
   std::promise<Status> called;
-  r2->state()->onDone([&called](const OpState& op) { called.set_value(op.status()); });
+  r2->state()->onDone([&called](const Completion& op) { called.set_value(op.status()); });
   auto s2 = p.a->send(chunks(sh, 2, 200));
   ASSERT_TRUE(s2.isOk());
   ASSERT_TRUE(s2->wait(kWait).isOk());

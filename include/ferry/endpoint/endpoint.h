@@ -64,6 +64,7 @@
 #include "ferry/endpoint/assignment.h"
 #include "ferry/endpoint/context.h"
 #include "ferry/endpoint/future.h"
+#include "ferry/endpoint/op_state.h"
 #include "ferry/endpoint/memory_pool.h"
 #include "ferry/endpoint/worker.h"
 #include "ferry/verbs/path.h"

@@ -17,23 +17,24 @@
 #include <cstdint>
 #include <memory>
 
+#include "ferry/common/completion.h"
 #include "ferry/common/status.h"
 #include "ferry/endpoint/assignment.h"
-#include "ferry/endpoint/op_state.h"
 
 namespace ferry::endpoint {
 
 class Future {
  public:
   Future() = default;
-  explicit Future(std::shared_ptr<OpState> op) : op_(std::move(op)) {}
+  // A future of any completion: an endpoint's operation (OpState), or the work of a layer above
+  // (the agent's queued operations and peer states, the connector's operations).
+  explicit Future(std::shared_ptr<Completion> op) : op_(std::move(op)) {}
 
   bool valid() const { return op_ != nullptr; }
   bool done() const { return op_ && op_->done(); }
   // Takes the completions that are there once, on this thread, without blocking, and says whether
   // the operation is done: a poll loop's step (done() alone waits for another thread to take them).
   bool poll() const { return op_ && op_->pollOnce(); }
-  OpKind kind() const { return op_ ? op_->kind() : OpKind::kRead; }
   // Waits up to `timeout` for the operation: its status when it completed, kTimedOut when it is
   // still running (it goes on; wait again), kInvalidArgument for an empty future.
   Status wait(std::chrono::milliseconds timeout) const;
@@ -42,10 +43,10 @@ class Future {
   Status wait() const;
   // The status once done; kBusy while running.
   Status status() const { return op_ ? op_->status() : invalidArgument("empty future"); }
-  const std::shared_ptr<OpState>& state() const { return op_; }
+  const std::shared_ptr<Completion>& state() const { return op_; }
 
  protected:
-  std::shared_ptr<OpState> op_;
+  std::shared_ptr<Completion> op_;
 };
 
 // read(), write(), writeWithImm(): done when every byte of the batch is placed (at the peer for
