@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <ctime>
 
@@ -44,6 +46,12 @@ Status Reactor::start(const std::string& name) {
   return Status::ok();
 }
 
+void Reactor::checkOnLoop(const char* function) const {
+  if (ownsLoopWork()) return;
+  std::fprintf(stderr, "ferry: %s runs off its loop's thread\n", function);
+  std::abort();
+}
+
 void Reactor::stop() {
   if (!thread_.joinable()) {
     if (epollFd_ >= 0) close(epollFd_), epollFd_ = -1;
@@ -55,6 +63,7 @@ void Reactor::stop() {
   stopping_ = true;
   wakeThread();
   thread_.join();
+  threadId_ = std::thread::id();
   {
     std::lock_guard<std::mutex> lock(postMu_);
     stopped_ = true;

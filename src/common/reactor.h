@@ -28,6 +28,14 @@ struct epoll_event;
 
 namespace ferry {
 
+// Debug builds check that a function meant for the loop (its name ends in FromLoop) runs there:
+// FERRY_ON_LOOP(reactor) as its first statement. Release builds compile it away.
+#ifndef NDEBUG
+#define FERRY_ON_LOOP(reactor) (reactor).checkOnLoop(__func__)
+#else
+#define FERRY_ON_LOOP(reactor) ((void)0)
+#endif
+
 class Reactor {
  public:
   using Clock = std::chrono::steady_clock;
@@ -50,6 +58,11 @@ class Reactor {
   // Returns kClosed (without running fn) once the reactor is stopped.
   Status runSync(const std::function<void()>& fn);
   bool inLoop() const { return std::this_thread::get_id() == threadId_.load() || running_ == this; }
+  // Whether the calling thread may do the loop's work: it runs the loop, or no thread does (before
+  // start(), after stop()). What FERRY_ON_LOOP checks.
+  bool ownsLoopWork() const { return inLoop() || threadId_.load() == std::thread::id(); }
+  // Ends the process, naming `function`, unless ownsLoopWork(): the debug check of FERRY_ON_LOOP.
+  void checkOnLoop(const char* function) const;
   // Whether the calling thread runs the loop as a caller (runHere(), progressOnce(), waitHere()),
   // not as the reactor's own thread.
   bool inCallersRun() const { return running_ == this; }

@@ -311,6 +311,7 @@ void StoreServer::Impl::stop() {
 }
 
 void StoreServer::Impl::acceptFromLoop() {
+  FERRY_ON_LOOP(*reactor_);
   while (true) {
     int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
@@ -348,6 +349,7 @@ void StoreServer::Impl::acceptFromLoop() {
 }
 
 void StoreServer::Impl::onConnFromLoop(int fd, uint32_t events) {
+  FERRY_ON_LOOP(*reactor_);
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   Conn& conn = *it->second;
@@ -375,6 +377,7 @@ void StoreServer::Impl::onConnFromLoop(int fd, uint32_t events) {
 }
 
 bool StoreServer::Impl::handleLineFromLoop(Conn& conn, std::string_view line) {
+  FERRY_ON_LOOP(*reactor_);
   if (conn.watching) {
     dropFromLoop(conn, "a watch connection takes no further requests");
     return false;
@@ -393,6 +396,7 @@ bool StoreServer::Impl::handleLineFromLoop(Conn& conn, std::string_view line) {
 }
 
 void StoreServer::Impl::answerFromLoop(Conn& conn, const StoreRequest& request) {
+  FERRY_ON_LOOP(*reactor_);
   std::vector<StoreEvent> events;
   table_.expire(Clock::now(), &events);
   json::Value body = json::Value::emptyObject();
@@ -446,6 +450,7 @@ void StoreServer::Impl::answerFromLoop(Conn& conn, const StoreRequest& request) 
 
 bool StoreServer::Impl::sendEntriesFromLoop(Conn& conn, std::string_view type, int64_t id,
                                             const std::vector<StoreEntry>& entries) {
+  FERRY_ON_LOOP(*reactor_);
   size_t i = 0;
   do {
     json::Value body = json::Value::emptyObject();
@@ -467,6 +472,7 @@ bool StoreServer::Impl::sendEntriesFromLoop(Conn& conn, std::string_view type, i
 }
 
 bool StoreServer::Impl::sendFromLoop(Conn& conn, std::string_view type, json::Value body) {
+  FERRY_ON_LOOP(*reactor_);
   json::Value full = json::Value::emptyObject();
   full.set("ferry_store", kStoreProtocolVersion);
   full.set("type", std::string(type));
@@ -479,6 +485,7 @@ bool StoreServer::Impl::sendFromLoop(Conn& conn, std::string_view type, json::Va
 }
 
 bool StoreServer::Impl::flushFromLoop(Conn& conn) {
+  FERRY_ON_LOOP(*reactor_);
   bool wasBlocked = false;
   while (!conn.out.empty()) {
     ssize_t n = ::send(conn.fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -507,6 +514,7 @@ bool StoreServer::Impl::flushFromLoop(Conn& conn) {
 }
 
 void StoreServer::Impl::dropFromLoop(Conn& conn, const std::string& why) {
+  FERRY_ON_LOOP(*reactor_);
   int fd = conn.fd;
   if (!why.empty()) {
     // Best effort: the client learns why, if its socket takes the line now.
@@ -520,6 +528,7 @@ void StoreServer::Impl::dropFromLoop(Conn& conn, const std::string& why) {
 }
 
 void StoreServer::Impl::publishFromLoop(const std::vector<StoreEvent>& events) {
+  FERRY_ON_LOOP(*reactor_);
   if (events.empty()) return;
   std::vector<Conn*> watchers;
   for (auto& [fd, conn] : conns_) {
@@ -538,6 +547,7 @@ void StoreServer::Impl::publishFromLoop(const std::vector<StoreEvent>& events) {
 }
 
 void StoreServer::Impl::sweepFromLoop() {
+  FERRY_ON_LOOP(*reactor_);
   expiryTimer_ = 0;
   std::vector<StoreEvent> events;
   table_.expire(Clock::now(), &events);
@@ -546,6 +556,7 @@ void StoreServer::Impl::sweepFromLoop() {
 }
 
 void StoreServer::Impl::armExpiryFromLoop() {
+  FERRY_ON_LOOP(*reactor_);
   auto next = table_.nextDeadline();
   if (!next) return;
   // keepAlive only moves deadlines later: a timer already due earlier fires, finds nothing due,
@@ -557,6 +568,7 @@ void StoreServer::Impl::armExpiryFromLoop() {
 }
 
 bool StoreServer::Impl::evictIdlestFromLoop() {
+  FERRY_ON_LOOP(*reactor_);
   Conn* idlest = nullptr;
   for (auto& [fd, conn] : conns_) {
     if (conn->watching) continue;
@@ -572,6 +584,7 @@ bool StoreServer::Impl::evictIdlestFromLoop() {
 }
 
 void StoreServer::Impl::closeIdleFromLoop() {
+  FERRY_ON_LOOP(*reactor_);
   auto now = Clock::now();
   std::vector<Conn*> idle;
   for (auto& [fd, conn] : conns_) {
@@ -587,6 +600,7 @@ void StoreServer::Impl::closeIdleFromLoop() {
 }
 
 void StoreServer::Impl::pingFromLoop() {
+  FERRY_ON_LOOP(*reactor_);
   closeIdleFromLoop();
   std::vector<int> watchers;
   for (auto& [fd, conn] : conns_) {

@@ -309,6 +309,7 @@ void SoftContext::close() {
 }
 
 Reactor* SoftContext::laneReactorFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   if (laneThread_ == LaneThread::kNotStarted) {
     Status st = laneReactor_.start("ferry-lane");
     laneThread_ = st.isOk() ? LaneThread::kRunning : LaneThread::kFailed;
@@ -348,11 +349,13 @@ Reactor::WaitHere SoftContext::waitFromChannel(int channelFd, int timeoutMs) {
 }
 
 void SoftContext::addAttendedLinkFromLoop(const std::shared_ptr<Conn>& conn) {
+  FERRY_ON_LOOP(reactor_);
   attendedLinks_.push_back(conn);
   if (const int64_t until = attendedUntilNs_.load(); until != 0) conn->attend(until);
 }
 
 void SoftContext::removeAttendedLinkFromLoop(const Conn* conn) {
+  FERRY_ON_LOOP(reactor_);
   std::erase_if(attendedLinks_, [conn](const std::weak_ptr<Conn>& w) {
     auto c = w.lock();
     return !c || c.get() == conn;
@@ -368,6 +371,7 @@ uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed
 uint64_t linkPollsCutShort() { return linkPollsCutShortCount.load(std::memory_order_relaxed); }
 
 bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
+  FERRY_ON_LOOP(reactor_);
   // In a caller's run (a poll, or a wait: the next one sends the ACK first, after what the
   // application sent in reply), under a lease the thread sleeps quiet on and has yet to sweep: its
   // end's run of the pollers sends the ACK if no caller's run comes first.
@@ -378,6 +382,7 @@ bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
 }
 
 void SoftContext::sendDeferredAcksFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   // Swapped out first: sending may close a connection, and its QP's callbacks may defer again.
   acksSending_.swap(deferredAcks_);
   for (const auto& w : acksSending_) {
@@ -387,6 +392,7 @@ void SoftContext::sendDeferredAcksFromLoop() {
 }
 
 bool SoftContext::attendFromLoop(bool vouches) {
+  FERRY_ON_LOOP(reactor_);
   if (!deferredAcks_.empty()) sendDeferredAcksFromLoop();
   if (vouches) {
     // The run's clock: the lease it gives ends no later than one measured now would, and the
@@ -413,6 +419,7 @@ bool SoftContext::attendFromLoop(bool vouches) {
 }
 
 bool SoftContext::pollAttendedLinksFromLoop(bool firstOnly) {
+  FERRY_ON_LOOP(reactor_);
   // A snapshot: taking a ring's frames may close connections (and so change the list).
   linksPolled_.clear();
   const size_t count = attendedLinks_.size();
@@ -435,6 +442,7 @@ bool SoftContext::pollAttendedLinksFromLoop(bool firstOnly) {
 }
 
 void SoftContext::endLeaseFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   if (!deferredAcks_.empty()) sendDeferredAcksFromLoop();
   attendedUntilNs_.store(0);
   reactor_.attendUntil(Reactor::Clock::time_point());
@@ -454,6 +462,7 @@ void SoftContext::stopAttending() {
 }
 
 void SoftContext::onAcceptFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   for (int i = 0; i < 64; ++i) {
     sockaddr_in peer{};
     socklen_t len = sizeof peer;
@@ -477,6 +486,7 @@ void SoftContext::onAcceptFromLoop() {
 }
 
 void SoftContext::awaitHelloFromLoop(const std::shared_ptr<Conn>& conn) {
+  FERRY_ON_LOOP(reactor_);
   pendingConns_[conn.get()] = conn;
   // A connection that does not introduce itself in time is dropped.
   std::weak_ptr<Conn> weak = conn;
@@ -491,6 +501,7 @@ void SoftContext::awaitHelloFromLoop(const std::shared_ptr<Conn>& conn) {
 }
 
 void SoftContext::onRingAcceptFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   for (int i = 0; i < 64; ++i) {
     int fd = ::accept4(ringListenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
@@ -544,6 +555,7 @@ void SoftContext::onRingAcceptFromLoop() {
 }
 
 bool SoftContext::onRingSetupFromLoop(int fd) {
+  FERRY_ON_LOOP(reactor_);
   auto link = receiveRingSetup(fd, [this](uint64_t ticket) { return admitRingTicketFromLoop(ticket); });
   if (!link.isOk() && link.status().code() == StatusCode::kUnavailable) return false;
   if (!link.isOk()) {
@@ -558,6 +570,7 @@ bool SoftContext::onRingSetupFromLoop(int fd) {
 }
 
 uint64_t SoftContext::issueRingTicketFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   auto now = std::chrono::steady_clock::now();
   if (ringTickets_.size() >= kMaxRingTickets)
     std::erase_if(ringTickets_, [&](const auto& t) { return t.second <= now; });
@@ -569,6 +582,7 @@ uint64_t SoftContext::issueRingTicketFromLoop() {
 }
 
 bool SoftContext::admitRingTicketFromLoop(uint64_t ticket) {
+  FERRY_ON_LOOP(reactor_);
   auto it = ringTickets_.find(ticket);
   if (ticket == 0 || it == ringTickets_.end()) return false;
   bool inTime = it->second > std::chrono::steady_clock::now();
@@ -577,6 +591,7 @@ bool SoftContext::admitRingTicketFromLoop(uint64_t ticket) {
 }
 
 void SoftContext::onDatagramsFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   uint8_t buf[wire::kMaxHeaderLen + wire::kMaxDatagram];
   for (int i = 0; i < 64; ++i) {
     sockaddr_in from{};
@@ -601,6 +616,7 @@ void SoftContext::onDatagramsFromLoop() {
 }
 
 void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello) {
+  FERRY_ON_LOOP(reactor_);
   pendingConns_.erase(conn.get());
   wire::FrameHeader reply;
   reply.type = wire::FrameType::kHelloReply;
@@ -856,6 +872,7 @@ void SoftContext::removeQp(uint32_t qpn) {
 }
 
 void SoftContext::updateUdpFdUseFromLoop() {
+  FERRY_ON_LOOP(reactor_);
   // Looked up when it runs, not when asked: calls from several threads may run in any order.
   bool reading = false;
   {

@@ -290,6 +290,7 @@ void SoftQp::schedulePump() {
 // State changes (reactor thread).
 
 Status SoftQp::modifyFromLoop(const verbs::QpAttr& attr, uint32_t mask) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (closed_) return closedError("modify: the QP is closed");
   if (type_ != verbs::QpType::kRc && type_ != verbs::QpType::kUc) {
     return notSupported("modify: this QP type is not offered by the soft provider");
@@ -344,6 +345,7 @@ void SoftQp::applyAttrLocked(const verbs::QpAttr& attr, uint32_t mask) {
 }
 
 void SoftQp::enterStateFromLoop(QpState current, QpState to) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (to == QpState::kReset) return resetFromLoop();
   if (to == QpState::kErr) return enterErrorFromLoop(std::nullopt);
   // Published before the QP acts on its new state, so a same-host peer never sees it stale-ready.
@@ -364,6 +366,7 @@ void SoftQp::enterStateFromLoop(QpState current, QpState to) {
 }
 
 void SoftQp::resetFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (reqConn_) reqConn_->close(Status::ok(), true);
   if (respConn_) respConn_->close(Status::ok(), true);
   dropLaneOutFromLoop();
@@ -400,6 +403,7 @@ void SoftQp::resetFromLoop() {
 }
 
 void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
+  FERRY_ON_LOOP(ctx_->reactor());
   bool wasErr = state_.load() == QpState::kErr;
   state_ = QpState::kErr;
   // The lane goes before any completion: a READ part it is placing lands before the READ fails.
@@ -430,6 +434,7 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
 }
 
 void SoftQp::flushFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A post copying on the same-host path completes first; it then has the rest flushed.

@@ -22,6 +22,7 @@ using namespace qp_detail;
 // Requester (reactor thread).
 
 WcStatus SoftQp::resolveLocalFromLoop(SendWqe& wqe) {
+  FERRY_ON_LOOP(ctx_->reactor());
   wqe.local.clear();
   if (wqe.placed || !wqe.inlineData.empty() || wqe.sges.empty()) return WcStatus::kSuccess;
   const bool intoLocal = isReadOrAtomic(wqe.opcode);
@@ -111,6 +112,7 @@ OutFrame SoftQp::buildRequestFrame(const SendWqe& wqe, OutFrame* lanePart) {
 // The requester's lane (lane.h).
 
 void SoftQp::startLaneFromLoop(uint64_t ticket) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (laneOut_ || ticket == 0 || type_ != verbs::QpType::kRc) return;
   Reactor* laneReactor = ctx_->laneReactorFromLoop();
   in_addr_t ip;
@@ -137,6 +139,7 @@ void SoftQp::startLaneFromLoop(uint64_t ticket) {
 
 void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t seq, uint32_t syndrome,
                                  const Status& why) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (gen != laneGen_ || !laneOut_) return;  // a lane since dropped
   switch (event) {
     case LaneOut::Event::kReadLanded:
@@ -192,12 +195,14 @@ void SoftQp::onLaneEventFromLoop(uint64_t gen, LaneOut::Event event, uint32_t se
 }
 
 bool SoftQp::readPartsDueFromLoop() const {
+  FERRY_ON_LOOP(ctx_->reactor());
   return std::any_of(
       sq_.begin(), sq_.begin() + static_cast<std::ptrdiff_t>(nextToSend_),
       [](const SendWqe& w) { return w.laned && w.opcode == WrOpcode::kRdmaRead && !w.laneLanded; });
 }
 
 void SoftQp::connectionLostFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   dropLaneOutFromLoop();
   if (state_.load() != QpState::kRts) return;
   if (nextToSend_ > 0) {
@@ -209,6 +214,7 @@ void SoftQp::connectionLostFromLoop() {
 }
 
 void SoftQp::dropLaneOutFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   // With READ parts still due, the lane thread may be placing one: wait until it has stopped, so
   // that nothing lands in a READ's memory after the READ has completed (with an error).
   if (laneOut_) laneOut_->close(/*wait=*/laneOut_->readsPending());
@@ -219,6 +225,7 @@ void SoftQp::dropLaneOutFromLoop() {
 }
 
 void SoftQp::pumpFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   pumpScheduled_ = false;
   if (!takePostedFromLoop() || !readyToSendFromLoop()) return;
   const uint32_t maxRd = std::max<uint32_t>(1, attr_.maxRdAtomic);
@@ -252,6 +259,7 @@ void SoftQp::pumpFromLoop() {
 }
 
 bool SoftQp::takePostedFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   std::lock_guard<std::mutex> lock(mu_);
   if (fastBusy_) return false;  // the post copying on the same-host path schedules us when it ends
   if (sq_.empty() && !posted_.empty()) lastProgress_ = ctx_->reactor().runNow();
@@ -267,6 +275,7 @@ bool SoftQp::takePostedFromLoop() {
 }
 
 bool SoftQp::readyToSendFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   const QpState state = state_.load();
   if (state == QpState::kErr) {
     flushFromLoop();
@@ -286,6 +295,7 @@ bool SoftQp::readyToSendFromLoop() {
 }
 
 bool SoftQp::sendRequestFromLoop(SendWqe& wqe, std::vector<OutFrame>* laneParts) {
+  FERRY_ON_LOOP(ctx_->reactor());
   const bool rdAtomic = isReadOrAtomic(wqe.opcode);
   wqe.seq = nextSeq_++;
   ++nextToSend_;
@@ -324,6 +334,7 @@ bool SoftQp::sendRequestFromLoop(SendWqe& wqe, std::vector<OutFrame>* laneParts)
 }
 
 void SoftQp::completeFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   while (!sq_.empty() && nextToSend_ > 0) {
     SendWqe& wqe = sq_.front();
     if (wqe.error != WcStatus::kSuccess) {
@@ -370,6 +381,7 @@ SoftQp::Clock::duration SoftQp::transportBudget() const {
 }
 
 void SoftQp::armTimeoutFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (timeoutTimer_ || attr_.timeout == 0 || sq_.empty()) return;
   std::weak_ptr<SoftQp> weak = weak_from_this();
   timeoutTimer_ = ctx_->reactor().addTimer(lastProgress_ + transportBudget(), [weak] {
@@ -378,6 +390,7 @@ void SoftQp::armTimeoutFromLoop() {
 }
 
 void SoftQp::onTimeoutFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   timeoutTimer_ = 0;
   if (sq_.empty() || state_.load() != QpState::kRts) return;
   auto now = Clock::now();
@@ -396,6 +409,7 @@ void SoftQp::onTimeoutFromLoop() {
 }
 
 void SoftQp::startConnectFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (reqConn_ || state_.load() != QpState::kRts) return;
   in_addr_t ip;
   uint16_t port;
@@ -421,6 +435,7 @@ void SoftQp::startConnectFromLoop() {
 }
 
 void SoftQp::completeSendQueueFromLoop(WcStatus status) {
+  FERRY_ON_LOOP(ctx_->reactor());
   while (!sq_.empty()) {
     SendWqe wqe = std::move(sq_.front());
     sq_.pop_front();
@@ -431,6 +446,7 @@ void SoftQp::completeSendQueueFromLoop(WcStatus status) {
 }
 
 void SoftQp::peerGoneFromLoop(const char* why) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (!peerGone_) FERRY_LOG(kInfo, "QP %u: the peer is gone: %s", qpn_, why);
   peerGone_ = true;
   if (type_ == verbs::QpType::kUc) {
@@ -444,6 +460,7 @@ void SoftQp::peerGoneFromLoop(const char* why) {
 }
 
 void SoftQp::scheduleReconnectFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (reconnectTimer_ || state_.load() != QpState::kRts) return;
   if (peerGone_ && sq_.empty()) return;
   // Keep trying while work waits, or for a while after RTS (the peer may not be at RTR yet).
@@ -475,11 +492,13 @@ void SoftQp::onConnected(Conn& conn) {
 }
 
 void SoftQp::stayOnTcpFromLoop(const std::string& why) {
+  FERRY_ON_LOOP(ctx_->reactor());
   FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
   ringRefused_ = true;
 }
 
 bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket) {
+  FERRY_ON_LOOP(ctx_->reactor());
   auto fail = [&](const std::string& why) {
     stayOnTcpFromLoop(why);
     return false;
@@ -645,6 +664,7 @@ void SoftQp::onResponseFrame(const wire::FrameHeader& h, const PayloadPlan& plan
 }
 
 void SoftQp::onHelloReplyFromLoop(const wire::FrameHeader& h) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kUseRing) {
     // The peer is on this host: the same conversation again, over shared-memory rings.
     reqConn_->close(Status::ok(), true);
@@ -694,6 +714,7 @@ SendWqe* SoftQp::sentWqe(uint32_t seq) {
 }
 
 void SoftQp::onReadResponseFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  FERRY_ON_LOOP(ctx_->reactor());
   SendWqe* wqe = sentWqe(h.seq);
   if (!wqe) return;
   wqe->responded = true;
@@ -710,6 +731,7 @@ void SoftQp::onReadResponseFromLoop(const wire::FrameHeader& h, const PayloadPla
 }
 
 void SoftQp::onAtomicResponseFromLoop(const wire::FrameHeader& h) {
+  FERRY_ON_LOOP(ctx_->reactor());
   SendWqe* wqe = sentWqe(h.seq);
   if (!wqe || !isAtomic(wqe->opcode)) {
     enterErrorFromLoop(WcStatus::kBadRespErr);
@@ -730,6 +752,7 @@ void SoftQp::onAtomicResponseFromLoop(const wire::FrameHeader& h) {
 }
 
 void SoftQp::onNakFromLoop(const wire::FrameHeader& h) {
+  FERRY_ON_LOOP(ctx_->reactor());
   SendWqe* wqe = sentWqe(h.seq);
   if (!wqe) {
     enterErrorFromLoop(WcStatus::kBadRespErr);
@@ -769,6 +792,7 @@ void SoftQp::onNakFromLoop(const wire::FrameHeader& h) {
 }
 
 void SoftQp::rewindForRnrFromLoop(size_t refused, uint8_t rnrTimerCode) {
+  FERRY_ON_LOOP(ctx_->reactor());
   SendWqe& front = sq_[refused];
   // Frames not yet out are dropped, except on a connection that laned: each laned WRITE's
   // second half is on the lane already, and the responder matches halves in order, so every
@@ -808,6 +832,7 @@ bool SoftQp::sourceRevoked(const SendWqe& wqe) const {
 }
 
 void SoftQp::sourceRevokedFromLoop(uint32_t seq) {
+  FERRY_ON_LOOP(ctx_->reactor());
   // The application deregistered a source region while the request's bytes were being sent (on
   // the QP's connection or its lane): zeros went in their place, and the request fails.
   for (size_t i = 0; i < nextToSend_; ++i) {

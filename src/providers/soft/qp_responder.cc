@@ -44,6 +44,7 @@ wire::HelloResult SoftQp::helloFromOurPeer(const wire::FrameHeader& hello, in_ad
 
 wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, const wire::FrameHeader& hello,
                                          in_addr_t peerIp, bool adopt) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
   if ((expectedSeq_ & 0xffffff) != hello.psn) return wire::HelloResult::kMismatch;
   if (respConn_ && !respConn_->closed()) return wire::HelloResult::kBusy;
@@ -58,12 +59,14 @@ wire::HelloResult SoftQp::acceptFromLoop(const std::shared_ptr<Conn>& conn, cons
 }
 
 uint64_t SoftQp::issueLaneTicketFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   laneTicket_ = randomTicket();
   return laneTicket_;
 }
 
 wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn,
                                              const wire::FrameHeader& hello, in_addr_t peerIp) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (type_ != verbs::QpType::kRc) return wire::HelloResult::kNoSuchQp;
   if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
   // The ticket went only over our current responder connection: whoever shows it is its peer.
@@ -91,6 +94,7 @@ wire::HelloResult SoftQp::acceptLaneFromLoop(const std::shared_ptr<Conn>& conn,
 }
 
 void SoftQp::expectLanePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments) {
+  FERRY_ON_LOOP(ctx_->reactor());
   const bool placed = !segments.empty();
   if (placed) ++lanePending_;
   lanePieces_.push_back(LanePiece{seq, addr, length, placed});
@@ -122,6 +126,7 @@ bool SoftQp::mayPassPendingLanes(const wire::FrameHeader& h) {
 }
 
 void SoftQp::sendAckFromLoop(Conn& conn) {
+  FERRY_ON_LOOP(ctx_->reactor());
   uint32_t through = expectedSeq_ - 1;
   for (const LanePiece& piece : lanePieces_) {
     if (!piece.placed) continue;
@@ -140,6 +145,7 @@ void SoftQp::sendAckFromLoop(Conn& conn) {
 
 void SoftQp::onLaneInEventFromLoop(uint64_t gen, LaneIn::Event event, uint32_t seq, bool revoked,
                                    const Status& why) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (gen != laneInGen_ || !laneIn_) return;  // a lane since dropped
   if (event == LaneIn::Event::kClosed) {
     // The lane of our responder connection: the WRITEs and READs it shares with that connection
@@ -173,6 +179,7 @@ void SoftQp::onLaneInEventFromLoop(uint64_t gen, LaneIn::Event event, uint32_t s
 }
 
 void SoftQp::dropLaneInFromLoop(bool afterFlush) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (afterFlush) {
     // The READ parts already on the lane still go, as a NAK queued on the connection does (it
     // acknowledges their READs); the lane closes after them, and laneIn_ holds it until then.
@@ -193,6 +200,7 @@ void SoftQp::dropLaneInFromLoop(bool afterFlush) {
 }
 
 void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (!respConn_) return;
   wire::FrameHeader nak;
   nak.type = wire::FrameType::kNak;
@@ -204,6 +212,7 @@ void SoftQp::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
 }
 
 void SoftQp::noReceiveFromLoop(uint32_t seq) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (type_ == verbs::QpType::kUc) {
     dropMessageFromLoop();  // UC drops the message
     return;
@@ -219,6 +228,7 @@ void SoftQp::noReceiveFromLoop(uint32_t seq) {
 }
 
 void SoftQp::dropMessageFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   // UC: a message the responder cannot take is dropped without a word (no NAK, no error state);
   // the requester's send completed when it left. Its sequence number is used up.
   ++expectedSeq_;
@@ -227,6 +237,7 @@ void SoftQp::dropMessageFromLoop() {
 }
 
 void SoftQp::responderErrorFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (lanePending_ > 0 && type_ == verbs::QpType::kRc) {
     // Earlier WRITEs still have bytes on the lane, and the NAK would acknowledge them: the request
     // is dropped now (its frame and what follows wait) and refused once they have landed.
@@ -306,6 +317,7 @@ std::shared_ptr<MrEntry> SoftQp::remoteEntry(const wire::FrameHeader& h, uint64_
 }
 
 bool SoftQp::qpAllowsFromLoop(const wire::FrameHeader& h, uint32_t need) {
+  FERRY_ON_LOOP(ctx_->reactor());
   // A QP whose access flags do not allow the operation refuses it as an invalid request (as the
   // kernel's rxe); a region that does not allow it, as a remote access error.
   if (attr_.qpAccessFlags & need) return true;
@@ -314,6 +326,7 @@ bool SoftQp::qpAllowsFromLoop(const wire::FrameHeader& h, uint32_t need) {
 }
 
 void SoftQp::planSendFromLoop(const wire::FrameHeader& h, PayloadPlan* plan) {
+  FERRY_ON_LOOP(ctx_->reactor());
   RecvWqe rwqe;
   if (!takeRecv(&rwqe)) {
     noReceiveFromLoop(h.seq);
@@ -347,6 +360,7 @@ void SoftQp::planSendFromLoop(const wire::FrameHeader& h, PayloadPlan* plan) {
 }
 
 void SoftQp::planWriteFromLoop(const wire::FrameHeader& h, PayloadPlan* plan) {
+  FERRY_ON_LOOP(ctx_->reactor());
   const bool laned = h.flags & wire::kFlagLaned;
   const uint64_t total = laned ? h.length : h.payloadLen;  // a laned WRITE is checked whole
   if (total > 0) {
@@ -397,6 +411,7 @@ void SoftQp::onRequestFrame(const wire::FrameHeader& h, const PayloadPlan& plan)
 }
 
 void SoftQp::receivedSendFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  FERRY_ON_LOOP(ctx_->reactor());
   RecvWqe rwqe = std::move(*curRecv_);
   curRecv_.reset();
   if (plan.revoked) {
@@ -413,6 +428,7 @@ void SoftQp::receivedSendFromLoop(const wire::FrameHeader& h, const PayloadPlan&
 }
 
 void SoftQp::receivedWriteFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (plan.revoked) {
     if (curRecv_) {
       giveBackRecv(std::move(*curRecv_));
@@ -433,6 +449,7 @@ void SoftQp::receivedWriteFromLoop(const wire::FrameHeader& h, const PayloadPlan
 }
 
 void SoftQp::answerReadFromLoop(const wire::FrameHeader& h) {
+  FERRY_ON_LOOP(ctx_->reactor());
   using wire::FrameType;
   OutFrame frame;
   wire::FrameHeader resp;
@@ -482,6 +499,7 @@ void SoftQp::answerReadFromLoop(const wire::FrameHeader& h) {
 }
 
 void SoftQp::answerAtomicFromLoop(const wire::FrameHeader& h) {
+  FERRY_ON_LOOP(ctx_->reactor());
   uint64_t original = 0;
   bool ok = false;
   {
@@ -530,11 +548,13 @@ void SoftQp::onInputDrained(Conn& conn) {
 }
 
 void SoftQp::sendDeferredAckFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   ackDeferred_ = false;
   if (ackNeeded_ && respConn_ && !respConn_->closed()) sendAckFromLoop(*respConn_);
 }
 
 void SoftQp::uncorkLaneFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (laneReadParts_.empty()) return;
   if (laneIn_) laneIn_->send(std::exchange(laneReadParts_, {}));
   laneReadParts_.clear();

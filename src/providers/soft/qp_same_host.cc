@@ -266,6 +266,7 @@ bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t l
 }
 
 void SoftQp::setupFastPathFromLoop(const wire::FrameHeader& reply) {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (!ctx_->share() || reply.sharePid == 0) return;
   auto peer = ctx_->sharePeer(ShareInfo{reply.sharePid, reply.shareFd, reply.shareCookie});
   if (!peer.isOk()) {
@@ -292,6 +293,7 @@ void SoftQp::dropFastPath() {
 }
 
 void SoftQp::publishShareFromLoop() {
+  FERRY_ON_LOOP(ctx_->reactor());
   if (auto* table = ctx_->share()) {
     table->publishQp(qpn_, state_.load(), attr_.qpAccessFlags, pd_.get(), attr_.destQpNum);
   }

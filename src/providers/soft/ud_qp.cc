@@ -304,7 +304,39 @@ void SoftUdQp::writeGrh(const wire::FrameHeader& h, uint8_t* grh) const {
   std::memcpy(grh + 24, r.present ? r.dgid.data() : ctx_->gid().raw.data(), 16);
 }
 
+// Scatters the GRH (or, with none, leaves its 40 bytes as they were) and the payload over the
+// receive's SGEs; the context's memory lock is held shared.
+WcStatus SoftUdQp::placeDatagramLocked(const RecvWqe& rwqe, const uint8_t* grh, bool withGrh,
+                                       const uint8_t* payload, size_t need) {
+  size_t room = 0;
+  for (const auto& sge : rwqe.sges) {
+    room += sge.length;
+    if (sge.length && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite))
+      return WcStatus::kLocQpOpErr;
+  }
+  if (room < need) return WcStatus::kLocQpOpErr;  // the receive cannot hold GRH and message (as rxe)
+  size_t done = 0;
+  for (const auto& sge : rwqe.sges) {
+    auto* dst = reinterpret_cast<uint8_t*>(sge.addr);
+    size_t left = sge.length;
+    while (left > 0 && done < need) {
+      size_t piece = std::min(left, need - done);
+      const uint8_t* src = done < kGrhBytes ? grh + done : payload + (done - kGrhBytes);
+      if (done < kGrhBytes) piece = std::min(piece, kGrhBytes - done);
+      if (withGrh || done >= kGrhBytes) {
+        DeviceAccess device;
+        std::memcpy(dst, src, piece);
+      }
+      dst += piece;
+      left -= piece;
+      done += piece;
+    }
+  }
+  return WcStatus::kSuccess;
+}
+
 void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* payload) {
+  FERRY_ON_LOOP(ctx_->reactor());
   RecvWqe rwqe;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -330,38 +362,9 @@ void SoftUdQp::onDatagramFromLoop(const wire::FrameHeader& h, const uint8_t* pay
   const size_t need = kGrhBytes + h.payloadLen;
   {
     std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
-    size_t room = 0;
-    bool ok = true;
-    for (const auto& sge : rwqe.sges) {
-      room += sge.length;
-      if (sge.length &&
-          !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite)) {
-        ok = false;
-      }
-    }
-    if (!ok || room < need) {
-      wc.status = WcStatus::kLocQpOpErr;  // the receive cannot hold GRH and message (as rxe)
-    } else {
-      size_t done = 0;
-      for (const auto& sge : rwqe.sges) {
-        auto* dst = reinterpret_cast<uint8_t*>(sge.addr);
-        size_t left = sge.length;
-        while (left > 0 && done < need) {
-          size_t piece = std::min(left, need - done);
-          const uint8_t* src = done < kGrhBytes ? grh + done : payload + (done - kGrhBytes);
-          if (done < kGrhBytes) piece = std::min(piece, kGrhBytes - done);
-          if (withGrh || done >= kGrhBytes) {
-            DeviceAccess device;
-            std::memcpy(dst, src, piece);
-          }
-          dst += piece;
-          left -= piece;
-          done += piece;
-        }
-      }
-      wc.byteLen = static_cast<uint32_t>(need);
-    }
+    wc.status = placeDatagramLocked(rwqe, grh, withGrh, payload, need);
   }
+  if (wc.status == WcStatus::kSuccess) wc.byteLen = static_cast<uint32_t>(need);
   complete(recvCq_, wc, (h.flags & wire::kFlagSolicited) != 0);
 }
 
