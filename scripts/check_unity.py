@@ -14,9 +14,11 @@ file defines at file scope is unique within its target. Allowed twice: namespace
 
 Prints `name: file, file (target)` for each name defined more than once and exits 1, or exits 0.
 The targets are CMakeLists.txt's: each layer's folder, each provider's folder, the `ferry` program
-(tools/ferry/ and bench/engine/) and the Python extension (python/src/). Definitions are read from
-lines that start in column 0 (clang-format keeps namespace contents unindented): functions, types,
-constants and using-declarations; a line ending in ';' that declares a function is not a definition.
+(tools/ferry/ and bench/engine/), the Python extension (python/src/), the test support library and
+each test executable split over several files (tests/verbs/conformance*.cc). Definitions are read
+from lines that start in column 0 (clang-format keeps namespace contents unindented): functions,
+types, constants and using-declarations; a line ending in ';' that declares a function is not a
+definition.
 """
 
 import collections
@@ -38,6 +40,7 @@ TARGETS = {
     "ferry_cli": ["tools/ferry/*.cc", "bench/engine/*.cc"],
     "ferry_core (Python)": ["python/src/*.cc"],
     "ferry_test_support": ["tests/support/*.cc"],
+    "conformance_test": ["tests/verbs/conformance.cc", "tests/verbs/conformance_*.cc"],
 }
 
 KEYWORDS = {"if", "for", "while", "switch", "return", "operator", "main", "TEST", "TEST_F", "TEST_P",
