@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "ferry/endpoint/endpoint.h"
-#include "ferry/endpoint/op_state.h"
 #include "memory_args.h"
 #include "status.h"
 

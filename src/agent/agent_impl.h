@@ -34,7 +34,6 @@
 #include "ferry/agent/agent.h"
 #include "ferry/agent/store.h"
 #include "ferry/endpoint/memory_pool.h"
-#include "ferry/endpoint/op_state.h"
 #include "ferry/endpoint/worker.h"
 
 namespace ferry::agent {

@@ -262,8 +262,7 @@ void PeerImpl::regionAnswered(const std::string& name, const std::optional<std::
                                                            (missing.empty() ? name : missing) + "'"));
     } else {
       auto outer = op.outer;
-      (*inner)->onDone(
-          [outer](const Completion& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
+      (*inner)->onDone([outer](const Completion& d) { outer->complete(d.status(), d.immData(), d.bytes()); });
     }
   }
   drainLocked();

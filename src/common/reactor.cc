@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <ctime>
 
 #include "common/cpu_relax.h"

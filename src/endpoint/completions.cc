@@ -41,7 +41,7 @@ Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Stat
 
 // ---------------------------------------------------------------------------------------------
 // Completions
-bool Endpoint::drainCompletionsLocked(Drain mode) {
+bool EndpointImpl::drainCompletionsLocked(Drain mode) {
   v::WorkCompletion wcs[64];
   bool armed = false;
   // A shutdown takes what is there in a bounded number of rounds: a peer that keeps sending
@@ -76,7 +76,7 @@ bool Endpoint::drainCompletionsLocked(Drain mode) {
   }
 }
 
-void Endpoint::progressOnce() {
+void EndpointImpl::progressOnce() {
   // The worker (or another waiter) holds the lock: it is taking the completions already.
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || state_ == State::kShutdown) return;
@@ -105,16 +105,16 @@ int64_t waitLeaseNs() {
 // next operation's waiter is likely to poll too), the worker leaves the CQ unarmed. Anyone who
 // needs the worker ends that at once: a waiter about to sleep, a callback waiting for an
 // operation (watchBegins()). Otherwise the worker looks again when the lease ends.
-void Endpoint::pollBegins() { pollers_.fetch_add(1, std::memory_order_acq_rel); }
+void EndpointImpl::pollBegins() { pollers_.fetch_add(1, std::memory_order_acq_rel); }
 
-void Endpoint::pollEnds(bool operationDone) {
+void EndpointImpl::pollEnds(bool operationDone) {
   if (operationDone && waitLeaseNs() > 0) {
     leaseUntilNs_.store(steadyNs() + waitLeaseNs(), std::memory_order_release);
   }
   pollers_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-void Endpoint::watchBegins(bool mayBlock) {
+void EndpointImpl::watchBegins(bool mayBlock) {
   watchers_.fetch_add(1, std::memory_order_acq_rel);
   // A caller that may hold locks of its own (onDone(), even from a callback running under mu_)
   // leaves the arming to the threads that take mu_ anyway: the pollers' next progressOnce(), or
@@ -124,9 +124,9 @@ void Endpoint::watchBegins(bool mayBlock) {
   rearmLocked();
 }
 
-void Endpoint::watchEnds() { watchers_.fetch_sub(1, std::memory_order_acq_rel); }
+void EndpointImpl::watchEnds() { watchers_.fetch_sub(1, std::memory_order_acq_rel); }
 
-void Endpoint::rearmLocked() {
+void EndpointImpl::rearmLocked() {
   if (state_ == State::kShutdown || !unarmed_.load(std::memory_order_relaxed)) return;
   if (!drainCompletionsLocked(Drain::kTakeAndArm)) return;
   unarmed_.store(false, std::memory_order_release);
@@ -134,13 +134,13 @@ void Endpoint::rearmLocked() {
   updateProbeLocked();
 }
 
-bool Endpoint::pollersAttend(int64_t nowNs) const {
+bool EndpointImpl::pollersAttend(int64_t nowNs) const {
   if (waitLeaseNs() == 0 || watchers_.load(std::memory_order_acquire) > 0) return false;
   return pollers_.load(std::memory_order_acquire) > 0 ||
          nowNs < leaseUntilNs_.load(std::memory_order_acquire);
 }
 
-std::optional<int64_t> Endpoint::unarmedDueNs(int64_t nowNs) const {
+std::optional<int64_t> EndpointImpl::unarmedDueNs(int64_t nowNs) const {
   if (!unarmed_.load(std::memory_order_acquire)) return std::nullopt;
   if (!pollersAttend(nowNs)) return nowNs;
   // While a waiter polls, its lease (set when it stops) is not known yet: look again a lease on.
@@ -149,7 +149,7 @@ std::optional<int64_t> Endpoint::unarmedDueNs(int64_t nowNs) const {
   return due;
 }
 
-void Endpoint::progressFromWorker() {
+void EndpointImpl::progressFromWorker() {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ == State::kShutdown) {
     unarmed_.store(false, std::memory_order_release);  // nothing left for the worker to look at
@@ -169,7 +169,7 @@ void Endpoint::progressFromWorker() {
   updateProbeLocked();
 }
 
-void Endpoint::handleCompletionLocked(const v::WorkCompletion& wc) {
+void EndpointImpl::handleCompletionLocked(const v::WorkCompletion& wc) {
   QpLane* lane = nullptr;
   for (auto& l : lanes_) {
     if (l->qpNum == wc.qpNum) lane = l.get();
@@ -182,7 +182,7 @@ void Endpoint::handleCompletionLocked(const v::WorkCompletion& wc) {
   }
 }
 
-void Endpoint::handleSendCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
+void EndpointImpl::handleSendCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
   Status error;
   if (wc.status != v::WcStatus::kSuccess) {
     error = workCompletionStatus(wc, lane.index, failure_, options_.transportFailureIsPeerGone);
@@ -202,13 +202,13 @@ void Endpoint::handleSendCompletionLocked(QpLane& lane, const v::WorkCompletion&
   if (!error.isOk()) failLocked(error);
 }
 
-void Endpoint::updateProbeLocked() {
+void EndpointImpl::updateProbeLocked() {
   wantsProbe_.store(
       state_ == State::kConnected && peerSeen_ && (!recvWaiting_.empty() || !immWaiting_.empty()),
       std::memory_order_relaxed);
 }
 
-void Endpoint::probeFromWorker() {
+void EndpointImpl::probeFromWorker() {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ != State::kConnected) return;
   // A zero-length WRITE on each idle queue pair: it touches no memory, and fails (RETRY_EXC_ERR)

@@ -14,7 +14,7 @@ namespace v = ferry::verbs;
 
 }  // namespace
 
-std::string Endpoint::endpointInfo() const {
+std::string EndpointImpl::endpointInfo() const {
   EndpointMetadata m{.device = context_->deviceName(),
                      .ibPort = context_->ibPort(),
                      .linkType = context_->linkType(),
@@ -27,9 +27,9 @@ std::string Endpoint::endpointInfo() const {
   return encodeMetadata(m, pool_->mrInfo());
 }
 
-std::string Endpoint::mrInfo() const { return pool_->mrInfo(); }
+std::string EndpointImpl::mrInfo() const { return pool_->mrInfo(); }
 
-Status Endpoint::connect(std::string_view peerInfo) {
+Status EndpointImpl::connect(std::string_view peerInfo) {
   // Check everything first: malformed metadata changes nothing.
   FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadata(peerInfo, "connect: peer metadata"));
   if (peer.numQp != options_.numQp) {
@@ -94,7 +94,7 @@ Status Endpoint::connect(std::string_view peerInfo) {
   return Status::ok();
 }
 
-bool Endpoint::connected() const {
+bool EndpointImpl::connected() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_ == State::kConnected;
 }

@@ -77,21 +77,21 @@ Result<std::shared_ptr<Endpoint>> Endpoint::create(std::shared_ptr<MemoryPool> p
                                                    EndpointOptions options) {
   if (!pool) return invalidArgument("Endpoint: no memory pool");
   if (options.ackTimeout == 0) options.ackTimeout = ackTimeoutCovering(config::transportTimeoutSeconds());
-  std::shared_ptr<Endpoint> ep(new Endpoint(std::move(pool), std::move(options)));
+  std::shared_ptr<EndpointImpl> ep(new EndpointImpl(std::move(pool), std::move(options)));
   ep->self_ = ep;  // once here, so that each new operation takes it without locking a weak pointer
   FERRY_RETURN_IF_ERROR(ep->init());
-  return ep;
+  return std::shared_ptr<Endpoint>(std::move(ep));
 }
 
-Endpoint::Endpoint(std::shared_ptr<MemoryPool> pool, EndpointOptions options)
+EndpointImpl::EndpointImpl(std::shared_ptr<MemoryPool> pool, EndpointOptions options)
     : options_(std::move(options)),
       pool_(std::move(pool)),
       context_(pool_->context()),
       worker_(options_.worker) {}
 
-Endpoint::~Endpoint() { shutdown(); }
+EndpointImpl::~EndpointImpl() { shutdown(); }
 
-Status Endpoint::init() {
+Status EndpointImpl::init() {
   const v::DeviceAttr& dev = context_->deviceAttr();
   const EndpointOptions& o = options_;
   FERRY_ASSIGN_OR_RETURN(uint64_t cqe, checkOptions(o, *context_));
@@ -147,16 +147,16 @@ Status Endpoint::init() {
   if (!worker_) {
     FERRY_ASSIGN_OR_RETURN(worker_, Worker::create({.socketId = -1, .id = 0}));
   }
-  return worker_->attach(shared_from_this());
+  return worker_->attach(self());
 }
 
-Status Endpoint::moveToWorker(std::shared_ptr<Worker> worker) {
+Status EndpointImpl::moveToWorker(std::shared_ptr<Worker> worker) {
   std::shared_ptr<Worker> old;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kShutdown) return closedError("add_endpoint: the endpoint was shut down");
     if (worker_ == worker) return Status::ok();
-    FERRY_RETURN_IF_ERROR(worker->attach(shared_from_this()));
+    FERRY_RETURN_IF_ERROR(worker->attach(self()));
     worker_->detach(this);
     old = std::move(worker_);
     worker_ = std::move(worker);
@@ -167,22 +167,22 @@ Status Endpoint::moveToWorker(std::shared_ptr<Worker> worker) {
   return Status::ok();
 }
 
-std::shared_ptr<Worker> Endpoint::worker() const {
+std::shared_ptr<Worker> EndpointImpl::worker() const {
   std::lock_guard<std::mutex> lock(mu_);
   return worker_;
 }
 
-bool Endpoint::isShutdown() const {
+bool EndpointImpl::isShutdown() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_ == State::kShutdown;
 }
 
-Status Endpoint::failure() const {
+Status EndpointImpl::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
 }
 
-void Endpoint::failLocked(const Status& why) {
+void EndpointImpl::failLocked(const Status& why) {
   if (state_ == State::kFailed || state_ == State::kShutdown) return;
   state_ = State::kFailed;
   failure_ = why;
@@ -215,9 +215,9 @@ void Endpoint::failLocked(const Status& why) {
 // ---------------------------------------------------------------------------------------------
 // Shutdown and introspection
 
-void Endpoint::shutdown() { shutdown(Status(StatusCode::kCancelled, "the endpoint was shut down")); }
+void EndpointImpl::shutdown() { shutdown(Status(StatusCode::kCancelled, "the endpoint was shut down")); }
 
-void Endpoint::shutdown(const Status& why) {
+void EndpointImpl::shutdown(const Status& why) {
   std::vector<std::shared_ptr<OpState>> pending;
   std::shared_ptr<Worker> worker;
   {
@@ -262,7 +262,7 @@ void Endpoint::shutdown(const Status& why) {
   worker.reset();  // a worker of the endpoint's own ends here
 }
 
-EndpointStats Endpoint::stats() const {
+EndpointStats EndpointImpl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EndpointStats s;
   s.operations = metrics_->snapshot();

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ferry/endpoint/op_state.h"
+#include "endpoint/op_state.h"
 
 namespace ferry::endpoint {
 
@@ -18,7 +18,8 @@ void OpState::completed() {
   const Status st = status();
   const uint64_t moved = bytes();
   for (const auto& m : metrics_) {
-    if (m) m->record(static_cast<int>(kind_), st.code(), moved, static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
+    if (m)
+      m->record(static_cast<int>(kind_), st.code(), moved, static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
   }
 }
 

@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "ferry/endpoint/op_state.h"
+#include "endpoint/op_state.h"
 #include "ferry/verbs/path.h"
 #include "ferry/verbs/verbs.h"
 

@@ -7,19 +7,20 @@
 
 namespace ferry::endpoint {
 
-std::shared_ptr<OpState> Endpoint::newOp(OpKind kind) {
+std::shared_ptr<OpState> EndpointImpl::newOp(OpKind kind) {
   auto op = std::make_shared<OpState>(kind);
   op->track(metrics_, context_->metrics());
   op->setProgressor(self_);
   return op;
 }
 
-Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::span<const Assignment> batch) {
+Result<std::shared_ptr<OpState>> EndpointImpl::resolveTransfers(OpKind kind,
+                                                                std::span<const Assignment> batch) {
   auto op = newOp(kind);
   op->transfers.reserve(batch.size());
   const char* verb = kind == OpKind::kRead ? "read" : kind == OpKind::kWrite ? "write" : "write_with_imm";
   std::optional<RegionView> local;
-  const RemoteRegion* remote = nullptr;
+  const RemoteRegion* remote = nullptr;  // the region of remoteHandleCached
   MrHandle remoteHandleCached = 0;
   std::shared_lock<std::shared_mutex> lock(remoteMu_);
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -31,13 +32,12 @@ Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::sp
       local = *found;
     }
     if (remote == nullptr || remoteHandleCached != a.remote) {
-      auto it = remotes_.find(a.remote);
+      auto it = remotes_.find(remoteHandleCached = a.remote);
       if (it == remotes_.end()) {
         return invalidArgument(where() + "no remote memory region with handle " + std::to_string(a.remote) +
                                " (register_remote_memory_region() or connect() records them)");
       }
       remote = &it->second;
-      remoteHandleCached = a.remote;
     }
     if (a.localOffset > local->length || a.length > local->length - a.localOffset) {
       return invalidArgument(where() + "local offset " + std::to_string(a.localOffset) + " + length " +
@@ -78,7 +78,7 @@ Result<std::shared_ptr<OpState>> Endpoint::resolveTransfers(OpKind kind, std::sp
   return op;
 }
 
-Result<std::shared_ptr<OpState>> Endpoint::resolvePieces(OpKind kind, std::span<const Chunk> chunks) {
+Result<std::shared_ptr<OpState>> EndpointImpl::resolvePieces(OpKind kind, std::span<const Chunk> chunks) {
   auto op = newOp(kind);
   const char* verb = kind == OpKind::kSend ? "send" : "recv";
   std::optional<RegionView> region;
@@ -106,7 +106,7 @@ Result<std::shared_ptr<OpState>> Endpoint::resolvePieces(OpKind kind, std::span<
   return op;
 }
 
-Status Endpoint::notUsableLocked() const {
+Status EndpointImpl::notUsableLocked() const {
   switch (state_) {
     case State::kShutdown: return closedError("the endpoint was shut down");
     case State::kFailed: return failure_;
@@ -118,7 +118,7 @@ Status Endpoint::notUsableLocked() const {
   return Status::ok();
 }
 
-Status Endpoint::submit(const std::shared_ptr<OpState>& op) {
+Status EndpointImpl::submit(const std::shared_ptr<OpState>& op) {
   std::lock_guard<std::mutex> lock(mu_);
   FERRY_RETURN_IF_ERROR(notUsableLocked());
   if (op->kind() == OpKind::kSend) op->messageSeq = sendSeq_++;
@@ -127,26 +127,26 @@ Status Endpoint::submit(const std::shared_ptr<OpState>& op) {
   return Status::ok();
 }
 
-Result<ReadWriteFuture> Endpoint::read(std::span<const Assignment> batch) {
+Result<ReadWriteFuture> EndpointImpl::read(std::span<const Assignment> batch) {
   FERRY_ASSIGN_OR_RETURN(auto op, resolveTransfers(OpKind::kRead, batch));
   FERRY_RETURN_IF_ERROR(submit(op));
   return ReadWriteFuture(std::move(op));
 }
 
-Result<ReadWriteFuture> Endpoint::write(std::span<const Assignment> batch) {
+Result<ReadWriteFuture> EndpointImpl::write(std::span<const Assignment> batch) {
   FERRY_ASSIGN_OR_RETURN(auto op, resolveTransfers(OpKind::kWrite, batch));
   FERRY_RETURN_IF_ERROR(submit(op));
   return ReadWriteFuture(std::move(op));
 }
 
-Result<ReadWriteFuture> Endpoint::writeWithImm(std::span<const Assignment> batch, uint32_t immData) {
+Result<ReadWriteFuture> EndpointImpl::writeWithImm(std::span<const Assignment> batch, uint32_t immData) {
   FERRY_ASSIGN_OR_RETURN(auto op, resolveTransfers(OpKind::kWriteWithImm, batch));
   op->imm = immData;
   FERRY_RETURN_IF_ERROR(submit(op));
   return ReadWriteFuture(std::move(op));
 }
 
-Result<SendFuture> Endpoint::send(std::span<const Chunk> chunks) {
+Result<SendFuture> EndpointImpl::send(std::span<const Chunk> chunks) {
   FERRY_ASSIGN_OR_RETURN(auto op, resolvePieces(OpKind::kSend, chunks));
   FERRY_RETURN_IF_ERROR(submit(op));
   return SendFuture(std::move(op));

@@ -16,7 +16,7 @@ namespace v = ferry::verbs;
 // ---------------------------------------------------------------------------------------------
 // Posting
 
-int Endpoint::pickLaneLocked() {
+int EndpointImpl::pickLaneLocked() {
   const size_t n = lanes_.size();
   for (size_t k = 0; k < n; ++k) {
     size_t i = (rr_ + k) % n;
@@ -28,7 +28,7 @@ int Endpoint::pickLaneLocked() {
   return -1;
 }
 
-bool Endpoint::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
+bool EndpointImpl::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
   const size_t n = lanes_.size();
   const v::WrOpcode opcode = op.kind() == OpKind::kRead ? v::WrOpcode::kRdmaRead : v::WrOpcode::kRdmaWrite;
   while (op.nextTransfer < op.transfers.size()) {
@@ -78,7 +78,7 @@ bool Endpoint::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& 
   return true;
 }
 
-bool Endpoint::postMessageLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
+bool EndpointImpl::postMessageLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
   QpLane& lane = *lanes_[op.messageSeq % lanes_.size()];
   const uint64_t fragment = peerRecvBufferSize_;
   bool first = op.movedBytes == 0 && op.wrsInFlight == 0;
@@ -116,7 +116,7 @@ bool Endpoint::postMessageLocked(OpState& op, const std::shared_ptr<OpState>& re
   return true;
 }
 
-void Endpoint::pumpLocked() {
+void EndpointImpl::pumpLocked() {
   while (!queue_.empty() && state_ == State::kConnected) {
     std::shared_ptr<OpState> op = queue_.front();
     bool finished = op->kind() == OpKind::kSend ? postMessageLocked(*op, op) : postTransfersLocked(*op, op);
@@ -131,7 +131,7 @@ void Endpoint::pumpLocked() {
   flushLocked();
 }
 
-void Endpoint::flushLocked() {
+void EndpointImpl::flushLocked() {
   for (auto& lanePtr : lanes_) {
     QpLane& lane = *lanePtr;
     if (lane.batch.empty()) continue;
@@ -176,7 +176,7 @@ void Endpoint::flushLocked() {
   }
 }
 
-void Endpoint::finishIfDoneLocked(const std::shared_ptr<OpState>& op) {
+void EndpointImpl::finishIfDoneLocked(const std::shared_ptr<OpState>& op) {
   if (!op->allPosted || op->wrsInFlight != 0 || op->done()) return;
   op->complete(op->firstError, 0, op->firstError.isOk() ? op->totalBytes : 0);
 }

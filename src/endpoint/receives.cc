@@ -17,7 +17,7 @@ Status protocolError(const std::string& what) { return Status(StatusCode::kProto
 
 }  // namespace
 
-Result<RecvFuture> Endpoint::recv(std::span<const Chunk> chunks) {
+Result<RecvFuture> EndpointImpl::recv(std::span<const Chunk> chunks) {
   FERRY_ASSIGN_OR_RETURN(auto op, resolvePieces(OpKind::kRecv, chunks));
   std::shared_ptr<Worker> worker;
   {
@@ -52,7 +52,7 @@ Result<RecvFuture> Endpoint::recv(std::span<const Chunk> chunks) {
   return RecvFuture(std::move(op));
 }
 
-Result<ImmRecvFuture> Endpoint::immRecv() {
+Result<ImmRecvFuture> EndpointImpl::immRecv() {
   auto op = newOp(OpKind::kImmRecv);
   std::shared_ptr<Worker> worker;
   {
@@ -72,7 +72,7 @@ Result<ImmRecvFuture> Endpoint::immRecv() {
   return ImmRecvFuture(std::move(op));
 }
 
-void Endpoint::handleRecvCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
+void EndpointImpl::handleRecvCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
   const uint32_t buffer = static_cast<uint32_t>(wc.wrId & 0xffffffffu);
   if (lane.receivesPosted > 0) --lane.receivesPosted;
   if (state_ != State::kConnected) return;  // flushed receives of a failed endpoint
@@ -105,8 +105,8 @@ void Endpoint::handleRecvCompletionLocked(QpLane& lane, const v::WorkCompletion&
                         buffer);
 }
 
-void Endpoint::deliverFragmentLocked(uint64_t seq, bool last, const uint8_t* data, uint32_t length,
-                                     uint32_t buffer) {
+void EndpointImpl::deliverFragmentLocked(uint64_t seq, bool last, const uint8_t* data, uint32_t length,
+                                         uint32_t buffer) {
   auto waiting = recvWaiting_.find(seq);
   if (waiting != recvWaiting_.end()) {
     copyIntoRecvLocked(*waiting->second, data, length);
@@ -134,7 +134,7 @@ void Endpoint::deliverFragmentLocked(uint64_t seq, bool last, const uint8_t* dat
   if (last) message.complete = true;
 }
 
-void Endpoint::copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t length) {
+void EndpointImpl::copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t length) {
   op.movedBytes += length;
   while (length > 0 && op.nextPiece < op.pieces.size()) {
     const MessagePiece& p = op.pieces[op.nextPiece];
@@ -163,7 +163,7 @@ void Endpoint::copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t len
   if (length > 0) op.overflow = true;
 }
 
-void Endpoint::finishRecvLocked(const std::shared_ptr<OpState>& op) {
+void EndpointImpl::finishRecvLocked(const std::shared_ptr<OpState>& op) {
   if (!op->firstError.isOk()) {
     op->complete(op->firstError);
   } else if (op->overflow) {
@@ -177,7 +177,7 @@ void Endpoint::finishRecvLocked(const std::shared_ptr<OpState>& op) {
   std::vector<MessagePiece>().swap(op->pieces);
 }
 
-void Endpoint::matchImmediatesLocked() {
+void EndpointImpl::matchImmediatesLocked() {
   for (;;) {
     for (const auto& lane : lanes_) {
       if (lane->immediates.empty()) return;
@@ -202,7 +202,7 @@ void Endpoint::matchImmediatesLocked() {
   }
 }
 
-void Endpoint::repostLocked(uint32_t buffer) {
+void EndpointImpl::repostLocked(uint32_t buffer) {
   if (state_ == State::kShutdown || state_ == State::kFailed) return;
   QpLane& lane = *lanes_[buffer / options_.recvDepth];
   v::Sge sge{.addr = reinterpret_cast<uint64_t>(recvSlab_.get()) + uint64_t{buffer} * options_.recvBufferSize,

@@ -4,22 +4,24 @@
 #include <optional>
 
 #include "common/json.h"
+#include "endpoint/endpoint_internal.h"
 #include "endpoint/metadata.h"
 #include "ferry/endpoint/endpoint.h"
 
 namespace ferry::endpoint {
 
-Result<MrHandle> Endpoint::registerMemoryRegion(std::string_view name, void* addr, uint64_t length,
-                                                RegionOptions options) {
+Result<MrHandle> EndpointImpl::registerMemoryRegion(std::string_view name, void* addr, uint64_t length,
+                                                    RegionOptions options) {
   return pool_->registerMemoryRegion(name, addr, length, std::move(options));
 }
 
-Result<MrHandle> Endpoint::registerMemoryRegion(uint64_t key, void* addr, uint64_t length,
-                                                RegionOptions options) {
+Result<MrHandle> EndpointImpl::registerMemoryRegion(uint64_t key, void* addr, uint64_t length,
+                                                    RegionOptions options) {
   return pool_->registerMemoryRegion(key, addr, length, std::move(options));
 }
 
-Result<MrHandle> Endpoint::registerRemoteMemoryRegion(std::string_view name, std::string_view mrInfoJson) {
+Result<MrHandle> EndpointImpl::registerRemoteMemoryRegion(std::string_view name,
+                                                          std::string_view mrInfoJson) {
   if (name.empty()) return invalidArgument("register_remote_memory_region: the name is empty");
   auto parsed = json::parse(mrInfoJson);
   if (!parsed.isOk()) return invalidArgument("register_remote_memory_region: " + parsed.status().message());
@@ -33,7 +35,7 @@ Result<MrHandle> Endpoint::registerRemoteMemoryRegion(std::string_view name, std
       r.handle);
 }
 
-Status Endpoint::unregisterRemoteMemoryRegion(MrHandle handle) {
+Status EndpointImpl::unregisterRemoteMemoryRegion(MrHandle handle) {
   std::unique_lock<std::shared_mutex> lock(remoteMu_);
   auto it = remotes_.find(handle);
   if (it == remotes_.end())
@@ -43,7 +45,7 @@ Status Endpoint::unregisterRemoteMemoryRegion(MrHandle handle) {
   return Status::ok();
 }
 
-MrHandle Endpoint::recordRemoteLocked(RemoteRegion region, std::optional<MrHandle> wanted) {
+MrHandle EndpointImpl::recordRemoteLocked(RemoteRegion region, std::optional<MrHandle> wanted) {
   auto named = remoteNames_.find(region.name);
   MrHandle handle;
   if (named != remoteNames_.end()) {
@@ -59,9 +61,9 @@ MrHandle Endpoint::recordRemoteLocked(RemoteRegion region, std::optional<MrHandl
   return handle;
 }
 
-Result<MrHandle> Endpoint::localHandle(std::string_view name) const { return pool_->handleOf(name); }
+Result<MrHandle> EndpointImpl::localHandle(std::string_view name) const { return pool_->handleOf(name); }
 
-Result<MrHandle> Endpoint::remoteHandle(std::string_view name) const {
+Result<MrHandle> EndpointImpl::remoteHandle(std::string_view name) const {
   std::shared_lock<std::shared_mutex> lock(remoteMu_);
   auto it = remoteNames_.find(std::string(name));
   if (it == remoteNames_.end()) {

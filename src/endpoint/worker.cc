@@ -21,6 +21,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "endpoint/endpoint_internal.h"
 #include "ferry/endpoint/context.h"
 #include "ferry/endpoint/endpoint.h"
 
@@ -35,11 +36,11 @@ struct Worker::State {
 
   mutable std::mutex mu;
   struct Entry {
-    std::weak_ptr<Endpoint> endpoint;
-    const Endpoint* raw = nullptr;  // alive while the entry is: an endpoint detaches before it ends
+    std::weak_ptr<EndpointImpl> endpoint;
+    const EndpointImpl* raw = nullptr;  // alive while the entry is: an endpoint detaches before it ends
   };
   std::unordered_map<uint64_t, Entry> entries;  // epoll key -> endpoint
-  std::unordered_map<const Endpoint*, uint64_t> keys;
+  std::unordered_map<const EndpointImpl*, uint64_t> keys;
   uint64_t nextKey = 1;  // 0 is the wake-up eventfd
   bool started = false;
   bool stopped = false;
@@ -64,7 +65,7 @@ struct Worker::State {
               std::chrono::steady_clock::duration probeEvery);
   // Adds to `ready` the endpoints to progress: those whose completion channel is among the
   // `n` events, and those whose CQ was left unarmed and is due.
-  void collectReady(const epoll_event* events, int n, std::vector<std::shared_ptr<Endpoint>>& ready);
+  void collectReady(const epoll_event* events, int n, std::vector<std::shared_ptr<EndpointImpl>>& ready);
 };
 
 namespace {
@@ -114,7 +115,7 @@ void Worker::State::run() {
       std::chrono::duration<double>(options.probeIntervalSeconds));
   Clock::time_point nextProbe = Clock::now() + probeEvery;
   epoll_event events[64];
-  std::vector<std::shared_ptr<Endpoint>> ready;
+  std::vector<std::shared_ptr<EndpointImpl>> ready;
   while (!stopping.load(std::memory_order_acquire)) {
     int n = ::epoll_wait(epfd, events, 64, sleepMs(nextProbe, probeEvery));
     if (n < 0 && errno != EINTR) {
@@ -169,7 +170,7 @@ int Worker::State::sleepMs(std::chrono::steady_clock::time_point& nextProbe,
 }
 
 void Worker::State::collectReady(const epoll_event* events, int n,
-                                 std::vector<std::shared_ptr<Endpoint>>& ready) {
+                                 std::vector<std::shared_ptr<EndpointImpl>>& ready) {
   std::lock_guard<std::mutex> lock(mu);
   for (int i = 0; i < n; ++i) {
     uint64_t key = events[i].data.u64;
@@ -230,7 +231,7 @@ Status Worker::start() {
 }
 
 void Worker::stop() {
-  std::vector<std::shared_ptr<Endpoint>> endpoints;
+  std::vector<std::shared_ptr<EndpointImpl>> endpoints;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->stopped) return;
@@ -253,7 +254,7 @@ void Worker::stop() {
   }
 }
 
-Status Worker::attach(const std::shared_ptr<Endpoint>& endpoint) {
+Status Worker::attach(const std::shared_ptr<EndpointImpl>& endpoint) {
   FERRY_RETURN_IF_ERROR(start());
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->stopped) return closedError("Worker: stopped");
@@ -271,7 +272,7 @@ Status Worker::attach(const std::shared_ptr<Endpoint>& endpoint) {
   return Status::ok();
 }
 
-void Worker::detach(const Endpoint* endpoint) {
+void Worker::detach(const EndpointImpl* endpoint) {
   std::lock_guard<std::mutex> lock(state_->mu);
   auto it = state_->keys.find(endpoint);
   if (it == state_->keys.end()) return;
@@ -285,7 +286,8 @@ void Worker::wake() { state_->wake(); }
 
 Status Worker::addEndpoint(const std::shared_ptr<Endpoint>& endpoint) {
   if (!endpoint) return invalidArgument("add_endpoint: no endpoint");
-  return endpoint->moveToWorker(shared_from_this());
+  // Every Endpoint is an EndpointImpl (its constructor is for EndpointImpl alone).
+  return std::static_pointer_cast<EndpointImpl>(endpoint)->moveToWorker(shared_from_this());
 }
 
 int Worker::socketId() const { return state_->options.socketId; }

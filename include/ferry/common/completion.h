@@ -1,6 +1,6 @@
 // Completion: the end of one asynchronous piece of work, as every layer hands it out. It completes
 // exactly once (with success or an error), wakes every waiter, then runs the callbacks registered
-// with onDone(). The endpoint's operations (op_state.h), the agent's queued operations and peer
+// with onDone(). The endpoint's operations (src/endpoint/op_state.h), the agent's queued operations and peer
 // states, and the connector's operations are all completions; their futures hold one.
 //
 // Progress: a completion may name a Progressor, the object that takes the completions of the work

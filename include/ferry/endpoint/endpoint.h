@@ -64,16 +64,12 @@
 #include "ferry/endpoint/assignment.h"
 #include "ferry/endpoint/context.h"
 #include "ferry/endpoint/future.h"
-#include "ferry/endpoint/op_state.h"
 #include "ferry/endpoint/memory_pool.h"
 #include "ferry/endpoint/worker.h"
 #include "ferry/verbs/path.h"
 #include "ferry/verbs/verbs.h"
 
 namespace ferry::endpoint {
-
-// One queue pair of an endpoint with its bookkeeping (src/endpoint/lane.h; internal).
-struct QpLane;
 
 struct EndpointOptions {
   size_t numQp = 1;                          // queue pairs (1 .. 64); both peers need the same
@@ -118,7 +114,9 @@ struct EndpointStats {
 // at least `seconds`: what EndpointOptions::ackTimeout 0 becomes.
 uint8_t ackTimeoutCovering(int seconds, int tries = 8);
 
-class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progressor {
+class EndpointImpl;
+
+class Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:
   // The document's three constructor forms: on a device (an RdmaContext opened for it, shared
   // with other endpoints of the same device and port), on a context (with a pool of its own), or
@@ -132,7 +130,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
   // shutdown().
-  ~Endpoint();
+  virtual ~Endpoint();
 
   // ---- memory ----
   // Register local memory in the endpoint's pool (see MemoryPool).
@@ -192,133 +190,23 @@ class Endpoint : public std::enable_shared_from_this<Endpoint>, public Progresso
   bool isShutdown() const;
 
   // ---- introspection ----
-  size_t numQp() const { return options_.numQp; }
-  const EndpointOptions& options() const { return options_; }
-  const std::shared_ptr<MemoryPool>& pool() const { return pool_; }
-  const std::shared_ptr<RdmaContext>& context() const { return context_; }
+  size_t numQp() const;
+  const EndpointOptions& options() const;
+  const std::shared_ptr<MemoryPool>& pool() const;
+  const std::shared_ptr<RdmaContext>& context() const;
   std::shared_ptr<Worker> worker() const;
   // The status that failed the endpoint (OK while it works).
   Status failure() const;
   EndpointStats stats() const;
 
+ protected:
+  // Only EndpointImpl, the endpoint's state (src/endpoint), derives from it: create() makes one.
+  Endpoint() = default;
+
  private:
-  friend class Worker;
-  struct RemoteRegion {
-    std::string name;
-    uint64_t addr = 0;
-    uint64_t length = 0;
-    uint32_t rkey = 0;
-    bool writable = true;
-  };
-  struct Fragment;
-  struct IncomingMessage;
-  enum class State : uint8_t { kIdle, kConnected, kFailed, kShutdown };
-
-  Endpoint(std::shared_ptr<MemoryPool> pool, EndpointOptions options);
-  Status init();
-
-  // Submission (caller's thread).
-  Result<std::shared_ptr<OpState>> resolveTransfers(OpKind kind, std::span<const Assignment> batch);
-  Result<std::shared_ptr<OpState>> resolvePieces(OpKind kind, std::span<const Chunk> chunks);
-  Status submit(const std::shared_ptr<OpState>& op);
-
-  // Posting (under mu_).
-  void pumpLocked();
-  bool postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& ref);
-  bool postMessageLocked(OpState& op, const std::shared_ptr<OpState>& ref);
-  int pickLaneLocked();
-  void flushLocked();
-  void finishIfDoneLocked(const std::shared_ptr<OpState>& op);
-
-  // A new operation of this endpoint: tracked in its metrics, progressed by its waiters.
-  std::shared_ptr<OpState> newOp(OpKind kind);
-  // Progressor: a waiting thread takes the completions there are (unless another thread is at it).
-  void progressOnce() override;
-  // Progressor: while waiters poll, and for FERRY_WAIT_LEASE_US after one stopped with its
-  // operation done, the worker leaves the CQ unarmed (the pollers take its completions, and an
-  // armed CQ would wake the worker for each); a waiter that sleeps, or a callback that waits,
-  // has it armed again at once.
-  void pollBegins() override;
-  void pollEnds(bool operationDone) override;
-  void watchBegins(bool mayBlock) override;
-  void watchEnds() override;
-  // Whether the worker leaves the CQ unarmed now (pollers attend to it). `nowNs`: steadyNs().
-  bool pollersAttend(int64_t nowNs) const;
-  // When the worker must look at an endpoint whose CQ it left unarmed (steadyNs()), or nullopt
-  // when the CQ is armed.
-  std::optional<int64_t> unarmedDueNs(int64_t nowNs) const;
-  // Under mu_: arms the CQ left unarmed (and takes what came meanwhile).
-  void rearmLocked();
-  // How drainCompletionsLocked() takes the CQ: until it is empty; until it is empty and armed
-  // (armed, then polled once more); or, as a shutdown begins, only the successful completions
-  // already there, in a bounded number of rounds, so that what completed is delivered first.
-  enum class Drain { kTake, kTakeAndArm, kSuccessesBeforeShutdown };
-  // Takes the CQ's completions as `mode` says; false when the endpoint failed or was shut down
-  // meanwhile.
-  bool drainCompletionsLocked(Drain mode);
-
-  // Worker side (worker thread, or the caller of Worker::addEndpoint).
-  Status moveToWorker(std::shared_ptr<Worker> worker);
-  void progressFromWorker();
-  void probeFromWorker();
-  bool wantsProbe() const { return wantsProbe_.load(std::memory_order_relaxed); }
-  void updateProbeLocked();
-  void handleCompletionLocked(const verbs::WorkCompletion& wc);
-  void handleSendCompletionLocked(QpLane& lane, const verbs::WorkCompletion& wc);
-  void handleRecvCompletionLocked(QpLane& lane, const verbs::WorkCompletion& wc);
-  void deliverFragmentLocked(uint64_t seq, bool last, const uint8_t* data, uint32_t length, uint32_t buffer);
-  void copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t length);
-  void finishRecvLocked(const std::shared_ptr<OpState>& op);
-  void matchImmediatesLocked();
-  void repostLocked(uint32_t buffer);
-  void failLocked(const Status& why);
-  Status notUsableLocked() const;
-
-  const EndpointOptions options_;
-  const std::shared_ptr<MemoryPool> pool_;
-  const std::shared_ptr<RdmaContext> context_;
-  std::shared_ptr<Worker> worker_;
-  const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>(opKindNames());
-
-  // Set once by create(): the endpoint itself, as the progressor of its operations.
-  std::weak_ptr<Progressor> self_;
-  // Set once by init(): never change afterwards.
-  verbs::CompletionChannel channel_;
-  verbs::CompletionQueue cq_;
-  std::vector<std::unique_ptr<QpLane>> lanes_;
-  std::unique_ptr<uint8_t[], void (*)(void*)> recvSlab_{nullptr, nullptr};
-  verbs::MemoryRegion recvMr_;
-  uint32_t maxSendSge_ = 1;
-
-  mutable std::mutex mu_;
-  State state_ = State::kIdle;
-  Status failure_;
-  uint32_t peerRecvBufferSize_ = 0;
-  std::deque<std::shared_ptr<OpState>> queue_;                // accepted, not fully posted, in issue order
-  size_t rr_ = 0;                                             // next lane to try for a transfer piece
-  uint64_t sendSeq_ = 0;                                      // next message number of send()
-  uint64_t recvSeq_ = 0;                                      // next message number of recv()
-  std::map<uint64_t, std::shared_ptr<OpState>> recvWaiting_;  // recv()s whose message is not complete
-  std::map<uint64_t, IncomingMessage> incoming_;              // messages ahead of their recv()
-  uint64_t unexpectedBytes_ = 0;
-  std::deque<std::shared_ptr<OpState>> immWaiting_;
-  std::deque<uint32_t> immArrived_;
-  std::atomic<bool> wantsProbe_{false};  // a recv()/immRecv() waits on a connected endpoint
-  // The CQ's arming (see pollBegins()). Written under mu_ (unarmed_) or by waiters (the rest).
-  std::atomic<bool> unarmed_{false};      // the worker left the CQ unarmed: pollers take it
-  std::atomic<int> pollers_{0};           // waiters inside their poll
-  std::atomic<int> watchers_{0};          // sleeping waiters and callbacks that need the worker
-  std::atomic<int64_t> leaseUntilNs_{0};  // pollers vouch for the CQ until then (steadyNs())
-  bool peerSeen_ = false;  // the peer answered once: probing it cannot fail a peer still connecting
-  uint64_t workerWakeups_ = 0;
-
-  mutable std::shared_mutex remoteMu_;
-  std::unordered_map<MrHandle, RemoteRegion> remotes_;
-  std::unordered_map<std::string, MrHandle> remoteNames_;
-  MrHandle nextRemote_ = MrHandle{1} << 32;
-  // Records a peer region under remoteMu_ (held exclusively): a name seen before keeps its handle,
-  // else the peer's own handle when free here, else a fresh one. Returns the handle.
-  MrHandle recordRemoteLocked(RemoteRegion region, std::optional<MrHandle> wanted);
+  friend class EndpointImpl;
+  EndpointImpl& impl();
+  const EndpointImpl& impl() const;
 };
 
 }  // namespace ferry::endpoint

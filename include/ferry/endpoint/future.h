@@ -1,7 +1,8 @@
 // Futures: the handles an endpoint returns for its asynchronous operations.
 //
-// A future is a cheap, copyable reference to its operation's own state (op_state.h): copies see the
-// same operation, and a future stays valid after its endpoint is gone. Every operation completes
+// A future is a cheap, copyable reference to its operation's own state (a Completion,
+// completion.h): copies see the same operation, and a future stays valid after its endpoint is
+// gone. Every operation completes
 // exactly once, on the thread that observes its last completion (the endpoint's progress thread,
 // or the calling thread when nothing was left to wait for): with success, a work-completion error
 // (a dead peer gives RETRY_EXC_ERR or WR_FLUSH_ERR, never a hang), kCancelled when the endpoint

@@ -22,6 +22,7 @@
 namespace ferry::endpoint {
 
 class Endpoint;
+class EndpointImpl;
 
 struct WorkerOptions {
   // The NUMA node whose CPUs the thread runs on; -1: no pinning. A worker made for a device takes
@@ -60,11 +61,11 @@ class Worker : public std::enable_shared_from_this<Worker> {
   struct State;  // shared with the thread; defined in worker.cc
 
  private:
-  friend class Endpoint;
+  friend class EndpointImpl;
   explicit Worker(std::shared_ptr<State> state) : state_(std::move(state)) {}
   // For Endpoint: start following an endpoint's completion channel / stop following it.
-  Status attach(const std::shared_ptr<Endpoint>& endpoint);
-  void detach(const Endpoint* endpoint);
+  Status attach(const std::shared_ptr<EndpointImpl>& endpoint);
+  void detach(const EndpointImpl* endpoint);
   // For Endpoint: a recv()/immRecv() started waiting; re-arm the probe timer.
   void wake();
 

@@ -311,7 +311,8 @@ WcStatus SoftUdQp::placeDatagramLocked(const RecvWqe& rwqe, const uint8_t* grh, 
   size_t room = 0;
   for (const auto& sge : rwqe.sges) {
     room += sge.length;
-    if (sge.length && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite))
+    if (sge.length &&
+        !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite))
       return WcStatus::kLocQpOpErr;
   }
   if (room < need) return WcStatus::kLocQpOpErr;  // the receive cannot hold GRH and message (as rxe)

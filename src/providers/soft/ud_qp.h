@@ -54,8 +54,8 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   // The 40-byte GRH of a received datagram: the sender's GID and route (wire::DatagramRoute).
   void writeGrh(const wire::FrameHeader& h, uint8_t* grh) const;
   bool takeRecv(RecvWqe* out);
-  verbs::WcStatus placeDatagramLocked(const RecvWqe& rwqe, const uint8_t* grh, bool withGrh, const uint8_t* payload,
-                               size_t need);
+  verbs::WcStatus placeDatagramLocked(const RecvWqe& rwqe, const uint8_t* grh, bool withGrh,
+                                      const uint8_t* payload, size_t need);
   void flushRecvs();
   void complete(const std::shared_ptr<SoftCq>& cq, const verbs::WorkCompletion& wc, bool solicited);
   // A send's completion: a signaled one goes to the send CQ carrying its slot and those of the
