@@ -27,7 +27,10 @@ completion channel tools of :mod:`ferry.vtools`) release the GIL and take a time
 
 from __future__ import annotations
 
+import functools as _functools
+import operator as _operator
 import select as _select
+import sys as _sys
 import types as _types
 import weakref as _weakref
 from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, NamedTuple, Optional, Tuple, Type,
@@ -37,23 +40,29 @@ from . import IBA
 from . import errors as _errors
 from . import path as _path
 from ._core import verbs as _core
+from ._core.verbs_constants import *  # noqa: F401,F403  (the IBV_* numbers, see Constants below)
 from ._memory import registrable as _registrable
+from .path import EndPort, RDMADevice
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
-
-    from .rdma import EndPort, RDMADevice
 
 SharedMemory = _core.SharedMemory
 alloc_shared = _core.alloc_shared
 
 # ---------------------------------------------------------------------------------------------
 # Constants (libibverbs' numbers).
-
-IBV_ACCESS_LOCAL_WRITE = 1
-IBV_ACCESS_REMOTE_WRITE = 2
-IBV_ACCESS_REMOTE_READ = 4
-IBV_ACCESS_REMOTE_ATOMIC = 8
+#
+# Those the C++ layer defines (access and send flags, QP states, types and attribute bits, work
+# request and completion opcodes and statuses, MTUs, port states, link layers, async events) are
+# imported above from ferry._core.verbs_constants, which exports include/ferry/verbs/types.h:
+# each number is written once, in C++.
+#
+# The rest of the verbs ABI: numbers of ibverbs features that ferry's C++ layer has no use for
+# (device capability bits, atomic capability levels, path migration, memory windows, node and
+# transport types, static rates, SRQ attribute bits, and the odd member of a set whose others it
+# does define). Programs written against the verbs specification name them, so they are kept
+# here, in this one place, with libibverbs' values.
 IBV_ACCESS_MW_BIND = 16
 
 IBV_ATOMIC_NONE = 0
@@ -76,39 +85,9 @@ IBV_DEVICE_RC_RNR_NAK_GEN = 1 << 12
 IBV_DEVICE_SRQ_RESIZE = 1 << 13
 IBV_DEVICE_N_NOTIFY_CQ = 1 << 14
 
-IBV_EVENT_CQ_ERR = 0
-IBV_EVENT_QP_FATAL = 1
-IBV_EVENT_QP_REQ_ERR = 2
-IBV_EVENT_QP_ACCESS_ERR = 3
-IBV_EVENT_COMM_EST = 4
-IBV_EVENT_SQ_DRAINED = 5
-IBV_EVENT_PATH_MIG = 6
-IBV_EVENT_PATH_MIG_ERR = 7
-IBV_EVENT_DEVICE_FATAL = 8
-IBV_EVENT_PORT_ACTIVE = 9
-IBV_EVENT_PORT_ERR = 10
-IBV_EVENT_LID_CHANGE = 11
-IBV_EVENT_PKEY_CHANGE = 12
-IBV_EVENT_SM_CHANGE = 13
-IBV_EVENT_SRQ_ERR = 14
-IBV_EVENT_SRQ_LIMIT_REACHED = 15
-IBV_EVENT_QP_LAST_WQE_REACHED = 16
-IBV_EVENT_CLIENT_REREGISTER = 17
-IBV_EVENT_GID_CHANGE = 18
-
-IBV_LINK_LAYER_UNSPECIFIED = 0
-IBV_LINK_LAYER_INFINIBAND = 1
-IBV_LINK_LAYER_ETHERNET = 2
-
 IBV_MIG_MIGRATED = 0
 IBV_MIG_REARM = 1
 IBV_MIG_ARMED = 2
-
-IBV_MTU_256 = 1
-IBV_MTU_512 = 2
-IBV_MTU_1024 = 3
-IBV_MTU_2048 = 4
-IBV_MTU_4096 = 5
 
 IBV_MW_TYPE_1 = 1
 IBV_MW_TYPE_2 = 2
@@ -119,46 +98,7 @@ IBV_NODE_SWITCH = 2
 IBV_NODE_ROUTER = 3
 IBV_NODE_RNIC = 4
 
-IBV_PORT_NOP = 0
-IBV_PORT_DOWN = 1
-IBV_PORT_INIT = 2
-IBV_PORT_ARMED = 3
-IBV_PORT_ACTIVE = 4
 IBV_PORT_ACTIVE_DEFER = 5
-
-IBV_QP_STATE = 1 << 0
-IBV_QP_CUR_STATE = 1 << 1
-IBV_QP_EN_SQD_ASYNC_NOTIFY = 1 << 2
-IBV_QP_ACCESS_FLAGS = 1 << 3
-IBV_QP_PKEY_INDEX = 1 << 4
-IBV_QP_PORT = 1 << 5
-IBV_QP_QKEY = 1 << 6
-IBV_QP_AV = 1 << 7
-IBV_QP_PATH_MTU = 1 << 8
-IBV_QP_TIMEOUT = 1 << 9
-IBV_QP_RETRY_CNT = 1 << 10
-IBV_QP_RNR_RETRY = 1 << 11
-IBV_QP_RQ_PSN = 1 << 12
-IBV_QP_MAX_QP_RD_ATOMIC = 1 << 13
-IBV_QP_ALT_PATH = 1 << 14
-IBV_QP_MIN_RNR_TIMER = 1 << 15
-IBV_QP_SQ_PSN = 1 << 16
-IBV_QP_MAX_DEST_RD_ATOMIC = 1 << 17
-IBV_QP_PATH_MIG_STATE = 1 << 18
-IBV_QP_CAP = 1 << 19
-IBV_QP_DEST_QPN = 1 << 20
-
-IBV_QPS_RESET = 0
-IBV_QPS_INIT = 1
-IBV_QPS_RTR = 2
-IBV_QPS_RTS = 3
-IBV_QPS_SQD = 4
-IBV_QPS_SQE = 5
-IBV_QPS_ERR = 6
-
-IBV_QPT_RC = 2
-IBV_QPT_UC = 3
-IBV_QPT_UD = 4
 
 IBV_RATE_MAX = 0
 IBV_RATE_2_5_GBPS = 2
@@ -171,15 +111,7 @@ IBV_RATE_60_GBPS = 8
 IBV_RATE_80_GBPS = 9
 IBV_RATE_120_GBPS = 10
 
-IBV_REREG_MR_CHANGE_TRANSLATION = 1
-IBV_REREG_MR_CHANGE_PD = 2
-IBV_REREG_MR_CHANGE_ACCESS = 4
-IBV_REREG_MR_KEEP_VALID = 8
-
-IBV_SEND_FENCE = 1
-IBV_SEND_SIGNALED = 2
-IBV_SEND_SOLICITED = 4
-IBV_SEND_INLINE = 8
+IBV_REREG_MR_KEEP_VALID = 8  # the bit after CHANGE_ACCESS; libibverbs' header has no name for it
 
 IBV_SRQ_MAX_WR = 1
 IBV_SRQ_LIMIT = 2
@@ -188,48 +120,7 @@ IBV_TRANSPORT_UNKNOWN = -1
 IBV_TRANSPORT_IB = 0
 IBV_TRANSPORT_IWARP = 1
 
-IBV_WC_GRH = 1
-IBV_WC_WITH_IMM = 2
-
-IBV_WC_SEND = 0
-IBV_WC_RDMA_WRITE = 1
-IBV_WC_RDMA_READ = 2
-IBV_WC_COMP_SWAP = 3
-IBV_WC_FETCH_ADD = 4
 IBV_WC_BIND_MW = 5
-IBV_WC_RECV = 128
-IBV_WC_RECV_RDMA_WITH_IMM = 129
-
-IBV_WC_SUCCESS = 0
-IBV_WC_LOC_LEN_ERR = 1
-IBV_WC_LOC_QP_OP_ERR = 2
-IBV_WC_LOC_EEC_OP_ERR = 3
-IBV_WC_LOC_PROT_ERR = 4
-IBV_WC_WR_FLUSH_ERR = 5
-IBV_WC_MW_BIND_ERR = 6
-IBV_WC_BAD_RESP_ERR = 7
-IBV_WC_LOC_ACCESS_ERR = 8
-IBV_WC_REM_INV_REQ_ERR = 9
-IBV_WC_REM_ACCESS_ERR = 10
-IBV_WC_REM_OP_ERR = 11
-IBV_WC_RETRY_EXC_ERR = 12
-IBV_WC_RNR_RETRY_EXC_ERR = 13
-IBV_WC_LOC_RDD_VIOL_ERR = 14
-IBV_WC_REM_INV_RD_REQ_ERR = 15
-IBV_WC_REM_ABORT_ERR = 16
-IBV_WC_INV_EECN_ERR = 17
-IBV_WC_INV_EEC_STATE_ERR = 18
-IBV_WC_FATAL_ERR = 19
-IBV_WC_RESP_TIMEOUT_ERR = 20
-IBV_WC_GENERAL_ERR = 21
-
-IBV_WR_RDMA_WRITE = 0
-IBV_WR_RDMA_WRITE_WITH_IMM = 1
-IBV_WR_SEND = 2
-IBV_WR_SEND_WITH_IMM = 3
-IBV_WR_RDMA_READ = 4
-IBV_WR_ATOMIC_CMP_AND_SWP = 5
-IBV_WR_ATOMIC_FETCH_AND_ADD = 6
 
 #: Bytes reserved for a GRH at the head of every receive buffer of a UD QP.
 GRH_BYTES = 40
@@ -486,17 +377,9 @@ class qp_attr(_MaskedStruct):
     alt_port_num: int = 0
     alt_timeout: int = 0
 
-    _masks = {
-        "qp_state": IBV_QP_STATE, "cur_qp_state": IBV_QP_CUR_STATE, "path_mtu": IBV_QP_PATH_MTU,
-        "path_mig_state": IBV_QP_PATH_MIG_STATE, "qkey": IBV_QP_QKEY, "rq_psn": IBV_QP_RQ_PSN,
-        "sq_psn": IBV_QP_SQ_PSN, "dest_qp_num": IBV_QP_DEST_QPN, "qp_access_flags": IBV_QP_ACCESS_FLAGS,
-        "cap": IBV_QP_CAP, "ah_attr": IBV_QP_AV, "alt_ah_attr": IBV_QP_ALT_PATH,
-        "pkey_index": IBV_QP_PKEY_INDEX, "alt_pkey_index": IBV_QP_ALT_PATH,
-        "en_sqd_async_notify": IBV_QP_EN_SQD_ASYNC_NOTIFY, "max_rd_atomic": IBV_QP_MAX_QP_RD_ATOMIC,
-        "max_dest_rd_atomic": IBV_QP_MAX_DEST_RD_ATOMIC, "min_rnr_timer": IBV_QP_MIN_RNR_TIMER,
-        "port_num": IBV_QP_PORT, "timeout": IBV_QP_TIMEOUT, "retry_cnt": IBV_QP_RETRY_CNT,
-        "rnr_retry": IBV_QP_RNR_RETRY, "alt_port_num": IBV_QP_ALT_PATH, "alt_timeout": IBV_QP_ALT_PATH,
-    }
+    # The IBV_QP_* bit of each member, from the extension's list of the ibv_qp_attr members (the
+    # one that QP.modify and QP.query read too); the fields above are that list's names, in order.
+    _masks = dict(_core.qp_attr_fields)
 
 
 class srq_attr(NamedTuple):
@@ -680,8 +563,7 @@ class AsyncError(_errors.RDMAError):
 
 
 def _module() -> _types.ModuleType:
-    import sys
-    return sys.modules[__name__]
+    return _sys.modules[__name__]
 
 
 def _not_supported(func: str, what: str) -> _errors.Error:
@@ -768,12 +650,11 @@ class Context(_core.Context):
     end_port: Optional[EndPort]
 
     def __init__(self, parent: Union[EndPort, RDMADevice, str]) -> None:
-        from . import rdma
         if isinstance(parent, str):
-            parent = rdma.get_end_port(parent)
-        if isinstance(parent, rdma.EndPort):
+            parent = _path.get_end_port(parent)
+        if isinstance(parent, EndPort):
             node, end_port = parent.parent, parent
-        elif isinstance(parent, rdma.RDMADevice):
+        elif isinstance(parent, RDMADevice):
             node, end_port = parent, None
         else:
             raise TypeError("expected a ferry.EndPort or ferry.RDMADevice, got %r" % (type(parent).__name__,))
@@ -1089,7 +970,8 @@ class AH(_core.AH):
         return "AH(%r%s)" % (self.pd, ", closed" if self.closed else "")
 
 
-_QP_QUERY_ALL = (1 << 21) - 1
+# Every IBV_QP_* bit: query all attributes.
+_QP_QUERY_ALL = _functools.reduce(_operator.or_, qp_attr._masks.values())
 
 
 class QP(_core.QP):
@@ -1138,28 +1020,14 @@ class QP(_core.QP):
         fields are wanted (ferry's devices return them all).
 
         :rtype: tuple(:class:`qp_attr`, :class:`qp_init_attr`)"""
+        # The extension reports the members of ibv_qp_attr it holds, under their names.
         q = self._query()
         ah = q["ah_attr"]
-        grh = ah["grh"]
-
-        def make_ah(d: Dict[str, Any], g: Dict[str, Any]) -> ah_attr:
-            return ah_attr(grh=global_route(dgid=IBA.GID(g["dgid"], raw=True), flow_label=g["flow_label"],
-                                            sgid_index=g["sgid_index"], hop_limit=g["hop_limit"],
-                                            traffic_class=g["traffic_class"]),
-                           dlid=d["dlid"], sl=d["sl"], src_path_bits=d["src_path_bits"],
-                           static_rate=d["static_rate"], is_global=int(d["is_global"]), port_num=d["port_num"])
-
-        attr = qp_attr(qp_state=q["qp_state"], cur_qp_state=q["cur_qp_state"], path_mtu=q["path_mtu"],
-                       qkey=q["qkey"], rq_psn=q["rq_psn"], sq_psn=q["sq_psn"], dest_qp_num=q["dest_qp_num"],
-                       qp_access_flags=q["qp_access_flags"], cap=qp_cap(**q["cap"]), ah_attr=make_ah(ah, grh),
-                       pkey_index=q["pkey_index"], sq_draining=int(q["sq_draining"]),
-                       max_rd_atomic=q["max_rd_atomic"], max_dest_rd_atomic=q["max_dest_rd_atomic"],
-                       min_rnr_timer=q["min_rnr_timer"], port_num=q["port_num"], timeout=q["timeout"],
-                       retry_cnt=q["retry_cnt"], rnr_retry=q["rnr_retry"])
+        grh = dict(ah["grh"], dgid=IBA.GID(ah["grh"]["dgid"], raw=True))
+        ah_value = ah_attr(**dict(ah, grh=global_route(**grh), is_global=int(ah["is_global"])))
+        attr = qp_attr(**dict(q, cap=qp_cap(**q["cap"]), ah_attr=ah_value))
         init = qp_init_attr(send_cq=self._send_cq, recv_cq=self._recv_cq, srq=self._srq,
-                            cap=qp_cap(max_send_wr=self.max_send_wr, max_recv_wr=self.max_recv_wr,
-                                       max_send_sge=self.max_send_sge, max_recv_sge=self.max_recv_sge,
-                                       max_inline_data=self.max_inline_data),
+                            cap=qp_cap(**{name: getattr(self, name) for name in qp_cap._names}),
                             qp_type=self.qp_type, sq_sig_all=int(self.sq_sig_all))
         return (attr, init)
 

@@ -9,9 +9,8 @@ import mmap as _mmap
 import select as _select
 from typing import TYPE_CHECKING, Deque, Iterable, Iterator, Literal, Optional, Union, cast
 
-from . import path as _path
-
 from . import errors as _errors
+from . import path as _path
 from . import verbs as ibv
 from .tools import clock_monotonic
 

@@ -10,12 +10,13 @@
 namespace py = pybind11;
 
 namespace ferry::python {
-void bindVerbs(py::module_& m);     // verbs_bindings.cc -> ferry._core.verbs
-void bindEndpoint(py::module_& m);  // endpoint_bindings.cc -> ferry._core.endpoint
-void bindAgent(py::module_& m);     // agent_bindings.cc -> ferry._core.agent
-void bindStore(py::module_& m);     // store_bindings.cc -> ferry._core.agent.Store
-void bindConnect(py::module_& m);   // connect_bindings.cc -> ferry._core.connect
-void bindObjects(py::module_& m);   // objects_bindings.cc -> ferry._core.objects
+void bindVerbs(py::module_& m);           // verbs_bindings.cc -> ferry._core.verbs
+void bindVerbsConstants(py::module_& m);  // verbs_constants.cc -> ferry._core.verbs_constants
+void bindEndpoint(py::module_& m);        // endpoint_bindings.cc -> ferry._core.endpoint
+void bindAgent(py::module_& m);           // agent_bindings.cc -> ferry._core.agent
+void bindStore(py::module_& m);           // store_bindings.cc -> ferry._core.agent.Store
+void bindConnect(py::module_& m);         // connect_bindings.cc -> ferry._core.connect
+void bindObjects(py::module_& m);         // objects_bindings.cc -> ferry._core.objects
 }  // namespace ferry::python
 
 namespace {
@@ -94,6 +95,9 @@ PYBIND11_MODULE(_core, m) {
       "Raises ferry.InvalidArgument naming the first FERRY_* variable set to a value it does not take");
   py::module_ verbs = m.def_submodule("verbs", "The verbs layer");
   ferry::python::bindVerbs(verbs);
+  py::module_ verbsConstants = m.def_submodule(
+      "verbs_constants", "The verbs constants (IBV_*), libibverbs' numbers as the C++ layer defines them");
+  ferry::python::bindVerbsConstants(verbsConstants);
   py::module_ endpoint = m.def_submodule("endpoint", "The Endpoint API");
   ferry::python::bindEndpoint(endpoint);
   py::module_ agent = m.def_submodule("agent", "The agent: wireup, lanes, discovery, reconnection");

@@ -67,35 +67,17 @@ py::dict ahAttrToDict(const verbs::AhAttr& a) {
 
 py::dict qpCapToDict(const verbs::QpCap& c) {
   py::dict d;
-  d["max_send_wr"] = c.maxSendWr;
-  d["max_recv_wr"] = c.maxRecvWr;
-  d["max_send_sge"] = c.maxSendSge;
-  d["max_recv_sge"] = c.maxRecvSge;
-  d["max_inline_data"] = c.maxInlineData;
+  for (const QpCapField& f : qpCapFields()) d[f.name] = c.*f.member;
   return d;
 }
 
 py::dict qpAttrToDict(const verbs::QpAttr& a) {
   py::dict d;
-  d["qp_state"] = static_cast<int>(a.state);
-  d["cur_qp_state"] = static_cast<int>(a.curState);
-  d["path_mtu"] = static_cast<int>(a.pathMtu);
-  d["qkey"] = a.qkey;
-  d["rq_psn"] = a.rqPsn;
-  d["sq_psn"] = a.sqPsn;
-  d["dest_qp_num"] = a.destQpNum;
-  d["qp_access_flags"] = a.qpAccessFlags;
+  for (const QpAttrField& f : qpAttrFields()) {
+    if (f.get != nullptr) d[f.name] = f.get(a);
+  }
   d["cap"] = qpCapToDict(a.cap);
   d["ah_attr"] = ahAttrToDict(a.ahAttr);
-  d["pkey_index"] = a.pkeyIndex;
-  d["max_rd_atomic"] = a.maxRdAtomic;
-  d["max_dest_rd_atomic"] = a.maxDestRdAtomic;
-  d["min_rnr_timer"] = a.minRnrTimer;
-  d["port_num"] = a.portNum;
-  d["timeout"] = a.timeout;
-  d["retry_cnt"] = a.retryCnt;
-  d["rnr_retry"] = a.rnrRetry;
-  d["sq_draining"] = a.sqDraining;
   return d;
 }
 

@@ -406,33 +406,15 @@ void QpObject::modify(py::handle attr, uint32_t mask) {
                 "ibv_modify_qp");
   }
   verbs::QpAttr a;
-  if (mask & m::kState) a.state = static_cast<verbs::QpState>(readField(attr, "qp_state", 6));
-  if (mask & m::kCurState) a.curState = static_cast<verbs::QpState>(readField(attr, "cur_qp_state", 6));
-  if (mask & m::kAccessFlags)
-    a.qpAccessFlags = static_cast<uint32_t>(readField(attr, "qp_access_flags", 0xFFFFFFFF));
-  if (mask & m::kPkeyIndex) a.pkeyIndex = static_cast<uint16_t>(readField(attr, "pkey_index", 0xFFFF));
-  if (mask & m::kPort) a.portNum = static_cast<uint8_t>(readField(attr, "port_num", 0xFF));
-  if (mask & m::kQkey) a.qkey = static_cast<uint32_t>(readField(attr, "qkey", 0xFFFFFFFF));
-  if (mask & m::kAv) a.ahAttr = ahAttrFromPython(attr.attr("ah_attr"));
-  if (mask & m::kPathMtu) a.pathMtu = static_cast<verbs::Mtu>(readField(attr, "path_mtu", 0xFF));
-  if (mask & m::kTimeout) a.timeout = static_cast<uint8_t>(readField(attr, "timeout", 0xFF));
-  if (mask & m::kRetryCnt) a.retryCnt = static_cast<uint8_t>(readField(attr, "retry_cnt", 0xFF));
-  if (mask & m::kRnrRetry) a.rnrRetry = static_cast<uint8_t>(readField(attr, "rnr_retry", 0xFF));
-  if (mask & m::kRqPsn) a.rqPsn = static_cast<uint32_t>(readField(attr, "rq_psn", 0xFFFFFF));
-  if (mask & m::kMaxQpRdAtomic) a.maxRdAtomic = static_cast<uint8_t>(readField(attr, "max_rd_atomic", 0xFF));
-  if (mask & m::kMinRnrTimer) a.minRnrTimer = static_cast<uint8_t>(readField(attr, "min_rnr_timer", 0xFF));
-  if (mask & m::kSqPsn) a.sqPsn = static_cast<uint32_t>(readField(attr, "sq_psn", 0xFFFFFF));
-  if (mask & m::kMaxDestRdAtomic) {
-    a.maxDestRdAtomic = static_cast<uint8_t>(readField(attr, "max_dest_rd_atomic", 0xFF));
+  for (const QpAttrField& f : qpAttrFields()) {
+    if (f.set != nullptr && (mask & f.mask) != 0) f.set(a, readField(attr, f.name, f.max));
   }
-  if (mask & m::kDestQpn) a.destQpNum = static_cast<uint32_t>(readField(attr, "dest_qp_num", 0xFFFFFF));
+  if (mask & m::kAv) a.ahAttr = ahAttrFromPython(attr.attr("ah_attr"));
   if (mask & m::kCap) {
     py::object cap = attr.attr("cap");
-    a.cap.maxSendWr = static_cast<uint32_t>(readField(cap, "max_send_wr", 0xFFFFFFFF));
-    a.cap.maxRecvWr = static_cast<uint32_t>(readField(cap, "max_recv_wr", 0xFFFFFFFF));
-    a.cap.maxSendSge = static_cast<uint32_t>(readField(cap, "max_send_sge", 0xFFFFFFFF));
-    a.cap.maxRecvSge = static_cast<uint32_t>(readField(cap, "max_recv_sge", 0xFFFFFFFF));
-    a.cap.maxInlineData = static_cast<uint32_t>(readField(cap, "max_inline_data", 0xFFFFFFFF));
+    for (const QpCapField& f : qpCapFields()) {
+      a.cap.*f.member = static_cast<uint32_t>(readField(cap, f.name, 0xFFFFFFFF));
+    }
   }
   Status status;
   {

@@ -16,7 +16,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -255,6 +257,31 @@ class QpObject final : public VerbsObject, public std::enable_shared_from_this<Q
 
 // Struct bindings and conversions (verbs_structs.cc).
 void bindVerbsStructs(py::module_& m);
+
+// One member of ibv_qp_attr: its name (the field of ferry.verbs.qp_attr), the IBV_QP_* bit that
+// makes ibv_modify_qp apply it (0 for sq_draining, which only ibv_query_qp reports) and, for the
+// integer members that verbs::QpAttr holds, the largest value modify takes and how to read and
+// write it. The others have no get or set: ah_attr and cap, structures converted on their own, and
+// the members QpAttr has no place for (the alternate path, path_mig_state, en_sqd_async_notify).
+struct QpAttrField {
+  const char* name;
+  uint32_t mask;
+  uint64_t max;
+  uint64_t (*get)(const verbs::QpAttr&);
+  void (*set)(verbs::QpAttr&, uint64_t);
+};
+// Every member of ibv_qp_attr, in the struct's order: the one list that QP.modify, QP.query and
+// ferry.verbs.qp_attr (through ferry._core.verbs.qp_attr_fields) read.
+std::span<const QpAttrField> qpAttrFields();
+
+// One member of ibv_qp_cap (all are uint32_t).
+struct QpCapField {
+  const char* name;
+  uint32_t verbs::QpCap::*member;
+};
+// Every member of ibv_qp_cap, in the struct's order.
+std::span<const QpCapField> qpCapFields();
+
 // Reads a ferry.verbs.ah_attr (with its grh) into an AhAttr.
 verbs::AhAttr ahAttrFromPython(py::handle attr);
 // Raises ferry.verbs.WRError for a refused work request.

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "status.h"
@@ -58,7 +59,67 @@ void defStructProtocol(py::class_<T>& cls, std::vector<std::string> fields) {
   });
 }
 
+template <auto Member>
+uint64_t getMember(const verbs::QpAttr& a) {
+  return static_cast<uint64_t>(a.*Member);
+}
+
+template <auto Member>
+void setMember(verbs::QpAttr& a, uint64_t value) {
+  a.*Member = static_cast<std::remove_reference_t<decltype(a.*Member)>>(value);
+}
+
+// An integer member of QpAttr, accepted up to max.
+template <auto Member>
+constexpr QpAttrField intField(const char* name, uint32_t mask, uint64_t max) {
+  return {name, mask, max, &getMember<Member>, &setMember<Member>};
+}
+// A member converted on its own (a structure) or one QpAttr has no place for.
+constexpr QpAttrField otherField(const char* name, uint32_t mask) {
+  return {name, mask, 0, nullptr, nullptr};
+}
+
+namespace qp_mask = verbs::qp_attr_mask;
+using verbs::QpAttr;
+
+constexpr QpAttrField kQpAttrFields[] = {
+    intField<&QpAttr::state>("qp_state", qp_mask::kState, 6),
+    intField<&QpAttr::curState>("cur_qp_state", qp_mask::kCurState, 6),
+    intField<&QpAttr::pathMtu>("path_mtu", qp_mask::kPathMtu, 0xFF),
+    otherField("path_mig_state", qp_mask::kPathMigState),
+    intField<&QpAttr::qkey>("qkey", qp_mask::kQkey, 0xFFFFFFFF),
+    intField<&QpAttr::rqPsn>("rq_psn", qp_mask::kRqPsn, 0xFFFFFF),
+    intField<&QpAttr::sqPsn>("sq_psn", qp_mask::kSqPsn, 0xFFFFFF),
+    intField<&QpAttr::destQpNum>("dest_qp_num", qp_mask::kDestQpn, 0xFFFFFF),
+    intField<&QpAttr::qpAccessFlags>("qp_access_flags", qp_mask::kAccessFlags, 0xFFFFFFFF),
+    otherField("cap", qp_mask::kCap),
+    otherField("ah_attr", qp_mask::kAv),
+    otherField("alt_ah_attr", qp_mask::kAltPath),
+    intField<&QpAttr::pkeyIndex>("pkey_index", qp_mask::kPkeyIndex, 0xFFFF),
+    otherField("alt_pkey_index", qp_mask::kAltPath),
+    otherField("en_sqd_async_notify", qp_mask::kEnSqdAsyncNotify),
+    intField<&QpAttr::sqDraining>("sq_draining", 0, 1),
+    intField<&QpAttr::maxRdAtomic>("max_rd_atomic", qp_mask::kMaxQpRdAtomic, 0xFF),
+    intField<&QpAttr::maxDestRdAtomic>("max_dest_rd_atomic", qp_mask::kMaxDestRdAtomic, 0xFF),
+    intField<&QpAttr::minRnrTimer>("min_rnr_timer", qp_mask::kMinRnrTimer, 0xFF),
+    intField<&QpAttr::portNum>("port_num", qp_mask::kPort, 0xFF),
+    intField<&QpAttr::timeout>("timeout", qp_mask::kTimeout, 0xFF),
+    intField<&QpAttr::retryCnt>("retry_cnt", qp_mask::kRetryCnt, 0xFF),
+    intField<&QpAttr::rnrRetry>("rnr_retry", qp_mask::kRnrRetry, 0xFF),
+    otherField("alt_port_num", qp_mask::kAltPath),
+    otherField("alt_timeout", qp_mask::kAltPath),
+};
+
+constexpr QpCapField kQpCapFields[] = {
+    {"max_send_wr", &verbs::QpCap::maxSendWr},         {"max_recv_wr", &verbs::QpCap::maxRecvWr},
+    {"max_send_sge", &verbs::QpCap::maxSendSge},       {"max_recv_sge", &verbs::QpCap::maxRecvSge},
+    {"max_inline_data", &verbs::QpCap::maxInlineData},
+};
+
 }  // namespace
+
+std::span<const QpAttrField> qpAttrFields() { return kQpAttrFields; }
+std::span<const QpCapField> qpCapFields() { return kQpCapFields; }
 
 py::object makeWc(const verbs::WorkCompletion& wc) {
   WcValue v;
@@ -125,6 +186,12 @@ void raiseWrError(const Status& status, const char* func, size_t badIndex) {
 }
 
 void bindVerbsStructs(py::module_& m) {
+  py::list qpAttr;
+  for (const QpAttrField& f : qpAttrFields()) qpAttr.append(py::make_tuple(f.name, f.mask));
+  // (name, IBV_QP_* bit) of each ibv_qp_attr member, in the struct's order: ferry.verbs.qp_attr's
+  // fields and the mask bits their assignment sets.
+  m.attr("qp_attr_fields") = py::tuple(qpAttr);
+
   py::class_<SgeValue> sge(m, "sge", "ibv_sge: length bytes at addr, in the memory region with key lkey.");
   sge.def_readwrite("addr", &SgeValue::addr, "The start address of the buffer (int).")
       .def_readwrite("length", &SgeValue::length, "The buffer's length in bytes (up to 2^32-1).")

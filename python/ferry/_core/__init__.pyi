@@ -4,11 +4,12 @@ ferry's C++ core: verbs and endpoints
 from __future__ import annotations
 import typing
 from . import verbs
+from . import verbs_constants
 from . import endpoint
 from . import agent
 from . import connect
 from . import objects
-__all__: list[str] = ['agent', 'agent_secret', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'log_level', 'objects', 'set_log_level', 'unknown_config', 'verbs']
+__all__: list[str] = ['agent', 'agent_secret', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'log_level', 'objects', 'set_log_level', 'unknown_config', 'verbs', 'verbs_constants']
 def agent_secret() -> bytes:
     """
     FERRY_AGENT_SECRET's value (b'' when unset), for Python layers that authenticate their own frames

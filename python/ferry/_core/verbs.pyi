@@ -4,7 +4,7 @@ The verbs layer
 from __future__ import annotations
 import typing
 import typing_extensions
-__all__: list[str] = ['AH', 'CQ', 'CompChannel', 'Context', 'MR', 'PD', 'QP', 'SRQ', 'SharedMemory', 'alloc_shared', 'list_devices', 'list_providers', 'path_from_json', 'path_normalize_json', 'recv_wr', 'send_wr', 'sge', 'wc']
+__all__: list[str] = ['AH', 'CQ', 'CompChannel', 'Context', 'MR', 'PD', 'QP', 'SRQ', 'SharedMemory', 'alloc_shared', 'list_devices', 'list_providers', 'path_from_json', 'path_normalize_json', 'qp_attr_fields', 'recv_wr', 'send_wr', 'sge', 'wc']
 class sge:
     """
     ibv_sge: length bytes at addr, in the memory region with key lkey.
@@ -738,3 +738,4 @@ def path_normalize_json(text: str) -> str:
     """
     Checks a path's JSON with the strict decoder and returns its canonical encoding (Path::toJson).
     """
+qp_attr_fields: tuple = (('qp_state', 1), ('cur_qp_state', 2), ('path_mtu', 256), ('path_mig_state', 262144), ('qkey', 64), ('rq_psn', 4096), ('sq_psn', 65536), ('dest_qp_num', 1048576), ('qp_access_flags', 8), ('cap', 524288), ('ah_attr', 128), ('alt_ah_attr', 16384), ('pkey_index', 16), ('alt_pkey_index', 16384), ('en_sqd_async_notify', 4), ('sq_draining', 0), ('max_rd_atomic', 8192), ('max_dest_rd_atomic', 131072), ('min_rnr_timer', 32768), ('port_num', 32), ('timeout', 512), ('retry_cnt', 1024), ('rnr_retry', 2048), ('alt_port_num', 16384), ('alt_timeout', 16384))
