@@ -14,6 +14,17 @@ namespace {
 constexpr size_t kMaxKeyBytes = 1024;
 constexpr size_t kMaxValueBytes = size_t{1} << 20;
 
+// A backend left out of the build (CMakeLists.txt: FERRY_WITH_REDIS, FERRY_WITH_ETCD) keeps its row,
+// so that its URLs are refused as not built rather than taken for an unknown scheme.
+#if defined(FERRY_WITHOUT_REDIS) || defined(FERRY_WITHOUT_ETCD)
+Result<std::unique_ptr<Store>> openUnbuiltStore(const StoreUrl& url, const StoreOptions&) {
+  std::string option = "FERRY_WITH_";
+  for (char c : url.scheme) option += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return notSupported("store URL '" + url.text + "': this ferry was built without " + url.scheme +
+                      " support (configured with " + option + "=OFF)");
+}
+#endif
+
 // The one table naming every backend: a new store is one row here and one file pair.
 struct Backend {
   std::string_view scheme;
@@ -23,8 +34,16 @@ struct Backend {
 constexpr Backend kBackends[] = {
     {"memory", false, openMemoryStore},
     {"ferry", true, openFerryStore},
+#ifdef FERRY_WITHOUT_REDIS
+    {"redis", true, openUnbuiltStore},
+#else
     {"redis", true, openRedisStore},
+#endif
+#ifdef FERRY_WITHOUT_ETCD
+    {"etcd", true, openUnbuiltStore},
+#else
     {"etcd", true, openEtcdStore},
+#endif
 };
 
 Status badUrl(std::string_view url, const std::string& why) {
