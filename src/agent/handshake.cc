@@ -273,7 +273,7 @@ std::shared_ptr<PeerImpl> AgentImpl::peerForNewUuid(Link& link, const WireupMess
   if (!peer && !admitHandshake(link, from)) return nullptr;
   if (!peer) {
     peer = std::make_shared<PeerImpl>(weak_from_this(), from.alias, m.numQp);
-    peer->origin = link.shared_from_this();
+    peer->origin = link.self();
     armDeadline(peer, handshakeTimeout(opts_.connectTimeout));
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -18,6 +18,7 @@
 #include "common/base64.h"
 #include "common/log.h"
 #include "common/net/admission.h"
+#include "common/net/line_connection.h"
 #include "common/net/listen.h"
 #include "common/reactor.h"
 #include "ferry/common/config.h"
@@ -32,8 +33,15 @@ constexpr int64_t kMaxRequestId = int64_t{1} << 53;
 // Entries per "entries"/"watching" line are cut at this many bytes, so that a line with one more
 // entry (at most ~1.4 MiB) stays under kMaxStoreLine.
 constexpr size_t kEntriesPerLineBytes = size_t{512} << 10;
-// Bytes read from one connection per wake-up, so one busy client cannot starve the others.
-constexpr size_t kReadChunk = size_t{64} << 10;
+
+// The line that tells a client why it is dropped: {"ferry_store": 1, "type": "error", "message": ...}.
+std::string errorLine(const std::string& message) {
+  json::Value why = json::Value::emptyObject();
+  why.set("ferry_store", kStoreProtocolVersion);
+  why.set("type", "error");
+  why.set("message", message);
+  return json::serialize(why);
+}
 
 struct RequestTypeName {
   Type type;
@@ -208,11 +216,10 @@ class StoreServer::Impl {
 
  private:
   struct Conn {
-    int fd = -1;
-    std::string in;
-    size_t consumed = 0;  // bytes of `in` already handled
-    std::string out;
-    bool writeArmed = false;  // EPOLLOUT is in the reactor's interest set
+    uint64_t id = 0;  // its key in conns_ (never reused, unlike a descriptor)
+    // The line framing and its bounds: kMaxStoreLine per request, kMaxStorePendingOutput of answers
+    // the client leaves unread.
+    std::shared_ptr<net::LineConnection> line;
     bool watching = false;
     std::string prefix;
     Clock::time_point lastRequest;  // connected, or its last whole request
@@ -225,15 +232,15 @@ class StoreServer::Impl {
   bool evictIdlestFromLoop();
   // Closes connections past kStoreFirstRequestTimeout / kStoreIdleTimeout.
   void closeIdleFromLoop();
-  void onConnFromLoop(int fd, uint32_t events);
-  // Handles one line; false when the connection was dropped.
-  bool handleLineFromLoop(Conn& conn, std::string_view line);
+  // Handles one line; the connection may be dropped.
+  void handleLineFromLoop(Conn& conn, std::string_view line);
   void answerFromLoop(Conn& conn, const StoreRequest& request);
-  // These three return false when they dropped the connection (conn is gone then).
+  // These two return false when the connection ended (too far behind, or lost); conn stays valid
+  // until the loop's next turn.
   bool sendEntriesFromLoop(Conn& conn, std::string_view type, int64_t id,
                            const std::vector<StoreEntry>& entries);
   bool sendFromLoop(Conn& conn, std::string_view type, json::Value body);
-  bool flushFromLoop(Conn& conn);
+  // Closes the connection (telling the client why, when `why` is not empty); conn is gone then.
   void dropFromLoop(Conn& conn, const std::string& why);
   void publishFromLoop(const std::vector<StoreEvent>& events);
   void sweepFromLoop();
@@ -247,7 +254,8 @@ class StoreServer::Impl {
   uint16_t port_ = 0;
   std::shared_ptr<net::Admission> admission_;
   StoreTable table_;
-  std::unordered_map<int, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
+  uint64_t nextConnId_ = 1;
   Reactor::TimerId expiryTimer_ = 0;
   Clock::time_point expiryAt_;
   Reactor::TimerId pingTimer_ = 0;
@@ -293,10 +301,7 @@ Status StoreServer::Impl::start(const std::string& host, uint16_t port, StoreSer
 void StoreServer::Impl::stop() {
   if (!started_) return;
   (void)reactor_->runSync([&] {
-    for (auto& [fd, conn] : conns_) {
-      reactor_->removeFd(fd);
-      ::close(fd);
-    }
+    for (auto& [id, conn] : conns_) conn->line->close();
     conns_.clear();
     reactor_->removeFd(listenFd_);
     ::close(listenFd_);
@@ -323,76 +328,49 @@ void StoreServer::Impl::acceptFromLoop() {
     auto ticket = admission_->admit(net::peerOf(fd));
     if (!ticket.isOk()) {
       admission_->logRefusal(ticket.status());
-      json::Value why = json::Value::emptyObject();
-      why.set("ferry_store", kStoreProtocolVersion);
-      why.set("type", "error");
-      why.set("message", ticket.status().message());
-      std::string line = json::serialize(why) + "\n";
+      const std::string line = errorLine(ticket.status().message()) + "\n";
       (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       ::close(fd);
       continue;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     auto conn = std::make_unique<Conn>();
-    conn->fd = fd;
+    const uint64_t id = nextConnId_++;
+    conn->id = id;
     conn->lastRequest = Clock::now();
     conn->ticket = std::move(*ticket);
-    Status st = reactor_->addFd(fd, EPOLLIN | EPOLLRDHUP,
-                                [this, fd](uint32_t events) { onConnFromLoop(fd, events); });
-    if (!st.isOk()) {
-      ::close(fd);
-      continue;
-    }
-    conns_[fd] = std::move(conn);
+    conn->line = net::LineConnection::adopt(
+        *reactor_, fd, {.maxLine = kMaxStoreLine, .maxPendingOutput = kMaxStorePendingOutput},
+        [this, id](net::LineConnection&, std::string_view line) {
+          auto it = conns_.find(id);
+          if (it != conns_.end()) handleLineFromLoop(*it->second, line);
+        },
+        // Lost, or too far behind: forgotten on the loop's next turn, so that whoever is sending
+        // to it now still holds a valid Conn.
+        [this, id](net::LineConnection&, const Status&, bool) {
+          reactor_->post([this, id] { conns_.erase(id); });
+        });
+    conn->line->setFarewell([](const Status&) {
+      return errorLine("malformed request: a line longer than " + std::to_string(kMaxStoreLine) + " bytes");
+    });
+    conns_[id] = std::move(conn);
   }
 }
 
-void StoreServer::Impl::onConnFromLoop(int fd, uint32_t events) {
-  FERRY_ON_LOOP(*reactor_);
-  auto it = conns_.find(fd);
-  if (it == conns_.end()) return;
-  Conn& conn = *it->second;
-  if ((events & EPOLLOUT) && !flushFromLoop(conn)) return;
-  if (!(events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) return;
-  char chunk[kReadChunk];
-  ssize_t n = ::read(fd, chunk, sizeof chunk);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-  if (n <= 0) {
-    dropFromLoop(conn, "");
-    return;
-  }
-  conn.in.append(chunk, static_cast<size_t>(n));
-  size_t newline;
-  while ((newline = conn.in.find('\n', conn.consumed)) != std::string::npos) {
-    std::string_view line(conn.in.data() + conn.consumed, newline - conn.consumed);
-    conn.consumed = newline + 1;
-    if (!handleLineFromLoop(conn, line)) return;
-  }
-  conn.in.erase(0, conn.consumed);
-  conn.consumed = 0;
-  if (conn.in.size() > kMaxStoreLine) {
-    dropFromLoop(conn, "malformed request: a line longer than " + std::to_string(kMaxStoreLine) + " bytes");
-  }
-}
-
-bool StoreServer::Impl::handleLineFromLoop(Conn& conn, std::string_view line) {
+void StoreServer::Impl::handleLineFromLoop(Conn& conn, std::string_view line) {
   FERRY_ON_LOOP(*reactor_);
   if (conn.watching) {
     dropFromLoop(conn, "a watch connection takes no further requests");
-    return false;
+    return;
   }
   auto request = decodeStoreRequest(line);
   if (!request.isOk()) {
     FERRY_LOG(kInfo, "ferry store: dropping a client: %s", request.status().message().c_str());
     dropFromLoop(conn, request.status().message());
-    return false;
+    return;
   }
-  int fd = conn.fd;
   conn.lastRequest = Clock::now();
   conn.answered = true;
   answerFromLoop(conn, *request);
-  return conns_.find(fd) != conns_.end();
 }
 
 void StoreServer::Impl::answerFromLoop(Conn& conn, const StoreRequest& request) {
@@ -479,60 +457,28 @@ bool StoreServer::Impl::sendFromLoop(Conn& conn, std::string_view type, json::Va
   if (const json::Object* members = body.object()) {
     for (const auto& [key, value] : *members) full.set(key, value);
   }
-  conn.out += json::serialize(full);
-  conn.out.push_back('\n');
-  return flushFromLoop(conn);
-}
-
-bool StoreServer::Impl::flushFromLoop(Conn& conn) {
-  FERRY_ON_LOOP(*reactor_);
-  bool wasBlocked = false;
-  while (!conn.out.empty()) {
-    ssize_t n = ::send(conn.fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      conn.out.erase(0, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      wasBlocked = true;
-      break;
-    }
-    dropFromLoop(conn, "");
-    return false;
-  }
-  if (conn.out.size() > kMaxStorePendingOutput) {
-    dropFromLoop(conn, "");
-    return false;
-  }
-  // Asks for EPOLLOUT only while the socket is full; a change of interest is a syscall.
-  if (wasBlocked != conn.writeArmed) {
-    conn.writeArmed = wasBlocked;
-    (void)reactor_->modFd(conn.fd, EPOLLIN | EPOLLRDHUP | (wasBlocked ? uint32_t{EPOLLOUT} : 0u));
-  }
-  return true;
+  if (!conn.line->open()) return false;
+  conn.line->send(json::serialize(full));
+  return conn.line->open();
 }
 
 void StoreServer::Impl::dropFromLoop(Conn& conn, const std::string& why) {
   FERRY_ON_LOOP(*reactor_);
-  int fd = conn.fd;
-  if (!why.empty()) {
-    // Best effort: the client learns why, if its socket takes the line now.
-    std::string line =
-        "{\"ferry_store\":1,\"type\":\"error\",\"message\":" + json::serialize(json::Value(why)) + "}\n";
-    (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Best effort: the client learns why, if its socket takes the line now.
+  if (why.empty()) {
+    conn.line->close();
+  } else {
+    conn.line->closeWith(errorLine(why));
   }
-  reactor_->removeFd(fd);
-  ::close(fd);
-  conns_.erase(fd);  // destroys conn
+  conns_.erase(conn.id);  // destroys conn
 }
 
 void StoreServer::Impl::publishFromLoop(const std::vector<StoreEvent>& events) {
   FERRY_ON_LOOP(*reactor_);
   if (events.empty()) return;
   std::vector<Conn*> watchers;
-  for (auto& [fd, conn] : conns_) {
-    if (conn->watching) watchers.push_back(conn.get());
+  for (auto& [id, conn] : conns_) {
+    if (conn->watching && conn->line->open()) watchers.push_back(conn.get());
   }
   for (const StoreEvent& e : events) {
     for (Conn*& w : watchers) {
@@ -570,8 +516,8 @@ void StoreServer::Impl::armExpiryFromLoop() {
 bool StoreServer::Impl::evictIdlestFromLoop() {
   FERRY_ON_LOOP(*reactor_);
   Conn* idlest = nullptr;
-  for (auto& [fd, conn] : conns_) {
-    if (conn->watching) continue;
+  for (auto& [id, conn] : conns_) {
+    if (conn->watching || !conn->line->open()) continue;
     if (idlest == nullptr || conn->lastRequest < idlest->lastRequest) idlest = conn.get();
   }
   if (idlest == nullptr) return false;
@@ -587,8 +533,8 @@ void StoreServer::Impl::closeIdleFromLoop() {
   FERRY_ON_LOOP(*reactor_);
   auto now = Clock::now();
   std::vector<Conn*> idle;
-  for (auto& [fd, conn] : conns_) {
-    if (conn->watching) continue;
+  for (auto& [id, conn] : conns_) {
+    if (conn->watching || !conn->line->open()) continue;
     auto limit = conn->answered ? std::chrono::duration_cast<Clock::duration>(kStoreIdleTimeout)
                                 : std::chrono::duration_cast<Clock::duration>(kStoreFirstRequestTimeout);
     if (now - conn->lastRequest > limit) idle.push_back(conn.get());
@@ -602,12 +548,12 @@ void StoreServer::Impl::closeIdleFromLoop() {
 void StoreServer::Impl::pingFromLoop() {
   FERRY_ON_LOOP(*reactor_);
   closeIdleFromLoop();
-  std::vector<int> watchers;
-  for (auto& [fd, conn] : conns_) {
-    if (conn->watching) watchers.push_back(fd);
+  std::vector<uint64_t> watchers;
+  for (auto& [id, conn] : conns_) {
+    if (conn->watching) watchers.push_back(id);
   }
-  for (int fd : watchers) {
-    auto it = conns_.find(fd);
+  for (uint64_t id : watchers) {
+    auto it = conns_.find(id);
     if (it != conns_.end()) (void)sendFromLoop(*it->second, "ping", json::Value::emptyObject());
   }
   pingTimer_ = reactor_->addTimer(Clock::now() + kWatchPingInterval, [this] { pingFromLoop(); });
