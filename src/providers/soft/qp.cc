@@ -358,8 +358,7 @@ void SoftQp::enterStateFromLoop(QpState current, QpState to) {
   if (current == QpState::kRtr && to == QpState::kRts) {
     nextSeq_ = attr_.sqPsn;
     ackedThrough_ = attr_.sqPsn - 1;
-    connectStarted_ = Clock::now();
-    reconnectDelayMs_ = 1;
+    dialer_.begin();
     startConnectFromLoop();
     pumpFromLoop();
   }
@@ -374,10 +373,8 @@ void SoftQp::resetFromLoop() {
   reqConn_.reset();
   respConn_.reset();
   reqReady_ = false;
-  peerReached_ = false;
-  listenerReached_ = false;
-  peerGone_ = false;
-  for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
+  dialer_.reset();
+  for (auto* timer : {&rnrTimer_, &timeoutTimer_}) {
     if (*timer) ctx_->reactor().cancelTimer(*timer);
     *timer = 0;
   }
@@ -423,10 +420,11 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
     reqReady_ = false;
     dropLaneInFromLoop(/*afterFlush=*/true);
     if (respConn_) respConn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
-    for (auto* timer : {&rnrTimer_, &timeoutTimer_, &reconnectTimer_}) {
+    for (auto* timer : {&rnrTimer_, &timeoutTimer_}) {
       if (*timer) ctx_->reactor().cancelTimer(*timer);
       *timer = 0;
     }
+    dialer_.cancelRetry();
     rnrWaiting_ = false;
     if (srq_) ctx_->raiseAsync({.type = verbs::AsyncEventType::kQpLastWqeReached, .qpNum = qpn_});
   }

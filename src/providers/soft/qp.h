@@ -30,6 +30,7 @@
 
 #include "common/ring_deque.h"
 #include "providers/soft/conn.h"
+#include "providers/soft/dialer.h"
 #include "providers/soft/lane.h"
 #include "providers/soft/soft.h"
 
@@ -107,12 +108,13 @@ class SoftQp final : public verbs::QpImpl,
   void enterErrorFromLoop(std::optional<verbs::WcStatus> status);
   void flushFromLoop();
   void resetFromLoop();
+  // Dials the peer (dialer_) and adopts the link as the requester's connection.
   void startConnectFromLoop();
   // Connects to the peer's ring listener (a kUseRing hello reply); false when that cannot be done
-  // (stayOnTcpFromLoop: the QP then connects over TCP without offering rings).
+  // (the QP then connects over TCP without offering rings).
   bool startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket);
-  // Rings to the peer failed (why): every later connection of this QP is TCP.
-  void stayOnTcpFromLoop(const std::string& why);
+  // Adopts a dialed link as reqConn_; false when the reactor cannot watch it.
+  bool adoptRequesterLinkFromLoop(std::unique_ptr<Link> link);
   void scheduleReconnectFromLoop();
   // UC: the responder drops the current message silently.
   void dropMessageFromLoop();
@@ -262,16 +264,10 @@ class SoftQp final : public verbs::QpImpl,
   bool rnrWaiting_ = false;
   Reactor::TimerId rnrTimer_ = 0;
   Reactor::TimerId timeoutTimer_ = 0;
-  Reactor::TimerId reconnectTimer_ = 0;
   Clock::time_point lastProgress_{};
-  Clock::time_point connectStarted_{};
-  int reconnectDelayMs_ = 1;
+  Dialer dialer_{ctx_->reactor(), qpn_};  // reaching the peer, and what was learned of it
   std::shared_ptr<Conn> reqConn_;
   bool reqReady_ = false;
-  bool peerReached_ = false;      // a hello of ours was accepted once
-  bool listenerReached_ = false;  // a connection to the peer's listener was made once
-  bool peerGone_ = false;         // since then, the peer refused a connection or lost its QP
-  bool ringRefused_ = false;      // a ring connection to the peer failed: stay on TCP
 
   std::shared_ptr<Conn> respConn_;
   uint32_t expectedSeq_ = 0;

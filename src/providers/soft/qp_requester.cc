@@ -287,7 +287,7 @@ bool SoftQp::readyToSendFromLoop() {
     return false;
   }
   if (!reqConn_ || !reqReady_) {
-    if (!reqConn_ && !reconnectTimer_) startConnectFromLoop();
+    if (!reqConn_ && !dialer_.retryPending()) startConnectFromLoop();
     armTimeoutFromLoop();
     return false;
   }
@@ -411,27 +411,24 @@ void SoftQp::onTimeoutFromLoop() {
 void SoftQp::startConnectFromLoop() {
   FERRY_ON_LOOP(ctx_->reactor());
   if (reqConn_ || state_.load() != QpState::kRts) return;
-  in_addr_t ip;
-  uint16_t port;
-  if (!parseSoftGid(attr_.ahAttr.dgid, &ip, &port)) return;
-  auto link = dialTcpLink(ctx_->ipv4(), ip, port);
+  auto link = dialer_.dialTcp(ctx_->ipv4(), attr_.ahAttr.dgid);
   if (!link.isOk()) {
-    // A refused or unreachable peer is tried again (it may not be listening yet); a failure of our
-    // own (no descriptors left) is worth a warning.
-    if (link.status().cause() != ECONNREFUSED && link.status().cause() != ENETUNREACH) {
-      FERRY_LOG(kWarn, "QP %u: %s", qpn_, link.status().toString().c_str());
-    }
-    scheduleReconnectFromLoop();
+    // A GID that names no soft device is never dialed; anything else is tried again.
+    if (link.status().code() != StatusCode::kInvalidArgument) scheduleReconnectFromLoop();
     return;
   }
-  reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
+  if (!adoptRequesterLinkFromLoop(std::move(*link))) scheduleReconnectFromLoop();
+}
+
+bool SoftQp::adoptRequesterLinkFromLoop(std::unique_ptr<Link> link) {
+  FERRY_ON_LOOP(ctx_->reactor());
+  reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(link), this);
   reqReady_ = false;
   laneUsed_ = false;  // a new connection: no laned WRITE on it yet
   laneTicketHeld_ = 0;
-  if (!reqConn_->attach().isOk()) {
-    reqConn_.reset();
-    scheduleReconnectFromLoop();
-  }
+  if (reqConn_->attach().isOk()) return true;
+  reqConn_.reset();
+  return false;
 }
 
 void SoftQp::completeSendQueueFromLoop(WcStatus status) {
@@ -447,8 +444,7 @@ void SoftQp::completeSendQueueFromLoop(WcStatus status) {
 
 void SoftQp::peerGoneFromLoop(const char* why) {
   FERRY_ON_LOOP(ctx_->reactor());
-  if (!peerGone_) FERRY_LOG(kInfo, "QP %u: the peer is gone: %s", qpn_, why);
-  peerGone_ = true;
+  dialer_.markPeerGone(why);
   if (type_ == verbs::QpType::kUc) {
     // UC has no retries and no acknowledgements: a NIC sends into the void and completes. So do we.
     completeSendQueueFromLoop(WcStatus::kSuccess);
@@ -461,25 +457,19 @@ void SoftQp::peerGoneFromLoop(const char* why) {
 
 void SoftQp::scheduleReconnectFromLoop() {
   FERRY_ON_LOOP(ctx_->reactor());
-  if (reconnectTimer_ || state_.load() != QpState::kRts) return;
-  if (peerGone_ && sq_.empty()) return;
-  // Keep trying while work waits, or for a while after RTS (the peer may not be at RTR yet).
-  auto window = std::max<Clock::duration>(transportBudget(), std::chrono::seconds(2));
-  if (sq_.empty() && Clock::now() - connectStarted_ > window) return;
+  if (state_.load() != QpState::kRts) return;
   std::weak_ptr<SoftQp> weak = weak_from_this();
-  reconnectTimer_ =
-      ctx_->reactor().addTimer(Clock::now() + std::chrono::milliseconds(reconnectDelayMs_), [weak] {
-        if (auto self = weak.lock()) {
-          self->reconnectTimer_ = 0;
-          self->startConnectFromLoop();
-        }
-      });
-  reconnectDelayMs_ = std::min(reconnectDelayMs_ * 2, 100);
+  dialer_.scheduleRetry(!sq_.empty(), transportBudget(), [weak] {
+    if (auto self = weak.lock()) {
+      self->dialer_.retryDue();
+      self->startConnectFromLoop();
+    }
+  });
 }
 
 void SoftQp::onConnected(Conn& conn) {
   if (&conn != reqConn_.get()) return;
-  listenerReached_ = true;
+  dialer_.listenerReached();
   wire::FrameHeader hello;
   hello.type = wire::FrameType::kHello;
   hello.qpn = attr_.destQpNum;
@@ -487,31 +477,18 @@ void SoftQp::onConnected(Conn& conn) {
   hello.psn = nextSeq_ & 0xffffff;
   hello.maxRdAtomic = attr_.maxRdAtomic;
   hello.srcGid = ctx_->gid().raw;
-  if (!conn.link().sameHost() && !ringRefused_ && sameHostRingsAllowed()) hello.flags |= wire::kFlagRingOffer;
+  if (!conn.link().sameHost() && !dialer_.ringsRefused() && sameHostRingsAllowed())
+    hello.flags |= wire::kFlagRingOffer;
   conn.sendHeader(hello);
-}
-
-void SoftQp::stayOnTcpFromLoop(const std::string& why) {
-  FERRY_ON_LOOP(ctx_->reactor());
-  FERRY_LOG(kInfo, "QP %u: no shared-memory rings to its peer (TCP instead): %s", qpn_, why.c_str());
-  ringRefused_ = true;
 }
 
 bool SoftQp::startRingConnectFromLoop(uint32_t pid, uint64_t nonce, uint64_t ticket) {
   FERRY_ON_LOOP(ctx_->reactor());
-  auto fail = [&](const std::string& why) {
-    stayOnTcpFromLoop(why);
+  auto link = dialer_.dialRing(pid, nonce, ticket);
+  if (!link.isOk()) return false;
+  if (!adoptRequesterLinkFromLoop(std::move(*link))) {
+    dialer_.stayOnTcp("could not watch the ring");
     return false;
-  };
-  auto link = dialRingLink(pid, nonce, ticket);
-  if (!link.isOk()) return fail(link.status().message());
-  reqConn_ = std::make_shared<Conn>(ctx_.get(), std::move(*link), this);
-  reqReady_ = false;
-  laneUsed_ = false;  // a new connection: no laned WRITE on it yet
-  laneTicketHeld_ = 0;
-  if (!reqConn_->attach().isOk()) {
-    reqConn_.reset();
-    return fail("could not watch the ring");
   }
   onConnected(*reqConn_);
   return true;
@@ -539,11 +516,11 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   }
   if (&conn != reqConn_.get()) return;
   bool wasReady = reqReady_;
-  if (!wasReady && conn.link().sameHost() && !ringRefused_) {
+  if (!wasReady && conn.link().sameHost() && !dialer_.ringsRefused()) {
     // The peer's ring listener dropped our rings before they carried a hello (too many others
     // waiting on it, a ticket it no longer honours): the next connection stays on TCP, which a
     // crowd on that listener cannot block.
-    stayOnTcpFromLoop("the peer dropped them before the hello: " + why.toString());
+    dialer_.stayOnTcp("the peer dropped them before the hello: " + why.toString());
   }
   reqConn_.reset();
   reqReady_ = false;
@@ -575,7 +552,7 @@ void SoftQp::onClosed(Conn& conn, const Status& why) {
   // the listener was ever reached may be a process still starting: that is tried again until the
   // transport timeout. Only a real refusal counts (TcpLink reports a connection the listener took
   // and then dropped as reset, not refused).
-  if (listenerReached_ && !wasReady && why.cause() == ECONNREFUSED) {
+  if (dialer_.wasListenerReached() && !wasReady && why.cause() == ECONNREFUSED) {
     peerGoneFromLoop("its connections are refused");
     return;
   }
@@ -671,7 +648,7 @@ void SoftQp::onHelloReplyFromLoop(const wire::FrameHeader& h) {
     reqConn_.reset();
     bool started = false;
     if (h.sharePid == 0 || h.ringTicket == 0) {
-      stayOnTcpFromLoop("the peer's reply named no ring listener");
+      dialer_.stayOnTcp("the peer's reply named no ring listener");
     } else {
       started = startRingConnectFromLoop(h.sharePid, h.shareCookie, h.ringTicket);
     }
@@ -683,12 +660,11 @@ void SoftQp::onHelloReplyFromLoop(const wire::FrameHeader& h) {
   }
   if (static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kAccepted) {
     reqReady_ = true;
-    peerReached_ = true;
+    dialer_.helloAccepted();
     setupFastPathFromLoop(h);
     // The lane opens with the first WRITE large enough to share: a QP that never sends one
     // keeps a single connection.
     laneTicketHeld_ = laneMinBytes_ > 0 && !reqConn_->link().sameHost() ? h.laneTicket : 0;
-    reconnectDelayMs_ = 1;
     lastProgress_ = Clock::now();
     pumpFromLoop();
     return;
@@ -698,7 +674,7 @@ void SoftQp::onHelloReplyFromLoop(const wire::FrameHeader& h) {
   // not there (destroyed, or in ERR) is gone.
   reqConn_->close(Status::ok(), true);
   reqConn_.reset();
-  if (peerReached_ && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {
+  if (dialer_.wasPeerReached() && static_cast<wire::HelloResult>(h.aux) == wire::HelloResult::kNoSuchQp) {
     peerGoneFromLoop("its queue pair no longer exists");
     return;
   }
