@@ -9,6 +9,7 @@
 
 #include "common/device_access.h"
 #include "providers/soft/mcast.h"
+#include "providers/soft/qp_internal.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -21,7 +22,7 @@ using verbs::WrOpcode;
 
 constexpr uint32_t kMulticastQpn = 0xffffff;  // the destination QP of a multicast send (IBA 10.5.2)
 
-Status refusePost(const std::string& why) { return invalidArgument("post: " + why); }
+using qp_detail::refusePost;
 
 // What the receive's GRH says of a send through an AH with these attributes (wire::DatagramRoute).
 wire::DatagramRoute routeOf(const verbs::AhAttr& attr) {
