@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/link.h"
 #include "agent/wireup.h"
+#include "agent/wireup_connection.h"
 #include "common/reactor.h"
 #include "ferry/agent/agent.h"
 #include "ferry/agent/store.h"
@@ -122,9 +122,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::string addressBytes;  // set when connected by address
   // The inbound link the peer's wireup authenticated (its REPLY or ACK came on it, or it echoed a
   // probe): without a secret, messages that change this connection's state count only there.
-  std::weak_ptr<Link> authLink;
-  std::weak_ptr<Link> origin;  // the inbound link whose REQUEST made this connection (responder)
-  std::string probeNonce;      // the probe in flight (empty: none)
+  std::weak_ptr<WireupConnection> authLink;
+  std::weak_ptr<WireupConnection> origin;  // the inbound link whose REQUEST made this connection (responder)
+  std::string probeNonce;                  // the probe in flight (empty: none)
   Clock::time_point probeSent;
   Reactor::TimerId probeTimer = 0;
   bool probeMissed = false;  // the last probe went unanswered for peerTimeout
@@ -238,11 +238,11 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void forget(const std::shared_ptr<PeerImpl>& peer);
 
   // ---- channel.cc (loop thread) ----
-  void onLine(Link& link, std::string_view line);
+  void onLine(WireupConnection& link, std::string_view line);
   // onLine's steps: a request addressed to an earlier life of this agent rejected as stale, and a
   // decoded message for this agent handed to its handler.
   void rejectStale(const WireupMessage& m);
-  void dispatch(Link& link, const WireupMessage& m);
+  void dispatch(WireupConnection& link, const WireupMessage& m);
   void onPing(const WireupMessage& m);  // answered with a pong over the peer's connection
   void sendLine(const WorkerAddress& to, const std::string& line);
 
@@ -251,24 +251,25 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   void armRetry(const std::shared_ptr<PeerImpl>& peer);
   void armDeadline(const std::shared_ptr<PeerImpl>& peer, std::chrono::milliseconds timeout);
   void armDeadline(const std::shared_ptr<PeerImpl>& peer) { armDeadline(peer, opts_.connectTimeout); }
-  void onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from);
+  void onRequest(WireupConnection& link, const WireupMessage& m, const WorkerAddress& from);
   // With a secret: false for a REQUEST whose clock is too far off or whose nonce was seen (a
   // replay; a resend of one we answered passes, for the duplicate rule).
   bool requestIsFresh(const WireupMessage& m, const WorkerAddress& from);
   // The connection a REQUEST is for (found, taken over from a pending connect, or new within the
   // caps), or nullptr when it is dropped or already answered; *abandoned: our REQUEST it supersedes.
-  std::shared_ptr<PeerImpl> peerForRequest(Link& link, const WireupMessage& m, const WorkerAddress& from,
-                                           uint64_t* abandoned);
+  std::shared_ptr<PeerImpl> peerForRequest(WireupConnection& link, const WireupMessage& m,
+                                           const WorkerAddress& from, uint64_t* abandoned);
   // peerForRequest for a uuid no connection has: the pending connect to its alias (which this
   // REQUEST locates), else a new connection within the caps, each registered under the uuid and
   // the alias; nullptr when the REQUEST is dropped (an older life, or a connected one not known
   // to be gone).
-  std::shared_ptr<PeerImpl> peerForNewUuid(Link& link, const WireupMessage& m, const WorkerAddress& from);
+  std::shared_ptr<PeerImpl> peerForNewUuid(WireupConnection& link, const WireupMessage& m,
+                                           const WorkerAddress& from);
   // Connects `peer`'s endpoints to the REQUEST's and answers REPLY (or REJECT).
   void answerRequest(std::shared_ptr<PeerImpl> peer, const WireupMessage& m, const WorkerAddress& from,
                      uint64_t abandoned);
-  void onReply(Link& link, const WireupMessage& m);
-  void onAck(Link& link, const WireupMessage& m);
+  void onReply(WireupConnection& link, const WireupMessage& m);
+  void onAck(WireupConnection& link, const WireupMessage& m);
   void onReject(const WireupMessage& m);
   Result<std::map<std::string, std::shared_ptr<endpoint::Endpoint>>> makeEndpoints(const LaneSet& lanes,
                                                                                    size_t numQp);
@@ -283,17 +284,17 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   bool evictIdlestLink();
   // Whether `m`, from a known peer, may change that peer's state when it came on `link`; false: it
   // was held (or dropped) and the link is being probed.
-  bool acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m,
+  bool acceptOnLink(WireupConnection& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m,
                     std::string_view line);
   // Without a secret, whether a REQUEST for a new connection of a connected peer came on the link
   // its wireup authenticated; false: the link is being probed.
-  bool onAuthenticLink(Link& link, const std::shared_ptr<PeerImpl>& peer);
+  bool onAuthenticLink(WireupConnection& link, const std::shared_ptr<PeerImpl>& peer);
   // Whether a connected life of `from`'s alias may be replaced by `from`: with a secret, or once
   // it is gone or failed a probe; false: it is being asked whether it is alive.
   bool earlierLifeGone(const std::shared_ptr<PeerImpl>& earlier, const WorkerAddress& from);
   // Sends a ping with a nonce to the peer; a pong that echoes it authenticates the link it comes on.
   void probe(const std::shared_ptr<PeerImpl>& peer, const char* why);
-  void onPong(Link& link, const WireupMessage& m);
+  void onPong(WireupConnection& link, const WireupMessage& m);
   // Without a secret, a REQUEST from an agent this one does not know makes nothing until it echoes
   // a cookie: true when `m` carries none (or a wrong one) and was answered with a CHALLENGE.
   bool challengeFirst(const WireupMessage& m, const WorkerAddress& from);
@@ -302,14 +303,14 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   // A CHALLENGE to our REQUEST: sent again with its cookie.
   void onChallenge(const WireupMessage& m);
   // Whether one more REQUEST may make a connection now (the caps on handshakes not finished).
-  bool admitHandshake(Link& link, const WorkerAddress& from);
+  bool admitHandshake(WireupConnection& link, const WorkerAddress& from);
   // Marks `link` as the one `peer`'s wireup authenticated (an inbound link; ours need nothing).
-  void authenticate(Link& link, PeerImpl& peer);
+  void authenticate(WireupConnection& link, PeerImpl& peer);
   void logRefused(const Status& why);
   bool protectedMode() const { return secret_.empty() && !allowRemote_; }
 
   // ---- liveness.cc (loop thread) ----
-  void onLinkClosed(Link& link, const Status& why, bool connected);
+  void onLinkClosed(WireupConnection& link, const Status& why, bool connected);
   void sweep();
   void peerGone(const std::shared_ptr<PeerImpl>& peer, const std::string& why);
 
@@ -361,8 +362,8 @@ class AgentImpl : public std::enable_shared_from_this<AgentImpl> {
   std::map<std::string, Clock::time_point> seenNonces_;  // REQUEST nonces (replay refusal)
 
   // Loop thread only.
-  std::map<Uuid, std::shared_ptr<Link>> links_;  // outgoing, by peer uuid
-  std::set<std::shared_ptr<Link>> inbound_;
+  std::map<Uuid, std::shared_ptr<WireupConnection>> links_;  // outgoing, by peer uuid
+  std::set<std::shared_ptr<WireupConnection>> inbound_;
   std::map<std::string, int> dropped_;  // test hook counters
   // get_mr_info's questions in flight, by query number.
   std::map<uint64_t, std::shared_ptr<std::promise<std::optional<std::string>>>> infoWaiters_;

@@ -1,6 +1,7 @@
-// The agent's auxiliary channel seen from the agent (a Link is one of its connections, link.h):
-// sending a line to a peer over the link to it, dialled on first use, and handing each line that
-// arrives, once decoded and checked, to the job that owns its type. Loop thread.
+// The agent's auxiliary channel seen from the agent (a WireupConnection is one of its
+// connections, wireup_connection.h): sending a line to a peer over the connection to it, dialled
+// on first use, and handing each line that arrives, once decoded and checked, to the job that owns
+// its type. Loop thread.
 #include "agent/agent_impl.h"
 #include "common/log.h"
 
@@ -35,12 +36,12 @@ void AgentImpl::sendLine(const WorkerAddress& to, const std::string& line) {
         targets.push_back(c);
     }
     std::weak_ptr<AgentImpl> weak = weak_from_this();
-    link = Link::connect(
+    link = WireupConnection::connect(
         loop_, std::move(targets), kMaxWireupLine,
-        [weak](Link& l, std::string_view text) {
+        [weak](WireupConnection& l, std::string_view text) {
           if (auto a = weak.lock()) a->onLine(l, text);
         },
-        [weak](Link& l, const Status& why, bool connected) {
+        [weak](WireupConnection& l, const Status& why, bool connected) {
           if (auto a = weak.lock()) a->onLinkClosed(l, why, connected);
         });
     link->owner = to.uuid;
@@ -51,7 +52,7 @@ void AgentImpl::sendLine(const WorkerAddress& to, const std::string& line) {
   link->send(line);
 }
 
-void AgentImpl::onLine(Link& link, std::string_view line) {
+void AgentImpl::onLine(WireupConnection& link, std::string_view line) {
   auto decoded = decodeWireup(line, secret_);
   if (!decoded.isOk()) {
     {
@@ -87,7 +88,7 @@ void AgentImpl::rejectStale(const WireupMessage& m) {
   sendLine(*from, encodeWireup(r, secret_));
 }
 
-void AgentImpl::dispatch(Link& link, const WireupMessage& m) {
+void AgentImpl::dispatch(WireupConnection& link, const WireupMessage& m) {
   switch (m.type) {
     case WireupType::kRequest: {
       auto from = WorkerAddress::decode(m.fromAddress);

@@ -90,12 +90,12 @@ void AgentImpl::onAccept(int listenFd) {
       continue;
     }
     std::weak_ptr<AgentImpl> weak = weak_from_this();
-    auto link = Link::adopt(
+    auto link = WireupConnection::adopt(
         loop_, fd, kMaxWireupLine,
-        [weak](Link& l, std::string_view text) {
+        [weak](WireupConnection& l, std::string_view text) {
           if (auto a = weak.lock()) a->onLine(l, text);
         },
-        [weak](Link& l, const Status& why, bool connected) {
+        [weak](WireupConnection& l, const Status& why, bool connected) {
           if (auto a = weak.lock()) a->onLinkClosed(l, why, connected);
         });
     link->ticket = std::move(*ticket);
@@ -108,7 +108,7 @@ void AgentImpl::onAccept(int listenFd) {
 bool AgentImpl::evictIdlestLink() {
   // Links no wireup authenticated, the one silent the longest first: at the caps a new link takes
   // its place, so that idle links cannot lock peers out (a peer's link carries its REQUEST at once).
-  std::shared_ptr<Link> idlest;
+  std::shared_ptr<WireupConnection> idlest;
   for (const auto& link : inbound_) {
     if (link->authenticated) continue;
     if (!idlest || link->lastValid < idlest->lastValid) idlest = link;
@@ -128,7 +128,7 @@ bool AgentImpl::evictIdlestLink() {
 void AgentImpl::sweepInboundLinks() {
   if (shutdown_) return;
   auto now = Clock::now();
-  std::vector<std::shared_ptr<Link>> idle;
+  std::vector<std::shared_ptr<WireupConnection>> idle;
   for (const auto& link : inbound_) {
     if (!link->authenticated && now - link->lastValid > kLinkIdle) idle.push_back(link);
   }
@@ -193,7 +193,7 @@ void AgentImpl::onChallenge(const WireupMessage& m) {
 }
 
 void AgentImpl::closeOrphanLinksAbove(size_t keep) {
-  std::vector<std::map<Uuid, std::shared_ptr<Link>>::iterator> orphans;
+  std::vector<std::map<Uuid, std::shared_ptr<WireupConnection>>::iterator> orphans;
   for (auto it = links_.begin(); it != links_.end(); ++it) {
     if (!findUuid(it->first)) orphans.push_back(it);
   }
@@ -210,7 +210,7 @@ void AgentImpl::closeOrphanLinksAbove(size_t keep) {
   }
 }
 
-bool AgentImpl::admitHandshake(Link& link, const WorkerAddress& from) {
+bool AgentImpl::admitHandshake(WireupConnection& link, const WorkerAddress& from) {
   size_t onLink = 0, all = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -236,8 +236,8 @@ std::chrono::milliseconds handshakeTimeout(std::chrono::milliseconds connectTime
   return std::min(connectTimeout, std::chrono::duration_cast<std::chrono::milliseconds>(kHandshakeTimeout));
 }
 
-bool AgentImpl::acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, const WireupMessage& m,
-                             std::string_view line) {
+bool AgentImpl::acceptOnLink(WireupConnection& link, const std::shared_ptr<PeerImpl>& peer,
+                             const WireupMessage& m, std::string_view line) {
   // With a secret every line carries its own MAC: any link is as good as another.
   if (!secret_.empty() || !changesPeerState(m.type)) return true;
   if (peer->authLink.lock().get() == &link) return true;
@@ -256,7 +256,7 @@ bool AgentImpl::acceptOnLink(Link& link, const std::shared_ptr<PeerImpl>& peer, 
   return false;
 }
 
-bool AgentImpl::onAuthenticLink(Link& link, const std::shared_ptr<PeerImpl>& peer) {
+bool AgentImpl::onAuthenticLink(WireupConnection& link, const std::shared_ptr<PeerImpl>& peer) {
   if (!secret_.empty()) return true;
   auto auth = peer->authLink.lock();
   if (!auth || auth.get() == &link) return true;
@@ -307,7 +307,7 @@ void AgentImpl::probe(const std::shared_ptr<PeerImpl>& peer, const char* why) {
   });
 }
 
-void AgentImpl::authenticate(Link& link, PeerImpl& peer) {
+void AgentImpl::authenticate(WireupConnection& link, PeerImpl& peer) {
   for (const auto& in : inbound_) {
     if (in.get() != &link) continue;
     in->authenticated = true;
@@ -316,7 +316,7 @@ void AgentImpl::authenticate(Link& link, PeerImpl& peer) {
   }
 }
 
-void AgentImpl::onPong(Link& link, const WireupMessage& m) {
+void AgentImpl::onPong(WireupConnection& link, const WireupMessage& m) {
   auto peer = findUuid(m.from);
   if (!peer || m.echo.empty() || m.echo != peer->probeNonce) return;
   peer->probeNonce.clear();

@@ -82,7 +82,7 @@ Result<std::map<std::string, std::shared_ptr<ep::Endpoint>>> AgentImpl::makeEndp
     o.sendDepth = opts_.sendDepth;
     o.recvDepth = opts_.recvDepth;
     o.recvBufferSize = opts_.recvBufferSize;
-    // The agent finds dead peers itself (link.h); its queue pairs keep the endpoints' transport
+    // The agent finds dead peers itself (wireup_connection.h); its queue pairs keep the endpoints' transport
     // timeout (FERRY_TRANSPORT_TIMEOUT, 30 s by default), which also outlasts a connection burst
     // where a peer's first SYN is dropped and resent a second or three later.
     // A queue pair that gives up on the peer means the peer is gone, whichever side notices first.
@@ -182,7 +182,7 @@ void AgentImpl::armRetry(const std::shared_ptr<PeerImpl>& peer) {
   });
 }
 
-void AgentImpl::onRequest(Link& link, const WireupMessage& m, const WorkerAddress& from) {
+void AgentImpl::onRequest(WireupConnection& link, const WireupMessage& m, const WorkerAddress& from) {
   if (!requestIsFresh(m, from)) return;
   uint64_t abandoned = 0;
   std::shared_ptr<PeerImpl> peer = peerForRequest(link, m, from, &abandoned);
@@ -212,7 +212,7 @@ bool AgentImpl::requestIsFresh(const WireupMessage& m, const WorkerAddress& from
   return p != byUuid_.end() && p->second->remoteConn == m.conn;
 }
 
-std::shared_ptr<PeerImpl> AgentImpl::peerForRequest(Link& link, const WireupMessage& m,
+std::shared_ptr<PeerImpl> AgentImpl::peerForRequest(WireupConnection& link, const WireupMessage& m,
                                                     const WorkerAddress& from, uint64_t* abandoned) {
   std::shared_ptr<PeerImpl> peer = findUuid(from.uuid);
   if (!peer && challengeFirst(m, from)) return nullptr;  // nothing is made for it before it echoes a cookie
@@ -256,7 +256,7 @@ std::shared_ptr<PeerImpl> AgentImpl::peerForRequest(Link& link, const WireupMess
   return peer;
 }
 
-std::shared_ptr<PeerImpl> AgentImpl::peerForNewUuid(Link& link, const WireupMessage& m,
+std::shared_ptr<PeerImpl> AgentImpl::peerForNewUuid(WireupConnection& link, const WireupMessage& m,
                                                     const WorkerAddress& from) {
   std::shared_ptr<PeerImpl> peer;
   std::shared_ptr<PeerImpl> byAlias = findAlias(from.alias);
@@ -341,7 +341,7 @@ void AgentImpl::answerRequest(std::shared_ptr<PeerImpl> peer, const WireupMessag
   armRetry(peer);
 }
 
-void AgentImpl::onReply(Link& link, const WireupMessage& m) {
+void AgentImpl::onReply(WireupConnection& link, const WireupMessage& m) {
   auto peer = findUuid(m.from);
   if (!peer) return;
   PeerImpl::State st = peer->state();
@@ -386,7 +386,7 @@ void AgentImpl::onReply(Link& link, const WireupMessage& m) {
             laneText(*peer->lanes()).c_str());
 }
 
-void AgentImpl::onAck(Link& link, const WireupMessage& m) {
+void AgentImpl::onAck(WireupConnection& link, const WireupMessage& m) {
   auto peer = findUuid(m.from);
   if (!peer || peer->state() != PeerImpl::State::kAwaitAck || m.conn != peer->remoteConn) return;
   if (m.echo != peer->nonce) {

@@ -10,8 +10,8 @@
 
 namespace ferry::agent {
 
-void AgentImpl::onLinkClosed(Link& link, const Status& why, bool connected) {
-  std::shared_ptr<Link> keep;
+void AgentImpl::onLinkClosed(WireupConnection& link, const Status& why, bool connected) {
+  std::shared_ptr<WireupConnection> keep;
   for (auto it = inbound_.begin(); it != inbound_.end(); ++it) {
     if (it->get() == &link) {
       keep = *it;

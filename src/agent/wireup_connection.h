@@ -1,6 +1,6 @@
-// Link: one TCP connection of the agent's auxiliary channel (the wireup messages), driven by the
-// agent's reactor thread: a line-framed connection (common/net/line_connection.h, where its bounds
-// are) with what the agent keeps of each. Every method runs on the reactor thread.
+// WireupConnection: one TCP connection of the agent's auxiliary channel (the wireup messages),
+// driven by the agent's reactor thread: a line-framed connection (common/net/line_connection.h,
+// where its bounds are) with what the agent keeps of each. Every method runs on the reactor thread.
 #pragma once
 
 #include <chrono>
@@ -19,24 +19,26 @@
 
 namespace ferry::agent {
 
-class Link : public net::LineConnection {
+class WireupConnection : public net::LineConnection {
  public:
-  using LineCb = std::function<void(Link& link, std::string_view line)>;
+  using LineCb = std::function<void(WireupConnection& link, std::string_view line)>;
   // Called once when the link ends: OK for an orderly end of file, else why. `connected` says
   // whether a connection was ever made (false: every address refused or did not answer).
-  using CloseCb = std::function<void(Link& link, const Status& why, bool connected)>;
+  using CloseCb = std::function<void(WireupConnection& link, const Status& why, bool connected)>;
 
   // An accepted connection. Lines longer than maxLine, or more than kMaxPendingOutput of answers
   // the peer leaves unread, end it.
-  static std::shared_ptr<Link> adopt(Reactor& reactor, int fd, size_t maxLine, LineCb onLine,
-                                     CloseCb onClose);
+  static std::shared_ptr<WireupConnection> adopt(Reactor& reactor, int fd, size_t maxLine, LineCb onLine,
+                                                 CloseCb onClose);
   // Connects to the first of `targets` that answers, trying them in order; lines sent before
   // the connection is made are kept and written once it is.
-  static std::shared_ptr<Link> connect(Reactor& reactor, std::vector<ControlEndpoint> targets, size_t maxLine,
-                                       LineCb onLine, CloseCb onClose);
+  static std::shared_ptr<WireupConnection> connect(Reactor& reactor, std::vector<ControlEndpoint> targets,
+                                                   size_t maxLine, LineCb onLine, CloseCb onClose);
   static constexpr size_t kMaxPendingOutput = size_t{64} << 20;
 
-  std::shared_ptr<Link> self() { return std::static_pointer_cast<Link>(shared_from_this()); }
+  std::shared_ptr<WireupConnection> self() {
+    return std::static_pointer_cast<WireupConnection>(shared_from_this());
+  }
 
   // Who this link belongs to, for the agent (the peer's uuid once known).
   Uuid owner{};
@@ -51,7 +53,7 @@ class Link : public net::LineConnection {
   std::vector<std::string> held;
 
  private:
-  Link(Reactor& reactor, size_t maxLine, LineCb onLine, CloseCb onClose);
+  WireupConnection(Reactor& reactor, size_t maxLine, LineCb onLine, CloseCb onClose);
 };
 
 }  // namespace ferry::agent
