@@ -66,48 +66,45 @@ Result<std::string> chooseDevice(const std::string& wanted, const std::string& l
 // ---- server ----
 
 Result<RunShape> decodeShape(const json::Value& hello) {
+  json::Fields f = controlFields(hello);
   RunShape s;
-  FERRY_ASSIGN_OR_RETURN(std::string op, stringField(hello, "op", 32));
+  FERRY_ASSIGN_OR_RETURN(std::string op, f.text("op", 32));
   if (!parseOp(op, &s.op))
     return Status(StatusCode::kProtocolError, "control message 'hello': unknown op '" + op + "'");
-  FERRY_ASSIGN_OR_RETURN(std::string mode, stringField(hello, "mode", 32));
+  FERRY_ASSIGN_OR_RETURN(std::string mode, f.text("mode", 32));
   if (!parseMode(mode, &s.mode)) {
     return Status(StatusCode::kProtocolError, "control message 'hello': unknown mode '" + mode + "'");
   }
   // Clients before the Endpoint API's mode send no "api": theirs are verbs runs.
-  if (hello.find("api") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(std::string api, stringField(hello, "api", 32));
+  if (f.has("api")) {
+    FERRY_ASSIGN_OR_RETURN(std::string api, f.text("api", 32));
     if (!parseApi(api, &s.api)) {
       return Status(StatusCode::kProtocolError, "control message 'hello': unknown api '" + api + "'");
     }
   }
-  if (hello.find("memory") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(std::string memory, stringField(hello, "memory", 32));
+  if (f.has("memory")) {
+    FERRY_ASSIGN_OR_RETURN(std::string memory, f.text("memory", 32));
     if (memory != "heap" && memory != "shared") {
       return Status(StatusCode::kProtocolError, "control message 'hello': unknown memory '" + memory + "'");
     }
     s.sharedMemory = memory == "shared";
   }
   // Clients before --wait send no "wait": theirs poll.
-  if (hello.find("wait") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(std::string wait, stringField(hello, "wait", 32));
+  if (f.has("wait")) {
+    FERRY_ASSIGN_OR_RETURN(std::string wait, f.text("wait", 32));
     if (wait != "poll" && wait != "event") {
       return Status(StatusCode::kProtocolError, "control message 'hello': unknown wait '" + wait + "'");
     }
     s.events = wait == "event";
   }
   // Clients before --poll-yield send no "poll_yield": theirs yield after every empty poll.
-  s.pollYield = 1;
-  if (hello.find("poll_yield") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(int64_t pollYield, intField(hello, "poll_yield", 0, kMaxPollYield));
-    s.pollYield = static_cast<int>(pollYield);
-  }
-  FERRY_ASSIGN_OR_RETURN(int64_t threads, intField(hello, "threads", 1, kMaxThreads));
-  FERRY_ASSIGN_OR_RETURN(int64_t qps, intField(hello, "qps", 1, kMaxQpsPerThread));
-  FERRY_ASSIGN_OR_RETURN(int64_t depth, intField(hello, "depth", 1, kMaxDepth));
-  FERRY_ASSIGN_OR_RETURN(int64_t batch, intField(hello, "batch", 1, kMaxEndpointBatch));
-  FERRY_ASSIGN_OR_RETURN(int64_t maxSize,
-                         intField(hello, "max_size", 1, static_cast<int64_t>(kMaxMessageSize)));
+  FERRY_ASSIGN_OR_RETURN(int64_t pollYield, f.integerOr("poll_yield", 0, kMaxPollYield, 1));
+  s.pollYield = static_cast<int>(pollYield);
+  FERRY_ASSIGN_OR_RETURN(int64_t threads, f.integer("threads", 1, kMaxThreads));
+  FERRY_ASSIGN_OR_RETURN(int64_t qps, f.integer("qps", 1, kMaxQpsPerThread));
+  FERRY_ASSIGN_OR_RETURN(int64_t depth, f.integer("depth", 1, kMaxDepth));
+  FERRY_ASSIGN_OR_RETURN(int64_t batch, f.integer("batch", 1, kMaxEndpointBatch));
+  FERRY_ASSIGN_OR_RETURN(int64_t maxSize, f.integer("max_size", 1, static_cast<int64_t>(kMaxMessageSize)));
   s.threads = static_cast<int>(threads);
   s.qps = static_cast<int>(qps);
   s.depth = static_cast<int>(depth);
@@ -125,7 +122,7 @@ int serveClient(ControlChannel& ch, const Options& o) {
   if (!hello.isOk()) return ch.sendError(hello.status().message()), benchFailed(" server", hello.status());
   auto shape = decodeShape(*hello);
   if (!shape.isOk()) return ch.sendError(shape.status().message()), benchFailed(" server", shape.status());
-  auto clientDevice = stringField(*hello, "device", 256);
+  auto clientDevice = controlFields(*hello).text("device", 256);
   if (!clientDevice.isOk())
     return ch.sendError(clientDevice.status().message()), benchFailed(" server", clientDevice.status());
 
@@ -154,7 +151,7 @@ int serveClient(ControlChannel& ch, const Options& o) {
   while (true) {
     auto msg = ch.receive(t);
     if (!msg.isOk()) return benchFailed(" server", msg.status());
-    auto type = stringField(*msg, "type");
+    auto type = controlFields(*msg).text("type", 4096);
     if (*type == "bye") {
       (void)ch.send("bye", json::Value::emptyObject(), t);
       return 0;
@@ -164,7 +161,7 @@ int serveClient(ControlChannel& ch, const Options& o) {
                  "unexpected control message '" + *type + "' (expected 'run' or 'bye')");
       return ch.sendError(bad.message()), benchFailed(" server", bad);
     }
-    auto size = intField(*msg, "size", 1, static_cast<int64_t>(shape->maxSize));
+    auto size = controlFields(*msg).integer("size", 1, static_cast<int64_t>(shape->maxSize));
     if (!size.isOk()) return ch.sendError(size.status().message()), benchFailed(" server", size.status());
     st = s.startResponders(static_cast<uint64_t>(*size), t);
     if (!st.isOk()) return ch.sendError(st.toString()), benchFailed(" server", st);
@@ -178,7 +175,7 @@ int serveClient(ControlChannel& ch, const Options& o) {
     while (true) {
       auto m = ch.receive(t);
       if (!m.isOk()) return abandon(), benchFailed(" server", m.status());
-      auto mt = stringField(*m, "type");
+      auto mt = controlFields(*m).text("type", 4096);
       if (*mt == "start") {
         cpu0 = processCpuSeconds();
         wall0 = Clock::now();
@@ -314,13 +311,14 @@ Status runOneSize(ControlChannel& ch, BenchSide& side, const Options& o, uint64_
   done.set("operations", static_cast<int64_t>(m.operations));
   FERRY_RETURN_IF_ERROR(ch.send("done", done, o.timeout));
   FERRY_ASSIGN_OR_RETURN(json::Value result, ch.expect("result", o.timeout));
-  FERRY_ASSIGN_OR_RETURN(double serverCpu, numberField(result, "cpu_seconds", 0, 1e9));
-  FERRY_ASSIGN_OR_RETURN(double serverWall, numberField(result, "wall_seconds", 0, 1e9));
+  FERRY_ASSIGN_OR_RETURN(double serverCpu, controlFields(result).number("cpu_seconds", 0, 1e9));
+  FERRY_ASSIGN_OR_RETURN(double serverWall, controlFields(result).number("wall_seconds", 0, 1e9));
   *out = summarize(size, shape, m);
   if (shape.api == Api::kEndpoint) {
     // Each side checks the bytes that landed on it: the server what was written or sent to it.
-    FERRY_ASSIGN_OR_RETURN(int64_t serverVerified,
-                           intField(result, "verified_bytes", 0, static_cast<int64_t>(bufferBytes(shape))));
+    FERRY_ASSIGN_OR_RETURN(
+        int64_t serverVerified,
+        controlFields(result).integer("verified_bytes", 0, static_cast<int64_t>(bufferBytes(shape))));
     out->verifiedBytes = std::max(m.verifiedBytes, static_cast<uint64_t>(serverVerified));
   }
   out->clientCpuSeconds = cpu;
@@ -363,7 +361,7 @@ Status runClientSession(ControlChannel& ch, const Options& o, const std::string&
     if (!st.isOk()) ch.sendError(st.message());
     return st;
   };
-  auto serverDevice = stringField(reply, "device", 256);
+  auto serverDevice = controlFields(reply).text("device", 256);
   FERRY_RETURN_IF_ERROR(check(serverDevice.status()));
   FERRY_RETURN_IF_ERROR(check(side.finishHello(reply)));
 
@@ -463,7 +461,7 @@ int runLocal(const Options& o, const std::string& self) {
     return benchFailed(
         "", Status(line.status().code(), "the server process did not start: " + line.status().message()));
   }
-  auto port = intField(*line, "port", 1, 65535);
+  auto port = controlFields(*line).integer("port", 1, 65535);
   if (!port.isOk()) {
     kill(pid, SIGTERM);
     reap(pid, 5);

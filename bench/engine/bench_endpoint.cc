@@ -102,7 +102,7 @@ Result<json::Value> EndpointSide::serverHello(const json::Value& clientHello) {
 Status EndpointSide::finishHello(const json::Value& serverHello) { return connectTo(serverHello); }
 
 Status EndpointSide::connectTo(const json::Value& peerHello) {
-  FERRY_ASSIGN_OR_RETURN(const json::Value* info, objectField(peerHello, "endpoint"));
+  FERRY_ASSIGN_OR_RETURN(const json::Value* info, controlFields(peerHello).object("endpoint"));
   Status st = ep_->connect(json::serialize(*info));
   if (!st.isOk()) return Status(StatusCode::kProtocolError, "the peer's endpoint metadata: " + st.message());
   auto remote = ep_->remoteHandle(kRegionName);
@@ -280,7 +280,7 @@ void EndpointSide::stopResponder() {
 
 Status EndpointSide::finishRun(const json::Value& done, double stallTimeout, json::Value& result) {
   if (responder_.joinable()) {
-    auto operations = intField(done, "operations", 0, std::numeric_limits<int64_t>::max());
+    auto operations = controlFields(done).integer("operations", 0, std::numeric_limits<int64_t>::max());
     if (!operations.isOk()) return stopResponder(), operations.status();
     const uint64_t want = static_cast<uint64_t>(*operations);
     auto since = Clock::now();

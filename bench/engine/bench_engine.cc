@@ -676,9 +676,9 @@ Status VerbsSide::setRemoteBuffers(const json::Array& buffers) {
     const json::Value& b = buffers[i];
     if (!b.isObject())
       return Status(StatusCode::kProtocolError, "buffer " + std::to_string(i) + " is not an object");
-    auto addr = intField(b, "addr", 1, std::numeric_limits<int64_t>::max());
-    auto rkey = intField(b, "rkey", 0, 0xffffffffll);
-    auto length = intField(b, "length", need, std::numeric_limits<int64_t>::max());
+    auto addr = controlFields(b).integer("addr", 1, std::numeric_limits<int64_t>::max());
+    auto rkey = controlFields(b).integer("rkey", 0, 0xffffffffll);
+    auto length = controlFields(b).integer("length", need, std::numeric_limits<int64_t>::max());
     for (const Status& st : {addr.status(), rkey.status(), length.status()}) {
       if (!st.isOk()) {
         std::string what = st.message();
@@ -705,9 +705,11 @@ Result<json::Value> VerbsSide::clientHello() {
 
 Result<json::Value> VerbsSide::serverHello(const json::Value& clientHello) {
   const size_t qpCount = static_cast<size_t>(shape_.threads * shape_.qps);
-  FERRY_ASSIGN_OR_RETURN(const json::Array* peerPaths, arrayField(clientHello, "paths", qpCount));
-  FERRY_ASSIGN_OR_RETURN(const json::Array* peerBuffers,
-                         arrayField(clientHello, "buffers", static_cast<size_t>(shape_.threads)));
+  FERRY_ASSIGN_OR_RETURN(const json::Array* peerPaths,
+                         controlFields(clientHello).exactArray("paths", qpCount));
+  FERRY_ASSIGN_OR_RETURN(
+      const json::Array* peerBuffers,
+      controlFields(clientHello).exactArray("buffers", static_cast<size_t>(shape_.threads)));
   FERRY_RETURN_IF_ERROR(setRemoteBuffers(*peerBuffers));
   FERRY_ASSIGN_OR_RETURN(json::Array paths, acceptPaths(*peerPaths));
   json::Value reply = json::Value::emptyObject();
@@ -718,9 +720,10 @@ Result<json::Value> VerbsSide::serverHello(const json::Value& clientHello) {
 
 Status VerbsSide::finishHello(const json::Value& serverHello) {
   const size_t qpCount = static_cast<size_t>(shape_.threads * shape_.qps);
-  FERRY_ASSIGN_OR_RETURN(const json::Array* paths, arrayField(serverHello, "paths", qpCount));
-  FERRY_ASSIGN_OR_RETURN(const json::Array* buffers,
-                         arrayField(serverHello, "buffers", static_cast<size_t>(shape_.threads)));
+  FERRY_ASSIGN_OR_RETURN(const json::Array* paths, controlFields(serverHello).exactArray("paths", qpCount));
+  FERRY_ASSIGN_OR_RETURN(
+      const json::Array* buffers,
+      controlFields(serverHello).exactArray("buffers", static_cast<size_t>(shape_.threads)));
   FERRY_RETURN_IF_ERROR(setRemoteBuffers(*buffers));
   return completePaths(*paths);
 }

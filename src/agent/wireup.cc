@@ -4,16 +4,13 @@
 #include <cstring>
 
 #include "agent/crypto.h"
+#include "common/json_fields.h"
 
 namespace ferry::agent {
 namespace {
 
 constexpr std::string_view kMacPrefix = ",\"mac\":\"";
 constexpr size_t kMacHexBytes = 64;
-
-Status malformedWireup(const std::string& what) {
-  return Status(StatusCode::kProtocolError, "wireup message: " + what);
-}
 
 std::string hex(std::string_view bytes) { return hexOf(bytes); }
 bool unhex(std::string_view text, std::string* out) { return unhexInto(text, out); }
@@ -30,107 +27,88 @@ constexpr WireupTypeName kTypes[] = {
     {WireupType::kMessage, "message"},  {WireupType::kChallenge, "challenge"},
 };
 
-// Field readers: a missing field or one of another kind is malformed.
-Result<std::string> textField(const json::Value& m, const char* key, size_t maxLength) {
-  const json::Value* v = m.find(key);
-  if (v == nullptr) return malformedWireup(std::string("no \"") + key + "\"");
-  auto s = v->getString();
-  if (!s.isOk()) return malformedWireup(std::string("\"") + key + "\" is not a string");
-  if (s->size() > maxLength) return malformedWireup(std::string("\"") + key + "\" is too long");
-  return std::string(*s);
+json::FieldErrors wireupErrors() {
+  return {.code = StatusCode::kProtocolError, .prefix = "wireup message: "};
 }
 
-Result<uint64_t> number(const json::Value& m, const char* key, uint64_t hi) {
-  const json::Value* v = m.find(key);
-  if (v == nullptr) return malformedWireup(std::string("no \"") + key + "\"");
-  auto i = v->getInt();
-  if (!i.isOk() || *i < 0 || static_cast<uint64_t>(*i) > hi) {
-    return malformedWireup(std::string("\"") + key + "\" is not an integer in [0, " + std::to_string(hi) +
-                           "]");
-  }
-  return static_cast<uint64_t>(*i);
-}
-
-Result<Uuid> uuidField(const json::Value& m, const char* key) {
-  FERRY_ASSIGN_OR_RETURN(std::string t, textField(m, key, 32));
+Result<Uuid> uuidField(const json::Fields& f, const char* key) {
+  FERRY_ASSIGN_OR_RETURN(std::string t, f.text(key, 32));
   std::string raw;
-  if (t.size() != 32 || !unhex(t, &raw)) return malformedWireup(std::string("\"") + key + "\" is not a uuid");
+  if (t.size() != 32 || !unhex(t, &raw)) return f.refuse(key, "is not a uuid");
   Uuid u;
   std::memcpy(u.data(), raw.data(), 16);
   return u;
 }
 
-Result<std::string> nonceField(const json::Value& m, const char* key) {
-  FERRY_ASSIGN_OR_RETURN(std::string t, textField(m, key, 32));
+Result<std::string> nonceField(const json::Fields& f, const char* key) {
+  FERRY_ASSIGN_OR_RETURN(std::string t, f.text(key, 32));
   std::string raw;
-  if (t.size() != 32 || !unhex(t, &raw))
-    return malformedWireup(std::string("\"") + key + "\" is not a nonce");
+  if (t.size() != 32 || !unhex(t, &raw)) return f.refuse(key, "is not a nonce");
   return t;
 }
 
 // A REQUEST's or REPLY's endpoint metadata: 1 to 8 devices, each an object.
-Status readEndpoints(const json::Value& v, WireupMessage& m) {
-  const json::Value* e = v.find("endpoints");
-  if (e == nullptr || !e->isObject()) return malformedWireup("\"endpoints\" is missing or not an object");
+Status readEndpoints(const json::Fields& f, WireupMessage& m) {
+  FERRY_ASSIGN_OR_RETURN(const json::Value* e, f.object("endpoints"));
   if (e->object()->empty() || e->object()->size() > 8)
-    return malformedWireup("\"endpoints\" has no entry or more than 8");
+    return f.refuse("endpoints", "has no entry or more than 8");
   for (const auto& [device, info] : *e->object()) {
     if (device.empty() || device.size() > 255 || !info.isObject()) {
-      return malformedWireup("\"endpoints\" has an entry that is not a device's metadata object");
+      return f.refuse("endpoints", "has an entry that is not a device's metadata object");
     }
   }
   m.endpoints = *e;
   return Status::ok();
 }
 
-Status readAddress(const json::Value& v, WireupMessage& m) {
-  FERRY_ASSIGN_OR_RETURN(std::string a, textField(v, "address", kMaxAddressBytes * 2));
-  if (!unhex(a, &m.fromAddress)) return malformedWireup("\"address\" is not hex");
+Status readAddress(const json::Fields& f, WireupMessage& m) {
+  FERRY_ASSIGN_OR_RETURN(std::string a, f.text("address", kMaxAddressBytes * 2));
+  if (!unhex(a, &m.fromAddress)) return f.refuse("address", "is not hex");
   return Status::ok();
 }
 
 // The fields of the wireup's own messages (request, challenge, reply, ack, reject); false when
 // m.type is another.
-Result<bool> readHandshakeFields(const json::Value& v, WireupMessage& m) {
+Result<bool> readHandshakeFields(const json::Fields& f, WireupMessage& m) {
   switch (m.type) {
     case WireupType::kRequest: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_RETURN_IF_ERROR(readAddress(v, m));
-      FERRY_ASSIGN_OR_RETURN(uint64_t numQp, number(v, "num_qp", 64));
-      if (numQp < 1) return malformedWireup("\"num_qp\" is 0");
+      FERRY_ASSIGN_OR_RETURN(m.conn, f.integer("conn", 0, int64_t{1} << 62));
+      FERRY_RETURN_IF_ERROR(readAddress(f, m));
+      FERRY_ASSIGN_OR_RETURN(uint64_t numQp, f.integer("num_qp", 0, 64));
+      if (numQp < 1) return f.refuse("num_qp", "is 0");
       m.numQp = static_cast<uint32_t>(numQp);
-      FERRY_ASSIGN_OR_RETURN(m.lanes, textField(v, "lanes", 256));
-      FERRY_RETURN_IF_ERROR(readEndpoints(v, m));
-      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
-      FERRY_ASSIGN_OR_RETURN(uint64_t t, number(v, "time", uint64_t{1} << 40));
+      FERRY_ASSIGN_OR_RETURN(m.lanes, f.text("lanes", 256));
+      FERRY_RETURN_IF_ERROR(readEndpoints(f, m));
+      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(f, "nonce"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t t, f.integer("time", 0, int64_t{1} << 40));
       m.time = static_cast<int64_t>(t);
-      if (v.find("cookie") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
+      if (f.has("cookie")) {
+        FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(f, "cookie"));
       }
       return true;
     }
     case WireupType::kChallenge: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(v, "cookie"));
+      FERRY_ASSIGN_OR_RETURN(m.conn, f.integer("conn", 0, int64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.cookie, nonceField(f, "cookie"));
       return true;
     }
     case WireupType::kReply: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_RETURN_IF_ERROR(readAddress(v, m));
-      FERRY_RETURN_IF_ERROR(readEndpoints(v, m));
-      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
-      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
-      FERRY_ASSIGN_OR_RETURN(m.abandoned, number(v, "abandoned", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.conn, f.integer("conn", 0, int64_t{1} << 62));
+      FERRY_RETURN_IF_ERROR(readAddress(f, m));
+      FERRY_RETURN_IF_ERROR(readEndpoints(f, m));
+      FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(f, "nonce"));
+      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(f, "echo"));
+      FERRY_ASSIGN_OR_RETURN(m.abandoned, f.integer("abandoned", 0, int64_t{1} << 62));
       return true;
     }
     case WireupType::kAck: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      FERRY_ASSIGN_OR_RETURN(m.conn, f.integer("conn", 0, int64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(f, "echo"));
       return true;
     }
     case WireupType::kReject: {
-      FERRY_ASSIGN_OR_RETURN(m.conn, number(v, "conn", uint64_t{1} << 62));
-      FERRY_ASSIGN_OR_RETURN(m.reason, textField(v, "reason", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.conn, f.integer("conn", 0, int64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.reason, f.text("reason", 1024));
       return true;
     }
     default: return false;
@@ -138,42 +116,39 @@ Result<bool> readHandshakeFields(const json::Value& v, WireupMessage& m) {
 }
 
 // The fields of the messages of a connection (liveness, region queries, goodbye, upper layers').
-Status readConnectionFields(const json::Value& v, WireupMessage& m) {
+Status readConnectionFields(const json::Fields& f, WireupMessage& m) {
   switch (m.type) {
     case WireupType::kMrQuery: {
-      FERRY_ASSIGN_OR_RETURN(m.name, textField(v, "name", 1024));
-      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.name, f.text("name", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.query, f.integer("query", 0, int64_t{1} << 62));
       break;
     }
     case WireupType::kMrInfo: {
-      FERRY_ASSIGN_OR_RETURN(m.name, textField(v, "name", 1024));
-      FERRY_ASSIGN_OR_RETURN(m.query, number(v, "query", uint64_t{1} << 62));
-      if (v.find("info") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(std::string info, textField(v, "info", 1u << 20));
-        m.info = std::move(info);
-      }
+      FERRY_ASSIGN_OR_RETURN(m.name, f.text("name", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.query, f.integer("query", 0, int64_t{1} << 62));
+      FERRY_ASSIGN_OR_RETURN(m.info, f.optionalText("info", 1u << 20));
       break;
     }
     case WireupType::kBye: {
-      FERRY_ASSIGN_OR_RETURN(m.reason, textField(v, "reason", 1024));
+      FERRY_ASSIGN_OR_RETURN(m.reason, f.text("reason", 1024));
       break;
     }
     case WireupType::kMessage: {
-      FERRY_ASSIGN_OR_RETURN(m.channel, textField(v, "channel", kMaxChannel));
-      if (m.channel.empty()) return malformedWireup("\"channel\" is empty");
-      FERRY_ASSIGN_OR_RETURN(m.body, textField(v, "body", kMaxWireupLine));
+      FERRY_ASSIGN_OR_RETURN(m.channel, f.text("channel", kMaxChannel));
+      if (m.channel.empty()) return f.refuse("channel", "is empty");
+      FERRY_ASSIGN_OR_RETURN(m.body, f.text("body", kMaxWireupLine));
       break;
     }
     case WireupType::kPing: {
       // A liveness probe of a link carries a nonce that the pong echoes (docs/security.md).
-      if (v.find("nonce") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(v, "nonce"));
+      if (f.has("nonce")) {
+        FERRY_ASSIGN_OR_RETURN(m.nonce, nonceField(f, "nonce"));
       }
       break;
     }
     case WireupType::kPong: {
-      if (v.find("echo") != nullptr) {
-        FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(v, "echo"));
+      if (f.has("echo")) {
+        FERRY_ASSIGN_OR_RETURN(m.echo, nonceField(f, "echo"));
       }
       break;
     }
@@ -288,16 +263,18 @@ std::string encodeWireup(const WireupMessage& m, const std::string& secret) {
 }
 
 Result<WireupMessage> decodeWireup(std::string_view line, const std::string& secret) {
-  if (line.size() > kMaxWireupLine)
-    return malformedWireup("longer than " + std::to_string(kMaxWireupLine) + " bytes");
+  if (line.size() > kMaxWireupLine) {
+    return wireupErrors().refuse("longer than " + std::to_string(kMaxWireupLine) + " bytes");
+  }
   FERRY_RETURN_IF_ERROR(checkMac(line, secret));
   auto parsed = json::parse(line);
-  if (!parsed.isOk()) return malformedWireup(parsed.status().message());
+  if (!parsed.isOk()) return wireupErrors().refuse(parsed.status().message());
   const json::Value& v = *parsed;
-  if (!v.isObject()) return malformedWireup("not a JSON object");
-  FERRY_ASSIGN_OR_RETURN(uint64_t version, number(v, "ferry_agent", 1u << 20));
-  if (version < 1) return malformedWireup("version 0");
-  FERRY_ASSIGN_OR_RETURN(std::string type, textField(v, "type", 16));
+  json::Fields f(v, wireupErrors());
+  if (!v.isObject()) return f.refuse("not a JSON object");
+  FERRY_ASSIGN_OR_RETURN(int64_t version, f.integer("ferry_agent", 0, 1 << 20));
+  if (version < 1) return f.refuse("version 0");
+  FERRY_ASSIGN_OR_RETURN(std::string type, f.text("type", 16));
   WireupMessage m;
   bool known = false;
   for (const auto& e : kTypes) {
@@ -306,12 +283,12 @@ Result<WireupMessage> decodeWireup(std::string_view line, const std::string& sec
       known = true;
     }
   }
-  if (!known) return malformedWireup("unknown type '" + type + "'");
-  FERRY_ASSIGN_OR_RETURN(m.from, uuidField(v, "from"));
-  FERRY_ASSIGN_OR_RETURN(m.to, uuidField(v, "to"));
-  FERRY_ASSIGN_OR_RETURN(bool handshake, readHandshakeFields(v, m));
+  if (!known) return f.refuse("unknown type '" + type + "'");
+  FERRY_ASSIGN_OR_RETURN(m.from, uuidField(f, "from"));
+  FERRY_ASSIGN_OR_RETURN(m.to, uuidField(f, "to"));
+  FERRY_ASSIGN_OR_RETURN(bool handshake, readHandshakeFields(f, m));
   if (!handshake) {
-    FERRY_RETURN_IF_ERROR(readConnectionFields(v, m));
+    FERRY_RETURN_IF_ERROR(readConnectionFields(f, m));
   }
   return m;
 }

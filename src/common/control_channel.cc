@@ -58,11 +58,6 @@ std::string typeOf(const json::Value& message) {
   return text.isOk() ? std::string(*text) : std::string("?");
 }
 
-Status fieldError(const json::Value& message, std::string_view field, const std::string& what) {
-  return Status(StatusCode::kProtocolError,
-                "control message '" + typeOf(message) + "': field '" + std::string(field) + "' " + what);
-}
-
 }  // namespace
 
 ControlChannel::ControlChannel(ControlChannel&& other) noexcept
@@ -239,7 +234,7 @@ Result<json::Value> ControlChannel::receive(double timeoutSec) {
     return Status(StatusCode::kProtocolError, "malformed control message: no \"type\" string");
   }
   if (*type->getString() == "error") {
-    auto text = stringField(message, "message");
+    auto text = controlFields(message).text("message", 4096);
     return Status(StatusCode::kUnavailable,
                   "the peer gave up: " + (text.isOk() ? *text : std::string("(no message)")));
   }
@@ -309,64 +304,10 @@ Result<ControlChannel> ControlListener::accept(double timeoutSec) {
   }
 }
 
-Result<int64_t> intField(const json::Value& message, std::string_view field, int64_t lo, int64_t hi) {
-  const json::Value* v = message.find(field);
-  if (v == nullptr) return fieldError(message, field, "is missing");
-  auto n = v->getInt();
-  if (!n.isOk() || *n < lo || *n > hi) {
-    return fieldError(message, field,
-                      "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not " +
-                          json::serialize(*v).substr(0, 64));
-  }
-  return *n;
-}
-
-Result<double> numberField(const json::Value& message, std::string_view field, double lo, double hi) {
-  const json::Value* v = message.find(field);
-  if (v == nullptr) return fieldError(message, field, "is missing");
-  auto d = v->getDouble();
-  if (!d.isOk() || !std::isfinite(*d) || *d < lo || *d > hi) {
-    return fieldError(message, field,
-                      "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not " +
-                          json::serialize(*v).substr(0, 64));
-  }
-  return *d;
-}
-
-Result<std::string> stringField(const json::Value& message, std::string_view field, size_t maxLength) {
-  const json::Value* v = message.find(field);
-  if (v == nullptr) return fieldError(message, field, "is missing");
-  auto s = v->getString();
-  if (!s.isOk()) return fieldError(message, field, "must be a string");
-  if (s->size() > maxLength) return fieldError(message, field, "is longer than " + std::to_string(maxLength));
-  return std::string(*s);
-}
-
-Result<bool> boolField(const json::Value& message, std::string_view field) {
-  const json::Value* v = message.find(field);
-  if (v == nullptr) return fieldError(message, field, "is missing");
-  auto b = v->getBool();
-  if (!b.isOk()) return fieldError(message, field, "must be true or false");
-  return *b;
-}
-
-Result<const json::Array*> arrayField(const json::Value& message, std::string_view field, size_t count) {
-  const json::Value* v = message.find(field);
-  if (v == nullptr) return fieldError(message, field, "is missing");
-  const json::Array* a = v->array();
-  if (a == nullptr) return fieldError(message, field, "must be an array");
-  if (a->size() != count) {
-    return fieldError(message, field,
-                      "must have " + std::to_string(count) + " elements, not " + std::to_string(a->size()));
-  }
-  return a;
-}
-
-Result<const json::Value*> objectField(const json::Value& message, std::string_view field) {
-  const json::Value* v = message.find(field);
-  if (v == nullptr) return fieldError(message, field, "is missing");
-  if (!v->isObject()) return fieldError(message, field, "must be an object");
-  return v;
+json::Fields controlFields(const json::Value& message) {
+  return json::Fields(message, {.code = StatusCode::kProtocolError,
+                                .prefix = "control message '" + typeOf(message) + "': ",
+                                .names = json::FieldErrors::Names::kFieldWord});
 }
 
 }  // namespace ferry

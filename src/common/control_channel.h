@@ -2,7 +2,7 @@
 // {"<tag>": <version>, "type": "...", ...}, where the tag names the protocol ("ferry_bench" for
 // `ferry bench`, "ferry_store" for the ferry:// discovery store's client). Every wait on it has a
 // deadline, and every message is checked strictly before use: the right tag and version, a "type"
-// string, and (through the field readers below) each field present with the right kind and range.
+// string, and (through controlFields() below) each field present with the right kind and range.
 //
 // Calls: connect/listen/accept/send/receive block the calling thread until done or until their
 // deadline (seconds, as a double). A channel is used by one thread at a time; moving it moves the
@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/json.h"
+#include "common/json_fields.h"
 #include "ferry/common/status.h"
 
 namespace ferry {
@@ -99,15 +100,9 @@ class ControlListener {
   ControlProtocol protocol_;
 };
 
-// Field readers for a received message: kProtocolError naming the message type and field when the
-// field is missing, of another kind, or out of [lo, hi].
-Result<int64_t> intField(const json::Value& message, std::string_view field, int64_t lo, int64_t hi);
-Result<double> numberField(const json::Value& message, std::string_view field, double lo, double hi);
-Result<std::string> stringField(const json::Value& message, std::string_view field, size_t maxLength = 4096);
-Result<bool> boolField(const json::Value& message, std::string_view field);
-// An array field: kProtocolError unless it is an array of exactly `count` elements.
-Result<const json::Array*> arrayField(const json::Value& message, std::string_view field, size_t count);
-// An object field: kProtocolError unless it is a JSON object.
-Result<const json::Value*> objectField(const json::Value& message, std::string_view field);
+// The strict reader of a received message's fields (common/json_fields.h): kProtocolError worded
+// "control message '<type>': field '<name>' <problem>" when a field is missing, of another kind, or
+// out of range. The message must outlive the reader.
+json::Fields controlFields(const json::Value& message);
 
 }  // namespace ferry

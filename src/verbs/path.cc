@@ -3,10 +3,12 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <utility>
 
 #include "common/json.h"
+#include "common/json_fields.h"
 #include "ferry/verbs/verbs.h"
 
 namespace ferry::verbs {
@@ -77,46 +79,29 @@ std::string Path::toJson() const {
 
 namespace {
 
-Status fieldError(const char* name, const std::string& what) {
-  return invalidArgument(std::string("path field \"") + name + "\" " + what);
-}
+// Members a path document leaves out keep their defaults; a present one must be of the right kind
+// and in range.
+json::FieldErrors pathErrors() { return {.code = StatusCode::kInvalidArgument, .prefix = "path: "}; }
 
 // Reads member `name` as an integer in [min, max] into *out; leaves *out alone when absent.
 template <typename T>
-Status readInt(const json::Value& doc, const char* name, int64_t min, int64_t max, T* out) {
-  const json::Value* v = doc.find(name);
-  if (v == nullptr) return Status::ok();
-  std::string range = "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
-  if (!v->isNumber()) {
-    return fieldError(name,
-                      std::string("must be an integer in ") + range + ", not a " + json::typeName(v->type()));
-  }
-  Result<int64_t> i = v->getInt();
-  if (!i.isOk()) return fieldError(name, "must be an integer in " + range);
-  if (*i < min || *i > max) {
-    return fieldError(name, "is " + std::to_string(*i) + ", outside " + range);
-  }
-  *out = static_cast<T>(*i);
+Status readInt(const json::Fields& f, const char* name, int64_t min, int64_t max, T* out) {
+  FERRY_ASSIGN_OR_RETURN(int64_t i, f.integerOr(name, min, max, static_cast<int64_t>(*out)));
+  *out = static_cast<T>(i);
   return Status::ok();
 }
 
-Status readBool(const json::Value& doc, const char* name, bool* out) {
-  const json::Value* v = doc.find(name);
-  if (v == nullptr) return Status::ok();
-  Result<bool> b = v->getBool();
-  if (!b.isOk()) return fieldError(name, std::string("must be a bool, not a ") + json::typeName(v->type()));
-  *out = *b;
+Status readBool(const json::Fields& f, const char* name, bool* out) {
+  FERRY_ASSIGN_OR_RETURN(*out, f.booleanOr(name, *out));
   return Status::ok();
 }
 
-Status readGid(const json::Value& doc, const char* name, Gid* out) {
-  const json::Value* v = doc.find(name);
-  if (v == nullptr) return Status::ok();
-  Result<std::string_view> s = v->getString();
-  if (!s.isOk()) {
-    return fieldError(name, std::string("must be a GID string, not a ") + json::typeName(v->type()));
-  }
-  if (!Gid::parse(std::string(*s), out)) return fieldError(name, "is not a GID (IPv6 text form)");
+// Longer than any IPv6 text form (45 bytes with an embedded IPv4 address).
+constexpr size_t kMaxGidText = 64;
+
+Status readGid(const json::Fields& f, const char* name, Gid* out) {
+  FERRY_ASSIGN_OR_RETURN(std::optional<std::string> text, f.optionalText(name, kMaxGidText));
+  if (text && !Gid::parse(*text, out)) return f.refuse(name, "is not a GID (IPv6 text form)");
   return Status::ok();
 }
 
@@ -161,35 +146,36 @@ Result<Path> Path::fromJson(std::string_view text) {
   constexpr int64_t kU8 = 0xFF;
   constexpr int64_t kU16 = 0xFFFF;
   constexpr int64_t kU32 = 0xFFFFFFFF;
+  json::Fields f(doc, pathErrors());
   Path p;
   uint8_t mtuCode = static_cast<uint8_t>(p.mtu);
-  FERRY_RETURN_IF_ERROR(readGid(doc, "sgid", &p.sgid));
-  FERRY_RETURN_IF_ERROR(readGid(doc, "dgid", &p.dgid));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "sgid_index", 0, kU8, &p.sgidIndex));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "slid", 0, kU16, &p.slid));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "dlid", 0, kU16, &p.dlid));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "sqpn", 0, kMax24, &p.sqpn));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "dqpn", 0, kMax24, &p.dqpn));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "sqpsn", 0, kMax24, &p.sqpsn));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "dqpsn", 0, kMax24, &p.dqpsn));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "qkey", 0, kU32, &p.qkey));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "pkey_index", 0, kU16, &p.pkeyIndex));
+  FERRY_RETURN_IF_ERROR(readGid(f, "sgid", &p.sgid));
+  FERRY_RETURN_IF_ERROR(readGid(f, "dgid", &p.dgid));
+  FERRY_RETURN_IF_ERROR(readInt(f, "sgid_index", 0, kU8, &p.sgidIndex));
+  FERRY_RETURN_IF_ERROR(readInt(f, "slid", 0, kU16, &p.slid));
+  FERRY_RETURN_IF_ERROR(readInt(f, "dlid", 0, kU16, &p.dlid));
+  FERRY_RETURN_IF_ERROR(readInt(f, "sqpn", 0, kMax24, &p.sqpn));
+  FERRY_RETURN_IF_ERROR(readInt(f, "dqpn", 0, kMax24, &p.dqpn));
+  FERRY_RETURN_IF_ERROR(readInt(f, "sqpsn", 0, kMax24, &p.sqpsn));
+  FERRY_RETURN_IF_ERROR(readInt(f, "dqpsn", 0, kMax24, &p.dqpsn));
+  FERRY_RETURN_IF_ERROR(readInt(f, "qkey", 0, kU32, &p.qkey));
+  FERRY_RETURN_IF_ERROR(readInt(f, "pkey_index", 0, kU16, &p.pkeyIndex));
   FERRY_RETURN_IF_ERROR(
-      readInt(doc, "mtu", static_cast<int64_t>(Mtu::k256), static_cast<int64_t>(Mtu::k4096), &mtuCode));
+      readInt(f, "mtu", static_cast<int64_t>(Mtu::k256), static_cast<int64_t>(Mtu::k4096), &mtuCode));
   p.mtu = static_cast<Mtu>(mtuCode);
-  FERRY_RETURN_IF_ERROR(readInt(doc, "retries", 0, 7, &p.retries));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "rnr_retries", 0, 7, &p.rnrRetries));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "min_rnr_timer", 0, 31, &p.minRnrTimer));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "packet_life_time", 0, 31, &p.packetLifeTime));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "srdatomic", 0, kU8, &p.srdatomic));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "drdatomic", 0, kU8, &p.drdatomic));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "port_num", 0, kU8, &p.portNum));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "sl", 0, kU8, &p.sl));
-  FERRY_RETURN_IF_ERROR(readBool(doc, "has_grh", &p.hasGrh));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "hop_limit", 0, kU8, &p.hopLimit));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "traffic_class", 0, kU8, &p.trafficClass));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "flow_label", 0, (1 << 20) - 1, &p.flowLabel));
-  FERRY_RETURN_IF_ERROR(readInt(doc, "rate", 0, kU8, &p.rate));
+  FERRY_RETURN_IF_ERROR(readInt(f, "retries", 0, 7, &p.retries));
+  FERRY_RETURN_IF_ERROR(readInt(f, "rnr_retries", 0, 7, &p.rnrRetries));
+  FERRY_RETURN_IF_ERROR(readInt(f, "min_rnr_timer", 0, 31, &p.minRnrTimer));
+  FERRY_RETURN_IF_ERROR(readInt(f, "packet_life_time", 0, 31, &p.packetLifeTime));
+  FERRY_RETURN_IF_ERROR(readInt(f, "srdatomic", 0, kU8, &p.srdatomic));
+  FERRY_RETURN_IF_ERROR(readInt(f, "drdatomic", 0, kU8, &p.drdatomic));
+  FERRY_RETURN_IF_ERROR(readInt(f, "port_num", 0, kU8, &p.portNum));
+  FERRY_RETURN_IF_ERROR(readInt(f, "sl", 0, kU8, &p.sl));
+  FERRY_RETURN_IF_ERROR(readBool(f, "has_grh", &p.hasGrh));
+  FERRY_RETURN_IF_ERROR(readInt(f, "hop_limit", 0, kU8, &p.hopLimit));
+  FERRY_RETURN_IF_ERROR(readInt(f, "traffic_class", 0, kU8, &p.trafficClass));
+  FERRY_RETURN_IF_ERROR(readInt(f, "flow_label", 0, (1 << 20) - 1, &p.flowLabel));
+  FERRY_RETURN_IF_ERROR(readInt(f, "rate", 0, kU8, &p.rate));
   return p;
 }
 

@@ -35,6 +35,10 @@ Status badAnswer(const std::string& url, const std::string& why) {
   return Status(StatusCode::kProtocolError, url + ": etcd answered " + why);
 }
 
+// etcd's answers follow proto3's JSON mapping, not ferry's own messages, so they are read here and
+// not with json::Fields: an absent member means zero or empty (not a refusal), int64 fields come as
+// strings, bytes as base64, and members this client does not know are ignored.
+//
 // grpc-gateway writes int64 fields as strings ("7587869"), and omits zeros.
 Result<int64_t> int64Of(const json::Value* v) {
   if (v == nullptr) return int64_t{0};

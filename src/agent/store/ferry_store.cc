@@ -28,8 +28,8 @@ Status badReply(const std::string& why) {
 
 // The status a "failure" reply carries; only the codes a server gives for a request count.
 Status failureOf(const std::string& url, const json::Value& reply) {
-  FERRY_ASSIGN_OR_RETURN(std::string code, stringField(reply, "code", 32));
-  FERRY_ASSIGN_OR_RETURN(std::string message, stringField(reply, "message", 4096));
+  FERRY_ASSIGN_OR_RETURN(std::string code, controlFields(reply).text("code", 32));
+  FERRY_ASSIGN_OR_RETURN(std::string message, controlFields(reply).text("message", 4096));
   for (StatusCode c : {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kResourceExhausted,
                        StatusCode::kInternal}) {
     if (code == statusCodeName(c)) return Status(c, url + ": " + message);
@@ -43,8 +43,8 @@ Result<bool> entriesOf(const json::Value& reply, std::string_view prefix, std::v
   if (entries == nullptr || entries->array() == nullptr) return badReply("no 'entries' array");
   for (const json::Value& e : *entries->array()) {
     if (!e.isObject() || e.object()->size() != 2) return badReply("an entry is not {key, value}");
-    FERRY_ASSIGN_OR_RETURN(std::string key, stringField(e, "key", 1024));
-    FERRY_ASSIGN_OR_RETURN(std::string text, stringField(e, "value", kMaxStoreValueText));
+    FERRY_ASSIGN_OR_RETURN(std::string key, controlFields(e).text("key", 1024));
+    FERRY_ASSIGN_OR_RETURN(std::string text, controlFields(e).text("value", kMaxStoreValueText));
     auto value = decodeBase64(text);
     if (!checkStoreKey(key).isOk() || !keyHasPrefix(key, prefix) || !value.isOk()) {
       return badReply("an entry with a bad key or value");
@@ -52,19 +52,19 @@ Result<bool> entriesOf(const json::Value& reply, std::string_view prefix, std::v
     if (!out->empty() && out->back().key >= key) return badReply("entries out of order");
     out->push_back({std::move(key), std::move(*value)});
   }
-  return boolField(reply, "more");
+  return controlFields(reply).boolean("more");
 }
 
 // A pushed event of a watch of prefix.
 Result<StoreEvent> eventOf(const json::Value& message, std::string_view prefix) {
-  FERRY_ASSIGN_OR_RETURN(std::string kind, stringField(message, "kind", 16));
+  FERRY_ASSIGN_OR_RETURN(std::string kind, controlFields(message).text("kind", 16));
   StoreEvent event;
-  FERRY_ASSIGN_OR_RETURN(event.key, stringField(message, "key", 1024));
+  FERRY_ASSIGN_OR_RETURN(event.key, controlFields(message).text("key", 1024));
   if (!checkStoreKey(event.key).isOk() || !keyHasPrefix(event.key, prefix)) {
     return badReply("an event for a key outside the watch");
   }
   if (kind == "put") {
-    FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxStoreValueText));
+    FERRY_ASSIGN_OR_RETURN(std::string text, controlFields(message).text("value", kMaxStoreValueText));
     auto value = decodeBase64(text);
     if (!value.isOk()) return badReply("an event with a bad value");
     event.value = std::move(*value);
@@ -207,7 +207,7 @@ Result<std::string> FerryStore::get(std::string_view key) {
   StoreRequest request{.type = Type::kGet, .key = std::string(key)};
   std::vector<json::Value> replies;
   FERRY_RETURN_IF_ERROR(call(request, &replies));
-  auto text = stringField(replies[0], "value", kMaxStoreValueText);
+  auto text = controlFields(replies[0]).text("value", kMaxStoreValueText);
   auto value = text.isOk() ? decodeBase64(*text) : Result<std::string>(text.status());
   if (!value.isOk())
     return Status(StatusCode::kProtocolError, url_.text + ": malformed reply: " + value.status().message());
@@ -241,7 +241,7 @@ Result<LeaseId> FerryStore::grantLease(std::chrono::seconds ttl) {
   StoreRequest request{.type = Type::kGrantLease, .ttlSeconds = ttl.count()};
   std::vector<json::Value> replies;
   FERRY_RETURN_IF_ERROR(call(request, &replies));
-  auto lease = intField(replies[0], "lease", 1, INT64_MAX);
+  auto lease = controlFields(replies[0]).integer("lease", 1, INT64_MAX);
   if (!lease.isOk()) return Status(StatusCode::kProtocolError, url_.text + ": " + lease.status().message());
   return *lease;
 }

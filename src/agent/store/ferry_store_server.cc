@@ -77,44 +77,44 @@ std::vector<std::string_view> fieldsOf(Type type) {
   return {};
 }
 
-Result<std::string> keyField(const json::Value& message, std::string_view field, bool prefix) {
-  FERRY_ASSIGN_OR_RETURN(std::string key, stringField(message, field, 1024));
+Result<std::string> keyField(const json::Fields& f, std::string_view field, bool prefix) {
+  FERRY_ASSIGN_OR_RETURN(std::string key, f.text(field, 1024));
   if (prefix && key.empty()) return key;
   Status st = checkStoreKey(key);
   if (!st.isOk()) return malformedRequest(st.message());
   return key;
 }
 
-Status decodeFields(const json::Value& message, StoreRequest* out) {
+Status decodeFields(const json::Fields& f, StoreRequest* out) {
   switch (out->type) {
     case Type::kSet: {
-      FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "key", false));
-      FERRY_ASSIGN_OR_RETURN(std::string text, stringField(message, "value", kMaxStoreValueText));
+      FERRY_ASSIGN_OR_RETURN(out->key, keyField(f, "key", false));
+      FERRY_ASSIGN_OR_RETURN(std::string text, f.text("value", kMaxStoreValueText));
       auto bytes = decodeBase64(text);
       if (!bytes.isOk()) return malformedRequest("field 'value': " + bytes.status().message());
       out->value = std::move(*bytes);
       Status st = checkStoreValue(out->value);
       if (!st.isOk()) return malformedRequest(st.message());
-      FERRY_ASSIGN_OR_RETURN(out->lease, intField(message, "lease", 0, INT64_MAX));
+      FERRY_ASSIGN_OR_RETURN(out->lease, f.integer("lease", 0, INT64_MAX));
       return Status::ok();
     }
     case Type::kGet:
     case Type::kErase: {
-      FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "key", false));
+      FERRY_ASSIGN_OR_RETURN(out->key, keyField(f, "key", false));
       return Status::ok();
     }
     case Type::kList:
     case Type::kWatch: {
-      FERRY_ASSIGN_OR_RETURN(out->key, keyField(message, "prefix", true));
+      FERRY_ASSIGN_OR_RETURN(out->key, keyField(f, "prefix", true));
       return Status::ok();
     }
     case Type::kGrantLease: {
-      FERRY_ASSIGN_OR_RETURN(out->ttlSeconds, intField(message, "ttl", 1, kMaxLeaseTtlSeconds));
+      FERRY_ASSIGN_OR_RETURN(out->ttlSeconds, f.integer("ttl", 1, kMaxLeaseTtlSeconds));
       return Status::ok();
     }
     case Type::kKeepAlive:
     case Type::kRevokeLease: {
-      FERRY_ASSIGN_OR_RETURN(out->lease, intField(message, "lease", 0, INT64_MAX));
+      FERRY_ASSIGN_OR_RETURN(out->lease, f.integer("lease", 0, INT64_MAX));
       return Status::ok();
     }
   }
@@ -149,7 +149,7 @@ Result<StoreRequest> decodeStoreRequest(std::string_view line) {
                                                   "; this server speaks " +
                                                   std::to_string(kStoreProtocolVersion));
   }
-  FERRY_ASSIGN_OR_RETURN(std::string typeText, stringField(message, "type", 16));
+  FERRY_ASSIGN_OR_RETURN(std::string typeText, controlFields(message).text("type", 16));
   StoreRequest out;
   const RequestTypeName* known = nullptr;
   for (const RequestTypeName& t : kTypeNames) {
@@ -159,26 +159,23 @@ Result<StoreRequest> decodeStoreRequest(std::string_view line) {
   out.type = known->type;
   // Exactly the members the type takes: an extra one means a client this server does not
   // understand, and guessing would be worse than refusing.
+  json::Fields f = controlFields(message);
   std::vector<std::string_view> fields = fieldsOf(out.type);
   for (const auto& [name, value] : *members) {
     bool expected = name == "ferry_store" || name == "type" || name == "id" ||
                     std::find(fields.begin(), fields.end(), name) != fields.end();
-    if (!expected)
-      return malformedRequest("request '" + typeText + "' has an unknown member '" + name.substr(0, 64) +
-                              "'");
+    if (!expected) return f.refuse(name, "is an unknown member");
   }
   const json::Value* id = message.find("id");
   if (id == nullptr || !id->isInt())
     return malformedRequest("request '" + typeText + "' has no integer 'id'");
-  FERRY_ASSIGN_OR_RETURN(out.id, intField(message, "id", 1, kMaxRequestId));
+  FERRY_ASSIGN_OR_RETURN(out.id, f.integer("id", 1, kMaxRequestId));
   // Integers only as integer literals: 1.0 is not a lease.
-  for (std::string_view f : fields) {
-    const json::Value* v = message.find(f);
-    if (v != nullptr && v->isNumber() && !v->isInt()) {
-      return malformedRequest("field '" + std::string(f) + "' must be an integer literal");
-    }
+  for (std::string_view field : fields) {
+    const json::Value* v = message.find(field);
+    if (v != nullptr && v->isNumber() && !v->isInt()) return f.refuse(field, "must be an integer literal");
   }
-  FERRY_RETURN_IF_ERROR(decodeFields(message, &out));
+  FERRY_RETURN_IF_ERROR(decodeFields(f, &out));
   return out;
 }
 
