@@ -7,7 +7,9 @@ after the other in one translation unit, so each file's file-scope names (in an 
 the same signature fail to compile; with different signatures they become overloads, and a call in
 one file may pick the other file's function without a word. This check refuses both: each name a
 file defines at file scope is unique within its target. Allowed twice: namespace and type aliases
-(two that differ do not compile) and the same using-declaration.
+(two that differ do not compile) and the same using-declaration. A file's `using namespace N;`
+reaches the files after it too, so the names a header of the target's folders defines in namespace N
+count as defined by that header in every target whose files use it.
 
     scripts/check_unity.py [ROOT]      ROOT: the repository (default: this script's parent's parent)
     scripts/check_unity.py --self-test shows that the check finds what it should, and only that
@@ -100,6 +102,32 @@ def definitions(path):
     return found
 
 
+USING_NAMESPACE = re.compile(r"^using namespace\s+(?:[\w:]*::)?([A-Za-z_]\w*)\s*;")
+NAMESPACE_OPEN = re.compile(r"^namespace\s+(?:[\w:]*::)?([A-Za-z_]\w*)\s*\{")
+
+
+def used_namespace_headers(paths):
+    """The headers beside `paths` that open a namespace some file of `paths` brings in whole with a
+    using-directive (std's excepted)."""
+    used = set()
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            used.update(m.group(1) for m in map(USING_NAMESPACE.match, f) if m)
+    used -= {"std", "chrono", "literals", "chrono_literals", "string_literals"}
+    headers = set()
+    for folder in {os.path.dirname(p) for p in paths}:
+        for header in glob.glob(os.path.join(folder, "*.h")):
+            with open(header, encoding="utf-8", errors="replace") as f:
+                if any(m and m.group(1) in used for m in map(NAMESPACE_OPEN.match, f)):
+                    headers.add(header)
+    return headers
+
+
+def namespaces_of(header):
+    with open(header, encoding="utf-8", errors="replace") as f:
+        return {m.group(1) for m in map(NAMESPACE_OPEN.match, f) if m}
+
+
 def check(root):
     problems = []
     for target, patterns in TARGETS.items():
@@ -108,10 +136,15 @@ def check(root):
         for pattern in patterns:
             matched = set(glob.glob(os.path.join(root, pattern.lstrip("!"))))
             paths = paths - matched if pattern.startswith("!") else paths | matched
-        for path in sorted(paths):
+        for path in sorted(paths | used_namespace_headers(paths)):
             for name, kind, detail, line in definitions(path):
                 seen[name].append((os.path.relpath(path, root), kind, detail, line))
         for name, places in sorted(seen.items()):
+            # `using N::name;` names the definition a header of namespace N holds: one entity.
+            opened = {ns for p in places if p[0].endswith(".h")
+                      for ns in namespaces_of(os.path.join(root, p[0]))}
+            same = re.compile(r"\b(%s)::%s\s*;" % ("|".join(sorted(opened)) or "$^", name))
+            places = [p for p in places if not (p[1] == "using" and same.search(p[2]))]
             files = sorted({p[0] for p in places})
             if len(files) < 2:
                 continue
@@ -136,17 +169,24 @@ def self_test():
                     "constexpr int kLimit = 3;\n}  // namespace\nint Foo::member(int x) {\n  return x;\n}\n",
             "b.cc": "namespace {\nusing Clock = Table::Clock;\nint fail(const std::string& what) {\n"
                     "  return 2;\n}\nconstexpr int kLimit = 3;\nint declared(int x);\n}  // namespace\n"
-                    "int Foo::member(long x) {\n  return 0;\n}\n",
+                    "int Foo::member(long x) {\n  return 0;\n}\nusing namespace helpers;\n",
+            # Brought into the batch whole by b.cc's using-directive: clashes with c.cc's refuse().
+            "helpers.h": "namespace ferry::helpers {\ninline int refuse(const std::string& why) {\n"
+                         "  return 1;\n}\n}  // namespace ferry::helpers\n",
+            "c.cc": "namespace {\nint refuse(const char* why) {\n  return 2;\n}\n}  // namespace\n",
+            # A header no file brings in whole: its names are its own.
+            "other.h": "namespace ferry::other {\ninline int kept(int x) {\n  return x;\n}\n}\n",
+            "d.cc": "namespace {\nint kept(long x) {\n  return 3;\n}\n}  // namespace\n",
         }
         for name, text in files.items():
             with open(os.path.join(root, "src/common", name), "w") as f:
                 f.write(text)
         found = sorted(p.split(":")[0] for p in check(root))
-    if found != ["fail", "kLimit"]:
-        print("check_unity: self-test FAILED: found %s, expected ['fail', 'kLimit']" % found)
+    if found != ["fail", "kLimit", "refuse"]:
+        print("check_unity: self-test FAILED: found %s, expected ['fail', 'kLimit', 'refuse']" % found)
         return 1
-    print("check_unity: self-test passed (an overload across files and a constant found; aliases, "
-          "declarations, members and one file's overloads not)")
+    print("check_unity: self-test passed (an overload across files, a constant and a name a using-directive "
+          "brings in found; aliases, declarations, members and one file's overloads not)")
     return 0
 
 
