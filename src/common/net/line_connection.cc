@@ -53,13 +53,30 @@ std::string targetText(const LineTarget& t) { return t.ip + ":" + std::to_string
 
 }  // namespace
 
+void LineFramer::feed(std::string_view bytes) {
+  buffer_.erase(0, start_);  // what was handed out goes before more comes
+  start_ = 0;
+  buffer_.append(bytes);
+}
+
+std::optional<std::string_view> LineFramer::next() {
+  for (;;) {
+    const size_t nl = buffer_.find('\n', start_);
+    if (nl == std::string::npos) return std::nullopt;
+    std::string_view line(buffer_.data() + start_, nl - start_);
+    start_ = nl + 1;
+    if (!line.empty()) return line;
+  }
+}
+
 LineConnection::LineConnection(Reactor& reactor, std::string what, LineLimits limits, LineCb onLine,
                                CloseCb onClose)
     : reactor_(reactor),
       what_(std::move(what)),
       limits_(limits),
       onLine_(std::move(onLine)),
-      onClose_(std::move(onClose)) {}
+      onClose_(std::move(onClose)),
+      in_(limits.maxLine) {}
 
 std::shared_ptr<LineConnection> LineConnection::adopt(Reactor& reactor, int fd, LineLimits limits,
                                                       LineCb onLine, CloseCb onClose) {
@@ -194,18 +211,12 @@ void LineConnection::readSome() {
   for (int rounds = 0; rounds < kReadRounds && fd_ >= 0; ++rounds) {
     ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
     if (n > 0) {
-      in_.append(buf, static_cast<size_t>(n));
-      size_t start = 0;
-      for (;;) {
-        size_t nl = in_.find('\n', start);
-        if (nl == std::string::npos) break;
-        std::string_view line(in_.data() + start, nl - start);
-        start = nl + 1;
-        if (!line.empty()) onLine_(*this, line);
+      in_.feed(std::string_view(buf, static_cast<size_t>(n)));
+      while (auto line = in_.next()) {
+        onLine_(*this, *line);
         if (fd_ < 0) return;  // the callback closed the connection
       }
-      in_.erase(0, start);
-      if (in_.size() > limits_.maxLine) {
+      if (in_.overLimit()) {
         fail(Status(StatusCode::kProtocolError,
                     what_ + ": a line longer than " + std::to_string(limits_.maxLine) + " bytes"));
         return;

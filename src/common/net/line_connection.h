@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,28 @@ struct LineTarget {
   bool ipv6 = false;
   std::string ip;
   uint16_t port = 0;
+};
+
+// Cuts a byte stream into lines, as LineConnection reads it: feed() appends what arrived, next()
+// hands out each whole line in order (without its newline; empty lines are skipped), and
+// overLimit() says whether the unfinished line is already longer than maxLine (the stream must
+// end then). Pure: no I/O, so its whole behaviour is fuzzed (tests/fuzz/line_framer_fuzz.cc).
+class LineFramer {
+ public:
+  explicit LineFramer(size_t maxLine) : maxLine_(maxLine) {}
+  // Appends bytes; lines handed out before are no longer valid.
+  void feed(std::string_view bytes);
+  // The next whole, non-empty line, or nullopt when none is complete; valid until the next call
+  // of feed().
+  std::optional<std::string_view> next();
+  // After next() returned nullopt: whether the bytes of the unfinished line exceed maxLine.
+  bool overLimit() const { return buffer_.size() - start_ > maxLine_; }
+  size_t maxLine() const { return maxLine_; }
+
+ private:
+  const size_t maxLine_;
+  std::string buffer_;
+  size_t start_ = 0;  // bytes of buffer_ already handed out
 };
 
 class LineConnection : public std::enable_shared_from_this<LineConnection> {
@@ -106,7 +129,7 @@ class LineConnection : public std::enable_shared_from_this<LineConnection> {
   std::vector<LineTarget> targets_;
   size_t nextTarget_ = 0;
   Status lastError_;
-  std::string in_;
+  LineFramer in_;
   std::string out_;
   Reactor::TimerId connectTimer_ = 0;
   std::chrono::milliseconds deadPeerTimeout_{0};
