@@ -96,6 +96,14 @@ struct Pair {
   }
 };
 
+// A loopback port nothing listens on (a connection to it is refused at once); 0 when none was found.
+uint16_t refusingPort() {
+  auto bound = listenTcp("127.0.0.1", 0, {.nonBlocking = false});
+  if (!bound.isOk()) return 0;
+  ::close(bound->fd);
+  return bound->port;
+}
+
 TEST(LineConnection, LinesCutAnywhereArriveWholeInOrderAndEmptyOnesAreSkipped) {
   Pair p({.maxLine = 64, .maxPendingOutput = 1 << 20});
   p.write("fir");
@@ -154,10 +162,8 @@ TEST(LineConnection, CloseCallsNoCallbackAndCloseWithSendsItsLineFirst) {
 TEST(LineConnection, ConnectTriesTheTargetsInOrderAndKeepsWhatWasSentBeforehand) {
   auto listener = listenTcp("127.0.0.1", 0, {.nonBlocking = false});
   ASSERT_TRUE(listener.isOk()) << listener.status().toString();
-  auto refused = listenTcp("127.0.0.1", 0, {.nonBlocking = false});
-  ASSERT_TRUE(refused.isOk());
-  const uint16_t deadPort = refused->port;
-  ::close(refused->fd);  // nothing listens there now: refused at once
+  const uint16_t deadPort = refusingPort();
+  ASSERT_NE(deadPort, 0);
 
   Reactor reactor;
   ASSERT_TRUE(reactor.start("line-test").isOk());
@@ -190,10 +196,8 @@ TEST(LineConnection, ConnectTriesTheTargetsInOrderAndKeepsWhatWasSentBeforehand)
 }
 
 TEST(LineConnection, ConnectWithEveryTargetRefusedEndsNamingTheLastOne) {
-  auto refused = listenTcp("127.0.0.1", 0, {.nonBlocking = false});
-  ASSERT_TRUE(refused.isOk());
-  const uint16_t deadPort = refused->port;
-  ::close(refused->fd);
+  const uint16_t deadPort = refusingPort();
+  ASSERT_NE(deadPort, 0);
   Reactor reactor;
   ASSERT_TRUE(reactor.start("line-test").isOk());
   Seen seen;
