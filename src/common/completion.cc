@@ -31,7 +31,7 @@ bool Completion::complete(Status status, uint32_t immData, uint64_t bytes) {
   if (watched) {
     if (auto progressor = progressor_.lock()) progressor->watchEnds();
   }
-  completed();
+  completed(status_, bytes_);  // final once done_ is set: no other call writes them
   cv_.notify_all();
   for (auto& cb : cbs) cb(*this);
   return true;

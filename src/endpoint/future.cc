@@ -12,14 +12,13 @@ void OpState::track(std::shared_ptr<Metrics> endpoint, std::shared_ptr<Metrics> 
   started_ = Clock::now();
 }
 
-void OpState::completed() {
+void OpState::completed(const Status& status, uint64_t bytes) {
   if (!metrics_[0] && !metrics_[1]) return;
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count();
-  const Status st = status();
-  const uint64_t moved = bytes();
   for (const auto& m : metrics_) {
     if (m)
-      m->record(static_cast<int>(kind_), st.code(), moved, static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
+      m->record(static_cast<int>(kind_), status.code(), bytes,
+                static_cast<uint64_t>(std::max<int64_t>(ns, 0)));
   }
 }
 

@@ -62,7 +62,7 @@ class OpState : public Completion {
   Status firstError;
 
  private:
-  void completed() override;
+  void completed(const Status& status, uint64_t bytes) override;
 
   const OpKind kind_;
   std::shared_ptr<Metrics> metrics_[2];

@@ -35,7 +35,8 @@ def package_modules(package_dir, package="ferry"):
                 sources[prefix + "." + f[:-3]] = os.path.join(dirpath, f)
             elif f.endswith((".so", ".pyd")):
                 extensions.add(prefix + "." + f.split(".")[0])
-            elif f.endswith(".pyi"):  # the extension's stubs, in a source tree without the extension
+            elif f.endswith(".pyi"):
+                # The extension's type declarations, in a source tree without the extension.
                 extensions.add(prefix if f == "__init__.pyi" else prefix + "." + f[:-4])
     return sources, extensions
 

@@ -80,9 +80,12 @@ class Completion {
   uint64_t bytes() const;
 
  protected:
-  // Called once, by the call of complete() that wins, before waiters wake (for the records of a
-  // subclass; the completion's state is final and may be read).
-  virtual void completed() {}
+  // Called once, by the call of complete() that wins, before waiters wake, with the final status
+  // and bytes (for the records of a subclass; no lock is held).
+  virtual void completed(const Status& status, uint64_t bytes) {
+    (void)status;
+    (void)bytes;
+  }
 
  private:
   std::weak_ptr<Progressor> progressor_;
