@@ -31,8 +31,8 @@ EXISTING = {
     ("src/endpoint/operations.cc", "ferry::endpoint::EndpointImpl::resolveTransfers"): (63, 24),
     ("src/providers/ibverbs/context.cc", "ferry::ibverbs::IbvContext::getAsyncEvent"): (68, 32),
     ("src/providers/ibverbs/loader.cc", "ferry::ibverbs::load"): (50, 36),
-    ("src/providers/soft/qp_requester.cc", "ferry::soft::SoftQp::buildRequestFrame"): (65, 18),
-    ("src/providers/soft/qp_same_host.cc", "ferry::soft::SoftQp::copyInTwo"): (65, 18),
+    ("src/providers/soft/rc_requester.cc", "ferry::soft::RcRequester::buildRequestFrame"): (65, 18),
+    ("src/providers/soft/same_host/channel.cc", "ferry::soft::SameHostChannel::copyInTwo"): (65, 18),
     ("src/providers/soft/wire.cc", "ferry::soft::wire::encodeHeader"): (62, 15),
 }
 

@@ -156,14 +156,14 @@ json::Value reportJson(const BenchReport& rep) {
                           : isPingPong(s)            ? "one_way_half_rtt"
                                                      : "post_to_completion");
   json::Value sameHost;  // as set (null when unset), for the record
-  json::Value tcpLane;
+  json::Value tcpStripe;
   for (const config::Setting& s : config::settings()) {
     if (!s.set) continue;
     if (std::string_view(s.variable->name) == "FERRY_SOFT_SAME_HOST") sameHost = s.raw;
-    if (std::string_view(s.variable->name) == "FERRY_SOFT_TCP_LANE") tcpLane = s.raw;
+    if (std::string_view(s.variable->name) == "FERRY_SOFT_TCP_STRIPE") tcpStripe = s.raw;
   }
   doc.set("ferry_soft_same_host", std::move(sameHost));
-  doc.set("ferry_soft_tcp_lane", std::move(tcpLane));
+  doc.set("ferry_soft_tcp_stripe", std::move(tcpStripe));
   json::Array results;
   for (const SizeResult& r : rep.results) {
     json::Value o = json::Value::emptyObject();

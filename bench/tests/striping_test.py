@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/striping end to end: its settings (--dry-run), bad arguments refused on one line with exit
 code 2 and no namespace made, and, as root, a short run across two network namespaces that must
-print positive figures of iperf3 and of ferry's WRITE and READ with the lane off and on, write its
+print positive figures of iperf3 and of ferry's WRITE and READ with the stripe off and on, write its
 JSON document and leave no namespace or process behind, also when it is ended by SIGTERM midway.
 
     striping_test.py FERRY_BINARY
@@ -141,13 +141,13 @@ def check_run(build_dir, out_dir):
     if not m or not number(m.group(1)) or not number(m.group(2).rstrip(",")):
         fail("no positive iperf3 figures of one and two streams in:\n" + text)
     for op in ("WRITE", "READ"):
-        m = re.search(r"^ferry %s across the link.*\n\s+size\s+lane-off\s+lane-on\s+on/off\s+off/iperf3x1\s+"
+        m = re.search(r"^ferry %s across the link.*\n\s+size\s+stripe-off\s+stripe-on\s+on/off\s+off/iperf3x1\s+"
                       r"on/iperf3x1\s+off/iperf3x2\s+on/iperf3x2\n\s+1M\s+(.*)$" % op, text, re.M)
         if not m:
             fail("no %s table with a 1M row in:\n%s" % (op, text))
         cells = m.group(1).split()
         if len(cells) != 7 or not all(number(c) for c in cells):
-            fail("%s 1M row: expected 7 positive figures (lane off, on, and ratios), got %r" % (op, cells))
+            fail("%s 1M row: expected 7 positive figures (stripe off, on, and ratios), got %r" % (op, cells))
     files = glob.glob(os.path.join(out_dir, "striping-*.json"))
     if len(files) != 1 or not re.search(r"striping-\d{8}-\d{6}\.json$", files[0]):
         fail("expected one striping-YYYYMMDD-HHMMSS.json in %s, found %s" % (out_dir, files))
@@ -159,8 +159,8 @@ def check_run(build_dir, out_dir):
     if doc["link"].get("kind") not in ("netem", "impair"):
         fail("the JSON document does not say which link it used: %s" % doc["link"])
     runs = doc["rounds"][0]["runs"]
-    for name in ("iperf3_1", "iperf3_n", "ferry_write_lane0", "ferry_write_lane1", "ferry_read_lane0",
-                 "ferry_read_lane1"):
+    for name in ("iperf3_1", "iperf3_n", "ferry_write_stripe0", "ferry_write_stripe1", "ferry_read_stripe0",
+                 "ferry_read_stripe1"):
         rec = runs.get(name)
         if not rec:
             fail("the JSON document has no run %s" % name)
@@ -169,10 +169,10 @@ def check_run(build_dir, out_dir):
             fail("%s: figures %s, expected positive GB/s" % (name, figures))
         if name.startswith("ferry"):
             bench = rec["sizes"][0]["bench"]
-            lane = name[-1]
-            if bench.get("ferry_soft_same_host") != "0" or bench.get("ferry_soft_tcp_lane") != lane:
-                fail("%s ran with FERRY_SOFT_SAME_HOST=%s FERRY_SOFT_TCP_LANE=%s" % (
-                    name, bench.get("ferry_soft_same_host"), bench.get("ferry_soft_tcp_lane")))
+            stripe = name[-1]
+            if bench.get("ferry_soft_same_host") != "0" or bench.get("ferry_soft_tcp_stripe") != stripe:
+                fail("%s ran with FERRY_SOFT_SAME_HOST=%s FERRY_SOFT_TCP_STRIPE=%s" % (
+                    name, bench.get("ferry_soft_same_host"), bench.get("ferry_soft_tcp_stripe")))
             devices = ["soft_" + d for d in doc["link"]["devices"]]
             if [bench.get("client_device"), bench.get("server_device")] != devices:
                 fail("%s ran between %s and %s, not the link's devices %s" % (

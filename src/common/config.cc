@@ -78,15 +78,15 @@ Result<std::string> parseCallerProgress(std::string_view raw) {
   return refuse("FERRY_SOFT_CALLER_PROGRESS", raw, "expected 1 (on) or 0 (off)");
 }
 
-constexpr uint64_t kDefaultLaneMinBytes = 1024 * 1024;
+constexpr uint64_t kDefaultStripeMinBytes = 1024 * 1024;
 
-// The smallest WRITE or READ a lane shares, as a number of bytes ("0": no lane).
-Result<std::string> parseTcpLane(std::string_view raw) {
+// The smallest WRITE or READ a stripe shares, as a number of bytes ("0": no stripe).
+Result<std::string> parseTcpStripe(std::string_view raw) {
   if (raw == "0" || raw == "off") return std::string("0");
-  if (raw == "1" || raw == "on") return std::to_string(kDefaultLaneMinBytes);
+  if (raw == "1" || raw == "on") return std::to_string(kDefaultStripeMinBytes);
   Result<uint64_t> bytes = parseByteSize(raw);
   if (!bytes.isOk() || *bytes < 2 || *bytes > (uint64_t{1} << 31)) {
-    return refuse("FERRY_SOFT_TCP_LANE", raw,
+    return refuse("FERRY_SOFT_TCP_STRIPE", raw,
                   "expected 1 (on), 0 (off) or the smallest WRITE or READ to share, 2..2G, such as 64K");
   }
   return std::to_string(*bytes);
@@ -171,9 +171,27 @@ Result<std::string> parseLogLevel(std::string_view raw) {
   return refuse("FERRY_LOG_LEVEL", raw, "expected error, warn, info or debug");
 }
 
-const char* rawValue(const char* name) {
+// Variables renamed after a release read them. The former name is still read where the current one
+// is unset, and a process that sees it says so once (unknownVariables()).
+struct FormerName {
+  const char* former;
+  const char* current;
+};
+constexpr FormerName kFormerNames[] = {
+    {"FERRY_SOFT_TCP_LANE", "FERRY_SOFT_TCP_STRIPE"},
+};
+
+const char* setValue(const char* name) {
   const char* env = std::getenv(name);
   return env != nullptr && *env != '\0' ? env : nullptr;
+}
+
+const char* rawValue(const char* name) {
+  if (const char* env = setValue(name)) return env;
+  for (const FormerName& f : kFormerNames) {
+    if (std::string_view(f.current) == name) return setValue(f.former);
+  }
+  return nullptr;
 }
 
 // The effective value of a set variable, or nullopt when it is unset or invalid.
@@ -253,6 +271,9 @@ const std::vector<ReservedVariable>& reservedVariables() {
 }
 
 std::string UnknownVariable::warning() const {
+  if (renamed)
+    return name + " is the former name of " + suggestion + ", read while that is unset; set " + suggestion +
+           " instead";
   std::string text = name + " is not a ferry variable";
   if (!suggestion.empty()) text += " (did you mean " + suggestion + "?)";
   return text + "; ferry info --config lists them";
@@ -267,6 +288,12 @@ std::vector<UnknownVariable> unknownVariables() {
     auto named = [&](const auto& row) { return name == row.name; };
     if (std::any_of(variables().begin(), variables().end(), named)) continue;
     if (std::any_of(reservedVariables().begin(), reservedVariables().end(), named)) continue;
+    const auto former = std::find_if(std::begin(kFormerNames), std::end(kFormerNames),
+                                     [&](const FormerName& f) { return name == f.former; });
+    if (former != std::end(kFormerNames)) {
+      out.push_back({std::string(name), former->current, /*renamed=*/true});
+      continue;
+    }
     out.push_back({std::string(name), nearestKnownName(name)});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -295,12 +322,14 @@ std::vector<Variable> deviceVariables() {
        "loop once (its sockets, rings, timers and posted work), instead of waiting for that thread to wake "
        "up.",
        "1", "1 (or on), 0 (or off)", parseCallerProgress},
-      {"FERRY_SOFT_TCP_LANE",
-       "Whether a soft device's queue pair that reaches its peer over TCP opens a second connection (a lane) "
+      {"FERRY_SOFT_TCP_STRIPE",
+       "Whether a soft device's queue pair that reaches its peer over TCP opens a second connection (a "
+       "stripe) "
        "that carries the second half of each WRITE and each READ response of 1 MiB or more (or of the size "
        "given): two congestion windows on a link that drops packets, and a thread of its own that copies "
        "alongside the progress thread.",
-       "1", "1 (or on), 0 (or off), or the smallest WRITE or READ to share (2..2G, e.g. 64K)", parseTcpLane},
+       "1", "1 (or on), 0 (or off), or the smallest WRITE or READ to share (2..2G, e.g. 64K)",
+       parseTcpStripe},
       {"FERRY_SOFT_ATTEND_US",
        "How long a poll of a soft device's completion queue vouches that the application polls: until then "
        "the "
@@ -449,9 +478,9 @@ bool softCallerProgress() {
   return !value || *value == "1";
 }
 
-uint64_t softTcpLaneMinBytes() {
-  auto value = parsed("FERRY_SOFT_TCP_LANE");
-  return value ? std::stoull(*value) : kDefaultLaneMinBytes;
+uint64_t softTcpStripeMinBytes() {
+  auto value = parsed("FERRY_SOFT_TCP_STRIPE");
+  return value ? std::stoull(*value) : kDefaultStripeMinBytes;
 }
 
 int64_t softAttendUs() {

@@ -228,6 +228,26 @@ TEST(ConfigTest, AMisspeltVariableIsReportedWithTheNearestName) {
   for (size_t i = 1; i < unknown.size(); ++i) EXPECT_LT(unknown[i - 1].name, unknown[i].name);
 }
 
+TEST(ConfigTest, ARenamedVariableIsReadUnderItsFormerNameAndReported) {
+  {
+    ScopedEnv former("FERRY_SOFT_TCP_LANE", "64K");
+    EXPECT_EQ(softTcpStripeMinBytes(), 64u * 1024)
+        << "the former name is read while the current one is unset";
+    const std::vector<UnknownVariable> unknown = unknownVariables();
+    const UnknownVariable* u = unknownNamed(unknown, "FERRY_SOFT_TCP_LANE");
+    ASSERT_NE(u, nullptr);
+    EXPECT_TRUE(u->renamed);
+    EXPECT_EQ(u->suggestion, "FERRY_SOFT_TCP_STRIPE");
+    EXPECT_EQ(u->warning(),
+              "FERRY_SOFT_TCP_LANE is the former name of FERRY_SOFT_TCP_STRIPE, read while that is unset; "
+              "set FERRY_SOFT_TCP_STRIPE instead");
+    ScopedEnv current("FERRY_SOFT_TCP_STRIPE", "0");
+    EXPECT_EQ(softTcpStripeMinBytes(), 0u) << "the current name wins";
+  }
+  ScopedEnv bad("FERRY_SOFT_TCP_LANE", "sideways");
+  EXPECT_FALSE(check().isOk()) << "a bad value under the former name is refused as under the current one";
+}
+
 TEST(ConfigTest, TheHarnessVariablesAreReservedNotUnknown) {
   std::set<std::string> table;
   for (const Variable& v : variables()) table.insert(v.name);

@@ -28,10 +28,10 @@ bool sameFields(const FrameHeader& a, const FrameHeader& b) {
          a.atomicResult == b.atomicResult && a.srcQpn == b.srcQpn && a.psn == b.psn &&
          a.maxRdAtomic == b.maxRdAtomic && a.srcGid == b.srcGid && a.qkey == b.qkey && a.nonce == b.nonce &&
          a.sharePid == b.sharePid && a.shareFd == b.shareFd && a.shareCookie == b.shareCookie &&
-         a.ringTicket == b.ringTicket && a.laneTicket == b.laneTicket && a.route.present == b.route.present &&
-         a.route.dgid == b.route.dgid && a.route.flowLabel == b.route.flowLabel &&
-         a.route.trafficClass == b.route.trafficClass && a.route.hopLimit == b.route.hopLimit &&
-         a.route.grh == b.route.grh;
+         a.ringTicket == b.ringTicket && a.stripeTicket == b.stripeTicket &&
+         a.route.present == b.route.present && a.route.dgid == b.route.dgid &&
+         a.route.flowLabel == b.route.flowLabel && a.route.trafficClass == b.route.trafficClass &&
+         a.route.hopLimit == b.route.hopLimit && a.route.grh == b.route.grh;
 }
 
 void checkAccepted(const FrameHeader& h, size_t headerLen) {
@@ -59,12 +59,12 @@ void checkAccepted(const FrameHeader& h, size_t headerLen) {
     check(h.type == FrameType::kWriteImm && h.payloadLen == 0 && h.length <= w::kMaxMessage,
           "accepted a placed-data flag where it does not belong");
   }
-  // The laned bit: a WRITE with more than its payload, the rest on the lane; or a READ of something.
-  if (rdma && (h.flags & w::kFlagLaned)) {
+  // The striped bit: a WRITE with more than its payload, the rest on the stripe; or a READ of something.
+  if (rdma && (h.flags & w::kFlagStriped)) {
     check((h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= w::kMaxMessage &&
            h.remoteAddr + h.length >= h.remoteAddr) ||
               (h.type == FrameType::kReadReq && h.length > 0),
-          "accepted a laned flag where it does not belong");
+          "accepted a striped flag where it does not belong");
   }
   check(h.sharePid != 0 || (h.shareFd == 0 && h.shareCookie == 0), "a same-host table without a pid");
   if (h.type == FrameType::kHello) {

@@ -26,17 +26,17 @@ const std::vector<ProviderPath>& providerPaths() {
   // only (the path where cross-memory attach is refused); the ibverbs provider on the kernel's soft-RoCE
   // device rxe0 (the rxe VM, scripts/rxe-vm). Further paths are one entry each.
   static const std::vector<ProviderPath> paths = {
-      // soft_tcp keeps one connection per QP (no lane); soft_tcp_lane below shares WRITEs.
+      // soft_tcp keeps one connection per QP (no stripe); soft_tcp_stripe below shares WRITEs.
       {.name = "soft_tcp",
        .device = "soft_lo",
-       .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_LANE", "0"}}},
+       .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_STRIPE", "0"}}},
       {.name = "soft_same_host", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "1"}}},
       {.name = "soft_ring", .device = "soft_lo", .env = {{"FERRY_SOFT_SAME_HOST", "ring"}}},
-      // TCP with a lane per QP (lane.h) that shares every WRITE and READ of 64 bytes or more, so
+      // TCP with a stripe per QP (stripe.h) that shares every WRITE and READ of 64 bytes or more, so
       // that the suite's WRITEs and READs run over two connections.
-      {.name = "soft_tcp_lane",
+      {.name = "soft_tcp_stripe",
        .device = "soft_lo",
-       .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_LANE", "64"}}},
+       .env = {{"FERRY_SOFT_SAME_HOST", "0"}, {"FERRY_SOFT_TCP_STRIPE", "64"}}},
       // The same-host path on memory both sides map: every test buffer (in this process and the
       // peer processes, which inherit the variable) comes from ferry's shared-memory allocator.
       {.name = "soft_mapped",

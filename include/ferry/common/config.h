@@ -59,7 +59,12 @@ const std::vector<ReservedVariable>& reservedVariables();
 struct UnknownVariable {
   std::string name;        // as set, e.g. "FERRY_DEVICE"
   std::string suggestion;  // the nearest known name (at most two edits away), or empty
-  // "FERRY_DEVICE is not a ferry variable (did you mean FERRY_DEVICES?); ferry info --config lists them"
+  // The former name of a renamed variable (suggestion is its current name): still read where the
+  // current name is unset.
+  bool renamed = false;
+  // "FERRY_DEVICE is not a ferry variable (did you mean FERRY_DEVICES?); ferry info --config lists
+  // them", or for a renamed one "FERRY_X is the former name of FERRY_Y, read while that is unset;
+  // set FERRY_Y instead"
   std::string warning() const;
 };
 // Every unknown FERRY_* variable of this environment, sorted by name.
@@ -79,10 +84,10 @@ std::optional<int64_t> softSpinUs();
 // FERRY_SOFT_CALLER_PROGRESS (default on): whether posts and empty polls of a soft device's CQs
 // run the device's progress loop on the calling thread when its progress thread is not.
 bool softCallerProgress();
-// FERRY_SOFT_TCP_LANE (default on: 1 MiB): the smallest WRITE whose second half a soft QP that
+// FERRY_SOFT_TCP_STRIPE (default on: 1 MiB): the smallest WRITE whose second half a soft QP that
 // reaches its peer over TCP sends on a second connection, from a thread of its own (0: none). The
 // connection opens with the first such WRITE.
-uint64_t softTcpLaneMinBytes();
+uint64_t softTcpStripeMinBytes();
 // FERRY_SOFT_ATTEND_US (default 1000): how long a poll of a soft device's CQ vouches that the
 // application polls, so that same-host peers write into its rings without waking its thread.
 int64_t softAttendUs();

@@ -84,7 +84,7 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
 
   // An outgoing connection whose link is still connecting (Link::connecting) says onConnected
   // once it is connected, and holds the frames sent before then.
-  // A connection runs on the context's loop, or on `reactor` when given (a lane's sending side,
+  // A connection runs on the context's loop, or on `reactor` when given (a stripe's sending side,
   // on a thread of its own: its delegate must then not touch the QP directly).
   Conn(SoftContext* ctx, std::unique_ptr<Link> link, Delegate* delegate, Reactor* reactor = nullptr);
   ~Conn() override;

@@ -305,27 +305,27 @@ void SoftContext::close() {
     pendingRingSockets_.clear();
   });
   reactor_.stop();
-  laneReactor_.stop();  // after the lanes' closes the QPs posted to it
+  stripeReactor_.stop();  // after the stripes' closes the QPs posted to it
 }
 
-Reactor* SoftContext::laneReactorFromLoop() {
+Reactor* SoftContext::stripeReactorFromLoop() {
   FERRY_ON_LOOP(reactor_);
-  if (laneThread_ == LaneThread::kNotStarted) {
-    Status st = laneReactor_.start("ferry-lane");
-    laneThread_ = st.isOk() ? LaneThread::kRunning : LaneThread::kFailed;
+  if (stripeThread_ == StripeThread::kNotStarted) {
+    Status st = stripeReactor_.start("ferry-stripe");
+    stripeThread_ = st.isOk() ? StripeThread::kRunning : StripeThread::kFailed;
     if (!st.isOk())
-      FERRY_LOG(kWarn, "%s: no lane thread: %s", device_.info.name.c_str(), st.toString().c_str());
+      FERRY_LOG(kWarn, "%s: no stripe thread: %s", device_.info.name.c_str(), st.toString().c_str());
   }
-  return laneThread_ == LaneThread::kRunning ? &laneReactor_ : nullptr;
+  return stripeThread_ == StripeThread::kRunning ? &stripeReactor_ : nullptr;
 }
 
-Status SoftContext::withoutLaneThreadForTests() {
+Status SoftContext::withoutStripeThreadForTests() {
   Status st;
   FERRY_RETURN_IF_ERROR(reactor_.runSync([&] {
-    if (laneThread_ == LaneThread::kRunning) {
-      st = Status(StatusCode::kBusy, "the lane thread already runs");
+    if (stripeThread_ == StripeThread::kRunning) {
+      st = Status(StatusCode::kBusy, "the stripe thread already runs");
     } else {
-      laneThread_ = LaneThread::kFailed;
+      stripeThread_ = StripeThread::kFailed;
     }
   }));
   return st;
@@ -370,13 +370,13 @@ std::atomic<uint64_t> linkPollsCutShortCount{0};
 uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed); }
 uint64_t linkPollsCutShort() { return linkPollsCutShortCount.load(std::memory_order_relaxed); }
 
-bool SoftContext::deferAckFromLoop(std::weak_ptr<SoftQp> qp) {
+bool SoftContext::deferAckFromLoop(std::weak_ptr<RcResponder> responder) {
   FERRY_ON_LOOP(reactor_);
   // In a caller's run (a poll, or a wait: the next one sends the ACK first, after what the
   // application sent in reply), under a lease the thread sleeps quiet on and has yet to sweep: its
   // end's run of the pollers sends the ACK if no caller's run comes first.
   if (attendNs_ == 0 || !reactor_.inCallersRun() || !reactor_.leaseSweepAhead()) return false;
-  deferredAcks_.push_back(std::move(qp));
+  deferredAcks_.push_back(std::move(responder));
   deferredAckCount.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -386,7 +386,7 @@ void SoftContext::sendDeferredAcksFromLoop() {
   // Swapped out first: sending may close a connection, and its QP's callbacks may defer again.
   acksSending_.swap(deferredAcks_);
   for (const auto& w : acksSending_) {
-    if (auto qp = w.lock()) qp->sendDeferredAckFromLoop();
+    if (auto responder = w.lock()) responder->sendDeferredAckFromLoop();
   }
   acksSending_.clear();
 }
@@ -626,11 +626,12 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     conn->sendHeader(reply);
     if (result != wire::HelloResult::kAccepted) conn->closeAfterFlush();
   };
-  if (hello.flags & wire::kFlagLane) {
-    // A second connection of a requester that already has one to this QP (lane.h).
+  if (hello.flags & wire::kFlagStripe) {
+    // A second connection of a requester that already has one to this QP (stripe.h).
     wire::HelloResult result = wire::HelloResult::kNoSuchQp;
     const in_addr_t peerIp = conn->link().sameHost() ? 0 : conn->link().peerAddress().value_or(0);
-    if (auto qp = findQp(hello.qpn); qp && peerIp != 0) result = qp->acceptLaneFromLoop(conn, hello, peerIp);
+    if (auto qp = findQp(hello.qpn); qp && peerIp != 0)
+      result = qp->responder().acceptStripeFromLoop(conn, hello, peerIp);
     answer(result);
     return;
   }
@@ -653,7 +654,7 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
   if (ticket == 0) peerLocal = false;
   wire::HelloResult result = wire::HelloResult::kNoSuchQp;
   auto qp = findQp(hello.qpn);
-  if (qp) result = qp->acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
+  if (qp) result = qp->responder().acceptFromLoop(conn, hello, peerIp, /*adopt=*/!peerLocal);
   if (peerLocal && result == wire::HelloResult::kAccepted) {
     // A requester of this host: it connects again over shared-memory rings.
     reply.aux = static_cast<uint32_t>(wire::HelloResult::kUseRing);
@@ -670,9 +671,9 @@ void SoftContext::onHelloFromLoop(const std::shared_ptr<Conn>& conn, const wire:
     reply.shareFd = info.fd;
     reply.shareCookie = info.cookie;
   }
-  // A TCP connection may bring a lane; the ticket is what it shows (only this connection saw it).
+  // A TCP connection may bring a stripe; the ticket is what it shows (only this connection saw it).
   if (result == wire::HelloResult::kAccepted && !conn->link().sameHost())
-    reply.laneTicket = qp->issueLaneTicketFromLoop();
+    reply.stripeTicket = qp->responder().issueStripeTicketFromLoop();
   answer(result);
 }
 

@@ -6,7 +6,7 @@
 //   RingLink  a pair of shared-memory rings (ring.h) between two processes of one host, with the
 //             AF_UNIX socket that carried their setup, whose hang-up says the peer is gone.
 //
-// The RC protocol above (qp_requester.cc, qp_responder.cc) sees only Conn and its frames, so every
+// The RC protocol above (rc_requester.cc, rc_responder.cc) sees only Conn and its frames, so every
 // rule of it holds the same over either link. Everything here runs on the context's loop (the
 // progress thread, or an application thread that holds the loop: Reactor::progressOnce).
 #pragma once

@@ -1,6 +1,6 @@
-// SoftQp: the verbs object (modify, query, post, close), its state changes and its completions.
-// The RC requester, the same-host path and the responder are in qp_requester.cc,
-// qp_same_host.cc and qp_responder.cc.
+// SoftQp: the verbs object (modify, query, post, close) and its state changes. The requester, the
+// responder and the same-host channel are rc_requester.cc, rc_responder.cc and
+// same_host/channel.cc.
 #include "providers/soft/qp.h"
 
 #include <arpa/inet.h>
@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "ferry/common/config.h"
 #include "providers/soft/qp_internal.h"
+#include "providers/soft/same_host/channel.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -26,16 +27,7 @@ namespace ferry::soft {
 using namespace qp_detail;
 
 SoftQp::SoftQp(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, const verbs::QpInitImpl& init)
-    : ctx_(std::move(ctx)),
-      pd_(std::move(pd)),
-      type_(init.type),
-      sendCq_(std::static_pointer_cast<SoftCq>(init.sendCq)),
-      recvCq_(std::static_pointer_cast<SoftCq>(init.recvCq)),
-      srq_(std::static_pointer_cast<SoftSrq>(init.srq)),
-      cap_(init.cap),
-      sqSigAll_(init.sqSigAll) {
-  attr_.cap = cap_;
-}
+    : QpCore(std::move(ctx), std::move(pd), init) {}
 
 SoftQp::~SoftQp() = default;
 
@@ -61,6 +53,10 @@ Result<verbs::QpAttr> SoftQp::query() {
 }
 
 namespace {
+
+// A same-host post of up to this many bytes is copied under the QP's lock: a short hold costs the
+// reactor less than a second lock and a busy mark cost the post (about 1 us of copying at most).
+constexpr uint64_t kHoldLockBytes = 16 * 1024;
 
 uint64_t bytesOf(const verbs::SendWr& wr) {
   uint64_t total = 0;
@@ -90,41 +86,41 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       const bool signaled = sqSigAll_ || (wr.sendFlags & verbs::send_flags::kSignaled);
       bool placed = false;
       ++sqOutstanding_;
-      const FastPath* fp = fastPathForLocked(wr.opcode, total);
-      if (fp && (wr.opcode == WrOpcode::kRdmaWrite || wr.opcode == WrOpcode::kRdmaRead)) {
+      SameHostChannel* channel = sameHostForLocked(wr.opcode, total);
+      if (channel && (wr.opcode == WrOpcode::kRdmaWrite || wr.opcode == WrOpcode::kRdmaRead)) {
         size_t run = 1;
-        const FastRun ran = postFastRunLocked(lock, wrs, posted, total, &queued, &run);
-        if (ran == FastRun::kDone) {
+        const SameHostRun ran = postSameHostRunLocked(lock, wrs, posted, total, &queued, &run);
+        if (ran == SameHostRun::kDone) {
           posted += run - 1;
           continue;
         }
         // A long batch ran without the lock, which let the path go meanwhile (its peer died):
         // ask again rather than use the one from before.
-        if (ran == FastRun::kRefused) fp = fastPathForLocked(wr.opcode, total);
+        if (ran == SameHostRun::kRefused) channel = sameHostForLocked(wr.opcode, total);
       }
-      if (fp) {
+      if (channel) {
         // Carried out here, before anything posted after it (which waits in posted_).
-        const bool fastDone = runFastLocked(lock, total, &queued, [&](const FastPath& path) {
-          if (!runFastPath(path, wr, total)) return false;
+        const bool carried = runSameHostLocked(lock, total, &queued, [&](SameHostChannel& ch) {
+          if (!ch.run(wr, total)) return false;
           // A WRITE_WITH_IMM's data is in place; its immediate still goes to the peer below.
           if (wr.opcode != WrOpcode::kRdmaWriteWithImm) {
-            pushSendCompletion(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
+            completeSend(wr.wrId, wr.opcode, total, signaled, WcStatus::kSuccess);
           }
           return true;
         });
-        placed = fastDone && wr.opcode == WrOpcode::kRdmaWriteWithImm;
-        if (fastDone && !placed) continue;
+        placed = carried && wr.opcode == WrOpcode::kRdmaWriteWithImm;
+        if (carried && !placed) continue;
       }
       SendWqe wqe = sendWqeOf(wr, total, signaled, placed);
-      if (fp) {
-        posted_.push_front(std::move(wqe));  // refused by the same-host path, or placed: first in line
+      if (channel) {
+        posted_.push_front(std::move(wqe));  // refused by the same-host channel, or placed: first in line
       } else {
         posted_.push_back(std::move(wqe));
       }
       queued = true;
     }
   }
-  if (queued) schedulePump();
+  if (queued) requester_.schedulePump();
   if (!status.isOk() && badIndex) *badIndex = posted;
   return status;
 }
@@ -140,30 +136,31 @@ Status SoftQp::checkPostLocked(uint64_t total) const {
   return Status::ok();
 }
 
-SoftQp::FastRun SoftQp::postFastRunLocked(std::unique_lock<std::mutex>& lock,
-                                          std::span<const verbs::SendWr> wrs, size_t first,
-                                          uint64_t firstBytes, bool* queued, size_t* run) {
+SoftQp::SameHostRun SoftQp::postSameHostRunLocked(std::unique_lock<std::mutex>& lock,
+                                                  std::span<const verbs::SendWr> wrs, size_t first,
+                                                  uint64_t firstBytes, bool* queued, size_t* run) {
   // A run of WRITEs (or READs) to one region posted together moves in one copy.
   const verbs::SendWr& wr = wrs[first];
   size_t n = 1;
   size_t pieces = wr.sgList.size();
   uint64_t runBytes = firstBytes;
-  while (first + n < wrs.size() && n < kMaxFastBatch && sqOutstanding_.load() + n < cap_.maxSendWr) {
+  while (first + n < wrs.size() && n < SameHostChannel::kMaxBatch &&
+         sqOutstanding_.load() + n < cap_.maxSendWr) {
     const verbs::SendWr& next = wrs[first + n];
     const uint64_t len = bytesOf(next);
     if (next.opcode != wr.opcode || next.rdma.rkey != wr.rdma.rkey || len == 0 || len > wire::kMaxMessage ||
-        pieces + next.sgList.size() > kMaxFastPieces) {
+        pieces + next.sgList.size() > SameHostChannel::kMaxPieces) {
       break;
     }
     pieces += next.sgList.size();
     runBytes += len;
     ++n;
   }
-  if (n == 1) return FastRun::kNone;
+  if (n == 1) return SameHostRun::kNone;
   sqOutstanding_ += static_cast<uint32_t>(n - 1);
   auto batch = wrs.subspan(first, n);
-  const bool done = runFastLocked(lock, runBytes, queued, [&](const FastPath& path) {
-    if (!runFastPathBatch(path, batch)) return false;
+  const bool done = runSameHostLocked(lock, runBytes, queued, [&](SameHostChannel& ch) {
+    if (!ch.runBatch(batch)) return false;
     // One step for the batch's slots (an atomic step per request cost more than the copy of a
     // small WRITE), then the completions of the signaled ones.
     releaseSendSlots(static_cast<uint32_t>(n));
@@ -175,10 +172,10 @@ SoftQp::FastRun SoftQp::postFastRunLocked(std::unique_lock<std::mutex>& lock,
   });
   if (done) {
     *run = n;
-    return FastRun::kDone;
+    return SameHostRun::kDone;
   }
   sqOutstanding_ -= static_cast<uint32_t>(n - 1);
-  return FastRun::kRefused;
+  return SameHostRun::kRefused;
 }
 
 SendWqe SoftQp::sendWqeOf(const verbs::SendWr& wr, uint64_t total, bool signaled, bool placed) {
@@ -215,18 +212,27 @@ SendWqe SoftQp::sendWqeOf(const verbs::SendWr& wr, uint64_t total, bool signaled
   return wqe;
 }
 
+SameHostChannel* SoftQp::sameHostForLocked(WrOpcode opcode, uint64_t length) const {
+  if (!sameHost_ || sameHostBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
+  if (!SameHostChannel::carries(opcode)) return nullptr;
+  // Only with nothing else outstanding (this request is counted): it must not overtake one.
+  if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
+  return sameHost_.get();
+}
+
 template <typename Run>
-bool SoftQp::runFastLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run) {
-  const FastPath* path = fast_.get();
-  if (!path) return false;                         // no path (it went with its peer): over the connection
-  if (bytes <= kHoldLockBytes) return run(*path);  // a short copy: the lock stays, nothing waits behind it
-  // A long one lets the reactor go on meanwhile; what is posted meanwhile waits behind it (fastBusy_).
-  std::shared_ptr<FastPath> keep = fast_;  // the lock no longer keeps it
-  fastBusy_ = true;
+bool SoftQp::runSameHostLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run) {
+  SameHostChannel* channel = sameHost_.get();
+  if (!channel) return false;                         // none (it went with its peer): over the connection
+  if (bytes <= kHoldLockBytes) return run(*channel);  // a short copy: the lock stays, nothing waits behind it
+  // A long one lets the reactor go on meanwhile; what is posted meanwhile waits behind it
+  // (sameHostBusy_).
+  std::shared_ptr<SameHostChannel> keep = sameHost_;  // the lock no longer keeps it
+  sameHostBusy_ = true;
   lock.unlock();
   const bool done = run(*keep);
   lock.lock();
-  fastBusy_ = false;
+  sameHostBusy_ = false;
   *queued = *queued || !posted_.empty() || state_.load() == QpState::kErr;
   return done;
 }
@@ -259,31 +265,20 @@ Status SoftQp::postRecv(std::span<const verbs::RecvWr> wrs, size_t* badIndex) {
     }
     flush = state_.load() == QpState::kErr && posted > 0;
   }
-  if (flush) schedulePump();
+  if (flush) requester_.schedulePump();
   if (!status.isOk() && badIndex) *badIndex = posted;
   return status;
 }
 
 void SoftQp::close() {
   if (closed_.exchange(true)) return;
-  auto self = shared_from_this();
+  auto self = std::static_pointer_cast<SoftQp>(shared_from_this());
   (void)ctx_->reactor().runSync([self] {
     self->resetFromLoop();
     self->state_ = QpState::kErr;
   });
   if (auto* table = ctx_->share()) table->retractQp(qpn_);
   ctx_->removeQp(qpn_);
-}
-
-void SoftQp::schedulePump() {
-  if (pumpScheduled_.exchange(true)) return;
-  // Progress where the application is: when the progress thread is not running the device's loop
-  // (it sleeps), the posting thread sends the requests itself instead of waking it.
-  if (ctx_->callerProgress() && ctx_->reactor().runHere([this] { pumpFromLoop(); })) return;
-  std::weak_ptr<SoftQp> weak = weak_from_this();
-  ctx_->reactor().post([weak] {
-    if (auto self = weak.lock()) self->pumpFromLoop();
-  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,42 +346,14 @@ void SoftQp::enterStateFromLoop(QpState current, QpState to) {
   // Published before the QP acts on its new state, so a same-host peer never sees it stale-ready.
   state_ = to;
   publishShareFromLoop();
-  if (current == QpState::kInit && to == QpState::kRtr) {
-    expectedSeq_ = attr_.rqPsn;
-    respNakPending_ = false;
-  }
-  if (current == QpState::kRtr && to == QpState::kRts) {
-    nextSeq_ = attr_.sqPsn;
-    ackedThrough_ = attr_.sqPsn - 1;
-    dialer_.begin();
-    startConnectFromLoop();
-    pumpFromLoop();
-  }
+  if (current == QpState::kInit && to == QpState::kRtr) responder_.startFromLoop();
+  if (current == QpState::kRtr && to == QpState::kRts) requester_.startFromLoop();
 }
 
 void SoftQp::resetFromLoop() {
   FERRY_ON_LOOP(ctx_->reactor());
-  if (reqConn_) reqConn_->close(Status::ok(), true);
-  if (respConn_) respConn_->close(Status::ok(), true);
-  dropLaneOutFromLoop();
-  dropLaneInFromLoop();
-  reqConn_.reset();
-  respConn_.reset();
-  reqReady_ = false;
-  dialer_.reset();
-  for (auto* timer : {&rnrTimer_, &timeoutTimer_}) {
-    if (*timer) ctx_->reactor().cancelTimer(*timer);
-    *timer = 0;
-  }
-  sq_.clear();
-  nextToSend_ = 0;
-  rdInFlight_ = 0;
-  localErrorPending_ = false;
-  rnrWaiting_ = false;
-  respNakPending_ = false;
-  respSkip_ = false;
-  ackNeeded_ = false;
-  curRecv_.reset();
+  requester_.resetFromLoop();
+  responder_.resetFromLoop();
   std::lock_guard<std::mutex> lock(mu_);
   posted_.clear();
   rq_.clear();
@@ -395,7 +362,7 @@ void SoftQp::resetFromLoop() {
   fresh.cap = cap_;
   attr_ = fresh;
   state_ = QpState::kReset;
-  fast_.reset();
+  sameHost_.reset();
   publishShareFromLoop();
 }
 
@@ -403,29 +370,15 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
   FERRY_ON_LOOP(ctx_->reactor());
   bool wasErr = state_.load() == QpState::kErr;
   state_ = QpState::kErr;
-  // The lane goes before any completion: a READ part it is placing lands before the READ fails.
-  dropLaneOutFromLoop();
-  if (status && !sq_.empty()) {
-    SendWqe wqe = std::move(sq_.front());
-    sq_.pop_front();
-    if (nextToSend_ > 0) --nextToSend_;
-    pushSendCompletion(wqe, *status);
-  }
+  // The stripe goes before any completion: a READ part it is placing lands before the READ fails.
+  requester_.dropStripeFromLoop();
+  if (status) requester_.failOldestFromLoop(*status);
   if (!wasErr) {
     FERRY_LOG(kDebug, "QP %u moves to ERR", qpn_);
     publishShareFromLoop();
-    dropFastPath();
-    if (reqConn_) reqConn_->close(Status::ok(), true);
-    reqConn_.reset();
-    reqReady_ = false;
-    dropLaneInFromLoop(/*afterFlush=*/true);
-    if (respConn_) respConn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
-    for (auto* timer : {&rnrTimer_, &timeoutTimer_}) {
-      if (*timer) ctx_->reactor().cancelTimer(*timer);
-      *timer = 0;
-    }
-    dialer_.cancelRetry();
-    rnrWaiting_ = false;
+    closeSameHost();
+    requester_.stopFromLoop();
+    responder_.stopAfterErrorFromLoop();
     if (srq_) ctx_->raiseAsync({.type = verbs::AsyncEventType::kQpLastWqeReached, .qpNum = qpn_});
   }
   flushFromLoop();
@@ -433,96 +386,8 @@ void SoftQp::enterErrorFromLoop(std::optional<WcStatus> status) {
 
 void SoftQp::flushFromLoop() {
   FERRY_ON_LOOP(ctx_->reactor());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // A post copying on the same-host path completes first; it then has the rest flushed.
-    while (!fastBusy_ && !posted_.empty()) {
-      sq_.push_back(std::move(posted_.front()));
-      posted_.pop_front();
-    }
-  }
-  completeSendQueueFromLoop(WcStatus::kWrFlushErr);
-  std::deque<RecvWqe> flushed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    flushed.swap(rq_);
-  }
-  if (curRecv_) {
-    flushed.push_front(std::move(*curRecv_));
-    curRecv_.reset();
-  }
-  for (auto& r : flushed)
-    pushRecvCompletion(r, WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, std::nullopt, false);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Completions.
-
-void SoftQp::pushSendCompletion(const SendWqe& wqe, WcStatus status) {
-  pushSendCompletion(wqe.wrId, wqe.opcode, wqe.length, wqe.signaled, status);
-}
-
-void SoftQp::pushSendCompletion(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled,
-                                WcStatus status) {
-  releaseSendSlots(1);
-  pushSendWc(wrId, opcode, length, signaled, status);
-}
-
-void SoftQp::releaseSendSlots(uint32_t n) {
-  // Never below zero: a flush may have emptied the queue meanwhile.
-  uint32_t cur = sqOutstanding_.load(std::memory_order_relaxed);
-  while (cur > 0 && !sqOutstanding_.compare_exchange_weak(cur, cur - std::min(cur, n))) {
-  }
-}
-
-void SoftQp::pushSendWc(uint64_t wrId, WrOpcode opcode, uint64_t length, bool signaled, WcStatus status) {
-  if (status == WcStatus::kSuccess && !signaled) return;
-  verbs::WorkCompletion wc;
-  wc.wrId = wrId;
-  wc.status = status;
-  wc.opcode = wcOpcodeFor(opcode);
-  wc.byteLen = static_cast<uint32_t>(length);
-  wc.qpNum = qpn_;
-  wc.vendorErr = status == WcStatus::kSuccess ? 0 : static_cast<uint32_t>(status);
-  sendCq_->push(wc, false);
-}
-
-void SoftQp::pushRecvCompletion(const RecvWqe& wqe, WcStatus status, WcOpcode opcode, uint32_t byteLen,
-                                std::optional<uint32_t> imm, bool solicited) {
-  verbs::WorkCompletion wc;
-  wc.wrId = wqe.wrId;
-  wc.status = status;
-  wc.opcode = opcode;
-  wc.byteLen = byteLen;
-  wc.qpNum = qpn_;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    wc.srcQp = attr_.destQpNum;
-  }
-  if (imm) {
-    wc.immData = *imm;
-    wc.wcFlags |= verbs::wc_flags::kWithImm;
-  }
-  wc.vendorErr = status == WcStatus::kSuccess ? 0 : static_cast<uint32_t>(status);
-  recvCq_->push(wc, solicited);
-}
-
-bool SoftQp::takeRecv(RecvWqe* out) {
-  if (srq_) return srq_->take(out);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (rq_.empty()) return false;
-  *out = std::move(rq_.front());
-  rq_.pop_front();
-  return true;
-}
-
-void SoftQp::giveBackRecv(RecvWqe wqe) {
-  if (srq_) {
-    srq_->giveBack(std::move(wqe));
-    return;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  rq_.push_front(std::move(wqe));
+  requester_.flushSendsFromLoop();
+  responder_.flushRecvsFromLoop();
 }
 
 }  // namespace ferry::soft

@@ -1,4 +1,4 @@
-// Helpers the files of SoftQp share (qp.cc, qp_requester.cc, qp_same_host.cc, qp_responder.cc).
+// Helpers the parts of a connected QP share (qp.cc, qp_core.cc, rc_requester.cc, rc_responder.cc).
 #pragma once
 
 #include <cstddef>
@@ -17,15 +17,6 @@ using verbs::QpState;
 using verbs::WcOpcode;
 using verbs::WcStatus;
 using verbs::WrOpcode;
-
-// The most requests (and their local pieces) one same-host system call carries.
-constexpr size_t kMaxFastBatch = 256;
-constexpr size_t kMaxFastPieces = 1024;
-// A same-host post of up to this many bytes is copied under the QP's lock: a short hold costs the
-// reactor less than a second lock and a busy mark cost the post (about 1 us of copying at most).
-constexpr uint64_t kHoldLockBytes = 16 * 1024;
-// Same-host requests from this size are copied by two threads (SoftQp::copyInTwo).
-constexpr uint64_t kStripeBytes = uint64_t{4} << 20;
 
 inline bool seqLe(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
 

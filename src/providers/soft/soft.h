@@ -29,7 +29,7 @@
 #include "common/reactor.h"
 #include "ferry/common/config.h"
 #include "ferry/verbs/provider.h"
-#include "providers/soft/share.h"
+#include "providers/soft/same_host/share.h"
 #include "providers/soft/wire.h"
 
 namespace ferry::soft {
@@ -47,6 +47,7 @@ class SoftContext;
 class SoftPd;
 class SoftCq;
 class SoftQp;
+class RcResponder;
 class SoftSrq;
 class Conn;
 class HelloGate;
@@ -67,7 +68,7 @@ Result<std::shared_ptr<verbs::ContextImpl>> openSoftDevice(const std::string& na
 // A GID of a soft context: port in bytes 8-9 (big-endian), ffff in 10-11, IPv4 in 12-15.
 verbs::Gid makeSoftGid(in_addr_t ipv4, uint16_t port);
 bool parseSoftGid(const verbs::Gid& gid, in_addr_t* ipv4, uint16_t* port);
-// A one-time ticket (ring and lane connections show one that went only to their peer): 64 random
+// A one-time ticket (ring and stripe connections show one that went only to their peer): 64 random
 // bits from the kernel's generator. 0 means no ticket: the generator failed (or, once in 2^64,
 // drew 0), and the connection it was for is not offered.
 uint64_t randomTicket();
@@ -121,10 +122,10 @@ struct SendWqe {
   bool placed = false;  // WRITE_WITH_IMM whose data the same-host path already copied
   // Reactor state.
   uint32_t seq = 0;
-  bool responded = false;   // READ/atomic response arrived
-  bool laned = false;       // a WRITE whose second part went on the QP's lane, or a READ
-                            // whose response's second part comes back on it
-  bool laneLanded = false;  // a laned READ: that second part landed
+  bool responded = false;     // READ/atomic response arrived
+  bool striped = false;       // a WRITE whose second part went on the QP's stripe, or a READ
+                              // whose response's second part comes back on it
+  bool stripeLanded = false;  // a striped READ: that second part landed
   verbs::WcStatus error = verbs::WcStatus::kSuccess;  // set when the WR failed locally or remotely
   int rnrLeft = -1;                                   // RNR retries left (-1: not sent yet)
   Segments local;                                     // resolved local SGEs
@@ -162,12 +163,12 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   bool closed() const { return closed_.load(); }
   Reactor& reactor() { return reactor_; }
-  // The lane thread (lane.h): started on first use (loop only); null when it cannot start.
-  Reactor* laneReactorFromLoop();
-  // For tests: this context behaves from now on as one whose lane thread could not start (its QPs
-  // open no lanes, and lanes it accepts are read on its progress thread). Refused once the thread
+  // The stripe thread (stripe.h): started on first use (loop only); null when it cannot start.
+  Reactor* stripeReactorFromLoop();
+  // For tests: this context behaves from now on as one whose stripe thread could not start (its QPs
+  // open no stripes, and stripes it accepts are read on its progress thread). Refused once the thread
   // runs.
-  Status withoutLaneThreadForTests();
+  Status withoutStripeThreadForTests();
   // FERRY_SOFT_CALLER_PROGRESS: whether posts and empty CQ polls run the loop on the caller's
   // thread when the progress thread is not running it.
   bool callerProgress() const { return callerProgress_; }
@@ -190,7 +191,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // its next post's run, or the thread when the lease ends, as for a ring's frames), so the poll
   // that took the request returns first. False (send it now) in the thread's runs and without a
   // lease. Loop only.
-  bool deferAckFromLoop(std::weak_ptr<SoftQp> qp);
+  bool deferAckFromLoop(std::weak_ptr<RcResponder> responder);
   // The application is about to sleep (it arms a CQ): the lease ends now, the producers wake the
   // progress thread again, and what they left meanwhile is taken. Any thread.
   void stopAttending();
@@ -262,19 +263,20 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
 
   SoftDeviceInfo device_;
   Reactor reactor_;
-  Reactor laneReactor_;
-  enum class LaneThread {
+  Reactor stripeReactor_;
+  enum class StripeThread {
     kNotStarted,
     kRunning,
     kFailed
-  } laneThread_ = LaneThread::kNotStarted;  // loop only
+  } stripeThread_ = StripeThread::kNotStarted;  // loop only
   const bool callerProgress_ = config::softCallerProgress();
   const int64_t attendNs_ = callerProgress_ ? config::softAttendUs() * 1000 : 0;
   std::vector<std::weak_ptr<Conn>> attendedLinks_;  // loop only
   std::vector<std::shared_ptr<Conn>> linksPolled_;  // loop only: the links one poll goes through
   size_t linksPollStart_ = 0;  // loop only: where a caller's next poll of the links starts
-  std::vector<std::weak_ptr<SoftQp>> deferredAcks_;  // loop only: QPs whose ACK waits for the next run
-  std::vector<std::weak_ptr<SoftQp>> acksSending_;   // loop only: the list being sent
+  std::vector<std::weak_ptr<RcResponder>>
+      deferredAcks_;  // loop only: responders whose ACK waits for the next run
+  std::vector<std::weak_ptr<RcResponder>> acksSending_;  // loop only: the list being sent
   // steadyNs() until which the lease holds, 0 when ended; written in the loop only.
   std::atomic<int64_t> attendedUntilNs_{0};
   int listenFd_ = -1;

@@ -115,7 +115,7 @@ class TcpLink final : public Link {
       ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
       if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
         // A refused connect says ECONNREFUSED in SO_ERROR; a hang-up without an error reached the
-        // listener, which dropped it: not a refusal (qp_requester.cc takes refusals for a peer gone).
+        // listener, which dropped it: not a refusal (rc_requester.cc takes refusals for a peer gone).
         const int cause = err ? err : ECONNRESET;
         owner.onLinkConnected(
             Status(StatusCode::kUnavailable, std::string("connect failed: ") + std::strerror(cause), cause));

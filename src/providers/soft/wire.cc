@@ -57,13 +57,13 @@ size_t headerLenFor(FrameType type) {
   switch (type) {
     case FrameType::kHello: return kCommonHeaderLen + 40;
     case FrameType::kHelloReply:
-    case FrameType::kLaneData:
+    case FrameType::kStripeData:
     case FrameType::kSend:
     case FrameType::kSendImm:
     case FrameType::kAck:
     case FrameType::kNak:
     case FrameType::kReadResp:
-    case FrameType::kLaneReadResp: return kCommonHeaderLen;
+    case FrameType::kStripeReadResp: return kCommonHeaderLen;
     case FrameType::kWrite:
     case FrameType::kWriteImm:
     case FrameType::kReadReq: return kCommonHeaderLen + 16;
@@ -79,8 +79,8 @@ size_t encodedHeaderLen(const FrameHeader& h) {
   size_t len = headerLenFor(h.type);
   if (h.type == FrameType::kDatagram && h.route.present) {
     len += kDatagramRouteLen;
-  } else if (h.type == FrameType::kHelloReply && h.laneTicket != 0) {
-    len += kHelloReplyLaneLen;
+  } else if (h.type == FrameType::kHelloReply && h.stripeTicket != 0) {
+    len += kHelloReplyStripeLen;
   } else if (h.type == FrameType::kHelloReply && h.sharePid != 0) {
     len += h.ringTicket != 0 ? kHelloReplyRingLen : kHelloReplyShareLen;
   }
@@ -88,7 +88,7 @@ size_t encodedHeaderLen(const FrameHeader& h) {
 }
 
 size_t trailerLen(FrameType type) {
-  return type == FrameType::kReadResp || type == FrameType::kLaneReadResp ? 4 : 0;
+  return type == FrameType::kReadResp || type == FrameType::kStripeReadResp ? 4 : 0;
 }
 
 bool carriesPayload(FrameType type) {
@@ -99,8 +99,8 @@ bool carriesPayload(FrameType type) {
     case FrameType::kWriteImm:
     case FrameType::kReadResp:
     case FrameType::kDatagram:
-    case FrameType::kLaneData:
-    case FrameType::kLaneReadResp: return true;
+    case FrameType::kStripeData:
+    case FrameType::kStripeReadResp: return true;
     default: return false;
   }
 }
@@ -181,7 +181,7 @@ Status readHello(const uint8_t* x, FrameHeader& h) {
   return Status::ok();
 }
 
-// WRITE, WRITE_WITH_IMM and READ_REQ: an address range, and the placed and laned flags.
+// WRITE, WRITE_WITH_IMM and READ_REQ: an address range, and the placed and striped flags.
 Status readRdma(const uint8_t* x, FrameHeader& h) {
   h.remoteAddr = get64(x);
   h.rkey = get32(x + 8);
@@ -192,17 +192,17 @@ Status readRdma(const uint8_t* x, FrameHeader& h) {
       (h.type != FrameType::kWriteImm || h.payloadLen != 0 || h.length > kMaxMessage)) {
     return protocolError("a placed-data flag on a frame that carries data or is not WRITE_WITH_IMM");
   }
-  if (h.flags & kFlagLaned) {
-    const bool laneableWrite =
+  if (h.flags & kFlagStriped) {
+    const bool stripeableWrite =
         h.type == FrameType::kWrite && h.length > h.payloadLen && h.length <= kMaxMessage;
-    const bool laneableRead = read && h.length > 0;
-    if (!laneableWrite && !laneableRead) {
+    const bool stripeableRead = read && h.length > 0;
+    if (!stripeableWrite && !stripeableRead) {
       return protocolError(
-          "a laned-data flag on a frame that is not a WRITE of more than its payload or a READ");
+          "a striped-data flag on a frame that is not a WRITE of more than its payload or a READ");
     }
   }
-  // A laned WRITE's range is its whole length, the rest of it on the lane.
-  const uint64_t span = read || (h.flags & kFlagLaned) ? h.length : h.payloadLen;
+  // A striped WRITE's range is its whole length, the rest of it on the stripe.
+  const uint64_t span = read || (h.flags & kFlagStriped) ? h.length : h.payloadLen;
   if (h.remoteAddr + span < h.remoteAddr) {
     return protocolError(read ? "read range wraps around the address space"
                               : "write range wraps around the address space");
@@ -237,7 +237,7 @@ Status readHelloReply(const uint8_t* x, size_t len, FrameHeader& h) {
     h.shareCookie = get64(x + 8);
     if (len >= kCommonHeaderLen + kHelloReplyRingLen) h.ringTicket = get64(x + 16);
   }
-  if (len >= kCommonHeaderLen + kHelloReplyLaneLen) h.laneTicket = get64(x + 24);
+  if (len >= kCommonHeaderLen + kHelloReplyStripeLen) h.stripeTicket = get64(x + 24);
   return Status::ok();
 }
 
@@ -345,7 +345,7 @@ size_t encodeHeader(const FrameHeader& h, uint8_t* out) {
         put64(x + 8, h.shareCookie);
         if (h.ringTicket != 0) put64(x + 16, h.ringTicket);
       }
-      if (h.laneTicket != 0) put64(x + 24, h.laneTicket);
+      if (h.stripeTicket != 0) put64(x + 24, h.stripeTicket);
       break;
     default: break;
   }

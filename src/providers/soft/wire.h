@@ -25,28 +25,28 @@ inline constexpr size_t kMaxHeaderLen = 256;
 inline constexpr uint32_t kMaxMessage = 1u << 31;  // largest payload of one message (2 GiB)
 
 enum class FrameType : uint8_t {
-  kHello = 1,          // requester -> responder, first frame on a new connection
-  kHelloReply = 2,     // responder -> requester: aux = HelloResult; optionally sharePid, shareFd,
-                       // shareCookie: where a same-host requester finds the responder's table
-                       // (for kUseRing: the responder's ring listener)
-  kSend = 3,           // flags: kFlagSolicited; payload: the message
-  kSendImm = 4,        // aux = immediate
-  kWrite = 5,          // remoteAddr, rkey; payload: the data
-  kWriteImm = 6,       // aux = immediate; consumes a receive at the target; flags: kFlagPlaced
-  kReadReq = 7,        // remoteAddr, rkey, length
-  kCmpSwap = 8,        // remoteAddr, rkey, compareAdd, swap
-  kFetchAdd = 9,       // remoteAddr, rkey, compareAdd (the addend)
-  kAck = 10,           // seq: every request up to and including seq is done
-  kNak = 11,           // seq: the request refused; aux = Syndrome; flags low 5 bits: RNR timer code
-  kReadResp = 12,      // seq; payload: the data; trailer: u32 Syndrome (0 = all data valid)
-  kAtomicResp = 13,    // seq; atomicResult: the original value
-  kDatagram = 14,      // UD over UDP: qpn = destination QP; srcQpn, qkey, srcGid; aux = immediate
-                       // when flags has kFlagImm; optionally the sender's route (DatagramRoute);
-                       // payload: the message (at most kMaxDatagram)
-  kLaneData = 15,      // on a lane (kFlagLane): seq = the laned WRITE's; payload: the WRITE's bytes
-                       // from payloadLen to length, placed after that WRITE's own frame is checked
-  kLaneReadResp = 16,  // on a lane, back to the requester: seq = the laned READ's; payload: its data
-                       // from the first part's end on; trailer: u32 Syndrome (0 = all data valid)
+  kHello = 1,            // requester -> responder, first frame on a new connection
+  kHelloReply = 2,       // responder -> requester: aux = HelloResult; optionally sharePid, shareFd,
+                         // shareCookie: where a same-host requester finds the responder's table
+                         // (for kUseRing: the responder's ring listener)
+  kSend = 3,             // flags: kFlagSolicited; payload: the message
+  kSendImm = 4,          // aux = immediate
+  kWrite = 5,            // remoteAddr, rkey; payload: the data
+  kWriteImm = 6,         // aux = immediate; consumes a receive at the target; flags: kFlagPlaced
+  kReadReq = 7,          // remoteAddr, rkey, length
+  kCmpSwap = 8,          // remoteAddr, rkey, compareAdd, swap
+  kFetchAdd = 9,         // remoteAddr, rkey, compareAdd (the addend)
+  kAck = 10,             // seq: every request up to and including seq is done
+  kNak = 11,             // seq: the request refused; aux = Syndrome; flags low 5 bits: RNR timer code
+  kReadResp = 12,        // seq; payload: the data; trailer: u32 Syndrome (0 = all data valid)
+  kAtomicResp = 13,      // seq; atomicResult: the original value
+  kDatagram = 14,        // UD over UDP: qpn = destination QP; srcQpn, qkey, srcGid; aux = immediate
+                         // when flags has kFlagImm; optionally the sender's route (DatagramRoute);
+                         // payload: the message (at most kMaxDatagram)
+  kStripeData = 15,      // on a stripe (kFlagStripe): seq = the striped WRITE's; payload: the WRITE's bytes
+                         // from payloadLen to length, placed after that WRITE's own frame is checked
+  kStripeReadResp = 16,  // on a stripe, back to the requester: seq = the striped READ's; payload: its data
+                         // from the first part's end on; trailer: u32 Syndrome (0 = all data valid)
 };
 
 inline constexpr uint16_t kFlagSolicited = 1;
@@ -57,17 +57,17 @@ inline constexpr uint16_t kFlagPlaced = 4;
 // kHello on TCP: the requester, on this host, can move the connection to shared-memory rings
 // (ring.h). A responder that offers them answers kUseRing instead of adopting the connection.
 inline constexpr uint16_t kFlagRingOffer = 8;
-// kHello: this connection is a lane of the requester's connection to the same QP (nonce = the
-// laneTicket of the responder's hello reply on that connection): a second byte stream, sent by a
+// kHello: this connection is a stripe of the requester's connection to the same QP (nonce = the
+// stripeTicket of the responder's hello reply on that connection): a second byte stream, sent by a
 // thread of its own, that carries the second part of large WRITEs.
-inline constexpr uint16_t kFlagLane = 16;
+inline constexpr uint16_t kFlagStripe = 16;
 // kWrite: the WRITE is `length` bytes; this frame carries the first payloadLen of them and the
-// rest come on the lane as a kLaneData frame with the same seq. The WRITE is done (acknowledged,
+// rest come on the stripe as a kStripeData frame with the same seq. The WRITE is done (acknowledged,
 // and anything after it carried out) only once both parts have landed.
 // kReadReq: the requester asks for the response in two parts: the kReadResp carries the first
-// laneSplitAt(length) bytes (lane.h), and a kLaneReadResp with the same seq on the lane the rest.
+// stripeSplitAt(length) bytes (stripe.h), and a kStripeReadResp with the same seq on the stripe the rest.
 // The READ is done only once both parts have landed.
-inline constexpr uint16_t kFlagLaned = 32;
+inline constexpr uint16_t kFlagStriped = 32;
 inline constexpr uint32_t kMaxDatagram = 4096;  // the soft devices' MTU
 
 enum class Syndrome : uint32_t {
@@ -137,17 +137,17 @@ struct FrameHeader {
   // kHelloReply with kUseRing (optional, after the share fields: present when non-zero)
   uint64_t ringTicket = 0;
   // kHelloReply of an accepted TCP connection (optional, after ringTicket: present when non-zero):
-  // the secret a lane of this connection presents in its hello (kFlagLane)
-  uint64_t laneTicket = 0;
+  // the secret a stripe of this connection presents in its hello (kFlagStripe)
+  uint64_t stripeTicket = 0;
 };
 
 // The shortest header version 1 accepts for a type (0 for an unknown type).
 size_t headerLenFor(FrameType type);
 // The header length encodeHeader() writes for h: headerLenFor(h.type) plus its optional fields.
 size_t encodedHeaderLen(const FrameHeader& h);
-inline constexpr size_t kHelloReplyShareLen = 16;  // sharePid, shareFd, shareCookie
-inline constexpr size_t kHelloReplyRingLen = 24;   // the share fields, then ringTicket
-inline constexpr size_t kHelloReplyLaneLen = 32;   // the share fields, ringTicket, then laneTicket
+inline constexpr size_t kHelloReplyShareLen = 16;   // sharePid, shareFd, shareCookie
+inline constexpr size_t kHelloReplyRingLen = 24;    // the share fields, then ringTicket
+inline constexpr size_t kHelloReplyStripeLen = 32;  // the share fields, ringTicket, then stripeTicket
 // Bytes after the payload (4 for kReadResp, else 0).
 size_t trailerLen(FrameType type);
 // True for the types whose payloadLen may be non-zero.

@@ -150,7 +150,7 @@ TEST_P(HostilePeer, ForgedHelloIsRefused) {
   expectPairStillWorks(*pair, 50);
 }
 
-TEST_P(HostilePeer, ALaneHelloWithoutItsConnectionsTicketIsRefused) {
+TEST_P(HostilePeer, AStripeHelloWithoutItsConnectionsTicketIsRefused) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   expectPairStillWorks(*pair, 55);  // B's QP has a live responder connection from A now
   // Everything right but the ticket, which only A's connection saw: guessed, or none at all.
@@ -159,7 +159,7 @@ TEST_P(HostilePeer, ALaneHelloWithoutItsConnectionsTicketIsRefused) {
   for (uint64_t guess : {uint64_t{0}, uint64_t{1}, ~uint64_t{0}}) {
     wire::FrameHeader hello;
     hello.type = wire::FrameType::kHello;
-    hello.flags = wire::kFlagLane;
+    hello.flags = wire::kFlagStripe;
     hello.qpn = pair->b.qp.qpNum();
     hello.srcQpn = pair->a.qp.qpNum();
     hello.srcGid = gidA->raw;

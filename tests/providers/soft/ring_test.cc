@@ -31,7 +31,7 @@
 
 #include "common/clock.h"
 #include "ferry/common/config.h"
-#include "providers/soft/share.h"
+#include "providers/soft/same_host/share.h"
 #include "providers/soft/soft.h"
 #include "support/verbs_fixture.h"
 

@@ -2,7 +2,7 @@
 // deregistration waits for a copy in progress (and not for a dead accessor), a table is reached
 // only by a process that proves it can read the owner's memory, and WRITE/READ through the verbs
 // API take the path and fall back to TCP for whatever the table refuses.
-#include "providers/soft/share.h"
+#include "providers/soft/same_host/share.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

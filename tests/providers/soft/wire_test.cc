@@ -54,7 +54,7 @@ void expectSameFields(const FrameHeader& a, const FrameHeader& b) {
   EXPECT_EQ(a.shareFd, b.shareFd);
   EXPECT_EQ(a.shareCookie, b.shareCookie);
   EXPECT_EQ(a.ringTicket, b.ringTicket);
-  EXPECT_EQ(a.laneTicket, b.laneTicket);
+  EXPECT_EQ(a.stripeTicket, b.stripeTicket);
   EXPECT_EQ(a.route.present, b.route.present);
   EXPECT_EQ(a.route.dgid, b.route.dgid);
   EXPECT_EQ(a.route.flowLabel, b.route.flowLabel);
@@ -128,14 +128,14 @@ std::vector<FrameHeader> oneOfEachType() {
                     .srcQpn = 0x654321,
                     .srcGid = {0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0xff, 0xff, 127, 0, 0, 1},
                     .qkey = 0x11111111});
-  frames.push_back({.type = FrameType::kLaneData, .payloadLen = kMaxMessage, .seq = 11, .qpn = 3});
-  frames.push_back({.type = FrameType::kLaneReadResp, .payloadLen = kMaxMessage, .seq = 12, .qpn = 3});
+  frames.push_back({.type = FrameType::kStripeData, .payloadLen = kMaxMessage, .seq = 11, .qpn = 3});
+  frames.push_back({.type = FrameType::kStripeReadResp, .payloadLen = kMaxMessage, .seq = 12, .qpn = 3});
   return frames;
 }
 
 TEST(WireTest, EveryFrameTypeRoundTrips) {
   std::vector<FrameHeader> frames = oneOfEachType();
-  ASSERT_EQ(frames.size(), 16u);  // kHello .. kLaneReadResp
+  ASSERT_EQ(frames.size(), 16u);  // kHello .. kStripeReadResp
   for (const FrameHeader& h : frames) {
     SCOPED_TRACE("frame type " + std::to_string(static_cast<int>(h.type)));
     Bytes bytes = encode(h);
@@ -263,17 +263,17 @@ TEST(WireTest, HeaderLengthsAndTrailers) {
   EXPECT_EQ(headerLenFor(FrameType::kAck), 24u);
   EXPECT_EQ(headerLenFor(static_cast<FrameType>(0)), 0u);
   EXPECT_EQ(headerLenFor(FrameType::kDatagram), 48u);
-  EXPECT_EQ(headerLenFor(FrameType::kLaneData), 24u);
-  EXPECT_EQ(headerLenFor(FrameType::kLaneReadResp), 24u);
+  EXPECT_EQ(headerLenFor(FrameType::kStripeData), 24u);
+  EXPECT_EQ(headerLenFor(FrameType::kStripeReadResp), 24u);
   EXPECT_EQ(headerLenFor(static_cast<FrameType>(17)), 0u);
   EXPECT_EQ(trailerLen(FrameType::kReadResp), 4u);
-  EXPECT_EQ(trailerLen(FrameType::kLaneReadResp), 4u);
+  EXPECT_EQ(trailerLen(FrameType::kStripeReadResp), 4u);
   EXPECT_EQ(trailerLen(FrameType::kSend), 0u);
   for (const FrameHeader& h : oneOfEachType()) {
     bool expected = h.type == FrameType::kSend || h.type == FrameType::kSendImm ||
                     h.type == FrameType::kWrite || h.type == FrameType::kWriteImm ||
                     h.type == FrameType::kReadResp || h.type == FrameType::kDatagram ||
-                    h.type == FrameType::kLaneData || h.type == FrameType::kLaneReadResp;
+                    h.type == FrameType::kStripeData || h.type == FrameType::kStripeReadResp;
     EXPECT_EQ(carriesPayload(h.type), expected) << static_cast<int>(h.type);
   }
 }
@@ -304,67 +304,67 @@ void expectRefusedByDecode(const Bytes& bytes, const std::string& why) {
 
 Bytes ack() { return encode({.type = FrameType::kAck, .seq = 1, .qpn = 2}); }
 
-TEST(WireTest, LanedFlagOnlyOnAWriteLongerThanItsPayloadOrARead) {
-  // A laned WRITE: 8 KiB in all, the first 4 KiB in this frame, the rest on the lane.
-  FrameHeader laned{.type = FrameType::kWrite,
-                    .flags = kFlagLaned,
-                    .payloadLen = 4096,
-                    .qpn = 3,
-                    .remoteAddr = 0x10000,
-                    .rkey = 9,
-                    .length = 8192};
+TEST(WireTest, StripedFlagOnlyOnAWriteLongerThanItsPayloadOrARead) {
+  // A striped WRITE: 8 KiB in all, the first 4 KiB in this frame, the rest on the stripe.
+  FrameHeader striped{.type = FrameType::kWrite,
+                      .flags = kFlagStriped,
+                      .payloadLen = 4096,
+                      .qpn = 3,
+                      .remoteAddr = 0x10000,
+                      .rkey = 9,
+                      .length = 8192};
   FrameHeader back;
-  ASSERT_TRUE(decodeHeader(encode(laned), &back).isOk());
+  ASSERT_TRUE(decodeHeader(encode(striped), &back).isOk());
   EXPECT_EQ(back.length, 8192u);
   EXPECT_EQ(back.payloadLen, 4096u);
-  FrameHeader nothingLeft = laned;  // the lane would carry nothing
+  FrameHeader nothingLeft = striped;  // the stripe would carry nothing
   nothingLeft.length = 4096;
-  expectRefusedByDecode(encode(nothingLeft), "a laned WRITE no longer than its payload");
-  FrameHeader tooLong = laned;
+  expectRefusedByDecode(encode(nothingLeft), "a striped WRITE no longer than its payload");
+  FrameHeader tooLong = striped;
   tooLong.length = kMaxMessage + 1;
-  expectRefusedByDecode(encode(tooLong), "a laned WRITE above the message limit");
-  FrameHeader wraps = laned;
+  expectRefusedByDecode(encode(tooLong), "a striped WRITE above the message limit");
+  FrameHeader wraps = striped;
   wraps.remoteAddr = ~uint64_t{0} - 6000;  // its frame fits, the whole WRITE does not
-  expectRefusedByDecode(encode(wraps), "a laned WRITE that wraps around");
-  FrameHeader writeImm = laned;  // (types with no extended header ignore the bit)
+  expectRefusedByDecode(encode(wraps), "a striped WRITE that wraps around");
+  FrameHeader writeImm = striped;  // (types with no extended header ignore the bit)
   writeImm.type = FrameType::kWriteImm;
-  expectRefusedByDecode(encode(writeImm), "a laned flag on a WRITE_WITH_IMM");
-  // A laned READ: any length but none (the response comes in two parts).
+  expectRefusedByDecode(encode(writeImm), "a striped flag on a WRITE_WITH_IMM");
+  // A striped READ: any length but none (the response comes in two parts).
   FrameHeader read{.type = FrameType::kReadReq,
-                   .flags = kFlagLaned,
+                   .flags = kFlagStriped,
                    .qpn = 3,
                    .remoteAddr = 0x10000,
                    .rkey = 9,
                    .length = 8192};
   ASSERT_TRUE(decodeHeader(encode(read), &back).isOk());
-  EXPECT_EQ(back.flags & kFlagLaned, kFlagLaned);
+  EXPECT_EQ(back.flags & kFlagStriped, kFlagStriped);
   FrameHeader empty = read;
   empty.length = 0;
-  expectRefusedByDecode(encode(empty), "a laned READ of nothing");
+  expectRefusedByDecode(encode(empty), "a striped READ of nothing");
   FrameHeader readWraps = read;
   readWraps.remoteAddr = ~uint64_t{0} - 6000;
-  expectRefusedByDecode(encode(readWraps), "a laned READ that wraps around");
+  expectRefusedByDecode(encode(readWraps), "a striped READ that wraps around");
 }
 
-TEST(WireTest, HelloReplyCarriesALaneTicketWithOrWithoutTheTable) {
+TEST(WireTest, HelloReplyCarriesAStripeTicketWithOrWithoutTheTable) {
   FrameHeader reply{.type = FrameType::kHelloReply, .qpn = 9};
-  reply.laneTicket = 0x1122334455667788ULL;
+  reply.stripeTicket = 0x1122334455667788ULL;
   Bytes bytes = encode(reply);
-  ASSERT_EQ(bytes.size(), kCommonHeaderLen + kHelloReplyLaneLen);
+  ASSERT_EQ(bytes.size(), kCommonHeaderLen + kHelloReplyStripeLen);
   FrameHeader back;
   ASSERT_TRUE(decodeHeader(bytes, &back).isOk());
-  EXPECT_EQ(back.laneTicket, 0x1122334455667788ULL);
+  EXPECT_EQ(back.stripeTicket, 0x1122334455667788ULL);
   EXPECT_EQ(back.sharePid, 0u) << "no table: its fields stay zero";
   reply.sharePid = 4242;
   reply.shareCookie = 77;
   ASSERT_TRUE(decodeHeader(encode(reply), &back).isOk());
-  EXPECT_EQ(back.laneTicket, 0x1122334455667788ULL);
+  EXPECT_EQ(back.stripeTicket, 0x1122334455667788ULL);
   EXPECT_EQ(back.sharePid, 4242u);
   EXPECT_EQ(back.shareCookie, 77u);
   // A reply of the earlier lengths has no ticket.
-  reply.laneTicket = 0;
+  reply.stripeTicket = 0;
   ASSERT_TRUE(decodeHeader(encode(reply), &back).isOk());
-  EXPECT_EQ(back.laneTicket, 0u);
+  EXPECT_EQ(back.stripeTicket, 0u);
 }
 
 TEST(WireTest, RefusesTruncatedCommonHeader) {

@@ -1,10 +1,6 @@
-// SoftQp, same-host path: WRITE, READ and atomics carried out within the post on the peer's
-// memory (one copy by cross-memory attach, or loads and stores on memory both sides map).
-#include <arpa/inet.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
+// SameHostChannel: WRITE, READ and atomics carried out within the post on the peer's memory (one
+// copy by cross-memory attach, or loads and stores on memory both sides map).
+#include "providers/soft/same_host/channel.h"
 
 #include <algorithm>
 #include <array>
@@ -16,28 +12,40 @@
 
 #include "common/device_access.h"
 #include "common/log.h"
-#include "ferry/common/config.h"
-#include "providers/soft/qp.h"
-#include "providers/soft/qp_internal.h"
-#include "verbs/qp_state.h"
+#include "providers/soft/soft.h"
 
 namespace ferry::soft {
 
-using namespace qp_detail;
+using verbs::WrOpcode;
 
-// ---------------------------------------------------------------------------------------------
-// Same-host path.
+namespace {
 
-const SoftQp::FastPath* SoftQp::fastPathForLocked(WrOpcode opcode, uint64_t length) const {
-  if (!fast_ || fastBusy_ || closed_ || state_.load() != QpState::kRts) return nullptr;
-  if (opcode != WrOpcode::kRdmaWrite && opcode != WrOpcode::kRdmaWriteWithImm &&
-      opcode != WrOpcode::kRdmaRead && opcode != WrOpcode::kAtomicCmpAndSwp &&
-      opcode != WrOpcode::kAtomicFetchAndAdd) {
-    return nullptr;
-  }
-  // Only with nothing else outstanding (this request is counted): it must not overtake one.
-  if (length == 0 || sqOutstanding_.load() != 1) return nullptr;
-  return fast_.get();
+// Same-host requests from this size are copied by two threads (copyInTwo).
+constexpr uint64_t kStripeBytes = uint64_t{4} << 20;
+
+}  // namespace
+
+Result<std::shared_ptr<SameHostChannel>> SameHostChannel::open(SoftContext& ctx, const void* pdId,
+                                                               uint32_t qpn, uint32_t destQpn,
+                                                               const wire::FrameHeader& reply) {
+  if (!ctx.share()) return notSupported("this device offers no same-host path");
+  if (reply.sharePid == 0) return notSupported("the peer offers no same-host path");
+  auto peer = ctx.sharePeer(ShareInfo{reply.sharePid, reply.shareFd, reply.shareCookie});
+  if (!peer.isOk()) return peer.status();
+  auto slot = SharePeer::claim(*peer);
+  if (!slot.isOk()) return slot.status();
+  return std::shared_ptr<SameHostChannel>(
+      new SameHostChannel(ctx, pdId, qpn, destQpn, std::move(*peer), std::move(*slot)));
+}
+
+SameHostChannel::SameHostChannel(SoftContext& ctx, const void* pdId, uint32_t qpn, uint32_t destQpn,
+                                 std::shared_ptr<SharePeer> peer, std::unique_ptr<SharePeer::Slot> slot)
+    : ctx_(ctx), pdId_(pdId), qpn_(qpn), destQpn_(destQpn), peer_(std::move(peer)), slot_(std::move(slot)) {}
+
+bool SameHostChannel::carries(WrOpcode opcode) {
+  return opcode == WrOpcode::kRdmaWrite || opcode == WrOpcode::kRdmaWriteWithImm ||
+         opcode == WrOpcode::kRdmaRead || opcode == WrOpcode::kAtomicCmpAndSwp ||
+         opcode == WrOpcode::kAtomicFetchAndAdd;
 }
 
 namespace {
@@ -82,8 +90,7 @@ uint64_t halfwayByAddress(const std::vector<Stretch>& stretches, uint64_t total,
 
 }  // namespace
 
-bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> local,
-                       std::span<const iovec> remote) {
+bool SameHostChannel::copyInTwo(bool write, std::span<const iovec> local, std::span<const iovec> remote) {
   // The stretches, in post order: each remote piece takes the next bytes of the local pieces.
   std::vector<Stretch> stretches;
   stretches.reserve(local.size() + remote.size());
@@ -130,11 +137,10 @@ bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> lo
           iovec{reinterpret_cast<void*>(static_cast<uintptr_t>(s.remote + low)), s.length - low});
     }
   }
-  const SharePeer::Slot* slot = fp.slot.get();
-  CopyHelper& helper = ctx_->copyHelper();
+  const SharePeer::Slot* slot = slot_.get();
+  CopyHelper& helper = ctx_.copyHelper();
   // Each half goes to the kernel as one iovec set when the memory is not mapped (IOV_MAX pieces).
-  if (lows[0].empty() || highs[0].empty() || lows[0].size() > kMaxFastPieces ||
-      highs[0].size() > kMaxFastPieces ||
+  if (lows[0].empty() || highs[0].empty() || lows[0].size() > kMaxPieces || highs[0].size() > kMaxPieces ||
       !helper.tryStart([slot, write, &highs] { return slot->copyv(write, highs[0], highs[1]); })) {
     // Nothing to split, or the helper is busy with another request: all of it here. One request
     // goes through copy(), which carries on after a system call's short count (the kernel moves
@@ -148,14 +154,14 @@ bool SoftQp::copyInTwo(const FastPath& fp, bool write, std::span<const iovec> lo
   return a && b;
 }
 
-bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr> wrs) {
+bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   const bool write = wrs.front().opcode != WrOpcode::kRdmaRead;
-  if (!fp.peer->aliveRecently()) return false;
-  std::array<iovec, kMaxFastPieces> local;
-  std::array<iovec, kMaxFastBatch> remote;
+  if (!peer_->aliveRecently()) return false;
+  std::array<iovec, kMaxPieces> local;
+  std::array<iovec, kMaxBatch> remote;
   size_t nl = 0;
   uint64_t lo = ~uint64_t{0}, hi = 0;
-  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
   const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
   uint64_t total = 0;
   // The region of the last lkey looked up: the SGEs of a batch mostly name the same one, and the
@@ -171,7 +177,7 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
       const bool known = sge.lkey == knownKey && sge.addr >= knownBegin &&
                          sge.addr + sge.length >= sge.addr && sge.addr + sge.length <= knownEnd;
       if (!inlined && !known) {
-        auto entry = ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need);
+        auto entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need);
         if (!entry) return false;
         knownKey = sge.lkey;
         knownBegin = reinterpret_cast<uintptr_t>(entry->addr);
@@ -189,38 +195,37 @@ bool SoftQp::runFastPathBatch(const FastPath& fp, std::span<const verbs::SendWr>
   // The owner's records are checked once for the span all of them touch: inside one region, each
   // one is.
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
-  if (!fp.slot->begin(fp.destQpn, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
+  if (!slot_->begin(destQpn_, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
   const std::span<const iovec> localSpan(local.data(), nl), remoteSpan(remote.data(), wrs.size());
   // Large: the context's helper thread copies half of it while this one copies the rest (under
   // the same accessor mark and memory lock; both end before anything completes).
-  const bool copied = total >= kStripeBytes ? copyInTwo(fp, write, localSpan, remoteSpan)
-                                            : fp.slot->copyv(write, localSpan, remoteSpan);
-  const bool mapped = fp.slot->mapped();
-  fp.slot->end();
+  const bool copied = total >= kStripeBytes ? copyInTwo(write, localSpan, remoteSpan)
+                                            : slot_->copyv(write, localSpan, remoteSpan);
+  const bool mapped = slot_->mapped();
+  slot_->end();
   if (copied) {
     countSameHostOps(wrs.size(), mapped);
   }
   return copied;
 }
 
-bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
-  if (!fp.peer->aliveRecently()) return false;
-  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+bool SameHostChannel::runAtomic(const verbs::SendWr& wr) {
+  if (!peer_->aliveRecently()) return false;
+  std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
   const verbs::Sge& sge = wr.sgList.front();  // one 8-byte SGE (checked at post)
-  if (!ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, 8, verbs::access::kLocalWrite)) return false;
-  if (!fp.slot->begin(fp.destQpn, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8,
-                      verbs::access::kRemoteAtomic)) {
+  if (!ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, 8, verbs::access::kLocalWrite)) return false;
+  if (!slot_->begin(destQpn_, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
     return false;
   }
   // Only memory both sides map: the owner's atomics are instructions on that memory, so ours are
   // too. Any other memory goes to the owner's responder, which applies it there.
-  if (!fp.slot->mapped()) {
-    fp.slot->end();
+  if (!slot_->mapped()) {
+    slot_->end();
     return false;
   }
-  const uint64_t original = fp.slot->atomic(wr.opcode == WrOpcode::kAtomicCmpAndSwp, wr.atomic.remoteAddr,
-                                            wr.atomic.compareAdd, wr.atomic.swap);
-  fp.slot->end();
+  const uint64_t original = slot_->atomic(wr.opcode == WrOpcode::kAtomicCmpAndSwp, wr.atomic.remoteAddr,
+                                          wr.atomic.compareAdd, wr.atomic.swap);
+  slot_->end();
   {
     DeviceAccess device;
     std::memcpy(reinterpret_cast<void*>(sge.addr), &original, sizeof original);
@@ -229,74 +234,40 @@ bool SoftQp::runFastAtomic(const FastPath& fp, const verbs::SendWr& wr) {
   return true;
 }
 
-bool SoftQp::runFastPath(const FastPath& fp, const verbs::SendWr& wr, uint64_t length) {
+bool SameHostChannel::run(const verbs::SendWr& wr, uint64_t length) {
   if (wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd) {
-    return runFastAtomic(fp, wr);
+    return runAtomic(wr);
   }
   const bool write = wr.opcode != WrOpcode::kRdmaRead;
-  if (!fp.peer->aliveRecently()) return false;
+  if (!peer_->aliveRecently()) return false;
   std::array<iovec, 64> iov;
   size_t n = 0;
   // Our own memory stays registered while the lock is held (deregistration takes it exclusively).
   // Inline data needs no key: it is read from the caller's buffer before the post returns.
-  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
   const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
   const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
   for (const auto& sge : wr.sgList) {
     if (sge.length == 0) continue;
     if (n == iov.size()) return false;
-    if (!inlined && !ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, need)) return false;
+    if (!inlined && !ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need)) return false;
     iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
-  if (!fp.slot->begin(fp.destQpn, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
+  if (!slot_->begin(destQpn_, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
   bool copied;
   if (length >= kStripeBytes) {
     const iovec whole{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), length};
-    copied = copyInTwo(fp, write, std::span<const iovec>(iov.data(), n), std::span<const iovec>(&whole, 1));
+    copied = copyInTwo(write, std::span<const iovec>(iov.data(), n), std::span<const iovec>(&whole, 1));
   } else {
-    copied = fp.slot->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
+    copied = slot_->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
   }
-  const bool mapped = fp.slot->mapped();
-  fp.slot->end();
+  const bool mapped = slot_->mapped();
+  slot_->end();
   if (copied) {
     countSameHostOps(1, mapped);
   }
   return copied;
-}
-
-void SoftQp::setupFastPathFromLoop(const wire::FrameHeader& reply) {
-  FERRY_ON_LOOP(ctx_->reactor());
-  if (!ctx_->share() || reply.sharePid == 0) return;
-  auto peer = ctx_->sharePeer(ShareInfo{reply.sharePid, reply.shareFd, reply.shareCookie});
-  if (!peer.isOk()) {
-    FERRY_LOG(kDebug, "QP %u: no same-host path to its peer: %s", qpn_, peer.status().toString().c_str());
-    return;
-  }
-  auto slot = SharePeer::claim(*peer);
-  if (!slot.isOk()) {
-    FERRY_LOG(kInfo, "QP %u: no same-host path to its peer: %s", qpn_, slot.status().toString().c_str());
-    return;
-  }
-  auto fp = std::make_shared<FastPath>();
-  fp->peer = std::move(*peer);
-  fp->slot = std::move(*slot);
-  fp->destQpn = attr_.destQpNum;
-  FERRY_LOG(kDebug, "QP %u: same-host path to process %u", qpn_, reply.sharePid);
-  std::lock_guard<std::mutex> lock(mu_);
-  fast_ = std::move(fp);
-}
-
-void SoftQp::dropFastPath() {
-  std::lock_guard<std::mutex> lock(mu_);
-  fast_.reset();
-}
-
-void SoftQp::publishShareFromLoop() {
-  FERRY_ON_LOOP(ctx_->reactor());
-  if (auto* table = ctx_->share()) {
-    table->publishQp(qpn_, state_.load(), attr_.qpAccessFlags, pd_.get(), attr_.destQpNum);
-  }
 }
 
 }  // namespace ferry::soft

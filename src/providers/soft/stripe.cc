@@ -1,4 +1,4 @@
-#include "providers/soft/lane.h"
+#include "providers/soft/stripe.h"
 
 #include "common/clock.h"
 #include "common/reactor.h"
@@ -7,37 +7,39 @@
 namespace ferry::soft {
 namespace {
 std::atomic<uint64_t> bytesPlaced{0};
-std::atomic<uint64_t> bytesPlacedByLaneThread{0};
+std::atomic<uint64_t> bytesPlacedByStripeThread{0};
 }  // namespace
 
-uint64_t laneBytesPlaced() { return bytesPlaced.load(std::memory_order_relaxed); }
-uint64_t laneBytesPlacedByLaneThread() { return bytesPlacedByLaneThread.load(std::memory_order_relaxed); }
-void countLaneBytesPlaced(uint64_t bytes) { bytesPlaced.fetch_add(bytes, std::memory_order_relaxed); }
+uint64_t stripeBytesPlaced() { return bytesPlaced.load(std::memory_order_relaxed); }
+uint64_t stripeBytesPlacedByStripeThread() {
+  return bytesPlacedByStripeThread.load(std::memory_order_relaxed);
+}
+void countStripeBytesPlaced(uint64_t bytes) { bytesPlaced.fetch_add(bytes, std::memory_order_relaxed); }
 
-LaneOut::LaneOut(Reactor* reactor, const wire::FrameHeader& hello, Tell tell)
+StripeOut::StripeOut(Reactor* reactor, const wire::FrameHeader& hello, Tell tell)
     : reactor_(reactor), hello_(hello), tell_(std::move(tell)) {}
 
-std::shared_ptr<LaneOut> LaneOut::start(SoftContext* ctx, Reactor* reactor, in_addr_t ip, uint16_t port,
-                                        const wire::FrameHeader& hello, Tell tell) {
-  std::shared_ptr<LaneOut> lane(new LaneOut(reactor, hello, std::move(tell)));
+std::shared_ptr<StripeOut> StripeOut::start(SoftContext* ctx, Reactor* reactor, in_addr_t ip, uint16_t port,
+                                            const wire::FrameHeader& hello, Tell tell) {
+  std::shared_ptr<StripeOut> stripe(new StripeOut(reactor, hello, std::move(tell)));
   auto link = dialTcpLink(ctx->ipv4(), ip, port);
   if (!link.isOk()) {
-    // Told from the lane thread, as every other event is.
-    reactor->post([lane, why = link.status()] { lane->tellClosed(why); });
-    return lane;
+    // Told from the stripe thread, as every other event is.
+    reactor->post([stripe, why = link.status()] { stripe->tellClosed(why); });
+    return stripe;
   }
-  lane->conn_ = std::make_shared<Conn>(ctx, std::move(*link), lane.get(), reactor);
-  reactor->post([lane] {
-    if (lane->closing_) {
-      lane->conn_->close(Status::ok(), true);
+  stripe->conn_ = std::make_shared<Conn>(ctx, std::move(*link), stripe.get(), reactor);
+  reactor->post([stripe] {
+    if (stripe->closing_) {
+      stripe->conn_->close(Status::ok(), true);
       return;
     }
-    if (Status st = lane->conn_->attach(); !st.isOk()) lane->conn_->close(st);
+    if (Status st = stripe->conn_->attach(); !st.isOk()) stripe->conn_->close(st);
   });
-  return lane;
+  return stripe;
 }
 
-void LaneOut::send(std::vector<OutFrame> frames) {
+void StripeOut::send(std::vector<OutFrame> frames) {
   auto self = shared_from_this();
   reactor_->post([self, frames = std::move(frames)]() mutable {
     if (!self->conn_ || self->closing_) return;
@@ -47,22 +49,22 @@ void LaneOut::send(std::vector<OutFrame> frames) {
   });
 }
 
-void LaneOut::expectRead(uint32_t seq, uint64_t length, Segments segments) {
+void StripeOut::expectRead(uint32_t seq, uint64_t length, Segments segments) {
   std::lock_guard<std::mutex> lock(readsMu_);
   reads_.push_back(ReadPart{seq, length, std::move(segments)});
 }
 
-bool LaneOut::readsPending() const {
+bool StripeOut::readsPending() const {
   std::lock_guard<std::mutex> lock(readsMu_);
   return !reads_.empty();
 }
 
-void LaneOut::forgetReadsFrom(uint32_t seq) {
+void StripeOut::forgetReadsFrom(uint32_t seq) {
   std::lock_guard<std::mutex> lock(readsMu_);
   while (!reads_.empty() && static_cast<int32_t>(reads_.back().seq - seq) >= 0) reads_.pop_back();
 }
 
-void LaneOut::close(bool wait) {
+void StripeOut::close(bool wait) {
   const bool first = !closing_.exchange(true);
   auto self = shared_from_this();
   auto closeConn = [self] {
@@ -71,7 +73,7 @@ void LaneOut::close(bool wait) {
     self->reads_.clear();
   };
   if (wait && !reactor_->inLoop()) {
-    // The lane thread never waits for the QP's loop, so this wait ends; a reactor already stopped
+    // The stripe thread never waits for the QP's loop, so this wait ends; a reactor already stopped
     // runs nothing more, which is as good.
     (void)reactor_->runSync(closeConn);
   } else if (first) {
@@ -79,34 +81,35 @@ void LaneOut::close(bool wait) {
   }
 }
 
-Status LaneOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan* plan) {
-  // The peer says two things on a lane: its hello reply, then the second parts of laned READs.
+Status StripeOut::onHeader(Conn&, const wire::FrameHeader& h, PayloadPlan* plan) {
+  // The peer says two things on a stripe: its hello reply, then the second parts of striped READs.
   if (!ready_) {
     if (h.type != wire::FrameType::kHelloReply)
-      return Status(StatusCode::kProtocolError, "a lane's first frame is its hello reply");
+      return Status(StatusCode::kProtocolError, "a stripe's first frame is its hello reply");
     return Status::ok();
   }
-  if (h.type != wire::FrameType::kLaneReadResp) {
+  if (h.type != wire::FrameType::kStripeReadResp) {
     return Status(StatusCode::kProtocolError,
-                  "a lane carries nothing back but its hello reply and READ data");
+                  "a stripe carries nothing back but its hello reply and READ data");
   }
   std::lock_guard<std::mutex> lock(readsMu_);
-  // The responder answers laned READs in order, each with its part here (a READ it refuses takes
-  // the QP to ERR, which closes the lane; those an RNR NAK made it drop are forgotten).
+  // The responder answers striped READs in order, each with its part here (a READ it refuses takes
+  // the QP to ERR, which closes the stripe; those an RNR NAK made it drop are forgotten).
   if (reads_.empty() || reads_.front().seq != h.seq || reads_.front().length != h.payloadLen) {
-    return Status(StatusCode::kProtocolError, "READ data on the lane that is not a laned READ's second part");
+    return Status(StatusCode::kProtocolError,
+                  "READ data on the stripe that is not a striped READ's second part");
   }
   plan->segments = std::move(reads_.front().segments);  // the entry stays (readsPending) until placed
   return Status::ok();
 }
 
-void LaneOut::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
-  if (h.type == wire::FrameType::kLaneReadResp) {
+void StripeOut::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t trailer) {
+  if (h.type == wire::FrameType::kStripeReadResp) {
     {
       std::lock_guard<std::mutex> lock(readsMu_);
       if (!reads_.empty() && reads_.front().seq == h.seq) reads_.pop_front();
     }
-    if (!plan.revoked && trailer == 0) countLaneBytesPlaced(h.payloadLen);
+    if (!plan.revoked && trailer == 0) countStripeBytesPlaced(h.payloadLen);
     if (!closing_) {
       tell_(Event::kReadLanded, h.seq, trailer,
             plan.revoked ? Status(StatusCode::kPermissionDenied, "a READ's destination was deregistered")
@@ -116,57 +119,57 @@ void LaneOut::onFrame(Conn& conn, const wire::FrameHeader& h, const PayloadPlan&
   }
   if (static_cast<wire::HelloResult>(h.aux) != wire::HelloResult::kAccepted) {
     conn.close(Status(StatusCode::kUnavailable,
-                      "the peer refused the lane (hello result " + std::to_string(h.aux) + ")"));
+                      "the peer refused the stripe (hello result " + std::to_string(h.aux) + ")"));
     return;
   }
   ready_ = true;
   if (!closing_) tell_(Event::kReady, 0, 0, Status::ok());
 }
 
-void LaneOut::onPayloadRevoked(Conn&, const OutFrame& frame) {
+void StripeOut::onPayloadRevoked(Conn&, const OutFrame& frame) {
   if (!closing_) tell_(Event::kRevoked, frame.seq, 0, Status::ok());
 }
 
-void LaneOut::onProgress(Conn&) { progressNs_.store(steadyNs(), std::memory_order_relaxed); }
+void StripeOut::onProgress(Conn&) { progressNs_.store(steadyNs(), std::memory_order_relaxed); }
 
-void LaneOut::onConnected(Conn& conn) {
+void StripeOut::onConnected(Conn& conn) {
   progressNs_.store(steadyNs(), std::memory_order_relaxed);
   conn.sendHeader(hello_);
 }
 
-void LaneOut::onClosed(Conn&, const Status& why) { tellClosed(why); }
+void StripeOut::onClosed(Conn&, const Status& why) { tellClosed(why); }
 
-void LaneOut::tellClosed(const Status& why) {
+void StripeOut::tellClosed(const Status& why) {
   if (toldClosed_) return;
   toldClosed_ = true;
   if (!closing_)
-    tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
+    tell_(Event::kClosed, 0, 0, why.isOk() ? Status(StatusCode::kUnavailable, "the stripe closed") : why);
 }
 
-LaneIn::LaneIn(std::shared_ptr<Conn> conn, Reactor* reactor, Tell tell)
+StripeIn::StripeIn(std::shared_ptr<Conn> conn, Reactor* reactor, Tell tell)
     : conn_(std::move(conn)), reactor_(reactor), tell_(std::move(tell)) {}
 
-std::shared_ptr<LaneIn> LaneIn::adopt(SoftContext* ctx, std::shared_ptr<Conn> conn, Reactor* reactor,
-                                      Tell tell) {
-  std::shared_ptr<LaneIn> lane(new LaneIn(std::move(conn), reactor, std::move(tell)));
-  lane->home_ = &ctx->reactor();
-  lane->conn_->setDelegate(lane.get());
+std::shared_ptr<StripeIn> StripeIn::adopt(SoftContext* ctx, std::shared_ptr<Conn> conn, Reactor* reactor,
+                                          Tell tell) {
+  std::shared_ptr<StripeIn> stripe(new StripeIn(std::move(conn), reactor, std::move(tell)));
+  stripe->home_ = &ctx->reactor();
+  stripe->conn_->setDelegate(stripe.get());
   // Its input waits from this frame on (the hello is being answered in this step): after the step,
-  // it goes on where the lane is read.
-  lane->conn_->pauseInput();
-  lane->home_->post([lane] {
-    lane->moved_ = true;
-    if (lane->closing_ || lane->conn_->closed()) return;
-    if (lane->reactor_ == lane->home_) {
-      lane->conn_->resumeInput();
+  // it goes on where the stripe is read.
+  stripe->conn_->pauseInput();
+  stripe->home_->post([stripe] {
+    stripe->moved_ = true;
+    if (stripe->closing_ || stripe->conn_->closed()) return;
+    if (stripe->reactor_ == stripe->home_) {
+      stripe->conn_->resumeInput();
     } else {
-      lane->conn_->moveTo(lane->reactor_);  // resumes its input there
+      stripe->conn_->moveTo(stripe->reactor_);  // resumes its input there
     }
   });
-  return lane;
+  return stripe;
 }
 
-void LaneIn::onLane(std::function<void()> fn) {
+void StripeIn::onStripe(std::function<void()> fn) {
   if (moved_) {
     reactor_->post(std::move(fn));
   } else {
@@ -174,20 +177,20 @@ void LaneIn::onLane(std::function<void()> fn) {
   }
 }
 
-void LaneIn::expect(uint32_t seq, uint64_t length, Segments segments) {
+void StripeIn::expect(uint32_t seq, uint64_t length, Segments segments) {
   bool resume = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pieces_.push_back(Piece{seq, length, std::move(segments)});
     resume = std::exchange(waiting_, false);
   }
-  // A lane paused ahead of the WRITEs has its next one now.
-  if (resume) onLane([self = shared_from_this()] { self->conn_->resumeInput(); });
+  // A stripe paused ahead of the WRITEs has its next one now.
+  if (resume) onStripe([self = shared_from_this()] { self->conn_->resumeInput(); });
 }
 
-void LaneIn::send(std::vector<OutFrame> frames) {
+void StripeIn::send(std::vector<OutFrame> frames) {
   if (frames.empty()) return;
-  onLane([self = shared_from_this(), frames = std::move(frames)]() mutable {
+  onStripe([self = shared_from_this(), frames = std::move(frames)]() mutable {
     Conn& conn = *self->conn_;
     if (conn.closed()) return;
     conn.cork();
@@ -196,7 +199,7 @@ void LaneIn::send(std::vector<OutFrame> frames) {
   });
 }
 
-void LaneIn::close(bool wait) {
+void StripeIn::close(bool wait) {
   closing_ = true;
   auto closeConn = [self = shared_from_this()] {
     self->conn_->close(Status::ok(), true);
@@ -207,7 +210,7 @@ void LaneIn::close(bool wait) {
   if (!moved_ || reactor_->inLoop()) {
     closeConn();
   } else if (wait) {
-    // The lane thread never waits for the QP's loop, so this wait ends; a reactor already stopped
+    // The stripe thread never waits for the QP's loop, so this wait ends; a reactor already stopped
     // runs nothing more, which is as good.
     (void)reactor_->runSync(closeConn);
   } else {
@@ -215,9 +218,9 @@ void LaneIn::close(bool wait) {
   }
 }
 
-void LaneIn::closeAfterFlush() {
+void StripeIn::closeAfterFlush() {
   closing_ = true;
-  onLane([self = shared_from_this()] {
+  onStripe([self = shared_from_this()] {
     {
       std::lock_guard<std::mutex> lock(self->mu_);
       self->pieces_.clear();
@@ -226,27 +229,27 @@ void LaneIn::closeAfterFlush() {
   });
 }
 
-Status LaneIn::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
-  if (h.type != wire::FrameType::kLaneData) {
-    return Status(StatusCode::kProtocolError, "a lane carries lane data only");
+Status StripeIn::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
+  if (h.type != wire::FrameType::kStripeData) {
+    return Status(StatusCode::kProtocolError, "a stripe carries stripe data only");
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (pieces_.empty()) {
     // Ahead of the WRITEs: this part is placed once its WRITE's own frame has been checked
-    // (expect resumes the lane; this header is asked about again then).
+    // (expect resumes the stripe; this header is asked about again then).
     waiting_ = true;
     conn.pauseInput();
     return Status::ok();
   }
   const Piece& piece = pieces_.front();
   if (piece.seq != h.seq || piece.length != h.payloadLen) {
-    return Status(StatusCode::kProtocolError, "lane data that is not the next laned WRITE's second half");
+    return Status(StatusCode::kProtocolError, "stripe data that is not the next striped WRITE's second half");
   }
   plan->segments = piece.segments;
   return Status::ok();
 }
 
-void LaneIn::onFrame(Conn&, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t) {
+void StripeIn::onFrame(Conn&, const wire::FrameHeader& h, const PayloadPlan& plan, uint32_t) {
   bool placed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -255,19 +258,19 @@ void LaneIn::onFrame(Conn&, const wire::FrameHeader& h, const PayloadPlan& plan,
     pieces_.pop_front();
   }
   if (placed && !plan.revoked) {
-    countLaneBytesPlaced(h.payloadLen);
+    countStripeBytesPlaced(h.payloadLen);
     if (reactor_ != home_ && reactor_->inLoop()) {
-      bytesPlacedByLaneThread.fetch_add(h.payloadLen, std::memory_order_relaxed);
+      bytesPlacedByStripeThread.fetch_add(h.payloadLen, std::memory_order_relaxed);
     }
   }
   if (!closing_) tell_(Event::kLanded, h.seq, placed && plan.revoked, Status::ok());
 }
 
-void LaneIn::onClosed(Conn&, const Status& why) {
+void StripeIn::onClosed(Conn&, const Status& why) {
   if (toldClosed_) return;
   toldClosed_ = true;
   if (!closing_) {
-    tell_(Event::kClosed, 0, false, why.isOk() ? Status(StatusCode::kUnavailable, "the lane closed") : why);
+    tell_(Event::kClosed, 0, false, why.isOk() ? Status(StatusCode::kUnavailable, "the stripe closed") : why);
   }
 }
 

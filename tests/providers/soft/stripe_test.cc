@@ -1,15 +1,15 @@
-// A QP's lane (FERRY_SOFT_TCP_LANE, lane.h): large WRITEs and READs share their bytes with a second
+// A QP's stripe (FERRY_SOFT_TCP_STRIPE, stripe.h): large WRITEs and READs share their bytes with a second
 // connection, yet every rule of the QP holds as on one connection. WRITEs land whole and in post
 // order (a later WRITE's bytes over an earlier one's where they overlap), a SEND after them finds
 // them in place, a WRITE refused by the responder fails as on one connection and its half on the
-// lane lands nowhere, and the lane's bytes are counted where they land, so the test knows the lane
-// carried them (and that the responder's lane thread placed them). WRITEs clear of a half still on
-// the lane go on meanwhile, but nothing is acknowledged, and nothing refused, before that half has
+// stripe lands nowhere, and the stripe's bytes are counted where they land, so the test knows the stripe
+// carried them (and that the responder's stripe thread placed them). WRITEs clear of a half still on
+// the stripe go on meanwhile, but nothing is acknowledged, and nothing refused, before that half has
 // landed; a region deregistered while halves are on their way fails the WRITE and takes no byte
 // after. READs come back whole in two parts, see the WRITEs before them, fail as on one connection
 // when refused or when a region goes, and take no byte after their completion. The suite's other
-// tests run over the lane too, on the soft_tcp_lane path.
-#include "providers/soft/lane.h"
+// tests run over the stripe too, on the soft_tcp_stripe path.
+#include "providers/soft/stripe.h"
 
 #include <gtest/gtest.h>
 
@@ -28,22 +28,22 @@ namespace {
 
 namespace v = ferry::verbs;
 
-class LanePath : public VerbsTest {
+class StripePath : public VerbsTest {
  protected:
   void SetUp() override {
     VerbsTest::SetUp();
     if (IsSkipped()) return;
-    if (providerPath().name != "soft_tcp_lane") GTEST_SKIP() << "lanes run on the soft_tcp_lane path";
+    if (providerPath().name != "soft_tcp_stripe") GTEST_SKIP() << "stripes run on the soft_tcp_stripe path";
   }
 };
 
-// A laned WRITE's first half goes once the lane is up: wait for the first WRITE whose bytes the
-// lane carried (the lane connects just after the QP's own connection).
-::testing::AssertionResult laneCarries(ConnectedPair& pair, RegisteredBuffer& src, RegisteredBuffer& dst) {
+// A striped WRITE's first half goes once the stripe is up: wait for the first WRITE whose bytes the
+// stripe carried (the stripe connects just after the QP's own connection).
+::testing::AssertionResult stripeCarries(ConnectedPair& pair, RegisteredBuffer& src, RegisteredBuffer& dst) {
   const auto deadline = Clock::now() + kWaitTimeout;
   uint64_t id = 1000;
   while (Clock::now() < deadline) {
-    const uint64_t before = soft::laneBytesPlaced();
+    const uint64_t before = soft::stripeBytesPlaced();
     Status st = post(pair.a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
                                  .wrId = ++id,
                                  .sges = {sgeOf(src, 0, 8192)},
@@ -54,18 +54,18 @@ class LanePath : public VerbsTest {
     if (!pollOne(pair.a.sendCq, &wc) || wc.status != v::WcStatus::kSuccess) {
       return ::testing::AssertionFailure() << "a WRITE failed: " << describe(wc);
     }
-    if (soft::laneBytesPlaced() > before) return ::testing::AssertionSuccess();
+    if (soft::stripeBytesPlaced() > before) return ::testing::AssertionSuccess();
   }
-  return ::testing::AssertionFailure() << "no WRITE went over the lane";
+  return ::testing::AssertionFailure() << "no WRITE went over the stripe";
 }
 
-TEST_P(LanePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
+TEST_P(StripePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   constexpr size_t kSize = 4 << 20;
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 1));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize, v::access::kAll, 2));
   ASSERT_OK_AND_ASSIGN(auto inbox, registerBuffer(pair->b.pd, 4096, v::access::kLocalWrite, 3));
-  ASSERT_TRUE(laneCarries(*pair, src, dst));
+  ASSERT_TRUE(stripeCarries(*pair, src, dst));
 
   // Three WRITEs, each over the one before: [0, 4 MiB) from pattern 11, [1 MiB, 3 MiB) from
   // pattern 12, [1.5 MiB, 2.5 MiB) + 5 bytes from pattern 13; then a SEND.
@@ -79,8 +79,8 @@ TEST_P(LanePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
   const size_t offsets[3] = {0, 1 << 20, 3 << 19};
   const size_t lengths[3] = {kSize, 2 << 20, (1 << 20) + 5};
   ASSERT_OK(postReceive(pair->b.qp, 20, {sgeOf(inbox, 0, 4096)}));
-  const uint64_t placedBefore = soft::laneBytesPlaced();
-  const uint64_t byLaneThreadBefore = soft::laneBytesPlacedByLaneThread();
+  const uint64_t placedBefore = soft::stripeBytesPlaced();
+  const uint64_t byStripeThreadBefore = soft::stripeBytesPlacedByStripeThread();
   std::vector<SendOp> ops;
   for (int i = 0; i < 3; ++i) {
     ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
@@ -106,16 +106,16 @@ TEST_P(LanePath, WritesLandWholeAndInPostOrderAndASendAfterThemFindsThem) {
     EXPECT_EQ(completions[i].wrId, i + 1);
     EXPECT_EQ(completions[i].status, v::WcStatus::kSuccess) << describe(completions[i]);
   }
-  // Each WRITE's second half (from its 4 KiB boundary below the middle) came over the lane.
-  uint64_t laned = 0;
-  for (size_t len : lengths) laned += len - ((len / 2) & ~size_t{0xfff});
-  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, laned);
-  // The responder's lane thread read the lane and placed them, not its progress thread (which
+  // Each WRITE's second half (from its 4 KiB boundary below the middle) came over the stripe.
+  uint64_t striped = 0;
+  for (size_t len : lengths) striped += len - ((len / 2) & ~size_t{0xfff});
+  EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore, striped);
+  // The responder's stripe thread read the stripe and placed them, not its progress thread (which
   // read the QP's own connection meanwhile).
-  EXPECT_EQ(soft::laneBytesPlacedByLaneThread() - byLaneThreadBefore, laned);
+  EXPECT_EQ(soft::stripeBytesPlacedByStripeThread() - byStripeThreadBefore, striped);
 }
 
-TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) {
+TEST_P(StripePath, ARefusedWriteFailsAsOnOneConnectionAndItsStripeHalfLandsNowhere) {
   constexpr size_t kSize = 1 << 20;
   // A region without remote write; then, on a fresh pair, a range one byte past a region's end.
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -127,9 +127,9 @@ TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) 
         auto target,
         registerBuffer(pair->b.pd, kSize,
                        attempt == 0 ? v::access::kLocalWrite | v::access::kRemoteRead : v::access::kAll, 32));
-    ASSERT_TRUE(laneCarries(*pair, src, dst));
+    ASSERT_TRUE(stripeCarries(*pair, src, dst));
     fillPattern(src.memory.bytes(), 33);
-    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t placedBefore = soft::stripeBytesPlaced();
     const uint64_t at = attempt == 0 ? target.address() : target.address(4097);
     ASSERT_OK(post(pair->a.qp, {.opcode = v::WrOpcode::kRdmaWrite,
                                 .wrId = 1,
@@ -141,20 +141,20 @@ TEST_P(LanePath, ARefusedWriteFailsAsOnOneConnectionAndItsLaneHalfLandsNowhere) 
     EXPECT_EQ(wc.wrId, 1u);
     EXPECT_EQ(wc.status, v::WcStatus::kRemAccessErr) << describe(wc);
     EXPECT_TRUE(matchesPattern(bytesOf(target), 32)) << "not a byte of either half landed";
-    EXPECT_EQ(soft::laneBytesPlaced(), placedBefore);
+    EXPECT_EQ(soft::stripeBytesPlaced(), placedBefore);
   }
 }
 
-// WRITEs clear of an earlier WRITE's half still on the lane are carried out meanwhile, yet none is
+// WRITEs clear of an earlier WRITE's half still on the stripe are carried out meanwhile, yet none is
 // acknowledged before that half landed: when a WRITE's completion is seen, all of its bytes, both
 // halves, are in place, whatever came after it.
-TEST_P(LanePath, AWriteCompletesOnlyOnceBothHalvesLandedWhateverPassedIt) {
+TEST_P(StripePath, AWriteCompletesOnlyOnceBothHalvesLandedWhateverPassedIt) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   constexpr size_t kSize = 4 << 20;
   constexpr size_t kSmall = 4096;
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize + 8 * kSmall, v::access::kLocalWrite, 40));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kSize + 8 * kSmall, v::access::kAll, 41));
-  ASSERT_TRUE(laneCarries(*pair, src, dst));
+  ASSERT_TRUE(stripeCarries(*pair, src, dst));
   for (int round = 0; round < 16; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     fillPattern(src.memory.bytes(), 50 + round);
@@ -164,7 +164,7 @@ TEST_P(LanePath, AWriteCompletesOnlyOnceBothHalvesLandedWhateverPassedIt) {
                    .sges = {sgeOf(src, 0, kSize)},
                    .remoteAddr = dst.address(),
                    .rkey = dst.mr.rkey()});
-    for (size_t i = 0; i < 8; ++i) {  // small WRITEs past its end: clear of its lane half
+    for (size_t i = 0; i < 8; ++i) {  // small WRITEs past its end: clear of its stripe half
       ops.push_back({.opcode = v::WrOpcode::kRdmaWrite,
                      .wrId = 2 + i,
                      .sges = {sgeOf(src, kSize + i * kSmall, kSmall)},
@@ -188,16 +188,16 @@ TEST_P(LanePath, AWriteCompletesOnlyOnceBothHalvesLandedWhateverPassedIt) {
   }
 }
 
-// A request refused while earlier WRITEs still have halves on the lane: those WRITEs complete
+// A request refused while earlier WRITEs still have halves on the stripe: those WRITEs complete
 // whole (the refusal acknowledges everything before it), the refused one fails, and what was
 // posted after it is flushed.
-TEST_P(LanePath, ARefusalBehindHalvesStillOnTheLaneWaitsForThem) {
+TEST_P(StripePath, ARefusalBehindHalvesStillOnTheStripeWaitsForThem) {
   constexpr size_t kSize = 2 << 20;
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 2 * kSize, v::access::kLocalWrite, 60));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 2 * kSize, v::access::kAll, 61));
   ASSERT_OK_AND_ASSIGN(auto closed, registerBuffer(pair->b.pd, kSize, v::access::kLocalWrite, 62));
-  ASSERT_TRUE(laneCarries(*pair, src, dst));
+  ASSERT_TRUE(stripeCarries(*pair, src, dst));
   fillPattern(src.memory.bytes(), 63);
   std::vector<SendOp> ops;
   for (uint64_t i = 0; i < 2; ++i) {
@@ -230,7 +230,7 @@ TEST_P(LanePath, ARefusalBehindHalvesStillOnTheLaneWaitsForThem) {
   EXPECT_TRUE(matchesPattern(bytesOf(closed), 62));
 }
 
-// Regions that go while a laned WRITE's halves are on their way. Whenever the deregistration falls
+// Regions that go while a striped WRITE's halves are on their way. Whenever the deregistration falls
 // (before the WRITE arrives, while its halves land, after), the WRITE either completes whole or
 // fails, and once the deregistration has returned not a byte more lands in the region.
 constexpr size_t kDeregisteredSize = 32 << 20;
@@ -262,13 +262,13 @@ constexpr int kDeregisterAfterUs[] = {0, 500, 1000, 2000, 4000};
   return transferOn(pair.a.qp, pair.a.sendCq, opcode, local, remote, delayUs, act, wc);
 }
 
-TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
+TEST_P(StripePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
   for (int delayUs : kDeregisterAfterUs) {
     SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 70));
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 71));
-    ASSERT_TRUE(laneCarries(*pair, src, dst));
+    ASSERT_TRUE(stripeCarries(*pair, src, dst));
     fillPattern(src.memory.bytes(), 72);
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
@@ -288,14 +288,14 @@ TEST_P(LanePath, ATargetDeregisteredWhileHalvesLandTakesNoByteAfterwards) {
   }
 }
 
-TEST_P(LanePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItWhole) {
+TEST_P(StripePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItWhole) {
   for (int delayUs : kDeregisterAfterUs) {
     SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
     ASSERT_OK_AND_ASSIGN(auto probe, registerBuffer(pair->a.pd, 8192, v::access::kLocalWrite, 80));
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 81));
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 82));
-    ASSERT_TRUE(laneCarries(*pair, probe, dst));
+    ASSERT_TRUE(stripeCarries(*pair, probe, dst));
     v::WorkCompletion wc;
     ASSERT_TRUE(transferWhile(
         *pair, v::WrOpcode::kRdmaWrite, src, dst, delayUs, [&] { src.mr.close(); }, &wc));
@@ -310,16 +310,16 @@ TEST_P(LanePath, ASourceDeregisteredWhileItsHalvesAreSentFailsTheWriteOrSendsItW
   }
 }
 
-// A laned READ's response comes in two parts, the second on the lane, placed by the lane thread.
+// A striped READ's response comes in two parts, the second on the stripe, placed by the stripe thread.
 // Whatever the length and however the destination is split into SGEs, every byte lands where it
-// belongs, the READ sees the WRITEs posted before it, and the lane placed the second parts.
-TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
+// belongs, the READ sees the WRITEs posted before it, and the stripe placed the second parts.
+TEST_P(StripePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   constexpr size_t kSize = 4 << 20;
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 90));
   ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kSize, v::access::kAll, 91));
   ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 92));
-  ASSERT_TRUE(laneCarries(*pair, src, remote));
+  ASSERT_TRUE(stripeCarries(*pair, src, remote));
   fillPattern(src.memory.bytes(), 93);
   // What `remote` holds once a WRITE of [1 MiB, 3 MiB) from src has landed.
   std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
@@ -337,7 +337,7 @@ TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
   };
 
   // The WRITE, then a READ of the whole region posted right behind it.
-  uint64_t placedBefore = soft::laneBytesPlaced();
+  uint64_t placedBefore = soft::stripeBytesPlaced();
   ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaWrite,
                                   .wrId = 1,
                                   .sges = {sgeOf(src, 1 << 20, 2 << 20)},
@@ -348,10 +348,10 @@ TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
   ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
   for (const auto& wc : completions) EXPECT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
   EXPECT_TRUE(bytesEqual(bytesOf(local), expected));
-  // The lane placed the WRITE's second part at the responder and the READ's here.
+  // The stripe placed the WRITE's second part at the responder and the READ's here.
   const size_t write = 2 << 20;
-  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
-            (write - soft::laneSplitAt(write)) + (kSize - soft::laneSplitAt(kSize)));
+  EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore,
+            (write - soft::stripeSplitAt(write)) + (kSize - soft::stripeSplitAt(kSize)));
 
   // Shorter READs, from an odd offset, posted together into a cleared buffer.
   std::memset(local.data(), 0, kSize);
@@ -360,14 +360,14 @@ TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
   std::vector<SendOp> ops;
   std::vector<size_t> at;
   size_t next = 0;
-  uint64_t laned = 0;
+  uint64_t striped = 0;
   for (size_t len : lengths) {
     ops.push_back(read(10 + ops.size(), from, next, len));
     at.push_back(next);
-    laned += len - soft::laneSplitAt(len);
+    striped += len - soft::stripeSplitAt(len);
     next += len + 4096;
   }
-  placedBefore = soft::laneBytesPlaced();
+  placedBefore = soft::stripeBytesPlaced();
   ASSERT_OK(postAll(pair->a.qp, ops));
   completions.clear();
   ASSERT_TRUE(pollCompletions(pair->a.sendCq, ops.size(), &completions));
@@ -378,10 +378,10 @@ TEST_P(LanePath, ReadsComeBackWholeInTwoPartsAndSeeTheWritesBeforeThem) {
     EXPECT_TRUE(bytesEqual(bytesOf(local, at[i], lengths[i]),
                            std::span<const uint8_t>(expected).subspan(from, lengths[i])));
   }
-  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, laned);
+  EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore, striped);
 }
 
-TEST_P(LanePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
+TEST_P(StripePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
   constexpr size_t kSize = 1 << 20;
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 100));
@@ -389,8 +389,8 @@ TEST_P(LanePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
   ASSERT_OK_AND_ASSIGN(
       auto noRead, registerBuffer(pair->b.pd, kSize, v::access::kLocalWrite | v::access::kRemoteWrite, 102));
   ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 103));
-  ASSERT_TRUE(laneCarries(*pair, src, dst));
-  const uint64_t placedBefore = soft::laneBytesPlaced();
+  ASSERT_TRUE(stripeCarries(*pair, src, dst));
+  const uint64_t placedBefore = soft::stripeBytesPlaced();
   ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaRead,
                                   .wrId = 1,
                                   .sges = {sgeOf(local, 0, kSize)},
@@ -406,13 +406,13 @@ TEST_P(LanePath, ARefusedReadFailsAsOnOneConnectionAndNothingLands) {
   EXPECT_EQ(completions[0].status, v::WcStatus::kRemAccessErr) << describe(completions[0]);
   EXPECT_EQ(completions[1].status, v::WcStatus::kWrFlushErr) << describe(completions[1]);
   EXPECT_TRUE(matchesPattern(bytesOf(local), 103)) << "not a byte of either part landed";
-  EXPECT_EQ(soft::laneBytesPlaced(), placedBefore);
+  EXPECT_EQ(soft::stripeBytesPlaced(), placedBefore);
 }
 
-// A SEND refused for want of a receive (an RNR NAK) right behind a laned READ: the NAK says the
-// READ is done at the responder while its second part may still be on the lane. The READ completes
+// A SEND refused for want of a receive (an RNR NAK) right behind a striped READ: the NAK says the
+// READ is done at the responder while its second part may still be on the stripe. The READ completes
 // whole, only once that part landed, and is not sent again; the SEND goes once a receive is there.
-TEST_P(LanePath, AReadBeforeAnRnrRefusedSendCompletesWholeAndIsNotSentAgain) {
+TEST_P(StripePath, AReadBeforeAnRnrRefusedSendCompletesWholeAndIsNotSentAgain) {
   constexpr size_t kSize = 2 << 20;
   for (int round = 0; round < 8; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
@@ -421,9 +421,9 @@ TEST_P(LanePath, AReadBeforeAnRnrRefusedSendCompletesWholeAndIsNotSentAgain) {
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kSize, v::access::kAll, 150 + round));
     ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 160 + round));
     ASSERT_OK_AND_ASSIGN(auto inbox, registerBuffer(pair->b.pd, 4096, v::access::kLocalWrite, 170));
-    ASSERT_TRUE(laneCarries(*pair, src, remote));
+    ASSERT_TRUE(stripeCarries(*pair, src, remote));
     const std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
-    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t placedBefore = soft::stripeBytesPlaced();
     ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaRead,
                                     .wrId = 1,
                                     .sges = {sgeOf(local, 0, kSize)},
@@ -442,16 +442,16 @@ TEST_P(LanePath, AReadBeforeAnRnrRefusedSendCompletesWholeAndIsNotSentAgain) {
     v::WorkCompletion wc;
     ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
     EXPECT_EQ(wc.status, v::WcStatus::kSuccess) << describe(wc);
-    // Once only: the READ's second part crossed the lane one time.
+    // Once only: the READ's second part crossed the stripe one time.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
+    EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore, kSize - soft::stripeSplitAt(kSize));
   }
 }
 
-// A WRITE the responder refuses right behind a laned READ: the responder's NAK and its closing
-// connection may reach the requester before the READ's second part on the lane, yet the READ
+// A WRITE the responder refuses right behind a striped READ: the responder's NAK and its closing
+// connection may reach the requester before the READ's second part on the stripe, yet the READ
 // completes whole and the WRITE fails with REM_ACCESS_ERR.
-TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused) {
+TEST_P(StripePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused) {
   constexpr size_t kSize = 2 << 20;
   for (int round = 0; round < 8; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
@@ -461,9 +461,9 @@ TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused
     ASSERT_OK_AND_ASSIGN(auto readOnly, registerBuffer(pair->b.pd, 4096,
                                                        v::access::kLocalWrite | v::access::kRemoteRead, 190));
     ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kSize, v::access::kLocalWrite, 191));
-    ASSERT_TRUE(laneCarries(*pair, src, remote));
+    ASSERT_TRUE(stripeCarries(*pair, src, remote));
     const std::vector<uint8_t> expected(bytesOf(remote).begin(), bytesOf(remote).end());
-    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t placedBefore = soft::stripeBytesPlaced();
     ASSERT_OK(postAll(pair->a.qp, {{.opcode = v::WrOpcode::kRdmaRead,
                                     .wrId = 1,
                                     .sges = {sgeOf(local, 0, kSize)},
@@ -481,7 +481,7 @@ TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused
     EXPECT_EQ(completions[1].wrId, 2u);
     EXPECT_EQ(completions[1].status, v::WcStatus::kRemAccessErr) << describe(completions[1]);
     EXPECT_TRUE(bytesEqual(bytesOf(local), expected));
-    EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
+    EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore, kSize - soft::stripeSplitAt(kSize));
     EXPECT_TRUE(matchesPattern(bytesOf(readOnly), 190));
   }
 }
@@ -492,7 +492,7 @@ TEST_P(LanePath, AReadBeforeARefusedWriteCompletesWholeAndTheWriteFailsAsRefused
   return bytesEqual(bytesOf(buffer), before);
 }
 
-TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwards) {
+TEST_P(StripePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwards) {
   for (int delayUs : kDeregisterAfterUs) {
     SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
@@ -500,10 +500,10 @@ TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwa
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 111));
     ASSERT_OK_AND_ASSIGN(auto local,
                          registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 112));
-    ASSERT_TRUE(laneCarries(*pair, probe, remote));
+    ASSERT_TRUE(stripeCarries(*pair, probe, remote));
     std::vector<uint8_t> atClose;
     v::WorkCompletion wc;
-    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t placedBefore = soft::stripeBytesPlaced();
     ASSERT_TRUE(transferWhile(
         *pair, v::WrOpcode::kRdmaRead, local, remote, delayUs,
         [&] {
@@ -514,15 +514,15 @@ TEST_P(LanePath, AReadDestinationDeregisteredWhileItsPartsLandTakesNoByteAfterwa
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kLocProtErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
-      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
-                kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
-          << "the READ's second part came over the lane";
+      EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore,
+                kDeregisteredSize - soft::stripeSplitAt(kDeregisteredSize))
+          << "the READ's second part came over the stripe";
     }
     EXPECT_TRUE(nothingLandsLater(local, atClose)) << "bytes landed after the region was deregistered";
   }
 }
 
-TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsItWhole) {
+TEST_P(StripePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsItWhole) {
   for (int delayUs : kDeregisterAfterUs) {
     SCOPED_TRACE("deregistered after " + std::to_string(delayUs) + " us");
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
@@ -531,18 +531,18 @@ TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsI
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 122));
     ASSERT_OK_AND_ASSIGN(auto local,
                          registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 123));
-    ASSERT_TRUE(laneCarries(*pair, probe, dst));
+    ASSERT_TRUE(stripeCarries(*pair, probe, dst));
     v::WorkCompletion wc;
-    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t placedBefore = soft::stripeBytesPlaced();
     ASSERT_TRUE(transferWhile(
         *pair, v::WrOpcode::kRdmaRead, local, remote, delayUs, [&] { remote.mr.close(); }, &wc));
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kRemAccessErr)
         << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
-      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
-                kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
-          << "the READ's second part came over the lane";
+      EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore,
+                kDeregisteredSize - soft::stripeSplitAt(kDeregisteredSize))
+          << "the READ's second part came over the stripe";
     }
     if (wc.status == v::WcStatus::kRemAccessErr) {
       EXPECT_TRUE(reachesState(pair->a.qp, v::QpState::kErr, kWaitTimeout))
@@ -551,9 +551,9 @@ TEST_P(LanePath, AReadSourceDeregisteredWhileItsPartsAreSentFailsTheReadOrSendsI
   }
 }
 
-// A QP moved to ERR while a laned READ's parts arrive: the READ is flushed (or done, if it beat
+// A QP moved to ERR while a striped READ's parts arrive: the READ is flushed (or done, if it beat
 // the move), and once its completion is seen not a byte more lands in its memory.
-TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
+TEST_P(StripePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
   for (int delayUs : kDeregisterAfterUs) {
     SCOPED_TRACE("moved to ERR after " + std::to_string(delayUs) + " us");
     ASSERT_OK_AND_ASSIGN(auto pair, makePair());
@@ -561,9 +561,9 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kDeregisteredSize, v::access::kAll, 131));
     ASSERT_OK_AND_ASSIGN(auto local,
                          registerBuffer(pair->a.pd, kDeregisteredSize, v::access::kLocalWrite, 132));
-    ASSERT_TRUE(laneCarries(*pair, probe, remote));
+    ASSERT_TRUE(stripeCarries(*pair, probe, remote));
     v::WorkCompletion wc;
-    const uint64_t placedBefore = soft::laneBytesPlaced();
+    const uint64_t placedBefore = soft::stripeBytesPlaced();
     ASSERT_TRUE(transferWhile(
         *pair, v::WrOpcode::kRdmaRead, local, remote, delayUs,
         [&] {
@@ -575,25 +575,25 @@ TEST_P(LanePath, AReadOfAQpMovedToErrTakesNoByteAfterItsCompletion) {
     ASSERT_TRUE(wc.status == v::WcStatus::kSuccess || wc.status == v::WcStatus::kWrFlushErr) << describe(wc);
     if (wc.status == v::WcStatus::kSuccess) {
       EXPECT_TRUE(bytesEqual(bytesOf(local), bytesOf(remote)));
-      EXPECT_EQ(soft::laneBytesPlaced() - placedBefore,
-                kDeregisteredSize - soft::laneSplitAt(kDeregisteredSize))
-          << "the READ's second part came over the lane";
+      EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore,
+                kDeregisteredSize - soft::stripeSplitAt(kDeregisteredSize))
+          << "the READ's second part came over the stripe";
     }
     const std::vector<uint8_t> atCompletion(bytesOf(local).begin(), bytesOf(local).end());
     EXPECT_TRUE(nothingLandsLater(local, atCompletion)) << "bytes landed after the READ completed";
   }
 }
 
-// A context whose lane thread could not start reads the lanes it accepts on its progress thread,
-// and opens none itself: a's WRITEs and READs to it still share their bytes with a lane, which its
+// A context whose stripe thread could not start reads the stripes it accepts on its progress thread,
+// and opens none itself: a's WRITEs and READs to it still share their bytes with a stripe, which its
 // progress thread places and answers, and its own WRITEs to a go whole on one connection.
-TEST_P(LanePath, AContextWithoutALaneThreadReadsTheLanesItAcceptsOnItsProgressThreadAndOpensNone) {
+TEST_P(StripePath, AContextWithoutAStripeThreadReadsTheStripesItAcceptsOnItsProgressThreadAndOpensNone) {
   ConnectedPair pair;
   ASSERT_OK(openSide(pair.a, nullptr, 64));
   ASSERT_OK(openSide(pair.b, nullptr, 64));
   auto* softB = dynamic_cast<soft::SoftContext*>(pair.b.context->impl().get());
   ASSERT_NE(softB, nullptr);
-  ASSERT_OK(softB->withoutLaneThreadForTests());
+  ASSERT_OK(softB->withoutStripeThreadForTests());
   ASSERT_OK(createQp(pair.a, {}));
   ASSERT_OK(createQp(pair.b, {}));
   ASSERT_OK(connectQps(*pair.a.context, pair.a.qp, *pair.b.context, pair.b.qp));
@@ -601,7 +601,7 @@ TEST_P(LanePath, AContextWithoutALaneThreadReadsTheLanesItAcceptsOnItsProgressTh
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair.a.pd, kSize, v::access::kAll, 140));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair.b.pd, kSize, v::access::kAll, 141));
   ASSERT_OK_AND_ASSIGN(auto back, registerBuffer(pair.a.pd, kSize, v::access::kLocalWrite, 142));
-  ASSERT_TRUE(laneCarries(pair, src, dst));
+  ASSERT_TRUE(stripeCarries(pair, src, dst));
 
   // Each transfer moves all of a region and must succeed.
   v::WorkCompletion wc;
@@ -612,32 +612,32 @@ TEST_P(LanePath, AContextWithoutALaneThreadReadsTheLanesItAcceptsOnItsProgressTh
     return done;
   };
 
-  // a's WRITE of the whole region: b's progress thread places the lane's half.
-  const uint64_t byLaneThreadBefore = soft::laneBytesPlacedByLaneThread();
-  uint64_t placedBefore = soft::laneBytesPlaced();
+  // a's WRITE of the whole region: b's progress thread places the stripe's half.
+  const uint64_t byStripeThreadBefore = soft::stripeBytesPlacedByStripeThread();
+  uint64_t placedBefore = soft::stripeBytesPlaced();
   ASSERT_TRUE(transfer(pair.a, v::WrOpcode::kRdmaWrite, src, dst));
   EXPECT_TRUE(bytesEqual(bytesOf(dst), bytesOf(src)));
-  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize));
+  EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore, kSize - soft::stripeSplitAt(kSize));
 
-  // a's READ of it back: b's progress thread writes the second part of the response on the lane.
-  placedBefore = soft::laneBytesPlaced();
+  // a's READ of it back: b's progress thread writes the second part of the response on the stripe.
+  placedBefore = soft::stripeBytesPlaced();
   ASSERT_TRUE(transfer(pair.a, v::WrOpcode::kRdmaRead, back, dst));
   EXPECT_TRUE(bytesEqual(bytesOf(back), bytesOf(src)));
-  EXPECT_EQ(soft::laneBytesPlaced() - placedBefore, kSize - soft::laneSplitAt(kSize))
-      << "the READ's second part came over the lane";
-  // Nothing was placed by a lane thread at b (a's lane thread placed the READ's part at a, which
-  // this counter leaves out: it counts lane data at a responder).
-  EXPECT_EQ(soft::laneBytesPlacedByLaneThread(), byLaneThreadBefore);
+  EXPECT_EQ(soft::stripeBytesPlaced() - placedBefore, kSize - soft::stripeSplitAt(kSize))
+      << "the READ's second part came over the stripe";
+  // Nothing was placed by a stripe thread at b (a's stripe thread placed the READ's part at a, which
+  // this counter leaves out: it counts stripe data at a responder).
+  EXPECT_EQ(soft::stripeBytesPlacedByStripeThread(), byStripeThreadBefore);
 
-  // b's WRITE to a: b opened no lane, so it goes whole on its one connection.
+  // b's WRITE to a: b opened no stripe, so it goes whole on its one connection.
   fillPattern(dst.memory.bytes(), 143);
-  placedBefore = soft::laneBytesPlaced();
+  placedBefore = soft::stripeBytesPlaced();
   ASSERT_TRUE(transfer(pair.b, v::WrOpcode::kRdmaWrite, dst, src));
   EXPECT_TRUE(bytesEqual(bytesOf(src), bytesOf(dst)));
-  EXPECT_EQ(soft::laneBytesPlaced(), placedBefore) << "a context without a lane thread opened a lane";
+  EXPECT_EQ(soft::stripeBytesPlaced(), placedBefore) << "a context without a stripe thread opened a stripe";
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, LanePath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
+INSTANTIATE_TEST_SUITE_P(Providers, StripePath, ::testing::ValuesIn(providerPaths()), providerPathTestName);
 
 }  // namespace
 }  // namespace ferry::test

@@ -1,4 +1,4 @@
-#include "providers/soft/share.h"
+#include "providers/soft/same_host/share.h"
 
 #include <fcntl.h>
 #include <poll.h>
