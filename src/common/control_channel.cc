@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "common/net/listen.h"
 
@@ -58,10 +59,46 @@ std::string typeOf(const json::Value& message) {
   return text.isOk() ? std::string(*text) : std::string("?");
 }
 
+// One line from the peer as a message of `protocol`, checked as receive() promises (control_channel.h).
+Result<json::Value> decodeControlLine(std::string_view line, const ControlProtocol& protocol) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  auto parsed = json::parse(line);
+  if (!parsed.isOk()) {
+    return Status(StatusCode::kProtocolError,
+                  "malformed control message (" + parsed.status().message() + ")");
+  }
+  json::Value message = std::move(*parsed);
+  if (!message.isObject()) {
+    return Status(StatusCode::kProtocolError, "malformed control message: not a JSON object");
+  }
+  const json::Value* version = message.find(protocol.tag);
+  if (version == nullptr) {
+    return Status(StatusCode::kProtocolError, "malformed control message: no \"" + protocol.tag +
+                                                  "\" version field (does the peer speak " + protocol.tag +
+                                                  "?)");
+  }
+  auto v = version->getInt();
+  if (!v.isOk() || *v != protocol.version) {
+    return Status(StatusCode::kProtocolError, "the peer speaks " + protocol.tag + " protocol version " +
+                                                  json::serialize(*version) + "; this ferry speaks " +
+                                                  std::to_string(protocol.version));
+  }
+  const json::Value* type = message.find("type");
+  if (type == nullptr || !type->isString()) {
+    return Status(StatusCode::kProtocolError, "malformed control message: no \"type\" string");
+  }
+  if (*type->getString() == "error") {
+    auto text = controlFields(message).text("message", 4096);
+    return Status(StatusCode::kUnavailable,
+                  "the peer gave up: " + (text.isOk() ? *text : std::string("(no message)")));
+  }
+  return message;
+}
+
 }  // namespace
 
 ControlChannel::ControlChannel(ControlChannel&& other) noexcept
-    : fd_(other.fd_), protocol_(std::move(other.protocol_)), buffered_(std::move(other.buffered_)) {
+    : fd_(other.fd_), protocol_(std::move(other.protocol_)), in_(std::move(other.in_)) {
   other.fd_ = -1;
 }
 
@@ -70,7 +107,7 @@ ControlChannel& ControlChannel::operator=(ControlChannel&& other) noexcept {
     close();
     fd_ = other.fd_;
     protocol_ = std::move(other.protocol_);
-    buffered_ = std::move(other.buffered_);
+    in_ = std::move(other.in_);
     other.fd_ = -1;
   }
   return *this;
@@ -173,7 +210,7 @@ void ControlChannel::sendError(const std::string& message) {
 }
 
 bool ControlChannel::readable(int timeoutMs) {
-  if (buffered_.find('\n') != std::string::npos) return true;
+  if (in_.hasLine()) return true;
   pollfd p{fd_, POLLIN, 0};
   return poll(&p, 1, timeoutMs) == 1;
 }
@@ -181,11 +218,11 @@ bool ControlChannel::readable(int timeoutMs) {
 Result<json::Value> ControlChannel::receive(double timeoutSec) {
   if (fd_ < 0) return closedError("the control connection is closed");
   auto deadline = deadlineAfter(timeoutSec);
-  size_t newline;
-  while ((newline = buffered_.find('\n')) == std::string::npos) {
-    if (buffered_.size() > protocol_.maxLine) {
+  std::optional<std::string_view> line;
+  while (!(line = in_.next())) {
+    if (in_.overLimit()) {
       return Status(StatusCode::kProtocolError, "malformed control message: a line longer than " +
-                                                    std::to_string(protocol_.maxLine) + " bytes");
+                                                    std::to_string(in_.maxLine()) + " bytes");
     }
     pollfd p{fd_, POLLIN, 0};
     int n = poll(&p, 1, msLeft(deadline));
@@ -199,46 +236,15 @@ Result<json::Value> ControlChannel::receive(double timeoutSec) {
     ssize_t got = ::read(fd_, chunk, sizeof chunk);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      return Status(StatusCode::kUnavailable, buffered_.empty() ? "the peer closed the control connection"
-                                                                : "the peer closed the control connection "
-                                                                  "in the middle of a message");
+      return Status(StatusCode::kUnavailable, in_.unfinished() == 0
+                                                  ? "the peer closed the control connection"
+                                                  : "the peer closed the control connection "
+                                                    "in the middle of a message");
     }
-    buffered_.append(chunk, static_cast<size_t>(got));
+    in_.feed(std::string_view(chunk, static_cast<size_t>(got)));
   }
-  std::string line = buffered_.substr(0, newline);
-  buffered_.erase(0, newline + 1);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  auto parsed = json::parse(line);
-  if (!parsed.isOk()) {
-    return Status(StatusCode::kProtocolError,
-                  "malformed control message (" + parsed.status().message() + ")");
-  }
-  json::Value message = std::move(*parsed);
-  if (!message.isObject()) {
-    return Status(StatusCode::kProtocolError, "malformed control message: not a JSON object");
-  }
-  const json::Value* version = message.find(protocol_.tag);
-  if (version == nullptr) {
-    return Status(StatusCode::kProtocolError, "malformed control message: no \"" + protocol_.tag +
-                                                  "\" version field (does the peer speak " + protocol_.tag +
-                                                  "?)");
-  }
-  auto v = version->getInt();
-  if (!v.isOk() || *v != protocol_.version) {
-    return Status(StatusCode::kProtocolError, "the peer speaks " + protocol_.tag + " protocol version " +
-                                                  json::serialize(*version) + "; this ferry speaks " +
-                                                  std::to_string(protocol_.version));
-  }
-  const json::Value* type = message.find("type");
-  if (type == nullptr || !type->isString()) {
-    return Status(StatusCode::kProtocolError, "malformed control message: no \"type\" string");
-  }
-  if (*type->getString() == "error") {
-    auto text = controlFields(message).text("message", 4096);
-    return Status(StatusCode::kUnavailable,
-                  "the peer gave up: " + (text.isOk() ? *text : std::string("(no message)")));
-  }
-  return message;
+  // Decoded before the next feed(), while the framer's view of the line is still valid.
+  return decodeControlLine(*line, protocol_);
 }
 
 Result<json::Value> ControlChannel::expect(std::string_view type, double timeoutSec) {

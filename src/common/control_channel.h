@@ -18,6 +18,7 @@
 
 #include "common/json.h"
 #include "common/json_fields.h"
+#include "common/net/line_connection.h"
 #include "ferry/common/status.h"
 
 namespace ferry {
@@ -74,7 +75,8 @@ class ControlChannel {
  private:
   int fd_ = -1;
   ControlProtocol protocol_;
-  std::string buffered_;
+  // Cuts the input into lines; an empty one is handed out too, and refused as malformed.
+  net::LineFramer in_{protocol_.maxLine, net::LineFramer::EmptyLines::kHandOut};
 };
 
 class ControlListener {

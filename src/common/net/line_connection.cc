@@ -65,8 +65,15 @@ std::optional<std::string_view> LineFramer::next() {
     if (nl == std::string::npos) return std::nullopt;
     std::string_view line(buffer_.data() + start_, nl - start_);
     start_ = nl + 1;
-    if (!line.empty()) return line;
+    if (!line.empty() || empty_ == EmptyLines::kHandOut) return line;
   }
+}
+
+bool LineFramer::hasLine() const {
+  if (empty_ == EmptyLines::kHandOut) return buffer_.find('\n', start_) != std::string::npos;
+  // Empty lines are skipped, so a newline counts only after a byte that is not one.
+  const size_t first = buffer_.find_first_not_of('\n', start_);
+  return first != std::string::npos && buffer_.find('\n', first) != std::string::npos;
 }
 
 LineConnection::LineConnection(Reactor& reactor, std::string what, LineLimits limits, LineCb onLine,

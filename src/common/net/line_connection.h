@@ -37,23 +37,40 @@ struct LineTarget {
 };
 
 // Cuts a byte stream into lines, as LineConnection reads it: feed() appends what arrived, next()
-// hands out each whole line in order (without its newline; empty lines are skipped), and
+// hands out each whole line in order (without its newline; empty lines are skipped unless the
+// framer was made to hand them out), and
 // overLimit() says whether the unfinished line is already longer than maxLine (the stream must
 // end then). Pure: no I/O, so its whole behaviour is fuzzed (tests/fuzz/line_framer_fuzz.cc).
+// LineConnection feeds it from the reactor; the blocking ControlChannel (common/control_channel.h)
+// feeds it from its own reads.
 class LineFramer {
  public:
-  explicit LineFramer(size_t maxLine) : maxLine_(maxLine) {}
+  // What next() does with an empty line: skips it (LineConnection's protocols), or hands it out
+  // like any other (ControlChannel, for which an empty line is a malformed message, not nothing).
+  enum class EmptyLines { kSkip, kHandOut };
+
+  explicit LineFramer(size_t maxLine, EmptyLines empty = EmptyLines::kSkip)
+      : maxLine_(maxLine), empty_(empty) {}
   // Appends bytes; lines handed out before are no longer valid.
   void feed(std::string_view bytes);
-  // The next whole, non-empty line, or nullopt when none is complete; valid until the next call
-  // of feed().
+  // The next whole line (non-empty unless EmptyLines::kHandOut), or nullopt when none is complete;
+  // valid until the next call of feed().
   std::optional<std::string_view> next();
+  // Whether next() would hand out a line now, without taking it: a blocking reader asks this to
+  // know whether a message waits before it reads the socket.
+  bool hasLine() const;
   // After next() returned nullopt: whether the bytes of the unfinished line exceed maxLine.
-  bool overLimit() const { return buffer_.size() - start_ > maxLine_; }
+  bool overLimit() const { return unfinished() > maxLine_; }
+  // After next() returned nullopt: how many bytes of an unfinished line are buffered (0 when the
+  // stream so far ends at a line's end), so a reader at end of file can tell a message cut short
+  // from an orderly end.
+  size_t unfinished() const { return buffer_.size() - start_; }
   size_t maxLine() const { return maxLine_; }
 
  private:
-  const size_t maxLine_;
+  // Not const, so a framer can be moved into (as a ControlChannel is).
+  size_t maxLine_;
+  EmptyLines empty_;
   std::string buffer_;
   size_t start_ = 0;  // bytes of buffer_ already handed out
 };
