@@ -770,18 +770,18 @@ void bindEndpoint(py::module_& m) {
           "stats",
           [](const Endpoint& ep) {
             endpoint::EndpointStats s = ep.stats();
-            py::list lanes;
-            for (const auto& l : s.lanes) {
+            py::list qps;
+            for (const auto& l : s.qps) {
               py::dict d;
               d["work_requests"] = l.workRequests;
               d["bytes"] = l.bytes;
               d["max_outstanding"] = l.maxOutstanding;
               d["receives_posted"] = l.receivesPosted;
-              lanes.append(d);
+              qps.append(d);
             }
             py::dict out;
             out["operations"] = operationsDict(s.operations);
-            out["lanes"] = lanes;
+            out["qps"] = qps;
             out["operations_queued"] = s.operationsQueued;
             out["unexpected_bytes"] = s.unexpectedBytes;
             out["immediates_queued"] = s.immediatesQueued;

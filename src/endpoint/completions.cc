@@ -6,7 +6,7 @@
 
 #include "common/clock.h"
 #include "endpoint/endpoint_internal.h"
-#include "endpoint/lane.h"
+#include "endpoint/endpoint_qp.h"
 #include "ferry/common/config.h"
 
 namespace ferry::endpoint {
@@ -16,21 +16,22 @@ namespace v = ferry::verbs;
 
 }  // namespace
 
-Status workCompletionStatus(const v::WorkCompletion& wc, size_t lane, const Status& failure, bool peerGone) {
+Status workCompletionStatus(const v::WorkCompletion& wc, size_t qpIndex, const Status& failure,
+                            bool peerGone) {
   std::string what = std::string(v::wcStatusName(wc.status));
   std::string text;
   switch (wc.status) {
     case v::WcStatus::kRetryExcErr:
-      text = "the peer is gone or unreachable (" + what + " on queue pair " + std::to_string(lane) + ")";
+      text = "the peer is gone or unreachable (" + what + " on queue pair " + std::to_string(qpIndex) + ")";
       break;
     case v::WcStatus::kWrFlushErr:
       text = "work flushed (" + what + ")" + (failure.isOk() ? std::string() : ": " + failure.message());
       break;
     case v::WcStatus::kRemAccessErr:
-      text = "the peer refused the access (" + what + " on queue pair " + std::to_string(lane) +
+      text = "the peer refused the access (" + what + " on queue pair " + std::to_string(qpIndex) +
              "): its region was unregistered or its metadata is stale";
       break;
-    default: text = "work request failed: " + what + " on queue pair " + std::to_string(lane);
+    default: text = "work request failed: " + what + " on queue pair " + std::to_string(qpIndex);
   }
   bool gone =
       peerGone && (wc.status == v::WcStatus::kRetryExcErr ||
@@ -170,30 +171,30 @@ void EndpointImpl::progressFromWorker() {
 }
 
 void EndpointImpl::handleCompletionLocked(const v::WorkCompletion& wc) {
-  QpLane* lane = nullptr;
-  for (auto& l : lanes_) {
-    if (l->qpNum == wc.qpNum) lane = l.get();
+  EndpointQp* qp = nullptr;
+  for (auto& candidate : qps_) {
+    if (candidate->qpNum == wc.qpNum) qp = candidate.get();
   }
-  if (lane == nullptr) return;
+  if (qp == nullptr) return;
   if (wc.wrId & kRecvWrFlag) {
-    handleRecvCompletionLocked(*lane, wc);
+    handleRecvCompletionLocked(*qp, wc);
   } else {
-    handleSendCompletionLocked(*lane, wc);
+    handleSendCompletionLocked(*qp, wc);
   }
 }
 
-void EndpointImpl::handleSendCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
+void EndpointImpl::handleSendCompletionLocked(EndpointQp& qp, const v::WorkCompletion& wc) {
   Status error;
   if (wc.status != v::WcStatus::kSuccess) {
-    error = workCompletionStatus(wc, lane.index, failure_, options_.transportFailureIsPeerGone);
+    error = workCompletionStatus(wc, qp.index, failure_, options_.transportFailureIsPeerGone);
   } else {
     peerSeen_ = true;
   }
   // Work requests complete in order: this completion covers every earlier (unsignaled) one.
-  while (!lane.inflight.empty() && lane.inflight.front().seq <= wc.wrId) {
-    QpLane::Record rec = std::move(lane.inflight.front());
-    lane.inflight.pop_front();
-    --lane.outstanding;
+  while (!qp.inflight.empty() && qp.inflight.front().seq <= wc.wrId) {
+    EndpointQp::Record rec = std::move(qp.inflight.front());
+    qp.inflight.pop_front();
+    --qp.outstanding;
     if (!rec.op) continue;
     --rec.op->wrsInFlight;
     if (rec.seq == wc.wrId && !error.isOk() && rec.op->firstError.isOk()) rec.op->firstError = error;
@@ -213,15 +214,15 @@ void EndpointImpl::probeFromWorker() {
   if (state_ != State::kConnected) return;
   // A zero-length WRITE on each idle queue pair: it touches no memory, and fails (RETRY_EXC_ERR)
   // when the peer is gone, which fails the receives waiting for it.
-  for (auto& lanePtr : lanes_) {
-    QpLane& lane = *lanePtr;
-    if (lane.outstanding != 0) continue;
+  for (auto& qpPtr : qps_) {
+    EndpointQp& qp = *qpPtr;
+    if (qp.outstanding != 0) continue;
     v::SendWr wr;
-    wr.wrId = lane.nextSeq;
+    wr.wrId = qp.nextSeq;
     wr.opcode = v::WrOpcode::kRdmaWrite;
-    lane.append(wr, {});
-    lane.inflight.push_back({lane.nextSeq++, nullptr});
-    ++lane.outstanding;
+    qp.append(wr, {});
+    qp.inflight.push_back({qp.nextSeq++, nullptr});
+    ++qp.outstanding;
   }
   flushLocked();
 }

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "endpoint/endpoint_internal.h"
-#include "endpoint/lane.h"
+#include "endpoint/endpoint_qp.h"
 #include "endpoint/metadata.h"
 
 namespace ferry::endpoint {
@@ -23,7 +23,7 @@ std::string EndpointImpl::endpointInfo() const {
                      .recvDepth = options_.recvDepth,
                      .paths = {},
                      .regions = {}};
-  for (const auto& lane : lanes_) m.paths.push_back(lane->local);
+  for (const auto& qp : qps_) m.paths.push_back(qp->local);
   return encodeMetadata(m, pool_->mrInfo());
 }
 
@@ -46,22 +46,22 @@ Status EndpointImpl::connect(std::string_view peerInfo) {
     if (state_ == State::kShutdown) return closedError("connect: the endpoint was shut down");
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kConnected) return invalidArgument("connect: the endpoint is already connected");
-    for (size_t i = 0; i < lanes_.size(); ++i) {
-      QpLane& lane = *lanes_[i];
+    for (size_t i = 0; i < qps_.size(); ++i) {
+      EndpointQp& qp = *qps_[i];
       v::Path path = peerPaths[i];
       path.reverse();
-      path.portNum = lane.local.portNum;
-      path.sgidIndex = lane.local.sgidIndex;
-      Status st = v::fillPath(context_->verbs(), lane.qp, path);
+      path.portNum = qp.local.portNum;
+      path.sgidIndex = qp.local.sgidIndex;
+      Status st = v::fillPath(context_->verbs(), qp.queuePair, path);
       if (st.isOk()) {
         // Our side as published; our own transport policy (never the peer's timeouts for our QP).
-        path.sgid = lane.local.sgid;
-        path.sqpsn = lane.local.sqpsn;
-        path.retries = lane.local.retries;
-        path.rnrRetries = lane.local.rnrRetries;
-        path.minRnrTimer = lane.local.minRnrTimer;
-        path.packetLifeTime = lane.local.packetLifeTime;
-        st = lane.qp.establish(path, kQpAccess);
+        path.sgid = qp.local.sgid;
+        path.sqpsn = qp.local.sqpsn;
+        path.retries = qp.local.retries;
+        path.rnrRetries = qp.local.rnrRetries;
+        path.minRnrTimer = qp.local.minRnrTimer;
+        path.packetLifeTime = qp.local.packetLifeTime;
+        st = qp.queuePair.establish(path, kQpAccess);
       }
       if (!st.isOk()) {
         Status why(st.code(),

@@ -9,7 +9,7 @@
 
 #include "common/log.h"
 #include "endpoint/endpoint_internal.h"
-#include "endpoint/lane.h"
+#include "endpoint/endpoint_qp.h"
 #include "ferry/common/config.h"
 
 namespace ferry::endpoint {
@@ -111,32 +111,32 @@ Status EndpointImpl::init() {
                          pool_->pd().registerMemory(recvSlab_.get(), rounded, v::access::kLocalWrite));
 
   for (size_t i = 0; i < o.numQp; ++i) {
-    auto lane = std::make_unique<QpLane>();
-    lane->index = i;
-    lane->nextMessage = i;
-    FERRY_ASSIGN_OR_RETURN(lane->qp, pool_->pd().createQp({.type = v::QpType::kRc,
-                                                           .sendCq = &cq_,
-                                                           .recvCq = &cq_,
-                                                           .cap = {.maxSendWr = o.sendDepth,
-                                                                   .maxRecvWr = o.recvDepth,
-                                                                   .maxSendSge = maxSendSge_,
-                                                                   .maxRecvSge = 1}}));
-    lane->qpNum = lane->qp.qpNum();
-    lane->local.portNum = static_cast<uint8_t>(context_->ibPort());
-    lane->local.packetLifeTime = o.ackTimeout;
-    lane->local.sgidIndex = o.gidIndex;
-    FERRY_RETURN_IF_ERROR(v::fillPath(ctx, lane->qp, lane->local));
+    auto qp = std::make_unique<EndpointQp>();
+    qp->index = i;
+    qp->nextMessage = i;
+    FERRY_ASSIGN_OR_RETURN(qp->queuePair, pool_->pd().createQp({.type = v::QpType::kRc,
+                                                                .sendCq = &cq_,
+                                                                .recvCq = &cq_,
+                                                                .cap = {.maxSendWr = o.sendDepth,
+                                                                        .maxRecvWr = o.recvDepth,
+                                                                        .maxSendSge = maxSendSge_,
+                                                                        .maxRecvSge = 1}}));
+    qp->qpNum = qp->queuePair.qpNum();
+    qp->local.portNum = static_cast<uint8_t>(context_->ibPort());
+    qp->local.packetLifeTime = o.ackTimeout;
+    qp->local.sgidIndex = o.gidIndex;
+    FERRY_RETURN_IF_ERROR(v::fillPath(ctx, qp->queuePair, qp->local));
     // INIT now, so the receives are posted before the peer can send anything.
     v::QpAttr attr;
     attr.state = v::QpState::kInit;
     attr.pkeyIndex = 0;
-    attr.portNum = lane->local.portNum;
+    attr.portNum = qp->local.portNum;
     attr.qpAccessFlags = kQpAccess;
     namespace m = v::qp_attr_mask;
-    FERRY_RETURN_IF_ERROR(lane->qp.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kAccessFlags));
-    lane->batch.reserve(o.sendDepth);
-    lane->sges.reserve(size_t{o.sendDepth} * maxSendSge_);
-    lanes_.push_back(std::move(lane));
+    FERRY_RETURN_IF_ERROR(qp->queuePair.modify(attr, m::kState | m::kPkeyIndex | m::kPort | m::kAccessFlags));
+    qp->batch.reserve(o.sendDepth);
+    qp->sges.reserve(size_t{o.sendDepth} * maxSendSge_);
+    qps_.push_back(std::move(qp));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -189,12 +189,12 @@ void EndpointImpl::failLocked(const Status& why) {
   FERRY_LOG(kWarn, "endpoint on %s: %s", context_->deviceName().c_str(), why.toString().c_str());
   // Stop the queue pairs: everything posted completes (flushed), so operations with work in flight
   // finish through their completions, once the device no longer touches their memory.
-  for (auto& lane : lanes_) {
+  for (auto& qp : qps_) {
     v::QpAttr attr;
     attr.state = v::QpState::kErr;
-    Status st = lane->qp.modify(attr, v::qp_attr_mask::kState);
+    Status st = qp->queuePair.modify(attr, v::qp_attr_mask::kState);
     if (!st.isOk())
-      FERRY_LOG(kWarn, "endpoint: moving queue pair %zu to ERR: %s", lane->index, st.toString().c_str());
+      FERRY_LOG(kWarn, "endpoint: moving queue pair %zu to ERR: %s", qp->index, st.toString().c_str());
   }
   // Operations with nothing in flight fail now.
   for (auto& op : queue_) {
@@ -233,13 +233,13 @@ void EndpointImpl::shutdown(const Status& why) {
     wantsProbe_.store(false);
     for (auto& op : queue_) pending.push_back(op);
     queue_.clear();
-    for (auto& lane : lanes_) {
-      for (auto& rec : lane->inflight) {
+    for (auto& qp : qps_) {
+      for (auto& rec : qp->inflight) {
         if (rec.op) pending.push_back(std::move(rec.op));
       }
-      lane->inflight.clear();
-      lane->batch.clear();
-      lane->sges.clear();
+      qp->inflight.clear();
+      qp->batch.clear();
+      qp->sges.clear();
     }
     for (auto& [seq, op] : recvWaiting_) pending.push_back(op);
     recvWaiting_.clear();
@@ -251,7 +251,7 @@ void EndpointImpl::shutdown(const Status& why) {
     if (worker) worker->detach(this);
     // The device stops touching memory before anyone hears of the cancellation: closing a queue
     // pair drops its work.
-    for (auto& lane : lanes_) lane->qp.close();
+    for (auto& qp : qps_) qp->queuePair.close();
     cq_.close();
     recvMr_.close();
     channel_.close();
@@ -266,11 +266,11 @@ EndpointStats EndpointImpl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EndpointStats s;
   s.operations = metrics_->snapshot();
-  for (const auto& lane : lanes_) {
-    s.lanes.push_back({.workRequests = lane->workRequests,
-                       .bytes = lane->bytes,
-                       .maxOutstanding = lane->maxOutstanding,
-                       .receivesPosted = lane->receivesPosted});
+  for (const auto& qp : qps_) {
+    s.qps.push_back({.workRequests = qp->workRequests,
+                     .bytes = qp->bytes,
+                     .maxOutstanding = qp->maxOutstanding,
+                     .receivesPosted = qp->receivesPosted});
   }
   s.operationsQueued = queue_.size();
   s.unexpectedBytes = unexpectedBytes_;

@@ -35,11 +35,11 @@ inline constexpr uint32_t kQpAccess =
 // The status a failed work completion gives its operation and the endpoint (completions.cc).
 // peerGone: report a queue pair that gave up on the peer, and the work flushed after it, as
 // kPeerGone (EndpointOptions::transportFailureIsPeerGone).
-Status workCompletionStatus(const verbs::WorkCompletion& wc, size_t lane, const Status& failure,
+Status workCompletionStatus(const verbs::WorkCompletion& wc, size_t qpIndex, const Status& failure,
                             bool peerGone);
 
-// One queue pair of an endpoint with its bookkeeping (lane.h).
-struct QpLane;
+// One queue pair of an endpoint with its bookkeeping (endpoint_qp.h).
+struct EndpointQp;
 
 // The endpoint's state behind its public handle (Endpoint, endpoint.h): every public call of
 // Endpoint is this class's call of the same name. Internal to the endpoint layer: its files and
@@ -99,7 +99,7 @@ class EndpointImpl final : public Endpoint, public Progressor {
   void pumpLocked();
   bool postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& ref);
   bool postMessageLocked(OpState& op, const std::shared_ptr<OpState>& ref);
-  int pickLaneLocked();
+  int pickQpLocked();
   void flushLocked();
   void finishIfDoneLocked(const std::shared_ptr<OpState>& op);
 
@@ -137,8 +137,8 @@ class EndpointImpl final : public Endpoint, public Progressor {
   bool wantsProbe() const { return wantsProbe_.load(std::memory_order_relaxed); }
   void updateProbeLocked();
   void handleCompletionLocked(const verbs::WorkCompletion& wc);
-  void handleSendCompletionLocked(QpLane& lane, const verbs::WorkCompletion& wc);
-  void handleRecvCompletionLocked(QpLane& lane, const verbs::WorkCompletion& wc);
+  void handleSendCompletionLocked(EndpointQp& qp, const verbs::WorkCompletion& wc);
+  void handleRecvCompletionLocked(EndpointQp& qp, const verbs::WorkCompletion& wc);
   void deliverFragmentLocked(uint64_t seq, bool last, const uint8_t* data, uint32_t length, uint32_t buffer);
   void copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t length);
   void finishRecvLocked(const std::shared_ptr<OpState>& op);
@@ -158,7 +158,7 @@ class EndpointImpl final : public Endpoint, public Progressor {
   // Set once by init(): never change afterwards.
   verbs::CompletionChannel channel_;
   verbs::CompletionQueue cq_;
-  std::vector<std::unique_ptr<QpLane>> lanes_;
+  std::vector<std::unique_ptr<EndpointQp>> qps_;
   std::unique_ptr<uint8_t[], void (*)(void*)> recvSlab_{nullptr, nullptr};
   verbs::MemoryRegion recvMr_;
   uint32_t maxSendSge_ = 1;
@@ -168,7 +168,7 @@ class EndpointImpl final : public Endpoint, public Progressor {
   Status failure_;
   uint32_t peerRecvBufferSize_ = 0;
   std::deque<std::shared_ptr<OpState>> queue_;                // accepted, not fully posted, in issue order
-  size_t rr_ = 0;                                             // next lane to try for a transfer piece
+  size_t rr_ = 0;                                             // next queue pair to try for a transfer piece
   uint64_t sendSeq_ = 0;                                      // next message number of send()
   uint64_t recvSeq_ = 0;                                      // next message number of recv()
   std::map<uint64_t, std::shared_ptr<OpState>> recvWaiting_;  // recv()s whose message is not complete

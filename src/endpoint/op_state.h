@@ -54,7 +54,7 @@ class OpState : public Completion {
   uint64_t totalBytes = 0;   // send: message length; recv: room of the scatter list
   uint64_t movedBytes = 0;   // send: bytes posted; recv: bytes received so far
   uint32_t imm = 0;          // WRITE_WITH_IMM: the immediate to deliver
-  size_t markersPosted = 0;  // WRITE_WITH_IMM: lanes that carry the immediate already
+  size_t markersPosted = 0;  // WRITE_WITH_IMM: queue pairs that carry the immediate already
   uint64_t messageSeq = 0;   // send / recv: the message's number
   uint64_t wrsInFlight = 0;  // work requests posted and not completed yet
   bool allPosted = false;

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "endpoint/endpoint_internal.h"
-#include "endpoint/lane.h"
+#include "endpoint/endpoint_qp.h"
 
 namespace ferry::endpoint {
 namespace {
@@ -16,11 +16,11 @@ namespace v = ferry::verbs;
 // ---------------------------------------------------------------------------------------------
 // Posting
 
-int EndpointImpl::pickLaneLocked() {
-  const size_t n = lanes_.size();
+int EndpointImpl::pickQpLocked() {
+  const size_t n = qps_.size();
   for (size_t k = 0; k < n; ++k) {
     size_t i = (rr_ + k) % n;
-    if (lanes_[i]->outstanding < options_.sendDepth) {
+    if (qps_[i]->outstanding < options_.sendDepth) {
       rr_ = i + 1;
       return static_cast<int>(i);
     }
@@ -29,7 +29,7 @@ int EndpointImpl::pickLaneLocked() {
 }
 
 bool EndpointImpl::postTransfersLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
-  const size_t n = lanes_.size();
+  const size_t n = qps_.size();
   const v::WrOpcode opcode = op.kind() == OpKind::kRead ? v::WrOpcode::kRdmaRead : v::WrOpcode::kRdmaWrite;
   while (op.nextTransfer < op.transfers.size()) {
     const Transfer& t = op.transfers[op.nextTransfer];
@@ -39,19 +39,19 @@ bool EndpointImpl::postTransfersLocked(OpState& op, const std::shared_ptr<OpStat
     if (n > 1) piece = std::max(options_.minStripeBytes, (t.length + n - 1) / n);
     piece = std::min(piece, options_.maxWorkRequestBytes);
     const uint64_t len = std::min(piece, t.length - op.transferOffset);
-    const int li = pickLaneLocked();
-    if (li < 0) return false;
-    QpLane& lane = *lanes_[li];
+    const int qi = pickQpLocked();
+    if (qi < 0) return false;
+    EndpointQp& qp = *qps_[qi];
     v::Sge sge{.addr = t.localAddr + op.transferOffset, .length = static_cast<uint32_t>(len), .lkey = t.lkey};
     v::SendWr wr;
-    wr.wrId = lane.nextSeq;
+    wr.wrId = qp.nextSeq;
     wr.opcode = opcode;
     wr.rdma = {.remoteAddr = t.remoteAddr + op.transferOffset, .rkey = t.rkey};
-    lane.append(wr, std::span<const v::Sge>(&sge, 1));
-    lane.inflight.push_back({lane.nextSeq++, ref});
-    ++lane.outstanding;
+    qp.append(wr, std::span<const v::Sge>(&sge, 1));
+    qp.inflight.push_back({qp.nextSeq++, ref});
+    ++qp.outstanding;
     ++op.wrsInFlight;
-    lane.bytes += len;
+    qp.bytes += len;
     op.transferOffset += len;
     if (op.transferOffset == t.length) {
       ++op.nextTransfer;
@@ -62,15 +62,15 @@ bool EndpointImpl::postTransfersLocked(OpState& op, const std::shared_ptr<OpStat
     // The immediate goes on every queue pair after that pair's share of the data: RC order per
     // pair means the peer sees it only once all the data is in place. It matches them up again.
     while (op.markersPosted < n) {
-      QpLane& lane = *lanes_[op.markersPosted];
-      if (lane.outstanding >= options_.sendDepth) return false;
+      EndpointQp& qp = *qps_[op.markersPosted];
+      if (qp.outstanding >= options_.sendDepth) return false;
       v::SendWr wr;
-      wr.wrId = lane.nextSeq;
+      wr.wrId = qp.nextSeq;
       wr.opcode = v::WrOpcode::kRdmaWriteWithImm;
       wr.immData = op.imm;
-      lane.append(wr, {});
-      lane.inflight.push_back({lane.nextSeq++, ref});
-      ++lane.outstanding;
+      qp.append(wr, {});
+      qp.inflight.push_back({qp.nextSeq++, ref});
+      ++qp.outstanding;
       ++op.wrsInFlight;
       ++op.markersPosted;
     }
@@ -79,12 +79,12 @@ bool EndpointImpl::postTransfersLocked(OpState& op, const std::shared_ptr<OpStat
 }
 
 bool EndpointImpl::postMessageLocked(OpState& op, const std::shared_ptr<OpState>& ref) {
-  QpLane& lane = *lanes_[op.messageSeq % lanes_.size()];
+  EndpointQp& qp = *qps_[op.messageSeq % qps_.size()];
   const uint64_t fragment = peerRecvBufferSize_;
   bool first = op.movedBytes == 0 && op.wrsInFlight == 0;
   while (first || op.movedBytes < op.totalBytes) {
     first = false;
-    if (lane.outstanding >= options_.sendDepth) return false;
+    if (qp.outstanding >= options_.sendDepth) return false;
     v::Sge list[kMaxSendSge];
     uint32_t count = 0;
     uint64_t bytes = 0;
@@ -103,14 +103,14 @@ bool EndpointImpl::postMessageLocked(OpState& op, const std::shared_ptr<OpState>
     op.movedBytes += bytes;
     const bool last = op.movedBytes == op.totalBytes;
     v::SendWr wr;
-    wr.wrId = lane.nextSeq;
+    wr.wrId = qp.nextSeq;
     wr.opcode = v::WrOpcode::kSendWithImm;
     wr.immData = static_cast<uint32_t>(op.messageSeq & kMessageSeqMask) | (last ? kLastFragment : 0);
-    lane.append(wr, std::span<const v::Sge>(list, count));
-    lane.inflight.push_back({lane.nextSeq++, ref});
-    ++lane.outstanding;
+    qp.append(wr, std::span<const v::Sge>(list, count));
+    qp.inflight.push_back({qp.nextSeq++, ref});
+    ++qp.outstanding;
     ++op.wrsInFlight;
-    lane.bytes += bytes;
+    qp.bytes += bytes;
     if (last) break;
   }
   return true;
@@ -132,47 +132,46 @@ void EndpointImpl::pumpLocked() {
 }
 
 void EndpointImpl::flushLocked() {
-  for (auto& lanePtr : lanes_) {
-    QpLane& lane = *lanePtr;
-    if (lane.batch.empty()) continue;
-    for (size_t i = 0; i < lane.batch.size(); ++i) {
-      if (++lane.sinceSignal >= kSignalEvery || i + 1 == lane.batch.size()) {
-        lane.batch[i].sendFlags |= v::send_flags::kSignaled;
-        lane.sinceSignal = 0;
+  for (auto& qpPtr : qps_) {
+    EndpointQp& qp = *qpPtr;
+    if (qp.batch.empty()) continue;
+    for (size_t i = 0; i < qp.batch.size(); ++i) {
+      if (++qp.sinceSignal >= kSignalEvery || i + 1 == qp.batch.size()) {
+        qp.batch[i].sendFlags |= v::send_flags::kSignaled;
+        qp.sinceSignal = 0;
       }
     }
-    lane.maxOutstanding = std::max(lane.maxOutstanding, lane.outstanding);
-    size_t bad = lane.batch.size();
-    Status st = lane.qp.postSend(lane.batch, &bad);
+    qp.maxOutstanding = std::max(qp.maxOutstanding, qp.outstanding);
+    size_t bad = qp.batch.size();
+    Status st = qp.queuePair.postSend(qp.batch, &bad);
     if (st.isOk()) {
-      lane.workRequests += lane.batch.size();
+      qp.workRequests += qp.batch.size();
     } else {
       // What was not posted will never complete: take it back and fail its operations. What was
       // posted completes (flushed) once failLocked() moved the queue pairs to ERR.
-      size_t posted = std::min(bad, lane.batch.size());
-      lane.workRequests += posted;
-      Status why(st.code(),
-                 "posting to queue pair " + std::to_string(lane.index) + " failed: " + st.message(),
+      size_t posted = std::min(bad, qp.batch.size());
+      qp.workRequests += posted;
+      Status why(st.code(), "posting to queue pair " + std::to_string(qp.index) + " failed: " + st.message(),
                  st.cause());
       std::vector<std::shared_ptr<OpState>> touched;
-      for (size_t k = posted; k < lane.batch.size(); ++k) {
-        QpLane::Record rec = std::move(lane.inflight.back());
-        lane.inflight.pop_back();
-        --lane.outstanding;
+      for (size_t k = posted; k < qp.batch.size(); ++k) {
+        EndpointQp::Record rec = std::move(qp.inflight.back());
+        qp.inflight.pop_back();
+        --qp.outstanding;
         if (rec.op) {
           --rec.op->wrsInFlight;
           if (rec.op->firstError.isOk()) rec.op->firstError = why;
           touched.push_back(std::move(rec.op));
         }
       }
-      lane.batch.clear();
-      lane.sges.clear();
+      qp.batch.clear();
+      qp.sges.clear();
       failLocked(why);
       for (auto& op : touched) finishIfDoneLocked(op);
       continue;
     }
-    lane.batch.clear();
-    lane.sges.clear();
+    qp.batch.clear();
+    qp.sges.clear();
   }
 }
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "endpoint/endpoint_internal.h"
-#include "endpoint/lane.h"
+#include "endpoint/endpoint_qp.h"
 
 namespace ferry::endpoint {
 namespace {
@@ -72,35 +72,35 @@ Result<ImmRecvFuture> EndpointImpl::immRecv() {
   return ImmRecvFuture(std::move(op));
 }
 
-void EndpointImpl::handleRecvCompletionLocked(QpLane& lane, const v::WorkCompletion& wc) {
+void EndpointImpl::handleRecvCompletionLocked(EndpointQp& qp, const v::WorkCompletion& wc) {
   const uint32_t buffer = static_cast<uint32_t>(wc.wrId & 0xffffffffu);
-  if (lane.receivesPosted > 0) --lane.receivesPosted;
+  if (qp.receivesPosted > 0) --qp.receivesPosted;
   if (state_ != State::kConnected) return;  // flushed receives of a failed endpoint
   if (wc.status != v::WcStatus::kSuccess) {
-    failLocked(workCompletionStatus(wc, lane.index, failure_, options_.transportFailureIsPeerGone));
+    failLocked(workCompletionStatus(wc, qp.index, failure_, options_.transportFailureIsPeerGone));
     return;
   }
   peerSeen_ = true;
   if (wc.opcode == v::WcOpcode::kRecvRdmaWithImm) {
-    lane.immediates.push_back(wc.immData);
+    qp.immediates.push_back(wc.immData);
     repostLocked(buffer);
     matchImmediatesLocked();
     return;
   }
   if (wc.opcode != v::WcOpcode::kRecv || !(wc.wcFlags & v::wc_flags::kWithImm)) {
     failLocked(protocolError("the peer sent a message without ferry's fragment header (queue pair " +
-                             std::to_string(lane.index) + ")"));
+                             std::to_string(qp.index) + ")"));
     return;
   }
   const uint32_t seq31 = wc.immData & kMessageSeqMask;
-  if (seq31 != (lane.nextMessage & kMessageSeqMask) || wc.byteLen > options_.recvBufferSize) {
+  if (seq31 != (qp.nextMessage & kMessageSeqMask) || wc.byteLen > options_.recvBufferSize) {
     failLocked(protocolError("message fragment out of order or oversized on queue pair " +
-                             std::to_string(lane.index)));
+                             std::to_string(qp.index)));
     return;
   }
-  const uint64_t seq = lane.nextMessage;
+  const uint64_t seq = qp.nextMessage;
   const bool last = (wc.immData & kLastFragment) != 0;
-  if (last) lane.nextMessage += lanes_.size();
+  if (last) qp.nextMessage += qps_.size();
   deliverFragmentLocked(seq, last, recvSlab_.get() + uint64_t{buffer} * options_.recvBufferSize, wc.byteLen,
                         buffer);
 }
@@ -179,14 +179,14 @@ void EndpointImpl::finishRecvLocked(const std::shared_ptr<OpState>& op) {
 
 void EndpointImpl::matchImmediatesLocked() {
   for (;;) {
-    for (const auto& lane : lanes_) {
-      if (lane->immediates.empty()) return;
+    for (const auto& qp : qps_) {
+      if (qp->immediates.empty()) return;
     }
-    const uint32_t value = lanes_.front()->immediates.front();
+    const uint32_t value = qps_.front()->immediates.front();
     bool same = true;
-    for (auto& lane : lanes_) {
-      same = same && lane->immediates.front() == value;
-      lane->immediates.pop_front();
+    for (auto& qp : qps_) {
+      same = same && qp->immediates.front() == value;
+      qp->immediates.pop_front();
     }
     if (!same) {
       failLocked(protocolError("the immediates of one write_with_imm differ between queue pairs"));
@@ -204,20 +204,19 @@ void EndpointImpl::matchImmediatesLocked() {
 
 void EndpointImpl::repostLocked(uint32_t buffer) {
   if (state_ == State::kShutdown || state_ == State::kFailed) return;
-  QpLane& lane = *lanes_[buffer / options_.recvDepth];
+  EndpointQp& qp = *qps_[buffer / options_.recvDepth];
   v::Sge sge{.addr = reinterpret_cast<uint64_t>(recvSlab_.get()) + uint64_t{buffer} * options_.recvBufferSize,
              .length = options_.recvBufferSize,
              .lkey = recvMr_.lkey()};
   v::RecvWr wr{.wrId = kRecvWrFlag | buffer, .sgList = std::span<const v::Sge>(&sge, 1)};
-  Status st = lane.qp.postRecv(wr);
+  Status st = qp.queuePair.postRecv(wr);
   if (!st.isOk()) {
-    failLocked(
-        Status(st.code(),
-               "posting a receive to queue pair " + std::to_string(lane.index) + " failed: " + st.message(),
-               st.cause()));
+    failLocked(Status(
+        st.code(), "posting a receive to queue pair " + std::to_string(qp.index) + " failed: " + st.message(),
+        st.cause()));
     return;
   }
-  ++lane.receivesPosted;
+  ++qp.receivesPosted;
 }
 
 }  // namespace ferry::endpoint

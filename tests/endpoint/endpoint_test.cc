@@ -315,11 +315,11 @@ TEST_P(EndpointStriping, LargeTransferUsesEveryQueuePair) {
   EXPECT_EQ(mismatch(back, 0, size, 11, 0), -1);
 
   EndpointStats s = p.a->stats();
-  ASSERT_EQ(s.lanes.size(), numQp);
+  ASSERT_EQ(s.qps.size(), numQp);
   for (size_t i = 0; i < numQp; ++i) {
     // Both transfers were split evenly enough that every queue pair carried a share.
-    EXPECT_GE(s.lanes[i].bytes, 2 * size / numQp / 2) << "queue pair " << i;
-    EXPECT_GE(s.lanes[i].workRequests, 2u) << "queue pair " << i;
+    EXPECT_GE(s.qps[i].bytes, 2 * size / numQp / 2) << "queue pair " << i;
+    EXPECT_GE(s.qps[i].workRequests, 2u) << "queue pair " << i;
   }
 }
 
@@ -356,9 +356,9 @@ TEST(EndpointTest, HundredThousandAssignmentsStayWithinQueueDepth) {
     ASSERT_EQ(std::memcmp(dst.data() + to, src.data() + i * piece, piece), 0) << "assignment " << i;
   }
   EndpointStats s = p.a->stats();
-  for (const auto& lane : s.lanes) {
-    EXPECT_LE(lane.maxOutstanding, 64u);
-    EXPECT_GT(lane.workRequests, count / 4);
+  for (const auto& qp : s.qps) {
+    EXPECT_LE(qp.maxOutstanding, 64u);
+    EXPECT_GT(qp.workRequests, count / 4);
   }
   EXPECT_EQ(s.operationsQueued, 0u);
   std::printf("100000 x 8-byte WRITE assignments over 2 queue pairs: %.3f s (%.2f us each)\n", seconds,
@@ -385,7 +385,7 @@ TEST(EndpointTest, ConsecutiveRangesShareWorkRequests) {
   ASSERT_TRUE(f->wait(kWait).isOk());
   EXPECT_EQ(dst, src);
   // 4 MiB of consecutive pages: one work request of maxWorkRequestBytes, not 1024.
-  EXPECT_EQ(p.a->stats().lanes[0].workRequests, 1u);
+  EXPECT_EQ(p.a->stats().qps[0].workRequests, 1u);
 }
 
 class EndpointManyOperations : public ::testing::TestWithParam<size_t> {};
@@ -425,7 +425,7 @@ TEST_P(EndpointManyOperations, MoreThanTheQueueDepthInFlight) {
   }
   for (auto& f : reads) ASSERT_TRUE(f.wait(kWait).isOk()) << f.status().toString();
   EXPECT_EQ(mismatch(back, 0, back.size(), 5, 0), -1);
-  for (const auto& lane : p.a->stats().lanes) EXPECT_LE(lane.maxOutstanding, 8u);
+  for (const auto& qp : p.a->stats().qps) EXPECT_LE(qp.maxOutstanding, 8u);
 
   // Messages too: many more than the receive depth, several fragments each.
   test::Bytes sendBuf(ops * 2500), recvBuf(ops * 2500, 0);

@@ -422,8 +422,8 @@ def test_named_assignments_and_array_batches(pair):
     expect = np.zeros_like(dst)
     expect.reshape(n, 8)[perm] = src.reshape(n, 8)
     assert np.array_equal(dst, expect)
-    assert all(lane["max_outstanding"] <= 256 for lane in a.stats()["lanes"])
-    assert set(a.stats()) == {"operations", "lanes", "operations_queued", "unexpected_bytes", "immediates_queued",
+    assert all(qp["max_outstanding"] <= 256 for qp in a.stats()["qps"])
+    assert set(a.stats()) == {"operations", "qps", "operations_queued", "unexpected_bytes", "immediates_queued",
                               "worker_wakeups"}
     assert a.stats()["worker_wakeups"] >= 0
     print("100000 assignments from a structured array: %.3f s" % took)
@@ -543,8 +543,8 @@ def test_more_operations_than_queue_depth_byte_exact(pair, num_qp):
         f.wait(30)
     assert np.array_equal(back, src)
     stats = a.stats()
-    assert all(lane["max_outstanding"] <= 16 for lane in stats["lanes"])
-    assert all(lane["work_requests"] > 0 for lane in stats["lanes"])
+    assert all(qp["max_outstanding"] <= 16 for qp in stats["qps"])
+    assert all(qp["work_requests"] > 0 for qp in stats["qps"])
     assert stats["operations_queued"] == 0
 
 

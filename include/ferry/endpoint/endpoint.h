@@ -97,13 +97,13 @@ struct EndpointOptions {
 struct EndpointStats {
   // Per kind of operation (opKindNames() order): completed, bytes, errors by status, latency.
   std::vector<OpMetrics> operations;
-  struct Lane {
+  struct QueuePair {              // one of the endpoint's queue pairs
     uint64_t workRequests = 0;    // send-queue work requests posted
     uint64_t bytes = 0;           // payload bytes posted (READ, WRITE, SEND)
     uint32_t maxOutstanding = 0;  // most send work requests outstanding at once
     uint32_t receivesPosted = 0;  // receive buffers posted now
   };
-  std::vector<Lane> lanes;
+  std::vector<QueuePair> qps;
   uint64_t operationsQueued = 0;  // operations accepted and not fully posted
   uint64_t unexpectedBytes = 0;   // message bytes kept for recv()s not issued yet
   uint64_t immediatesQueued = 0;  // immediates that arrived before their immRecv()

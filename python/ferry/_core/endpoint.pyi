@@ -240,7 +240,7 @@ class Endpoint:
     def stats(self) -> dict:
         """
         Counters of this endpoint: 'operations' (per kind: operations, bytes, errors, errors_by_status,
-        latency_sum_us and latency_buckets as (upper bound in us, count)), 'lanes' (per queue pair:
+        latency_sum_us and latency_buckets as (upper bound in us, count)), 'qps' (per queue pair:
         work_requests, bytes, max_outstanding, receives_posted), 'operations_queued', 'unexpected_bytes'
         (messages held before their recv()), 'immediates_queued' and 'worker_wakeups' (the times the worker
         took the endpoint's completions).
