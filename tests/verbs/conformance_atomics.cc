@@ -41,15 +41,16 @@ TEST_P(VerbsConformance, AtomicsReturnTheOriginalValue) {
   for (const Step& step : steps) {
     SCOPED_TRACE("step " + std::to_string(wrId + 1));
     store64(result.data() + 16, 0xdeaddeaddeaddeadull);
-    ASSERT_OK(post(pair->a.qp, {.opcode = step.opcode,
-                                .wrId = ++wrId,
-                                .sges = {sgeOf(result, 16, 8)},
-                                .remoteAddr = target.address(8),
-                                .rkey = target.mr.rkey(),
-                                .compareAdd = step.compareAdd,
-                                .swap = step.swap}));
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_TRUE(postAndWait(pair->a,
+                            {.opcode = step.opcode,
+                             .wrId = ++wrId,
+                             .sges = {sgeOf(result, 16, 8)},
+                             .remoteAddr = target.address(8),
+                             .rkey = target.mr.rkey(),
+                             .compareAdd = step.compareAdd,
+                             .swap = step.swap},
+                            &wc));
     EXPECT_TRUE(succeeded(
         wc, wrId, step.opcode == WrOpcode::kAtomicCmpAndSwp ? WcOpcode::kCompSwap : WcOpcode::kFetchAdd));
     EXPECT_EQ(load64(result.data() + 16), step.before);
@@ -67,24 +68,16 @@ TEST_P(VerbsConformance, MisalignedAtomicIsRefusedAtPost) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto target, registerBuffer(pair->b.pd, 64, access::kAll, 24));
   ASSERT_OK_AND_ASSIGN(auto result, registerBuffer(pair->a.pd, 64, access::kLocalWrite, 25));
-  EXPECT_TRUE(hasCode(post(pair->a.qp, {.opcode = WrOpcode::kAtomicFetchAndAdd,
-                                        .wrId = 1,
-                                        .sges = {sgeOf(result, 0, 8)},
-                                        .remoteAddr = target.address(4),
-                                        .rkey = target.mr.rkey(),
-                                        .compareAdd = 1}),
-                      StatusCode::kInvalidArgument, EINVAL));
+  SendOp misaligned = rdmaRequest(WrOpcode::kAtomicFetchAndAdd, 1, sgeOf(result, 0, 8), target, 4);
+  misaligned.compareAdd = 1;
+  EXPECT_TRUE(hasCode(post(pair->a.qp, misaligned), StatusCode::kInvalidArgument, EINVAL));
   EXPECT_TRUE(noCompletionFor(pair->a.sendCq, std::chrono::milliseconds(50)));
   EXPECT_TRUE(matchesPattern(bytesOf(target, 0, 64), 24));
   EXPECT_TRUE(matchesPattern(bytesOf(result, 0, 64), 25));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kAtomicFetchAndAdd,
-                              .wrId = 2,
-                              .sges = {sgeOf(result, 0, 8)},
-                              .remoteAddr = target.address(8),
-                              .rkey = target.mr.rkey(),
-                              .compareAdd = 1}));
+  SendOp aligned = rdmaRequest(WrOpcode::kAtomicFetchAndAdd, 2, sgeOf(result, 0, 8), target, 8);
+  aligned.compareAdd = 1;
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, aligned, &wc));
   EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
 }
 

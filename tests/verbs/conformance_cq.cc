@@ -38,11 +38,7 @@ TEST_P(VerbsConformance, ResizingCqDuringTrafficKeepsEveryCompletion) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 1));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 2));
   for (uint64_t id = 1; id <= 8; ++id) {
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                                .wrId = id,
-                                .sges = {sgeOf(src, 0, 512)},
-                                .remoteAddr = dst.address(),
-                                .rkey = dst.mr.rkey()}));
+    ASSERT_OK(post(pair->a.qp, rdmaRequest(WrOpcode::kRdmaWrite, id, sgeOf(src, 0, 512), dst)));
   }
   ASSERT_OK(pair->a.sendCq.resize(64));
   EXPECT_GE(pair->a.sendCq.cqe(), 64);
@@ -58,12 +54,8 @@ TEST_P(VerbsConformance, UnsignaledRequestsProduceNoCompletion) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 39));
   std::vector<SendOp> ops;
   for (uint64_t id = 1; id <= 4; ++id) {
-    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                   .wrId = id,
-                   .sges = {sgeOf(src, id * 512, 512)},
-                   .flags = id == 4 ? send_flags::kSignaled : 0u,
-                   .remoteAddr = dst.address(id * 512),
-                   .rkey = dst.mr.rkey()});
+    ops.push_back(rdmaRequest(WrOpcode::kRdmaWrite, id, sgeOf(src, id * 512, 512), dst, id * 512));
+    ops.back().flags = id == 4 ? send_flags::kSignaled : 0u;
   }
   ASSERT_OK(postAll(pair->a.qp, ops));
   WorkCompletion wc;
@@ -82,12 +74,8 @@ TEST_P(VerbsConformance, SqSigAllSignalsEveryRequest) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 41));
   std::vector<SendOp> ops;
   for (uint64_t id = 1; id <= 4; ++id) {
-    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                   .wrId = id,
-                   .sges = {sgeOf(src, 0, 64)},
-                   .flags = 0,
-                   .remoteAddr = dst.address(),
-                   .rkey = dst.mr.rkey()});
+    ops.push_back(rdmaRequest(WrOpcode::kRdmaWrite, id, sgeOf(src, 0, 64), dst));
+    ops.back().flags = 0;
   }
   ASSERT_OK(postAll(pair->a.qp, ops));
   std::vector<WorkCompletion> completions;
@@ -99,14 +87,15 @@ TEST_P(VerbsConformance, UnsignaledErrorStillCompletes) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 42));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 43));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 9,
-                              .sges = {sgeOf(src, 0, 64)},
-                              .flags = 0,
-                              .remoteAddr = dst.address(),
-                              .rkey = corruptKey(dst.mr.rkey())}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 9,
+                           .sges = {sgeOf(src, 0, 64)},
+                           .flags = 0,
+                           .remoteAddr = dst.address(),
+                           .rkey = corruptKey(dst.mr.rkey())},
+                          &wc));
   EXPECT_TRUE(failedWith(wc, 9, WcStatus::kRemAccessErr));
   EXPECT_TRUE(matchesPattern(bytesOf(dst, 0, 4096), 43));
 }
@@ -127,11 +116,7 @@ TEST_P(VerbsConformance, CqOverflowIsReportedAndPollFails) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(b.pd, 4096, access::kAll, 86));
   std::vector<SendOp> ops;
   for (int i = 0; i <= capacity; ++i) {
-    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                   .wrId = static_cast<uint64_t>(i),
-                   .sges = {sgeOf(src, 0, 8)},
-                   .remoteAddr = dst.address(),
-                   .rkey = dst.mr.rkey()});
+    ops.push_back(rdmaRequest(WrOpcode::kRdmaWrite, static_cast<uint64_t>(i), sgeOf(src, 0, 8), dst));
   }
   ASSERT_OK(postAll(a.qp, ops));
   v::AsyncEvent event;
@@ -170,11 +155,7 @@ TEST_P(VerbsConformance, CompletionChannelSignalsArmedCqs) {
     pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
     return ::poll(&p, 1, timeoutMs) == 1 && (p.revents & POLLIN) != 0;
   };
-  const SendOp write{.opcode = WrOpcode::kRdmaWrite,
-                     .wrId = 1,
-                     .sges = {sgeOf(src, 0, 64)},
-                     .remoteAddr = dst.address(),
-                     .rkey = dst.mr.rkey()};
+  const SendOp write = rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 64), dst);
   WorkCompletion wc;
 
   // Armed: the completion makes the fd readable and yields one event naming the CQ.
@@ -190,8 +171,7 @@ TEST_P(VerbsConformance, CompletionChannelSignalsArmedCqs) {
   EXPECT_FALSE(readable(0)) << "the event was consumed";
 
   // Not armed: no event.
-  ASSERT_OK(post(a.qp, write));
-  ASSERT_TRUE(pollOne(a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(a, write, &wc));
   EXPECT_FALSE(readable(100));
   EXPECT_TRUE(hasCode(channel.getEvent(0).status(), StatusCode::kTimedOut));
   EXPECT_TRUE(hasCode(channel.getEvent(-1).status(), StatusCode::kInvalidArgument));

@@ -38,11 +38,7 @@ TEST_P(VerbsConformance, PostRefusesTooManySgesAndOversizedInline) {
       << "inline data of " << inlineData.size() << " bytes, cap " << attrA.cap.maxInlineData;
 
   // A refused request in a list: the ones before it stay posted, the ones after are not posted.
-  const SendOp good{.opcode = WrOpcode::kRdmaWrite,
-                    .wrId = 10,
-                    .sges = {sgeOf(src, 0, 256)},
-                    .remoteAddr = dst.address(),
-                    .rkey = dst.mr.rkey()};
+  const SendOp good = rdmaRequest(WrOpcode::kRdmaWrite, 10, sgeOf(src, 0, 256), dst);
   SendOp refused = good;
   refused.wrId = 11;
   refused.sges = tooMany;
@@ -275,9 +271,7 @@ TEST_P(VerbsConformance, BadLocalKeyFailsLocally) {
     ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(inbox, 0, 4096)}));
     v::Sge sge = sgeOf(local, c.offset, c.length);
     if (c.badLkey) sge.lkey = corruptKey(sge.lkey);
-    ASSERT_OK(post(
-        pair->a.qp,
-        {.opcode = c.opcode, .wrId = 7, .sges = {sge}, .remoteAddr = dst.address(), .rkey = dst.mr.rkey()}));
+    ASSERT_OK(post(pair->a.qp, rdmaRequest(c.opcode, 7, sge, dst)));
     WorkCompletion wc;
     ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
     EXPECT_TRUE(failedWith(wc, 7, c.expected));
@@ -298,21 +292,13 @@ TEST_P(VerbsConformance, ABatchChecksEachRangeOfARepeatedLocalKey) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 68));
   // One WRITE first, so the connection is up and a provider's batch path (if any) is ready.
   WorkCompletion first;
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 9,
-                              .sges = {sgeOf(local, 0, 64)},
-                              .remoteAddr = dst.address(0),
-                              .rkey = dst.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, rdmaRequest(WrOpcode::kRdmaWrite, 9, sgeOf(local, 0, 64), dst)));
   ASSERT_TRUE(pollOne(pair->a.sendCq, &first));
   ASSERT_EQ(first.status, WcStatus::kSuccess);
   std::vector<SendOp> ops;
   for (uint64_t i = 0; i < 4; ++i) {
     const size_t offset = i == 2 ? 4096 - 16 : i * 64;  // the third runs 48 bytes past the region
-    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                   .wrId = 10 + i,
-                   .sges = {sgeOf(local, offset, 64)},
-                   .remoteAddr = dst.address(1024 + i * 64),
-                   .rkey = dst.mr.rkey()});
+    ops.push_back(rdmaRequest(WrOpcode::kRdmaWrite, 10 + i, sgeOf(local, offset, 64), dst, 1024 + i * 64));
   }
   ASSERT_OK(postAll(pair->a.qp, ops));
   std::vector<WorkCompletion> wcs;
@@ -334,9 +320,8 @@ TEST_P(VerbsConformance, BadKeyInTheResponderReceiveIsARemoteOperationError) {
   v::Sge sge = sgeOf(dst, 0, 256);
   sge.lkey = corruptKey(sge.lkey);
   ASSERT_OK(postReceive(pair->b.qp, 3, {sge}));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 4, .sges = {sgeOf(src, 0, 32)}}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, {.opcode = WrOpcode::kSend, .wrId = 4, .sges = {sgeOf(src, 0, 32)}}, &wc));
   EXPECT_TRUE(failedWith(wc, 4, WcStatus::kRemOpErr));
   ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
   EXPECT_TRUE(failedWith(wc, 3, WcStatus::kLocQpOpErr));  // as the kernel's rxe
@@ -350,14 +335,10 @@ TEST_P(VerbsConformance, ResultIntoRegionWithoutLocalWriteIsALocalProtectionErro
     ASSERT_OK_AND_ASSIGN(auto pair, makePair({.link = kShortTimeout}));
     ASSERT_OK_AND_ASSIGN(auto readOnly, registerBuffer(pair->a.pd, 4096, access::kRemoteRead, 67));
     ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, 4096, access::kAll, 68));
-    ASSERT_OK(post(pair->a.qp, {.opcode = opcode,
-                                .wrId = 1,
-                                .sges = {sgeOf(readOnly, 0, 8)},
-                                .remoteAddr = remote.address(),
-                                .rkey = remote.mr.rkey(),
-                                .compareAdd = 1}));
+    SendOp request = rdmaRequest(opcode, 1, sgeOf(readOnly, 0, 8), remote);
+    request.compareAdd = 1;  // taken by the FETCH_ADD
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_TRUE(postAndWait(pair->a, request, &wc));
     EXPECT_TRUE(failedWith(wc, 1, WcStatus::kLocProtErr));
     EXPECT_TRUE(matchesPattern(bytesOf(readOnly, 0, 4096), 67));
     EXPECT_TRUE(reachesState(pair->a.qp, QpState::kErr));
@@ -370,22 +351,14 @@ TEST_P(VerbsConformance, ErrorFlushesEverythingOutstandingAndLater) {
   ASSERT_OK_AND_ASSIGN(auto bufB, registerBuffer(pair->b.pd, 64 * kKiB, access::kAll, 70));
   for (uint64_t id = 50; id < 53; ++id) ASSERT_OK(postReceive(pair->a.qp, id, {sgeOf(bufA, 32 * kKiB, 64)}));
   for (uint64_t id = 60; id < 62; ++id) ASSERT_OK(postReceive(pair->b.qp, id, {sgeOf(bufB, 32 * kKiB, 64)}));
-  ASSERT_OK(postAll(pair->a.qp, {{.opcode = WrOpcode::kRdmaWrite,
-                                  .wrId = 1,
-                                  .sges = {sgeOf(bufA, 0, 1024)},
-                                  .remoteAddr = bufB.address(0),
-                                  .rkey = bufB.mr.rkey()},
+  ASSERT_OK(postAll(pair->a.qp, {rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(bufA, 0, 1024), bufB),
                                  {.opcode = WrOpcode::kRdmaWrite,
                                   .wrId = 2,
                                   .sges = {sgeOf(bufA, 0, 1024)},
                                   .remoteAddr = bufB.address(4096),
                                   .rkey = corruptKey(bufB.mr.rkey())},
                                  {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(bufA, 0, 16)}},
-                                 {.opcode = WrOpcode::kRdmaRead,
-                                  .wrId = 4,
-                                  .sges = {sgeOf(bufA, 8192, 1024)},
-                                  .remoteAddr = bufB.address(0),
-                                  .rkey = bufB.mr.rkey()},
+                                 rdmaRequest(WrOpcode::kRdmaRead, 4, sgeOf(bufA, 8192, 1024), bufB),
                                  {.opcode = WrOpcode::kRdmaWrite,
                                   .wrId = 5,
                                   .sges = {sgeOf(bufA, 0, 1024)},
@@ -412,11 +385,7 @@ TEST_P(VerbsConformance, ErrorFlushesEverythingOutstandingAndLater) {
 
   // Work posted to a QP in ERR completes at once with WR_FLUSH_ERR.
   ASSERT_TRUE(reachesState(pair->a.qp, QpState::kErr));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 6,
-                              .sges = {sgeOf(bufA, 0, 8)},
-                              .remoteAddr = bufB.address(),
-                              .rkey = bufB.mr.rkey()}));
+  ASSERT_OK(post(pair->a.qp, rdmaRequest(WrOpcode::kRdmaWrite, 6, sgeOf(bufA, 0, 8), bufB)));
   ASSERT_OK(postReceive(pair->a.qp, 53, {sgeOf(bufA, 32 * kKiB, 64)}));
   WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));

@@ -87,11 +87,7 @@ TEST_P(VerbsConformance, PostingToAQpWhoseCqIsClosedIsRefused) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 97));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 98));
   pair->a.sendCq.close();
-  const Status status = post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                                          .wrId = 1,
-                                          .sges = {sgeOf(src, 0, 64)},
-                                          .remoteAddr = dst.address(),
-                                          .rkey = dst.mr.rkey()});
+  const Status status = post(pair->a.qp, rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 64), dst));
   EXPECT_FALSE(status.isOk()) << "a request whose completion has nowhere to go";
   EXPECT_TRUE(status.code() == StatusCode::kClosed || status.code() == StatusCode::kInvalidArgument)
       << status.toString();
@@ -107,13 +103,8 @@ TEST_P(VerbsConformance, IdleConnectionsCostNoCpu) {
   ASSERT_OK_AND_ASSIGN(auto pair2, makePair({.sameContext = true}));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 99));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 100));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 1,
-                              .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = dst.address(),
-                              .rkey = dst.mr.rkey()}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 64), dst), &wc));
   // Receives posted and waiting are idle too.
   ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 0, 64)}));
   auto cpuSeconds = [] {

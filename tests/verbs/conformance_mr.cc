@@ -61,24 +61,26 @@ TEST_P(VerbsConformance, AllocMrGivesRegisteredMemoryThatMovesBytes) {
   fillPattern(srcBytes, 61);
   const auto dstAddr = reinterpret_cast<uintptr_t>(dst.addr());
   for (uint64_t i = 0; i < 3; ++i) {  // the first may go before the same-host path is up
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                                .wrId = i,
-                                .sges = {src.sge(i * 3000, 3000)},
-                                .remoteAddr = dstAddr + i * 3000,
-                                .rkey = dst.rkey()}));
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_TRUE(postAndWait(pair->a,
+                            {.opcode = WrOpcode::kRdmaWrite,
+                             .wrId = i,
+                             .sges = {src.sge(i * 3000, 3000)},
+                             .remoteAddr = dstAddr + i * 3000,
+                             .rkey = dst.rkey()},
+                            &wc));
     EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
   }
   EXPECT_TRUE(std::equal(srcBytes.begin(), srcBytes.begin() + 9000, dstBytes.begin()));
   fillPattern(dstBytes, 62);
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
-                              .wrId = 9,
-                              .sges = {src.sge(0, 10000)},
-                              .remoteAddr = dstAddr,
-                              .rkey = dst.rkey()}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaRead,
+                           .wrId = 9,
+                           .sges = {src.sge(0, 10000)},
+                           .remoteAddr = dstAddr,
+                           .rkey = dst.rkey()},
+                          &wc));
   EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
   EXPECT_TRUE(std::equal(srcBytes.begin(), srcBytes.end(), dstBytes.begin()));
 }
@@ -143,14 +145,15 @@ TEST_P(VerbsConformance, DeregisteredRegionIsNeverAccessedAgain) {
     ASSERT_OK_AND_ASSIGN(auto target, registerBuffer(pair->b.pd, 4096, access::kAll, 78));
     const uint32_t rkey = target.mr.rkey();
     target.mr.close();  // the key was handed out; the memory stays allocated
-    ASSERT_OK(post(pair->a.qp, {.opcode = opcode,
-                                .wrId = 1,
-                                .sges = {sgeOf(local, 0, 8)},
-                                .remoteAddr = target.address(),
-                                .rkey = rkey,
-                                .compareAdd = 1}));
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_TRUE(postAndWait(pair->a,
+                            {.opcode = opcode,
+                             .wrId = 1,
+                             .sges = {sgeOf(local, 0, 8)},
+                             .remoteAddr = target.address(),
+                             .rkey = rkey,
+                             .compareAdd = 1},
+                            &wc));
     EXPECT_TRUE(failedWith(wc, 1, WcStatus::kRemAccessErr));
     EXPECT_TRUE(matchesPattern(bytesOf(target, 0, 4096), 78));
     EXPECT_TRUE(matchesPattern(bytesOf(local, 0, 4096), 77));
@@ -165,11 +168,7 @@ TEST_P(VerbsConformance, DeregistrationStopsARequestAlreadyPosted) {
   ASSERT_OK_AND_ASSIGN(auto target, registerBuffer(pair->b.pd, 8192, access::kAll, 80));
   ASSERT_OK_AND_ASSIGN(auto inbox, registerBuffer(pair->b.pd, 4096, access::kLocalWrite, 81));
   ASSERT_OK(postAll(pair->a.qp, {{.opcode = WrOpcode::kSend, .wrId = 1, .sges = {sgeOf(src, 0, 64)}},
-                                 {.opcode = WrOpcode::kRdmaWrite,
-                                  .wrId = 2,
-                                  .sges = {sgeOf(src, 0, 4096)},
-                                  .remoteAddr = target.address(),
-                                  .rkey = target.mr.rkey()}}));
+                                 rdmaRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 4096), target)}));
   EXPECT_TRUE(noCompletionFor(pair->a.sendCq, milliseconds(50)));
   target.mr.close();
   ASSERT_OK(postReceive(pair->b.qp, 3, {sgeOf(inbox, 0, 4096)}));
@@ -192,39 +191,27 @@ TEST_P(VerbsConformance, ReregistrationRevokesOldKeysAndTakesEffectAtOnce) {
   const uint32_t oldRkey = target.mr.rkey();
   ASSERT_OK(target.mr.reregister(v::rereg::kChangeAccess, nullptr, target.data(), 8192, access::kAll));
   EXPECT_NE(target.mr.rkey(), oldRkey);
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 1,
-                              .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = target.address(),
-                              .rkey = oldRkey}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 1,
+                           .sges = {sgeOf(src, 0, 64)},
+                           .remoteAddr = target.address(),
+                           .rkey = oldRkey},
+                          &wc));
   EXPECT_TRUE(failedWith(wc, 1, WcStatus::kRemAccessErr));
   EXPECT_TRUE(matchesPattern(bytesOf(target, 0, 8192), 83));
 
   // The new key works.
   ASSERT_TRUE(resetAndReconnect(*pair, kShortTimeout));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 2,
-                              .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = target.address(),
-                              .rkey = target.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, rdmaRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 64), target), &wc));
   EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kRdmaWrite));
   EXPECT_TRUE(bytesEqual(bytesOf(target, 0, 64), bytesOf(src, 0, 64)));
 
   // Dropping REMOTE_WRITE: READ still works, WRITE is refused from the next request on.
   ASSERT_OK(target.mr.reregister(v::rereg::kChangeAccess, nullptr, target.data(), 8192,
                                  access::kLocalWrite | access::kRemoteRead));
-  ASSERT_OK(postAll(pair->a.qp, {{.opcode = WrOpcode::kRdmaRead,
-                                  .wrId = 3,
-                                  .sges = {sgeOf(src, 4096, 64)},
-                                  .remoteAddr = target.address(),
-                                  .rkey = target.mr.rkey()},
-                                 {.opcode = WrOpcode::kRdmaWrite,
-                                  .wrId = 4,
-                                  .sges = {sgeOf(src, 0, 64)},
-                                  .remoteAddr = target.address(1024),
-                                  .rkey = target.mr.rkey()}}));
+  ASSERT_OK(postAll(pair->a.qp, {rdmaRequest(WrOpcode::kRdmaRead, 3, sgeOf(src, 4096, 64), target),
+                                 rdmaRequest(WrOpcode::kRdmaWrite, 4, sgeOf(src, 0, 64), target, 1024)}));
   std::vector<WorkCompletion> completions;
   ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
   EXPECT_TRUE(succeeded(completions[0], 3, WcOpcode::kRdmaRead));
@@ -236,12 +223,13 @@ TEST_P(VerbsConformance, ReregistrationRevokesOldKeysAndTakesEffectAtOnce) {
                                  moved.data(), 8192, access::kAll));
   EXPECT_EQ(target.mr.addr(), moved.data());
   ASSERT_TRUE(resetAndReconnect(*pair, kShortTimeout));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 5,
-                              .sges = {sgeOf(src, 0, 4096)},
-                              .remoteAddr = moved.address(2048),
-                              .rkey = target.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 5,
+                           .sges = {sgeOf(src, 0, 4096)},
+                           .remoteAddr = moved.address(2048),
+                           .rkey = target.mr.rkey()},
+                          &wc));
   EXPECT_TRUE(succeeded(wc, 5, WcOpcode::kRdmaWrite));
   EXPECT_TRUE(bytesEqual(bytesOf(moved, 2048, 4096), bytesOf(src, 0, 4096)));
   EXPECT_TRUE(matchesPattern(bytesOf(target, 64, 8192 - 64), 83, 64)) << "the old translation";

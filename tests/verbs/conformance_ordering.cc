@@ -47,11 +47,7 @@ TEST_P(VerbsConformance, ReadAfterWriteSeesTheWrite) {
                                   .flags = 0,
                                   .remoteAddr = dst.address(),
                                   .rkey = dst.mr.rkey()},
-                                 {.opcode = WrOpcode::kRdmaRead,
-                                  .wrId = 2,
-                                  .sges = {sgeOf(back, 0, 4 * kMiB)},
-                                  .remoteAddr = dst.address(),
-                                  .rkey = dst.mr.rkey()}}));
+                                 rdmaRequest(WrOpcode::kRdmaRead, 2, sgeOf(back, 0, 4 * kMiB), dst)}));
   WorkCompletion wc;
   ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
   EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kRdmaRead));

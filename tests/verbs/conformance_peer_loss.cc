@@ -11,33 +11,16 @@ TEST_P(VerbsConformance, ClosedPeerContextGivesRetryExceeded) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair({.link = kShortTimeout}));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 8192, access::kLocalWrite, 71));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 8192, access::kAll, 72));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 1,
-                              .sges = {sgeOf(src, 0, 1024)},
-                              .remoteAddr = dst.address(),
-                              .rkey = dst.mr.rkey()}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 1024), dst), &wc));
   ASSERT_TRUE(succeeded(wc, 1, WcOpcode::kRdmaWrite));
 
   pair->b.ownContext.close();
   const auto start = Clock::now();
-  ASSERT_OK(postAll(pair->a.qp, {{.opcode = WrOpcode::kRdmaWrite,
-                                  .wrId = 2,
-                                  .sges = {sgeOf(src, 0, 1024)},
-                                  .remoteAddr = dst.address(4096),
-                                  .rkey = dst.mr.rkey()},
-                                 {.opcode = WrOpcode::kRdmaWrite,
-                                  .wrId = 3,
-                                  .sges = {sgeOf(src, 0, 1024)},
-                                  .remoteAddr = dst.address(4096),
-                                  .rkey = dst.mr.rkey()}}));
-  std::vector<WorkCompletion> completions;
-  ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
-  EXPECT_LT(Clock::now() - start, kPeerLossBound);
-  EXPECT_TRUE(failedWith(completions[0], 2, WcStatus::kRetryExcErr));
-  EXPECT_TRUE(failedWith(completions[1], 3, WcStatus::kWrFlushErr));
-  EXPECT_TRUE(reachesState(pair->a.qp, QpState::kErr));
+  ASSERT_OK(postAll(pair->a.qp, {rdmaRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 1024), dst, 4096),
+                                 rdmaRequest(WrOpcode::kRdmaWrite, 3, sgeOf(src, 0, 1024), dst, 4096)}));
+  ASSERT_NO_FATAL_FAILURE(expectFailedThenFlushed(
+      pair->a, start, {.failedId = 2, .status = WcStatus::kRetryExcErr, .flushedId = 3}));
   EXPECT_TRUE(matchesPattern(bytesOf(dst, 4096, 4096), 72, 4096))
       << "a closed context's memory is not written";
 }
@@ -50,11 +33,7 @@ TEST_P(VerbsConformance, PeerClosedMidTransferFailsTheRestInOrder) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kChunk, access::kAll, 74));
   std::vector<SendOp> ops;
   for (uint64_t id = 1; id <= kCount; ++id) {
-    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                   .wrId = id,
-                   .sges = {sgeOf(src, 0, kChunk)},
-                   .remoteAddr = dst.address(),
-                   .rkey = dst.mr.rkey()});
+    ops.push_back(rdmaRequest(WrOpcode::kRdmaWrite, id, sgeOf(src, 0, kChunk), dst));
   }
   ASSERT_OK(postAll(pair->a.qp, ops));
   const auto start = Clock::now();
@@ -73,13 +52,9 @@ TEST_P(VerbsConformance, PeerClosedMidTransferFailsTheRestInOrder) {
     // error, never succeed or hang.
     ASSERT_TRUE(mayFinishBeforeAPeerLeaves(GetParam()))
         << "all " << kCount << " writes finished before the close";
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                                .wrId = kCount + 1,
-                                .sges = {sgeOf(src, 0, kChunk)},
-                                .remoteAddr = dst.address(),
-                                .rkey = dst.mr.rkey()}));
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+    ASSERT_TRUE(
+        postAndWait(pair->a, rdmaRequest(WrOpcode::kRdmaWrite, kCount + 1, sgeOf(src, 0, kChunk), dst), &wc));
     EXPECT_TRUE(failedWith(wc, kCount + 1, WcStatus::kRetryExcErr));
     return;
   }
@@ -89,25 +64,22 @@ TEST_P(VerbsConformance, PeerClosedMidTransferFailsTheRestInOrder) {
 
 TEST_P(VerbsConformance, UnreachablePeerGivesRetryExceeded) {
   Side a, b;
-  ASSERT_OK(openSide(a, nullptr, 64));
-  ASSERT_OK(openSide(b, nullptr, 64));
-  ASSERT_OK(createQp(a, {}));
-  ASSERT_OK(createQp(b, {}));
-  ASSERT_OK_AND_ASSIGN(v::Path localA, makeLocalPath(*a.context, a.qp));
-  ASSERT_OK_AND_ASSIGN(v::Path localB, makeLocalPath(*b.context, b.qp));
+  v::Path localA, localB;
+  ASSERT_OK(openUnconnected(a, b, &localA, &localB));
   ASSERT_OK_AND_ASSIGN(v::Path pathA, pathTowardsPeer(*a.context, a.qp, localA, localB, kShortTimeout));
   // The peer disappears before A ever reaches it: nothing listens at its address any more.
   b.ownContext.close();
   ASSERT_OK(a.qp.establish(pathA, kRemoteAccess));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(a.pd, 4096, access::kLocalWrite, 75));
   const auto start = Clock::now();
-  ASSERT_OK(post(a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                        .wrId = 1,
-                        .sges = {sgeOf(src, 0, 64)},
-                        .remoteAddr = 0x10000,
-                        .rkey = 0x1234}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(a,
+                          {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 1,
+                           .sges = {sgeOf(src, 0, 64)},
+                           .remoteAddr = 0x10000,
+                           .rkey = 0x1234},
+                          &wc));
   EXPECT_LT(Clock::now() - start, kPeerLossBound);
   EXPECT_TRUE(failedWith(wc, 1, WcStatus::kRetryExcErr));
   EXPECT_TRUE(reachesState(a.qp, QpState::kErr));

@@ -54,12 +54,8 @@ TEST_P(VerbsConformance, CreateQpChecksCapsAndCqs) {
 TEST_P(VerbsConformance, QpStateMachineFollowsLibibverbs) {
   namespace m = v::qp_attr_mask;
   Side a, b;
-  ASSERT_OK(openSide(a, nullptr, 64));
-  ASSERT_OK(openSide(b, nullptr, 64));
-  ASSERT_OK(createQp(a, {}));
-  ASSERT_OK(createQp(b, {}));
-  ASSERT_OK_AND_ASSIGN(v::Path localA, makeLocalPath(*a.context, a.qp));
-  ASSERT_OK_AND_ASSIGN(v::Path localB, makeLocalPath(*b.context, b.qp));
+  v::Path localA, localB;
+  ASSERT_OK(openUnconnected(a, b, &localA, &localB));
   ASSERT_OK_AND_ASSIGN(v::Path pathA, pathTowardsPeer(*a.context, a.qp, localA, localB, {}));
   ASSERT_OK_AND_ASSIGN(v::Path pathB, pathTowardsPeer(*b.context, b.qp, localB, localA, {}));
   auto refused = [](const Status& status) { return hasCode(status, StatusCode::kInvalidArgument, EINVAL); };
@@ -69,11 +65,7 @@ TEST_P(VerbsConformance, QpStateMachineFollowsLibibverbs) {
   };
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(a.pd, 4096, access::kLocalWrite, 3));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(b.pd, 4096, access::kAll, 4));
-  const SendOp write{.opcode = WrOpcode::kRdmaWrite,
-                     .wrId = 1,
-                     .sges = {sgeOf(src, 0, 64)},
-                     .remoteAddr = dst.address(),
-                     .rkey = dst.mr.rkey()};
+  const SendOp write = rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 64), dst);
 
   // RESET: only INIT (and RESET, ERR) is reachable; posting is refused.
   v::QpAttr attr;
@@ -150,9 +142,8 @@ TEST_P(VerbsConformance, QpStateMachineFollowsLibibverbs) {
 
   // The hand-built side talks to a side built by establish(), both ways.
   ASSERT_OK(b.qp.establish(pathB, kRemoteAccess));
-  ASSERT_OK(post(a.qp, write));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(a, write, &wc));
   EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRdmaWrite));
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 64), bytesOf(src, 0, 64)));
   ASSERT_OK(post(b.qp, {.opcode = WrOpcode::kSend, .wrId = 2, .sges = {sgeOf(dst, 0, 100)}}));
@@ -192,12 +183,7 @@ TEST_P(VerbsConformance, UcCarriesWritesAndSendsAndDropsWhatTheTargetRefuses) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kSize, access::kLocalWrite, 41));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 2 * kSize, access::kAll, 42));
   WorkCompletion wc;
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 1,
-                              .sges = {sgeOf(src, 0, kSize)},
-                              .remoteAddr = dst.address(0),
-                              .rkey = dst.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, kSize), dst), &wc));
   EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRdmaWrite));
   // The requester's completion says the WRITE left, not that it landed: poll the target.
   auto landed = [&](size_t offset, size_t length, uint64_t seed, uint64_t position) {
@@ -211,12 +197,9 @@ TEST_P(VerbsConformance, UcCarriesWritesAndSendsAndDropsWhatTheTargetRefuses) {
   // WRITE_WITH_IMM and SEND consume receives, as on RC.
   ASSERT_OK(postReceive(pair->b.qp, 10, {sgeOf(dst, kSize, kSize)}));
   ASSERT_OK(postReceive(pair->b.qp, 11, {sgeOf(dst, kSize, kSize)}));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWriteWithImm,
-                              .wrId = 2,
-                              .sges = {sgeOf(src, 0, 4096)},
-                              .remoteAddr = dst.address(0),
-                              .rkey = dst.mr.rkey(),
-                              .imm = 0x5151}));
+  SendOp writeWithImm = rdmaRequest(WrOpcode::kRdmaWriteWithImm, 2, sgeOf(src, 0, 4096), dst);
+  writeWithImm.imm = 0x5151;
+  ASSERT_OK(post(pair->a.qp, writeWithImm));
   ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 100, 1000)}}));
   std::vector<WorkCompletion> got;
   ASSERT_TRUE(pollCompletions(pair->b.recvCq, 2, &got));
@@ -232,19 +215,11 @@ TEST_P(VerbsConformance, UcCarriesWritesAndSendsAndDropsWhatTheTargetRefuses) {
   EXPECT_TRUE(succeeded(sent[0], 2, WcOpcode::kRdmaWrite));
   EXPECT_TRUE(succeeded(sent[1], 3, WcOpcode::kSend));
   // No READ, no atomics.
-  EXPECT_TRUE(hasCode(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
-                                        .wrId = 4,
-                                        .sges = {sgeOf(src, 0, 8)},
-                                        .remoteAddr = dst.address(0),
-                                        .rkey = dst.mr.rkey()}),
+  EXPECT_TRUE(hasCode(post(pair->a.qp, rdmaRequest(WrOpcode::kRdmaRead, 4, sgeOf(src, 0, 8), dst)),
                       StatusCode::kInvalidArgument, EINVAL));
-  EXPECT_TRUE(hasCode(post(pair->a.qp, {.opcode = WrOpcode::kAtomicFetchAndAdd,
-                                        .wrId = 5,
-                                        .sges = {sgeOf(src, 0, 8)},
-                                        .remoteAddr = dst.address(0),
-                                        .rkey = dst.mr.rkey(),
-                                        .compareAdd = 1}),
-                      StatusCode::kInvalidArgument, EINVAL));
+  SendOp fetchAdd = rdmaRequest(WrOpcode::kAtomicFetchAndAdd, 5, sgeOf(src, 0, 8), dst);
+  fetchAdd.compareAdd = 1;
+  EXPECT_TRUE(hasCode(post(pair->a.qp, fetchAdd), StatusCode::kInvalidArgument, EINVAL));
   // A WRITE with a bad rkey and a SEND that finds no receive: both complete here, neither changes
   // the target, and the QPs stay RTS.
   fillPattern(writableBytes(dst, 0, 2 * kSize), 43);
@@ -285,12 +260,13 @@ TEST_P(VerbsConformance, ResetAndReconnectRecoversAfterAnError) {
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 1 * kMiB, access::kLocalWrite, 92));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 1 * kMiB, access::kAll, 93));
   WorkCompletion wc;
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 1,
-                              .sges = {sgeOf(src, 0, 64)},
-                              .remoteAddr = dst.address(),
-                              .rkey = corruptKey(dst.mr.rkey())}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 1,
+                           .sges = {sgeOf(src, 0, 64)},
+                           .remoteAddr = dst.address(),
+                           .rkey = corruptKey(dst.mr.rkey())},
+                          &wc));
   ASSERT_TRUE(failedWith(wc, 1, WcStatus::kRemAccessErr));
   ASSERT_TRUE(reachesState(pair->a.qp, QpState::kErr));
   ASSERT_TRUE(reachesState(pair->b.qp, QpState::kErr));
@@ -298,12 +274,7 @@ TEST_P(VerbsConformance, ResetAndReconnectRecoversAfterAnError) {
   ASSERT_TRUE(resetAndReconnect(*pair));
   EXPECT_TRUE(reachesState(pair->a.qp, QpState::kRts, milliseconds(0)));
   EXPECT_TRUE(reachesState(pair->b.qp, QpState::kRts, milliseconds(0)));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 2,
-                              .sges = {sgeOf(src, 0, 1 * kMiB)},
-                              .remoteAddr = dst.address(),
-                              .rkey = dst.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a, rdmaRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 1 * kMiB), dst), &wc));
   EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kRdmaWrite));
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 1 * kMiB), bytesOf(src, 0, 1 * kMiB)));
 
@@ -311,8 +282,8 @@ TEST_P(VerbsConformance, ResetAndReconnectRecoversAfterAnError) {
   ASSERT_OK(postReceive(pair->b.qp, 70, {sgeOf(dst, 0, 4096)}));
   ASSERT_TRUE(resetAndReconnect(*pair));
   ASSERT_OK(postReceive(pair->b.qp, 71, {sgeOf(dst, 4096, 4096)}));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 0, 100)}}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(
+      postAndWait(pair->a, {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 0, 100)}}, &wc));
   EXPECT_TRUE(succeeded(wc, 3, WcOpcode::kSend));
   ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
   EXPECT_TRUE(succeeded(wc, 71, WcOpcode::kRecv)) << "the receive posted before RESET is gone";
@@ -325,16 +296,8 @@ TEST_P(VerbsConformance, QpsOfOneContextTalkToEachOther) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 256 * kKiB, access::kAll, 95));
   ASSERT_OK(postReceive(pair->b.qp, 1, {sgeOf(dst, 128 * kKiB, 64 * kKiB)}));
   ASSERT_OK(postAll(pair->a.qp,
-                    {{.opcode = WrOpcode::kRdmaWrite,
-                      .wrId = 1,
-                      .sges = {sgeOf(src, 0, 64 * kKiB)},
-                      .remoteAddr = dst.address(),
-                      .rkey = dst.mr.rkey()},
-                     {.opcode = WrOpcode::kRdmaRead,
-                      .wrId = 2,
-                      .sges = {sgeOf(src, 64 * kKiB, 64 * kKiB)},
-                      .remoteAddr = dst.address(64 * kKiB),
-                      .rkey = dst.mr.rkey()},
+                    {rdmaRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 64 * kKiB), dst),
+                     rdmaRequest(WrOpcode::kRdmaRead, 2, sgeOf(src, 64 * kKiB, 64 * kKiB), dst, 64 * kKiB),
                      {.opcode = WrOpcode::kSend, .wrId = 3, .sges = {sgeOf(src, 192 * kKiB, 64 * kKiB)}}}));
   std::vector<WorkCompletion> completions;
   ASSERT_TRUE(pollCompletions(pair->a.sendCq, 3, &completions));

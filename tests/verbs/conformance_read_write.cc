@@ -1,7 +1,5 @@
 // One-sided operations: RDMA WRITE and READ byte-exact for every size, and WRITE_WITH_IMM,
 // which also consumes a receive.
-#include <string>
-
 #include "verbs/conformance.h"
 
 namespace ferry::test {
@@ -11,22 +9,15 @@ TEST_P(VerbsConformance, WriteIsByteExactForEverySize) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kLargest + 64, access::kLocalWrite, 11));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kLargest + 128, access::kAll, 12));
-  uint64_t wrId = 0;
-  for (size_t size : kSizes) {
-    if (size > maxMessage(*pair->a.context)) continue;  // above the device's max_msg_sz
-    SCOPED_TRACE("size " + std::to_string(size));
-    const uint64_t seed = 1000 + size;
-    fillPattern(writableBytes(dst, 0, kDstOffset + size + kGuard), seed);
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                                .wrId = ++wrId,
-                                .sges = {sgeOf(src, kSrcOffset, size)},
-                                .remoteAddr = dst.address(kDstOffset),
-                                .rkey = dst.mr.rkey()}));
+  ASSERT_NO_FATAL_FAILURE(forEachSize(*pair->a.context, dst, 1000, [&](const SweepStep& step) {
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-    EXPECT_TRUE(succeeded(wc, wrId, WcOpcode::kRdmaWrite));
-    EXPECT_TRUE(placedWithGuards(dst, bytesOf(src, kSrcOffset, size), size, seed));
-  }
+    ASSERT_TRUE(postAndWait(
+        pair->a,
+        rdmaRequest(WrOpcode::kRdmaWrite, step.wrId, sgeOf(src, kSrcOffset, step.size), dst, kDstOffset),
+        &wc));
+    EXPECT_TRUE(succeeded(wc, step.wrId, WcOpcode::kRdmaWrite));
+    EXPECT_TRUE(placedWithGuards(dst, bytesOf(src, kSrcOffset, step.size), step.size, step.seed));
+  }));
   EXPECT_TRUE(noCompletionFor(pair->b.recvCq, milliseconds(1))) << "a plain WRITE consumes no receive";
 }
 
@@ -34,23 +25,16 @@ TEST_P(VerbsConformance, ReadIsByteExactForEverySize) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto remote, registerBuffer(pair->b.pd, kLargest + 64, access::kAll, 13));
   ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, kLargest + 128, access::kLocalWrite, 14));
-  uint64_t wrId = 0;
-  for (size_t size : kSizes) {
-    if (size > maxMessage(*pair->a.context)) continue;  // above the device's max_msg_sz
-    SCOPED_TRACE("size " + std::to_string(size));
-    const uint64_t seed = 2000 + size;
-    fillPattern(writableBytes(local, 0, kDstOffset + size + kGuard), seed);
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
-                                .wrId = ++wrId,
-                                .sges = {sgeOf(local, kDstOffset, size)},
-                                .remoteAddr = remote.address(kSrcOffset),
-                                .rkey = remote.mr.rkey()}));
+  ASSERT_NO_FATAL_FAILURE(forEachSize(*pair->a.context, local, 2000, [&](const SweepStep& step) {
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-    EXPECT_TRUE(succeeded(wc, wrId, WcOpcode::kRdmaRead));
-    EXPECT_EQ(wc.byteLen, size) << "a READ completion reports the bytes read";
-    EXPECT_TRUE(placedWithGuards(local, bytesOf(remote, kSrcOffset, size), size, seed));
-  }
+    ASSERT_TRUE(postAndWait(
+        pair->a,
+        rdmaRequest(WrOpcode::kRdmaRead, step.wrId, sgeOf(local, kDstOffset, step.size), remote, kSrcOffset),
+        &wc));
+    EXPECT_TRUE(succeeded(wc, step.wrId, WcOpcode::kRdmaRead));
+    EXPECT_EQ(wc.byteLen, step.size) << "a READ completion reports the bytes read";
+    EXPECT_TRUE(placedWithGuards(local, bytesOf(remote, kSrcOffset, step.size), step.size, step.seed));
+  }));
 }
 
 TEST_P(VerbsConformance, WriteWithImmediateConsumesAReceive) {
@@ -59,17 +43,13 @@ TEST_P(VerbsConformance, WriteWithImmediateConsumesAReceive) {
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 8192, access::kAll, 20));
   ASSERT_OK_AND_ASSIGN(auto inbox, registerBuffer(pair->b.pd, 4096, access::kLocalWrite, 21));
   ASSERT_OK(postReceive(pair->b.qp, 7, {sgeOf(inbox, 0, 256)}));
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWriteWithImm,
-                              .wrId = 1,
-                              .sges = {sgeOf(src, 0, 4096)},
-                              .remoteAddr = dst.address(128),
-                              .rkey = dst.mr.rkey(),
-                              .imm = 0xa1b2c3d4}));
+  SendOp writeWithImm = rdmaRequest(WrOpcode::kRdmaWriteWithImm, 1, sgeOf(src, 0, 4096), dst, 128);
+  writeWithImm.imm = 0xa1b2c3d4;
+  ASSERT_OK(post(pair->a.qp, writeWithImm));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRdmaWrite));
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 7, WcOpcode::kRecvRdmaWithImm));
+  ASSERT_NO_FATAL_FAILURE(expectDelivered(
+      *pair, {.sendId = 1, .sent = WcOpcode::kRdmaWrite, .recvId = 7, .received = WcOpcode::kRecvRdmaWithImm},
+      &wc));
   EXPECT_EQ(wc.byteLen, 4096u);
   EXPECT_EQ(wc.immData, 0xa1b2c3d4u);
   EXPECT_NE(wc.wcFlags & v::wc_flags::kWithImm, 0u);
@@ -84,10 +64,9 @@ TEST_P(VerbsConformance, WriteWithImmediateConsumesAReceive) {
                               .remoteAddr = dst.address(),
                               .rkey = dst.mr.rkey(),
                               .imm = 42}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kRdmaWrite));
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 8, WcOpcode::kRecvRdmaWithImm));
+  ASSERT_NO_FATAL_FAILURE(expectDelivered(
+      *pair, {.sendId = 2, .sent = WcOpcode::kRdmaWrite, .recvId = 8, .received = WcOpcode::kRecvRdmaWithImm},
+      &wc));
   EXPECT_EQ(wc.byteLen, 0u);
   EXPECT_EQ(wc.immData, 42u);
 }

@@ -48,10 +48,7 @@ TEST_P(VerbsConformance, GatherOnSendAndScatterOnReceive) {
                               .wrId = 2,
                               .sges = {sgeOf(src, 0, 100), sgeOf(src, 1000, 300), sgeOf(src2, 5, 7)}}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kSend));
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRecv));
+  ASSERT_NO_FATAL_FAILURE(expectDelivered(*pair, {.sendId = 2, .recvId = 1}, &wc));
   EXPECT_EQ(wc.byteLen, 407u);
   std::vector<uint8_t> stream(src.data(), src.data() + 100);
   stream.insert(stream.end(), src.data() + 1000, src.data() + 1300);
@@ -63,12 +60,13 @@ TEST_P(VerbsConformance, GatherOnSendAndScatterOnReceive) {
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, dst.size()), expected));
 
   // WRITE gathers the same way into one remote range.
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaWrite,
-                              .wrId = 3,
-                              .sges = {sgeOf(src, 0, 100), sgeOf(src, 1000, 300), sgeOf(src2, 5, 7)},
-                              .remoteAddr = dst.address(4096),
-                              .rkey = dst.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaWrite,
+                           .wrId = 3,
+                           .sges = {sgeOf(src, 0, 100), sgeOf(src, 1000, 300), sgeOf(src2, 5, 7)},
+                           .remoteAddr = dst.address(4096),
+                           .rkey = dst.mr.rkey()},
+                          &wc));
   EXPECT_TRUE(succeeded(wc, 3, WcOpcode::kRdmaWrite));
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 4096, 407), stream));
   EXPECT_TRUE(matchesPattern(bytesOf(dst, 4096 + 407, 100), 31, 4096 + 407));
@@ -76,12 +74,13 @@ TEST_P(VerbsConformance, GatherOnSendAndScatterOnReceive) {
   // READ scatters one remote range over several local SGEs.
   ASSERT_OK_AND_ASSIGN(auto local, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 32));
   std::vector<uint8_t> localBefore(local.data(), local.data() + local.size());
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
-                              .wrId = 4,
-                              .sges = {sgeOf(local, 10, 20), sgeOf(local, 100, 30)},
-                              .remoteAddr = dst.address(4096),
-                              .rkey = dst.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaRead,
+                           .wrId = 4,
+                           .sges = {sgeOf(local, 10, 20), sgeOf(local, 100, 30)},
+                           .remoteAddr = dst.address(4096),
+                           .rkey = dst.mr.rkey()},
+                          &wc));
   EXPECT_TRUE(succeeded(wc, 4, WcOpcode::kRdmaRead));
   std::vector<uint8_t> localExpected =
       scatterImage(dst.data(), {{4096, 50}}, localBefore, {{10, 20}, {100, 30}});
@@ -109,10 +108,7 @@ TEST_P(VerbsConformance, MaximumSgeCountsWork) {
   ASSERT_OK(postReceive(pair->b.qp, 1, sgesOf(dst, scatter)));
   ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = 2, .sges = sgesOf(src, gather)}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kSend));
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRecv));
+  ASSERT_NO_FATAL_FAILURE(expectDelivered(*pair, {.sendId = 2, .recvId = 1}, &wc));
   EXPECT_EQ(wc.byteLen, total);
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, dst.size()), scatterImage(src.data(), gather, before, scatter)));
 
@@ -124,12 +120,13 @@ TEST_P(VerbsConformance, MaximumSgeCountsWork) {
     readTotal += 11 + i;
   }
   std::vector<uint8_t> srcBefore(src.data(), src.data() + src.size());
-  ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kRdmaRead,
-                              .wrId = 3,
-                              .sges = sgesOf(src, readScatter),
-                              .remoteAddr = dst.address(40 * kKiB),
-                              .rkey = dst.mr.rkey()}));
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
+  ASSERT_TRUE(postAndWait(pair->a,
+                          {.opcode = WrOpcode::kRdmaRead,
+                           .wrId = 3,
+                           .sges = sgesOf(src, readScatter),
+                           .remoteAddr = dst.address(40 * kKiB),
+                           .rkey = dst.mr.rkey()},
+                          &wc));
   EXPECT_TRUE(succeeded(wc, 3, WcOpcode::kRdmaRead));
   EXPECT_TRUE(bytesEqual(bytesOf(src, 0, src.size()),
                          scatterImage(dst.data(), {{40 * kKiB, readTotal}}, srcBefore, readScatter)));

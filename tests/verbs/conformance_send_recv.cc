@@ -1,6 +1,5 @@
 // Two-sided messages: SEND and SEND_WITH_IMM into posted receives, a receiver not ready (RNR
 // waits and runs out), and a shared receive queue serving two QPs with its limit event.
-#include <string>
 #include <vector>
 
 #include "verbs/conformance.h"
@@ -12,27 +11,18 @@ TEST_P(VerbsConformance, SendIsByteExactForEverySize) {
   ASSERT_OK_AND_ASSIGN(auto pair, makePair());
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, kLargest + 64, access::kLocalWrite, 15));
   ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, kLargest + 128, access::kLocalWrite, 16));
-  uint64_t wrId = 0;
-  for (size_t size : kSizes) {
-    if (size > maxMessage(*pair->a.context)) continue;  // above the device's max_msg_sz
-    SCOPED_TRACE("size " + std::to_string(size));
-    const uint64_t seed = 3000 + size;
-    fillPattern(writableBytes(dst, 0, kDstOffset + size + kGuard), seed);
-    ++wrId;
-    ASSERT_OK(postReceive(pair->b.qp, 500 + wrId, {sgeOf(dst, kDstOffset, size + kGuard)}));
+  ASSERT_NO_FATAL_FAILURE(forEachSize(*pair->a.context, dst, 3000, [&](const SweepStep& step) {
+    ASSERT_OK(postReceive(pair->b.qp, 500 + step.wrId, {sgeOf(dst, kDstOffset, step.size + kGuard)}));
     std::vector<v::Sge> sges;
-    if (size > 0) sges.push_back(sgeOf(src, kSrcOffset, size));
-    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = wrId, .sges = sges}));
+    if (step.size > 0) sges.push_back(sgeOf(src, kSrcOffset, step.size));
+    ASSERT_OK(post(pair->a.qp, {.opcode = WrOpcode::kSend, .wrId = step.wrId, .sges = sges}));
     WorkCompletion wc;
-    ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-    EXPECT_TRUE(succeeded(wc, wrId, WcOpcode::kSend));
-    ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-    EXPECT_TRUE(succeeded(wc, 500 + wrId, WcOpcode::kRecv));
-    EXPECT_EQ(wc.byteLen, size);
+    ASSERT_NO_FATAL_FAILURE(expectDelivered(*pair, {.sendId = step.wrId, .recvId = 500 + step.wrId}, &wc));
+    EXPECT_EQ(wc.byteLen, step.size);
     EXPECT_EQ(wc.qpNum, pair->b.qp.qpNum());
     EXPECT_EQ(wc.wcFlags & v::wc_flags::kWithImm, 0u);
-    EXPECT_TRUE(placedWithGuards(dst, bytesOf(src, kSrcOffset, size), size, seed));
-  }
+    EXPECT_TRUE(placedWithGuards(dst, bytesOf(src, kSrcOffset, step.size), step.size, step.seed));
+  }));
 }
 
 TEST_P(VerbsConformance, SendWithImmediateCarriesTheImmediate) {
@@ -44,10 +34,7 @@ TEST_P(VerbsConformance, SendWithImmediateCarriesTheImmediate) {
       post(pair->a.qp,
            {.opcode = WrOpcode::kSendWithImm, .wrId = 2, .sges = {sgeOf(src, 0, 100)}, .imm = 0x12345678}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kSend));
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kRecv));
+  ASSERT_NO_FATAL_FAILURE(expectDelivered(*pair, {.sendId = 2, .recvId = 1}, &wc));
   EXPECT_EQ(wc.byteLen, 100u);
   EXPECT_NE(wc.wcFlags & v::wc_flags::kWithImm, 0u);
   EXPECT_EQ(wc.immData, 0x12345678u);
@@ -62,10 +49,7 @@ TEST_P(VerbsConformance, SendWaitsForALateReceive) {
   EXPECT_TRUE(noCompletionFor(pair->a.sendCq, milliseconds(200))) << "no receive is posted yet";
   ASSERT_OK(postReceive(pair->b.qp, 2, {sgeOf(dst, 0, 8192)}));
   WorkCompletion wc;
-  ASSERT_TRUE(pollOne(pair->a.sendCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 1, WcOpcode::kSend));
-  ASSERT_TRUE(pollOne(pair->b.recvCq, &wc));
-  EXPECT_TRUE(succeeded(wc, 2, WcOpcode::kRecv));
+  ASSERT_NO_FATAL_FAILURE(expectDelivered(*pair, {.sendId = 1, .recvId = 2}, &wc));
   EXPECT_EQ(wc.byteLen, 4096u);
   EXPECT_TRUE(bytesEqual(bytesOf(dst, 0, 4096), bytesOf(src, 0, 4096)));
 }
@@ -77,22 +61,10 @@ TEST_P(VerbsConformance, RnrRetriesRunOut) {
     ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(pair->a.pd, 4096, access::kLocalWrite, 55));
     ASSERT_OK_AND_ASSIGN(auto dst, registerBuffer(pair->b.pd, 4096, access::kAll, 56));
     const auto start = Clock::now();
-    ASSERT_OK(postAll(pair->a.qp, {{.opcode = opcode,
-                                    .wrId = 1,
-                                    .sges = {sgeOf(src, 0, 64)},
-                                    .remoteAddr = dst.address(),
-                                    .rkey = dst.mr.rkey()},
-                                   {.opcode = WrOpcode::kRdmaWrite,
-                                    .wrId = 2,
-                                    .sges = {sgeOf(src, 0, 64)},
-                                    .remoteAddr = dst.address(1024),
-                                    .rkey = dst.mr.rkey()}}));
-    std::vector<WorkCompletion> completions;
-    ASSERT_TRUE(pollCompletions(pair->a.sendCq, 2, &completions));
-    EXPECT_LT(Clock::now() - start, kPeerLossBound);
-    EXPECT_TRUE(failedWith(completions[0], 1, WcStatus::kRnrRetryExcErr));
-    EXPECT_TRUE(failedWith(completions[1], 2, WcStatus::kWrFlushErr));
-    EXPECT_TRUE(reachesState(pair->a.qp, QpState::kErr));
+    ASSERT_OK(postAll(pair->a.qp, {rdmaRequest(opcode, 1, sgeOf(src, 0, 64), dst),
+                                   rdmaRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 64), dst, 1024)}));
+    ASSERT_NO_FATAL_FAILURE(expectFailedThenFlushed(
+        pair->a, start, {.failedId = 1, .status = WcStatus::kRnrRetryExcErr, .flushedId = 2}));
     EXPECT_TRUE(matchesPattern(bytesOf(dst, 1024, 64), 56, 1024)) << "flushed WRITE was not carried out";
   }
 }

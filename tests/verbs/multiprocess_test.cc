@@ -181,6 +181,17 @@ struct PeerRegion {
   uint64_t length = 0;
 };
 
+// A signaled request of `opcode` with the one SGE `local`, aimed at the peer's region at
+// remoteOffset under its rkey: the request most cases here post.
+SendOp peerRequest(WrOpcode opcode, uint64_t wrId, const v::Sge& local, const PeerRegion& remote,
+                   uint64_t remoteOffset = 0) {
+  return {.opcode = opcode,
+          .wrId = wrId,
+          .sges = {local},
+          .remoteAddr = remote.addr + remoteOffset,
+          .rkey = remote.rkey};
+}
+
 class CrossProcess : public VerbsTest {
  protected:
   void SetUp() override {
@@ -247,11 +258,7 @@ class CrossProcess : public VerbsTest {
 
   // One 4 KiB WRITE from src into remote that completes: the connection to the peer is up.
   static void writeOnce(Side& side, const RegisteredBuffer& src, const PeerRegion& remote) {
-    ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                             .wrId = 1,
-                             .sges = {sgeOf(src, 0, 4096)},
-                             .remoteAddr = remote.addr,
-                             .rkey = remote.rkey}));
+    ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, 4096), remote)));
     WorkCompletion wc;
     ASSERT_TRUE(pollOne(side.sendCq, &wc));
     ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
@@ -282,22 +289,14 @@ TEST_P(CrossProcess, TransfersAreByteExactBothWays) {
   WorkCompletion wc;
 
   // WRITE 16 MiB into the peer.
-  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                           .wrId = 1,
-                           .sges = {sgeOf(src, 0, kSize)},
-                           .remoteAddr = remote.addr,
-                           .rkey = remote.rkey}));
+  ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaWrite, 1, sgeOf(src, 0, kSize), remote)));
   ASSERT_TRUE(pollOne(side.sendCq, &wc));
   EXPECT_TRUE(wc.status == WcStatus::kSuccess && wc.wrId == 1) << describe(wc);
   EXPECT_OK(peer("check", remote.index, 0, kSize, 501));
 
   // READ 16 MiB back after the peer rewrote it.
   ASSERT_OK(peer("fill", remote.index, 0, kSize, 503));
-  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaRead,
-                           .wrId = 2,
-                           .sges = {sgeOf(dst, 0, kSize)},
-                           .remoteAddr = remote.addr,
-                           .rkey = remote.rkey}));
+  ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaRead, 2, sgeOf(dst, 0, kSize), remote)));
   ASSERT_TRUE(pollOne(side.sendCq, &wc));
   EXPECT_TRUE(wc.status == WcStatus::kSuccess && wc.wrId == 2) << describe(wc);
   EXPECT_TRUE(matchesPattern(bytesOf(dst), 503));
@@ -387,21 +386,13 @@ TEST_P(CrossProcess, KilledPeerFailsOutstandingWritesQuickly) {
   ASSERT_NO_FATAL_FAILURE(peerRegion(kChunk, access::kAll, 520, &remote));
   ASSERT_OK_AND_ASSIGN(auto src, registerBuffer(side.pd, kChunk, access::kLocalWrite, 521));
   WorkCompletion wc;
-  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                           .wrId = 0,
-                           .sges = {sgeOf(src, 0, kChunk)},
-                           .remoteAddr = remote.addr,
-                           .rkey = remote.rkey}));
+  ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaWrite, 0, sgeOf(src, 0, kChunk), remote)));
   ASSERT_TRUE(pollOne(side.sendCq, &wc));
   ASSERT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
 
   std::vector<SendOp> ops;
   for (uint64_t id = 1; id <= kCount; ++id) {
-    ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                   .wrId = id,
-                   .sges = {sgeOf(src, 0, kChunk)},
-                   .remoteAddr = remote.addr,
-                   .rkey = remote.rkey});
+    ops.push_back(peerRequest(WrOpcode::kRdmaWrite, id, sgeOf(src, 0, kChunk), remote));
   }
   ASSERT_OK(postAll(side.qp, ops));
   peer_.signal(SIGKILL);
@@ -424,11 +415,7 @@ TEST_P(CrossProcess, KilledPeerFailsOutstandingWritesQuickly) {
     // them before the kill. A WRITE posted now meets the dead peer: it fails quickly, never succeeds.
     ASSERT_TRUE(mayFinishBeforeAPeerLeaves(GetParam())) << "every write finished before the kill";
     const auto posted = Clock::now();
-    ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                             .wrId = kCount + 1,
-                             .sges = {sgeOf(src, 0, kChunk)},
-                             .remoteAddr = remote.addr,
-                             .rkey = remote.rkey}));
+    ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaWrite, kCount + 1, sgeOf(src, 0, kChunk), remote)));
     ASSERT_TRUE(pollOne(side.sendCq, &wc, kPeerLossBound));
     EXPECT_LT(Clock::now() - posted, kPeerLossBound);
     EXPECT_EQ(wc.wrId, kCount + 1);
@@ -465,16 +452,8 @@ TEST_P(CrossProcess, PeerPausedWithinTheTimeoutResumesIntact) {
   ASSERT_TRUE(peer_.waitStopped(kWaitTimeout));
   // A SEND needs the stopped peer on every path (the same-host path carries WRITE and READ
   // without it), so each path waits out the pause.
-  ASSERT_OK(postAll(side.qp, {{.opcode = WrOpcode::kRdmaWrite,
-                               .wrId = 2,
-                               .sges = {sgeOf(src, 0, kSize)},
-                               .remoteAddr = remote.addr,
-                               .rkey = remote.rkey},
-                              {.opcode = WrOpcode::kRdmaRead,
-                               .wrId = 3,
-                               .sges = {sgeOf(src, kSize, kSize)},
-                               .remoteAddr = remote.addr + kSize,
-                               .rkey = remote.rkey},
+  ASSERT_OK(postAll(side.qp, {peerRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, kSize), remote),
+                              peerRequest(WrOpcode::kRdmaRead, 3, sgeOf(src, kSize, kSize), remote, kSize),
                               {.opcode = WrOpcode::kSend, .wrId = 5, .sges = {sgeOf(src, 0, kSize)}}}));
   // Three seconds: longer than the 2 s that used to end an endpoint's connection.
   std::this_thread::sleep_for(std::chrono::seconds(3));
@@ -493,11 +472,7 @@ TEST_P(CrossProcess, PeerPausedWithinTheTimeoutResumesIntact) {
   EXPECT_EQ(got, "100:SUCCESS:RECV:" + std::to_string(kSize) + ":0");
   EXPECT_OK(peer("check", inbox.index, 0, kSize, 541, 0));
   // And the connection carries on.
-  ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                           .wrId = 4,
-                           .sges = {sgeOf(src, 0, 4096)},
-                           .remoteAddr = remote.addr,
-                           .rkey = remote.rkey}));
+  ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaWrite, 4, sgeOf(src, 0, 4096), remote)));
   ASSERT_TRUE(pollOne(side.sendCq, &wc));
   EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
   EXPECT_TRUE(reachesState(side.qp, v::QpState::kRts));
@@ -558,11 +533,8 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
     std::vector<SendOp> ops;
     size_t w = 0, r = 0, m = 0;
     auto addRead = [&](uint64_t id) {
-      ops.push_back({.opcode = WrOpcode::kRdmaRead,
-                     .wrId = id,
-                     .sges = {sgeOf(dst, r * kChunk, kChunk)},
-                     .remoteAddr = remote.addr + (kWrites + r) * kChunk,
-                     .rkey = remote.rkey});
+      ops.push_back(peerRequest(WrOpcode::kRdmaRead, id, sgeOf(dst, r * kChunk, kChunk), remote,
+                                (kWrites + r) * kChunk));
       ++r;
     };
     auto addSend = [&](uint64_t id) {
@@ -576,11 +548,8 @@ TEST_P(CrossProcess, KillAndStopCampaign) {
       } else if (kind == 8 && m < kSends) {
         addSend(i);
       } else if (w < kWrites) {
-        ops.push_back({.opcode = WrOpcode::kRdmaWrite,
-                       .wrId = i,
-                       .sges = {sgeOf(src, w * kChunk, kChunk)},
-                       .remoteAddr = remote.addr + w * kChunk,
-                       .rkey = remote.rkey});
+        ops.push_back(
+            peerRequest(WrOpcode::kRdmaWrite, i, sgeOf(src, w * kChunk, kChunk), remote, w * kChunk));
         ++w;
       } else if (r < kReads) {
         addRead(i);
@@ -861,27 +830,15 @@ TEST_P(CrossProcess, StoppedPeerTimesOutWithRetryExceeded) {
   if (carriesOutInThePost(GetParam())) {
     // As an RDMA NIC does (and the kernel's rxe), the same-host path reaches a stopped process's
     // registered memory without its help: the WRITEs complete.
-    ASSERT_OK(post(side.qp, {.opcode = WrOpcode::kRdmaWrite,
-                             .wrId = 2,
-                             .sges = {sgeOf(src, 0, 64 * 1024)},
-                             .remoteAddr = remote.addr,
-                             .rkey = remote.rkey}));
+    ASSERT_OK(post(side.qp, peerRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 64 * 1024), remote)));
     ASSERT_TRUE(pollOne(side.sendCq, &wc));
     EXPECT_EQ(wc.wrId, 2u);
     EXPECT_EQ(wc.status, WcStatus::kSuccess) << describe(wc);
     peer_.signal(SIGCONT);
     return;
   }
-  ASSERT_OK(postAll(side.qp, {{.opcode = WrOpcode::kRdmaWrite,
-                               .wrId = 2,
-                               .sges = {sgeOf(src, 0, 64 * 1024)},
-                               .remoteAddr = remote.addr,
-                               .rkey = remote.rkey},
-                              {.opcode = WrOpcode::kRdmaWrite,
-                               .wrId = 3,
-                               .sges = {sgeOf(src, 0, 4096)},
-                               .remoteAddr = remote.addr,
-                               .rkey = remote.rkey}}));
+  ASSERT_OK(postAll(side.qp, {peerRequest(WrOpcode::kRdmaWrite, 2, sgeOf(src, 0, 64 * 1024), remote),
+                              peerRequest(WrOpcode::kRdmaWrite, 3, sgeOf(src, 0, 4096), remote)}));
   std::vector<WorkCompletion> completions;
   ASSERT_TRUE(pollCompletions(side.sendCq, 2, &completions, kPeerLossBound));
   const auto elapsed = Clock::now() - start;
