@@ -37,7 +37,7 @@ void RcResponder::startFromLoop() {
 
 void RcResponder::stopAfterErrorFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
-  dropStripeFromLoop(/*afterFlush=*/true);
+  stripe_.drop(/*afterFlush=*/true);
   if (conn_) conn_->closeAfterFlush(/*drain=*/true);  // a queued NAK still reaches the peer
 }
 
@@ -55,7 +55,7 @@ void RcResponder::flushRecvsFromLoop() {
 void RcResponder::resetFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
   if (conn_) conn_->close(Status::ok(), true);
-  dropStripeFromLoop();
+  stripe_.drop(/*afterFlush=*/false);
   conn_.reset();
   nakPending_ = false;
   skip_ = false;
@@ -89,7 +89,7 @@ wire::HelloResult RcResponder::acceptFromLoop(const std::shared_ptr<Conn>& conn,
   if ((expectedSeq_ & 0xffffff) != hello.psn) return wire::HelloResult::kMismatch;
   if (conn_ && !conn_->closed()) return wire::HelloResult::kBusy;
   if (!adopt) return wire::HelloResult::kAccepted;
-  dropStripeFromLoop();  // a stripe belongs to the connection it came with
+  stripe_.drop(/*afterFlush=*/false);  // a stripe belongs to the connection it came with
   lastAck_.reset();
   conn_ = conn;
   conn->setDelegate(this);
@@ -100,8 +100,7 @@ wire::HelloResult RcResponder::acceptFromLoop(const std::shared_ptr<Conn>& conn,
 
 uint64_t RcResponder::issueStripeTicketFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
-  stripeTicket_ = randomTicket();
-  return stripeTicket_;
+  return stripe_.issueTicket();
 }
 
 wire::HelloResult RcResponder::acceptStripeFromLoop(const std::shared_ptr<Conn>& conn,
@@ -109,36 +108,16 @@ wire::HelloResult RcResponder::acceptStripeFromLoop(const std::shared_ptr<Conn>&
   FERRY_ON_LOOP(ctx_.reactor());
   if (qp_.type() != verbs::QpType::kRc) return wire::HelloResult::kNoSuchQp;
   if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
-  // The ticket went only over our current responder connection: whoever shows it is its peer.
-  if (stripeTicket_ == 0 || hello.nonce != stripeTicket_ || !conn_ || conn_->closed()) {
-    return wire::HelloResult::kMismatch;
-  }
-  if (stripeIn_ && !stripeIn_->closing()) return wire::HelloResult::kBusy;
-  stripeTicket_ = 0;  // one stripe per connection
-  // Read on the stripe thread (where this process's stripes are written too); on this loop when there
-  // is none.
-  Reactor* stripeReactor = ctx_.stripeReactorFromLoop();
-  const uint64_t gen = ++stripeInGen_;
+  if (!conn_ || conn_->closed()) return wire::HelloResult::kMismatch;  // a stripe needs its connection
   std::weak_ptr<RcResponder> weak = qp_.weakPart(this);
   Reactor* loop = &ctx_.reactor();
-  stripeIn_ = StripeIn::adopt(
-      &ctx_, conn, stripeReactor ? stripeReactor : loop,
-      [weak, loop, gen](StripeIn::Event event, uint32_t seq, bool revoked, const Status& why) {
+  return stripe_.adopt(
+      ctx_, conn, hello.nonce,
+      [weak, loop](uint64_t gen, StripeIn::Event event, uint32_t seq, bool revoked, const Status& why) {
         loop->post([weak, gen, event, seq, revoked, why] {
-          if (auto self = weak.lock()) {
-            self->onStripeEventFromLoop(gen, event, seq, revoked, why);
-          }
+          if (auto self = weak.lock()) self->onStripeEventFromLoop(gen, event, seq, revoked, why);
         });
       });
-  return wire::HelloResult::kAccepted;
-}
-
-void RcResponder::expectStripePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments) {
-  FERRY_ON_LOOP(ctx_.reactor());
-  const bool placed = !segments.empty();
-  if (placed) ++stripePending_;
-  stripePieces_.push_back(StripePiece{seq, addr, length, placed});
-  if (stripeIn_) stripeIn_->expect(seq, length, std::move(segments));
 }
 
 bool RcResponder::mayPassPendingStripes(const wire::FrameHeader& h) {
@@ -159,20 +138,12 @@ bool RcResponder::mayPassPendingStripes(const wire::FrameHeader& h) {
   }
   const uint64_t lo = h.remoteAddr;
   const uint64_t hi = h.remoteAddr + h.payloadLen;  // its own piece, if any, lands after theirs
-  for (const StripePiece& piece : stripePieces_) {
-    if (piece.placed && lo < piece.addr + piece.length && piece.addr < hi) return false;
-  }
-  return true;
+  return stripe_.clearOf(lo, hi);
 }
 
 void RcResponder::sendAckFromLoop(Conn& conn) {
   FERRY_ON_LOOP(ctx_.reactor());
-  uint32_t through = expectedSeq_ - 1;
-  for (const StripePiece& piece : stripePieces_) {
-    if (!piece.placed) continue;
-    if (seqLe(piece.seq, through)) through = piece.seq - 1;  // done, but not all of it landed yet
-    break;
-  }
+  const uint32_t through = stripe_.ackThrough(expectedSeq_ - 1);
   ackNeeded_ = through != expectedSeq_ - 1;
   if (lastAck_ == through) return;  // said already: what is left waits for the stripe
   lastAck_ = through;
@@ -186,57 +157,30 @@ void RcResponder::sendAckFromLoop(Conn& conn) {
 void RcResponder::onStripeEventFromLoop(uint64_t gen, StripeIn::Event event, uint32_t seq, bool revoked,
                                         const Status& why) {
   FERRY_ON_LOOP(ctx_.reactor());
-  if (gen != stripeInGen_ || !stripeIn_) return;  // a stripe since dropped
+  if (!stripe_.current(gen)) return;  // a stripe since dropped
   if (event == StripeIn::Event::kClosed) {
     // The stripe of our responder connection: the WRITEs and READs it shares with that connection
     // cannot finish, so the connection ends as well (the requester sees a lost connection). In
     // ERR the connection is already closing once its NAK is out.
-    dropStripeFromLoop();
+    stripe_.drop(/*afterFlush=*/false);
     if (conn_ && qp_.state() != QpState::kErr) {
       conn_->close(Status(StatusCode::kUnavailable, "its stripe closed: " + why.message()));
     }
     return;
   }
-  // Pieces land in the order they were expected.
-  if (stripePieces_.empty() || stripePieces_.front().seq != seq) return;
-  const StripePiece piece = stripePieces_.front();
-  stripePieces_.pop_front();
-  if (!piece.placed) return;  // discarded: its WRITE was refused or dropped
-  --stripePending_;
+  const std::optional<InboundStripe::Piece> piece = stripe_.landed(seq);
+  if (!piece || !piece->placed) return;  // not the piece due, or discarded: its WRITE was refused or dropped
   if (revoked) {
     // The region went while its bytes arrived: the WRITE fails, as one whose own frame lost them.
-    refuseFromLoop(piece.seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
+    refuseFromLoop(piece->seq, wire::Syndrome::kRemAccess, verbs::AsyncEventType::kQpAccessErr);
     if (qp_.state() == QpState::kErr) return;
   }
-  if (stripePending_ == 0 && stripeRefusal_) {
-    const StripeRefusal refusal = *stripeRefusal_;
-    stripeRefusal_.reset();
-    refuseFromLoop(refusal.seq, refusal.syndrome, refusal.event);
+  if (const auto refusal = stripe_.refusalDue()) {
+    refuseFromLoop(refusal->seq, refusal->syndrome, refusal->event);
     return;
   }
-  if (stripePending_ == 0 && conn_) conn_->resumeInput();  // what waited for the stripe goes on
+  if (stripe_.pending() == 0 && conn_) conn_->resumeInput();  // what waited for the stripe goes on
   if (ackNeeded_ && conn_ && !conn_->closed()) sendAckFromLoop(*conn_);
-}
-
-void RcResponder::dropStripeFromLoop(bool afterFlush) {
-  FERRY_ON_LOOP(ctx_.reactor());
-  if (afterFlush) {
-    // The READ parts already on the stripe still go, as a NAK queued on the connection does (it
-    // acknowledges their READs); the stripe closes after them, and stripeIn_ holds it until then.
-    uncorkStripeFromLoop();
-    if (stripeIn_) stripeIn_->closeAfterFlush();
-  } else {
-    // With pieces pending, the stripe thread may be placing one: wait until it has stopped, so that
-    // nothing lands after the QP has let the WRITE go.
-    if (stripeIn_) stripeIn_->close(/*wait=*/stripePending_ > 0);
-    stripeIn_.reset();
-    ++stripeInGen_;
-  }
-  stripeTicket_ = 0;
-  stripePieces_.clear();
-  stripePending_ = 0;
-  stripeRefusal_.reset();
-  stripeReadParts_.clear();
 }
 
 void RcResponder::sendNakFromLoop(uint32_t seq, wire::Syndrome syndrome) {
@@ -259,7 +203,7 @@ void RcResponder::noReceiveFromLoop(uint32_t seq) {
   }
   if (ackNeeded_) {
     // Now, before the NAK, which stands for everything before the refused request.
-    uncorkStripeFromLoop();
+    stripe_.uncork();
     sendAckFromLoop(*conn_);
   }
   sendNakFromLoop(seq, wire::Syndrome::kRnr);
@@ -278,10 +222,10 @@ void RcResponder::dropMessageFromLoop() {
 
 void RcResponder::refuseFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::AsyncEventType event) {
   FERRY_ON_LOOP(ctx_.reactor());
-  if (stripePending_ > 0 && qp_.type() == verbs::QpType::kRc) {
+  if (stripe_.pending() > 0 && qp_.type() == verbs::QpType::kRc) {
     // Earlier WRITEs still have bytes on the stripe, and the NAK would acknowledge them: the request
     // is dropped now (its frame and what follows wait) and refused once they have landed.
-    if (!stripeRefusal_) stripeRefusal_ = StripeRefusal{seq, syndrome, event};
+    stripe_.deferRefusal({seq, syndrome, event});
     skip_ = true;
     if (conn_) conn_->pauseInput();
     return;
@@ -312,24 +256,25 @@ void RcResponder::refuseFromLoop(uint32_t seq, wire::Syndrome syndrome, verbs::A
 Status RcResponder::onHeader(Conn& conn, const wire::FrameHeader& h, PayloadPlan* plan) {
   if (&conn != conn_.get())
     return Status(StatusCode::kProtocolError, "frame on a connection the QP no longer uses");
-  if (stripePending_ > 0 && !mayPassPendingStripes(h)) {
+  if (stripe_.pending() > 0 && !mayPassPendingStripes(h)) {
     conn.pauseInput();  // this request waits for the stripe's pending pieces (asked again then)
     return Status::ok();
   }
   const QpState state = qp_.state();
-  if (h.type == wire::FrameType::kReadReq && (h.flags & wire::kFlagStriped) && !stripeIn_ &&
+  if (h.type == wire::FrameType::kReadReq && (h.flags & wire::kFlagStriped) && !stripe_.open() &&
       (state == QpState::kRtr || state == QpState::kRts)) {
     return Status(StatusCode::kProtocolError, "a striped READ on a connection with no stripe");
   }
   const bool striped = h.type == wire::FrameType::kWrite && (h.flags & wire::kFlagStriped);
   // A QP that left RTR/RTS drops what still comes (its stripe went with the error).
   if (!striped || (state != QpState::kRtr && state != QpState::kRts)) return onRequestHeader(h, plan);
-  if (!stripeIn_) return Status(StatusCode::kProtocolError, "a striped WRITE on a connection with no stripe");
+  if (!stripe_.open())
+    return Status(StatusCode::kProtocolError, "a striped WRITE on a connection with no stripe");
   // Every striped WRITE the connection carries has its second half on the stripe, in order: one the
   // responder refuses or drops has it discarded there.
-  stripePlanned_ = false;
+  stripe_.beginHeader();
   Status st = onRequestHeader(h, plan);
-  if (st.isOk() && !stripePlanned_) expectStripePieceFromLoop(h.seq, 0, h.length - h.payloadLen, {});
+  if (st.isOk() && !stripe_.planned()) stripe_.expect(h.seq, 0, h.length - h.payloadLen, {});
   return st;
 }
 
@@ -342,7 +287,7 @@ void RcResponder::onClosed(Conn& conn, const Status& why) {
   }
   conn_.reset();
   skip_ = false;
-  dropStripeFromLoop();
+  stripe_.drop(/*afterFlush=*/false);
 }
 
 Status RcResponder::onRequestHeader(const wire::FrameHeader& h, PayloadPlan* plan) {
@@ -448,9 +393,8 @@ void RcResponder::planWriteFromLoop(const wire::FrameHeader& h, PayloadPlan* pla
     }
     if (striped) {
       const uint64_t second = h.remoteAddr + h.payloadLen;
-      expectStripePieceFromLoop(h.seq, second, total - h.payloadLen,
-                                {Segment{reinterpret_cast<uint8_t*>(second), total - h.payloadLen, entry}});
-      stripePlanned_ = true;
+      stripe_.expect(h.seq, second, total - h.payloadLen,
+                     {Segment{reinterpret_cast<uint8_t*>(second), total - h.payloadLen, entry}});
     }
     if (h.payloadLen > 0) {
       plan->segments.push_back(
@@ -547,7 +491,7 @@ void RcResponder::answerReadFromLoop(const wire::FrameHeader& h) {
     }
   }
   OutFrame stripePart;
-  if ((h.flags & wire::kFlagStriped) && stripeIn_) {
+  if ((h.flags & wire::kFlagStriped) && stripe_.open()) {
     // The requester asked for it in two parts: the second goes back on the stripe.
     const uint64_t first = stripeSplitAt(h.length);
     Segments whole = std::move(frame.payload);
@@ -572,7 +516,7 @@ void RcResponder::answerReadFromLoop(const wire::FrameHeader& h) {
   // (A send that fails closes the connection, and the stripe with it.) The READ parts this input
   // asks for leave together, as the connection's own responses do: when the input is drained
   // or pauses (onInputDrained).
-  if (stripePart.headerLen != 0 && stripeIn_) stripeReadParts_.push_back(std::move(stripePart));
+  if (stripePart.headerLen != 0) stripe_.holdReadPart(std::move(stripePart));
 }
 
 void RcResponder::answerAtomicFromLoop(const wire::FrameHeader& h) {
@@ -611,7 +555,7 @@ void RcResponder::answerAtomicFromLoop(const wire::FrameHeader& h) {
 
 void RcResponder::onInputDrained(Conn& conn) {
   if (&conn != conn_.get()) return;
-  uncorkStripeFromLoop();
+  stripe_.uncork();
   if (!ackNeeded_) return;
   // In an application's poll, the ACK goes at the start of the next run: the poll that took a
   // request returns its completion without writing the ACK first (on TCP a system call), and the
@@ -628,13 +572,6 @@ void RcResponder::sendDeferredAckFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
   ackDeferred_ = false;
   if (ackNeeded_ && conn_ && !conn_->closed()) sendAckFromLoop(*conn_);
-}
-
-void RcResponder::uncorkStripeFromLoop() {
-  FERRY_ON_LOOP(ctx_.reactor());
-  if (stripeReadParts_.empty()) return;
-  if (stripeIn_) stripeIn_->send(std::exchange(stripeReadParts_, {}));
-  stripeReadParts_.clear();
 }
 
 }  // namespace ferry::soft

@@ -8,9 +8,10 @@
 // answered (READ, atomics), or refused with a NAK that moves the QP to ERR. A SEND with no receive
 // posted gets an RNR NAK, and what follows is dropped until the requester resends it.
 //
-// The peer's stripe (stripe.h: StripeIn, read on the stripe thread) brings the second halves of its large
-// WRITEs and takes the second parts of large READ responses; the responder matches them to the
-// requests on its connection, in order. Reactor thread.
+// The peer's stripe (stripe.h: StripeIn, read on the stripe thread) brings the second halves of
+// its large WRITEs and takes the second parts of large READ responses. What the stripe owes, and
+// what waits for it, is the InboundStripe's to keep (inbound_stripe.h); the responder asks it
+// whether a request may pass, and how far an ACK may go. Reactor thread.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "providers/soft/conn.h"
+#include "providers/soft/inbound_stripe.h"
 #include "providers/soft/qp_core.h"
 #include "providers/soft/stripe.h"
 
@@ -89,16 +91,9 @@ class RcResponder final : public Conn::Delegate {
   // Acknowledges what is done and landed (onInputDrained, and when a stripe piece lands).
   void sendAckFromLoop(Conn& conn);
 
-  // The stripe (StripeIn).
-  // The stripe tells of a piece placed, or of its end.
+  // The stripe tells (on this loop) of a piece placed, or of its end.
   void onStripeEventFromLoop(uint64_t gen, StripeIn::Event event, uint32_t seq, bool revoked,
                              const Status& why);
-  // Ends the stripe: at once, or (afterFlush, in ERR) once the READ parts on it have gone.
-  void dropStripeFromLoop(bool afterFlush = false);
-  // Lets the READ parts held for the stripe go (stripeReadParts_).
-  void uncorkStripeFromLoop();
-  // A striped WRITE's second half, as the stripe is to place it (empty: discard it).
-  void expectStripePieceFromLoop(uint32_t seq, uint64_t addr, uint64_t length, Segments segments);
   // Whether the connection may take request h now, with stripe pieces pending.
   bool mayPassPendingStripes(const wire::FrameHeader& h);
 
@@ -114,35 +109,8 @@ class RcResponder final : public Conn::Delegate {
   std::optional<uint32_t> lastAck_;  // the last ACK sendAckFromLoop sent on conn_
   std::optional<RecvWqe> curRecv_;   // the receive a SEND / WRITE_WITH_IMM being received consumes
 
-  // The stripe (StripeIn reads it on the stripe thread). Each striped WRITE on conn_ adds the piece the
-  // stripe must carry next, in the order of the WRITEs (a piece not placed is discarded: its WRITE
-  // was refused or dropped), here and at stripeIn_; a piece leaves stripePieces_ when stripeIn_ tells it
-  // landed. While placed pieces are pending, conn_ goes on only with WRITEs that are valid and land
-  // clear of every pending piece; anything else waits (conn_ paused at its header) until they have
-  // landed, a refusal too (stripeRefusal_), and acknowledgements stop short of the oldest pending
-  // one. The stripe pauses when it is ahead of every WRITE.
-  struct StripePiece {
-    uint32_t seq = 0;
-    uint64_t addr = 0;
-    uint64_t length = 0;
-    bool placed = false;  // false: the bytes are discarded
-  };
-  std::shared_ptr<StripeIn> stripeIn_;
-  uint64_t stripeInGen_ = 0;  // events of stripes since dropped are ignored
-  uint64_t stripeTicket_ = 0;
-  std::deque<StripePiece> stripePieces_;
-  size_t stripePending_ = 0;    // pieces in stripePieces_ to be placed
-  bool stripePlanned_ = false;  // the striped header being checked has its piece
-  // A refusal that waits for the pieces pending before it (a NAK acknowledges everything earlier).
-  struct StripeRefusal {
-    uint32_t seq = 0;
-    wire::Syndrome syndrome = wire::Syndrome::kRemAccess;
-    verbs::AsyncEventType event = verbs::AsyncEventType::kQpAccessErr;
-  };
-  std::optional<StripeRefusal> stripeRefusal_;
-  // The second parts of the READ responses conn_'s input asked for: they go to stripeIn_ together,
-  // once the input is drained or pauses (onInputDrained).
-  std::vector<OutFrame> stripeReadParts_;
+  // The connection's stripe: the pieces it owes, and what waits for them (inbound_stripe.h).
+  InboundStripe stripe_;
 };
 
 }  // namespace ferry::soft
