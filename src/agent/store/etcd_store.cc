@@ -7,6 +7,7 @@
 #include <condition_variable>
 
 #include "common/base64.h"
+#include "common/net/line_connection.h"
 
 namespace ferry::agent {
 namespace {
@@ -358,7 +359,7 @@ bool handleWatchLine(std::string_view line, std::string_view prefix, std::vector
 }
 
 struct StreamContext {
-  std::string* buffer;
+  net::LineFramer* framer;
   std::vector<StoreEvent>* events;
   std::string_view prefix;
   bool broken = false;
@@ -366,20 +367,15 @@ struct StreamContext {
 
 size_t onWatchBytes(char* data, size_t size, size_t count, void* user) {
   auto* ctx = static_cast<StreamContext*>(user);
-  ctx->buffer->append(data, size * count);
-  size_t start = 0;
-  size_t newline;
-  while ((newline = ctx->buffer->find('\n', start)) != std::string::npos) {
-    std::string_view line(ctx->buffer->data() + start, newline - start);
-    start = newline + 1;
-    if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
-    if (!handleWatchLine(line, ctx->prefix, ctx->events)) {
+  ctx->framer->feed(std::string_view(data, size * count));
+  while (auto line = ctx->framer->next()) {
+    if (line->find_first_not_of(" \r\t") == std::string_view::npos) continue;
+    if (!handleWatchLine(*line, ctx->prefix, ctx->events)) {
       ctx->broken = true;
       return 0;  // aborts the transfer
     }
   }
-  ctx->buffer->erase(0, start);
-  if (ctx->buffer->size() > kMaxResponseBytes) {
+  if (ctx->framer->overLimit()) {
     ctx->broken = true;
     return 0;
   }
@@ -395,9 +391,9 @@ void EtcdStore::streamWatch(Watch* w, int64_t revision) {
   body.set("create_request", std::move(create));
   std::string request = json::serialize(body);
   std::string target = http_.base() + "/v3/watch";
-  std::string buffer;
+  net::LineFramer framer(kMaxResponseBytes);
   std::vector<StoreEvent> events;
-  StreamContext ctx{&buffer, &events, w->prefix};
+  StreamContext ctx{&framer, &events, w->prefix};
 
   CURL* curl = curl_easy_init();
   CURLM* multi = curl_multi_init();
