@@ -25,7 +25,6 @@ TARGET_OVER_LONG, TARGET_OVER_CCN = 10, 5
 EXISTING = {
     ("src/agent/store/ferry_store.cc", "ferry::agent::FerryStore::call"): (61, 23),
     ("src/connect/protocol.cc", "ferry::connect::decodeMessage"): (61, 16),
-    ("src/endpoint/connection.cc", "ferry::endpoint::EndpointImpl::connect"): (64, 10),
     ("src/endpoint/context.cc", "ferry::endpoint::RdmaContext::open"): (64, 22),
     ("src/endpoint/operations.cc", "ferry::endpoint::EndpointImpl::resolveTransfers"): (63, 24),
     ("src/providers/ibverbs/context.cc", "ferry::ibverbs::IbvContext::getAsyncEvent"): (68, 32),

@@ -7,6 +7,7 @@
 
 #include "agent/agent_impl.h"
 #include "common/log.h"
+#include "endpoint/metadata.h"
 
 namespace ferry::agent {
 
@@ -97,8 +98,7 @@ Result<std::map<std::string, std::shared_ptr<ep::Endpoint>>> AgentImpl::makeEndp
 json::Value AgentImpl::endpointInfos(const PeerImpl& peer) const {
   json::Value infos = json::Value::emptyObject();
   for (const auto& [device, e] : peer.endpoints()) {
-    auto parsed = json::parse(e->endpointInfo());
-    if (parsed.isOk()) infos.set(device, std::move(*parsed));
+    infos.set(device, ep::endpointInfoValue(*e));
   }
   return infos;
 }
@@ -116,7 +116,7 @@ Status AgentImpl::connectEndpoints(PeerImpl& peer, const json::Value& theirs) {
       return Status(StatusCode::kProtocolError, "the peer sent no endpoint for its device " +
                                                     (lane ? lane->remoteDevice : std::string("?")));
     }
-    FERRY_RETURN_IF_ERROR(e->connect(json::serialize(*info)));
+    FERRY_RETURN_IF_ERROR(ep::connectFromValue(*e, *info));
   }
   return Status::ok();
 }

@@ -14,7 +14,9 @@ namespace v = ferry::verbs;
 
 }  // namespace
 
-std::string EndpointImpl::endpointInfo() const {
+std::string EndpointImpl::endpointInfo() const { return json::serialize(endpointInfoValue()); }
+
+json::Value EndpointImpl::endpointInfoValue() const {
   EndpointMetadata m{.device = context_->deviceName(),
                      .ibPort = context_->ibPort(),
                      .linkType = context_->linkType(),
@@ -24,14 +26,46 @@ std::string EndpointImpl::endpointInfo() const {
                      .paths = {},
                      .regions = {}};
   for (const auto& qp : qps_) m.paths.push_back(qp->local);
-  return encodeMetadata(m, pool_->mrInfo());
+  return metadataValue(m, pool_->mrInfo());
+}
+
+json::Value endpointInfoValue(const Endpoint& endpoint) {
+  return static_cast<const EndpointImpl&>(endpoint).endpointInfoValue();
+}
+
+Status connectFromValue(Endpoint& endpoint, const json::Value& peerInfo) {
+  return static_cast<EndpointImpl&>(endpoint).connect(peerInfo);
 }
 
 std::string EndpointImpl::mrInfo() const { return pool_->mrInfo(); }
 
 Status EndpointImpl::connect(std::string_view peerInfo) {
-  // Check everything first: malformed metadata changes nothing.
   FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadata(peerInfo, "connect: peer metadata"));
+  return connectTo(std::move(peer));
+}
+
+Status EndpointImpl::connect(const json::Value& peerInfo) {
+  FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadata(peerInfo, "connect: peer metadata"));
+  return connectTo(std::move(peer));
+}
+
+Status EndpointImpl::establishQp(EndpointQp& qp, v::Path path) {
+  path.reverse();  // the peer's path, seen from this side
+  path.portNum = qp.local.portNum;
+  path.sgidIndex = qp.local.sgidIndex;
+  FERRY_RETURN_IF_ERROR(v::fillPath(context_->verbs(), qp.queuePair, path));
+  // Our side as published; our own transport policy (never the peer's timeouts for our QP).
+  path.sgid = qp.local.sgid;
+  path.sqpsn = qp.local.sqpsn;
+  path.retries = qp.local.retries;
+  path.rnrRetries = qp.local.rnrRetries;
+  path.minRnrTimer = qp.local.minRnrTimer;
+  path.packetLifeTime = qp.local.packetLifeTime;
+  return qp.queuePair.establish(path, kQpAccess);
+}
+
+Status EndpointImpl::connectTo(EndpointMetadata peer) {
+  // Everything is checked first: malformed metadata changes nothing.
   if (peer.numQp != options_.numQp) {
     return invalidArgument("connect: peer metadata: the peer has num_qp=" + std::to_string(peer.numQp) +
                            ", this endpoint " + std::to_string(options_.numQp) +
@@ -47,22 +81,7 @@ Status EndpointImpl::connect(std::string_view peerInfo) {
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kConnected) return invalidArgument("connect: the endpoint is already connected");
     for (size_t i = 0; i < qps_.size(); ++i) {
-      EndpointQp& qp = *qps_[i];
-      v::Path path = peerPaths[i];
-      path.reverse();
-      path.portNum = qp.local.portNum;
-      path.sgidIndex = qp.local.sgidIndex;
-      Status st = v::fillPath(context_->verbs(), qp.queuePair, path);
-      if (st.isOk()) {
-        // Our side as published; our own transport policy (never the peer's timeouts for our QP).
-        path.sgid = qp.local.sgid;
-        path.sqpsn = qp.local.sqpsn;
-        path.retries = qp.local.retries;
-        path.rnrRetries = qp.local.rnrRetries;
-        path.minRnrTimer = qp.local.minRnrTimer;
-        path.packetLifeTime = qp.local.packetLifeTime;
-        st = qp.queuePair.establish(path, kQpAccess);
-      }
+      Status st = establishQp(*qps_[i], peerPaths[i]);
       if (!st.isOk()) {
         Status why(st.code(),
                    "connect: bringing up queue pair " + std::to_string(i) + " failed: " + st.message() +

@@ -13,6 +13,7 @@
 #include <deque>
 #include <vector>
 
+#include "endpoint/metadata.h"
 #include "endpoint/op_state.h"
 #include "ferry/common/status.h"
 #include "ferry/endpoint/endpoint.h"
@@ -58,8 +59,14 @@ class EndpointImpl final : public Endpoint, public Progressor {
   Result<MrHandle> localHandle(std::string_view name) const;
   Result<MrHandle> remoteHandle(std::string_view name) const;
   std::string endpointInfo() const;
+  json::Value endpointInfoValue() const;  // what endpointInfo() prints
   std::string mrInfo() const;
   Status connect(std::string_view peerInfo);
+  Status connect(const json::Value& peerInfo);  // the same from a parsed value
+  // connect()'s work once the peer's metadata is decoded.
+  Status connectTo(EndpointMetadata peer);
+  // Brings qp to RTS against the peer's published path for it (mu_ held).
+  Status establishQp(EndpointQp& qp, verbs::Path peerPath);
   bool connected() const;
   Result<ReadWriteFuture> read(std::span<const Assignment> batch);
   Result<ReadWriteFuture> write(std::span<const Assignment> batch);

@@ -37,7 +37,7 @@ Result<RegionMetadata> decodeRegion(std::string name, const json::Value& entry, 
   return r;
 }
 
-std::string encodeMetadata(const EndpointMetadata& m, std::string_view mrInfo) {
+json::Value metadataValue(const EndpointMetadata& m, std::string_view mrInfo) {
   json::Value info = json::Value::emptyObject();
   info.set("ferry_endpoint", kMetadataVersion);
   info.set("device", m.device);
@@ -54,14 +54,21 @@ std::string encodeMetadata(const EndpointMetadata& m, std::string_view mrInfo) {
   info.set("qp_paths", std::move(paths));
   auto regions = json::parse(mrInfo);
   info.set("mr_info", regions.isOk() ? std::move(*regions) : json::Value::emptyObject());
-  return json::serialize(info);
+  return info;
+}
+
+std::string encodeMetadata(const EndpointMetadata& m, std::string_view mrInfo) {
+  return json::serialize(metadataValue(m, mrInfo));
 }
 
 Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string& where) {
-  json::FieldErrors errors = errorsAt(where);
   auto parsed = json::parse(text);
-  if (!parsed.isOk()) return errors.refuse(parsed.status().message());
-  const json::Value& info = *parsed;
+  if (!parsed.isOk()) return errorsAt(where).refuse(parsed.status().message());
+  return decodeMetadata(*parsed, where);
+}
+
+Result<EndpointMetadata> decodeMetadata(const json::Value& info, const std::string& where) {
+  json::FieldErrors errors = errorsAt(where);
   json::Fields f(info, errors);
   if (!info.isObject()) return f.refuse("not a JSON object");
   // Members are not checked with only(): a later version adds some, and the version number says

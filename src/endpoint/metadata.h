@@ -42,11 +42,22 @@ struct EndpointMetadata {
   std::vector<RegionMetadata> regions;  // in document order
 };
 
-// JSON text of m; "mr_info" is `mrInfo` (the pool's JSON object text) as it is.
+// m as a JSON object; "mr_info" is `mrInfo` (the pool's JSON object text) as it is.
+json::Value metadataValue(const EndpointMetadata& m, std::string_view mrInfo);
+// The same as JSON text.
 std::string encodeMetadata(const EndpointMetadata& m, std::string_view mrInfo);
 // A peer's metadata. kInvalidArgument naming the field for anything malformed (the message starts
 // with `where`).
+Result<EndpointMetadata> decodeMetadata(const json::Value& info, const std::string& where);
+// The same from JSON text.
 Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string& where);
+
+class Endpoint;
+// For a layer that carries endpoint metadata inside JSON of its own (the agent's wireup): an
+// endpoint's endpointInfo() as a value, and connect() from a value, so that the metadata is
+// neither printed nor parsed again on its way.
+json::Value endpointInfoValue(const Endpoint& endpoint);
+Status connectFromValue(Endpoint& endpoint, const json::Value& peerInfo);
 // One "mr_info" entry (a parsed JSON value). kInvalidArgument naming `where`.
 Result<RegionMetadata> decodeRegion(std::string name, const json::Value& entry, const std::string& where);
 
