@@ -45,7 +45,7 @@ Status EndpointImpl::connect(std::string_view peerInfo) {
 }
 
 Status EndpointImpl::connect(const json::Value& peerInfo) {
-  FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadata(peerInfo, "connect: peer metadata"));
+  FERRY_ASSIGN_OR_RETURN(EndpointMetadata peer, decodeMetadataValue(peerInfo, "connect: peer metadata"));
   return connectTo(std::move(peer));
 }
 

@@ -64,10 +64,10 @@ std::string encodeMetadata(const EndpointMetadata& m, std::string_view mrInfo) {
 Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string& where) {
   auto parsed = json::parse(text);
   if (!parsed.isOk()) return errorsAt(where).refuse(parsed.status().message());
-  return decodeMetadata(*parsed, where);
+  return decodeMetadataValue(*parsed, where);
 }
 
-Result<EndpointMetadata> decodeMetadata(const json::Value& info, const std::string& where) {
+Result<EndpointMetadata> decodeMetadataValue(const json::Value& info, const std::string& where) {
   json::FieldErrors errors = errorsAt(where);
   json::Fields f(info, errors);
   if (!info.isObject()) return f.refuse("not a JSON object");

@@ -48,7 +48,7 @@ json::Value metadataValue(const EndpointMetadata& m, std::string_view mrInfo);
 std::string encodeMetadata(const EndpointMetadata& m, std::string_view mrInfo);
 // A peer's metadata. kInvalidArgument naming the field for anything malformed (the message starts
 // with `where`).
-Result<EndpointMetadata> decodeMetadata(const json::Value& info, const std::string& where);
+Result<EndpointMetadata> decodeMetadataValue(const json::Value& info, const std::string& where);
 // The same from JSON text.
 Result<EndpointMetadata> decodeMetadata(std::string_view text, const std::string& where);
 

@@ -60,10 +60,13 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
   virtual void flushFromLoop() = 0;
 
   // A pointer to `part` (a member of this QP) that keeps the whole QP alive while held: what a
-  // timer or another thread's callback captures, weakly, to reach a part that may be gone.
+  // timer or another thread's callback captures, weakly, to reach a part that may be gone. Empty
+  // (the callback never runs) once the QP is being destroyed.
   template <typename Part>
   std::weak_ptr<Part> weakPart(Part* part) {
-    return std::shared_ptr<Part>(shared_from_this(), part);
+    std::shared_ptr<QpCore> self = weak_from_this().lock();
+    if (!self) return {};
+    return std::shared_ptr<Part>(std::move(self), part);
   }
 
   // ---- the send queue ----
