@@ -25,11 +25,6 @@ QpCore::QpCore(std::shared_ptr<SoftContext> ctx, std::shared_ptr<SoftPd> pd, con
 
 QpCore::~QpCore() = default;
 
-uint32_t QpCore::destQpn() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return attr_.destQpNum;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The send queue.
 
@@ -105,13 +100,14 @@ std::deque<RecvWqe> QpCore::takeAllRecvs() {
 
 void QpCore::pushRecvCompletion(const RecvWqe& wqe, WcStatus status, WcOpcode opcode, uint32_t byteLen,
                                 std::optional<uint32_t> imm, bool solicited) {
+  FERRY_ON_LOOP(loop());  // so the attributes are read without the lock (the loop writes them)
   verbs::WorkCompletion wc;
   wc.wrId = wqe.wrId;
   wc.status = status;
   wc.opcode = opcode;
   wc.byteLen = byteLen;
   wc.qpNum = qpn_;
-  wc.srcQp = destQpn();
+  wc.srcQp = attr_.destQpNum;
   if (imm) {
     wc.immData = *imm;
     wc.wcFlags |= verbs::wc_flags::kWithImm;

@@ -49,8 +49,6 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
 
   // The attributes, read on the reactor thread (the only writer) without the lock.
   const verbs::QpAttr& attrOnLoop() const { return attr_; }
-  // The peer's QP number, from any thread.
-  uint32_t destQpn() const;
 
   // Moves the QP to ERR: the oldest send request gets `status` (when given), everything else
   // outstanding or posted is flushed, connections close (reactor thread).
@@ -88,6 +86,7 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
   void giveBackRecv(RecvWqe wqe);
   // The receive requests not taken yet, removed (a flush).
   std::deque<RecvWqe> takeAllRecvs();
+  // Reactor thread (every receive completes there, flushes too).
   void pushRecvCompletion(const RecvWqe& wqe, verbs::WcStatus status, verbs::WcOpcode opcode,
                           uint32_t byteLen, std::optional<uint32_t> imm, bool solicited);
 
