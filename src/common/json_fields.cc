@@ -1,6 +1,7 @@
 // The strict field reader (json_fields.h).
 #include "common/json_fields.h"
 
+#include <charconv>
 #include <cmath>
 
 namespace ferry::json {
@@ -18,6 +19,11 @@ std::string boundText(double d) {
 }
 
 std::string offending(const Value& v) { return serialize(v).substr(0, kMaxQuoted); }
+
+std::string notAnInteger(int64_t lo, int64_t hi, const Value& v) {
+  return "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not " +
+         offending(v);
+}
 
 }  // namespace
 
@@ -61,11 +67,21 @@ Result<int64_t> Fields::integer(std::string_view key, int64_t lo, int64_t hi) co
   const Value* v = v_.find(key);
   if (v == nullptr) return refuse(key, "is missing");
   auto i = v->getInt();
-  if (!i.isOk() || *i < lo || *i > hi) {
-    return refuse(key, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], not " + offending(*v));
-  }
+  if (!i.isOk() || *i < lo || *i > hi) return refuse(key, notAnInteger(lo, hi, *v));
   return *i;
+}
+
+Result<int64_t> Fields::decimal(std::string_view key, int64_t lo, int64_t hi) const {
+  const Value* v = v_.find(key);
+  if (v == nullptr || !v->isString()) return integer(key, lo, hi);
+  std::string_view s = *v->getString();
+  int64_t i = 0;
+  // from_chars takes exactly an optional '-' and decimal digits: no '+', space or fraction.
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), i);
+  if (ec != std::errc() || end != s.data() + s.size() || i < lo || i > hi) {
+    return refuse(key, notAnInteger(lo, hi, *v));
+  }
+  return i;
 }
 
 Result<double> Fields::number(std::string_view key, double lo, double hi) const {
@@ -122,6 +138,11 @@ Result<std::string> Fields::textOr(std::string_view key, size_t maxLength, std::
 Result<int64_t> Fields::integerOr(std::string_view key, int64_t lo, int64_t hi, int64_t fallback) const {
   if (!has(key)) return fallback;
   return integer(key, lo, hi);
+}
+
+Result<int64_t> Fields::decimalOr(std::string_view key, int64_t lo, int64_t hi, int64_t fallback) const {
+  if (!has(key)) return fallback;
+  return decimal(key, lo, hi);
 }
 
 Result<double> Fields::numberOr(std::string_view key, double lo, double hi, double fallback) const {

@@ -15,7 +15,9 @@
 //                                                          false" / "must be an array" / ...
 //   a string longer than maxLength bytes                -> "is longer than N"
 //   a number outside [lo, hi]; for integer(), any
-//   number with a fraction or beyond int64 (1.5, 1e300) -> "must be an integer in [lo, hi], not V"
+//   number with a fraction or beyond int64 (1.5, 1e300);
+//   for decimal(), also a string that is not one in
+//   decimal digits ("", "x", "+7", " 7", "1.5")         -> "must be an integer in [lo, hi], not V"
 //   an array with more than maxItems (or not exactly
 //   count) elements                                     -> "has more than N elements" /
 //                                                          "must have N elements, not M"
@@ -24,7 +26,10 @@
 // and escaped, so a refusal is always one printable line.
 //
 // An integer is any number whose value is an exact int64 (7 and 7.0 alike, as json::Value::getInt()
-// reads it); a decoder that wants integer literals only checks isInt() itself.
+// reads it); a decoder that wants integer literals only checks isInt() itself. decimal() reads what
+// proto3's JSON mapping writes for a 64-bit integer (etcd's answers): a string of decimal digits,
+// "-" first if negative ("7587869"), since a JSON number read as a double cannot hold every int64;
+// like a proto3 reader, it takes the integer as a number too.
 //
 // A Fields refers to the value it reads (and the results of array()/object() point into it): the
 // value must outlive it. A Fields is used by one thread at a time.
@@ -74,6 +79,8 @@ class Fields {
   Result<std::string> text(std::string_view key, size_t maxLength) const;
   // An exact integer in [lo, hi].
   Result<int64_t> integer(std::string_view key, int64_t lo, int64_t hi) const;
+  // An exact integer in [lo, hi], as integer() reads it or as a string of decimal digits ("-7").
+  Result<int64_t> decimal(std::string_view key, int64_t lo, int64_t hi) const;
   // A finite number in [lo, hi], as a double.
   Result<double> number(std::string_view key, double lo, double hi) const;
   // true or false.
@@ -89,6 +96,7 @@ class Fields {
   // checked exactly as above.
   Result<std::string> textOr(std::string_view key, size_t maxLength, std::string fallback) const;
   Result<int64_t> integerOr(std::string_view key, int64_t lo, int64_t hi, int64_t fallback) const;
+  Result<int64_t> decimalOr(std::string_view key, int64_t lo, int64_t hi, int64_t fallback) const;
   Result<double> numberOr(std::string_view key, double lo, double hi, double fallback) const;
   Result<bool> booleanOr(std::string_view key, bool fallback) const;
   // std::nullopt when absent.

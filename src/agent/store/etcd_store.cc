@@ -3,10 +3,10 @@
 #include <curl/curl.h>
 
 #include <algorithm>
-#include <charconv>
 #include <condition_variable>
 
 #include "common/base64.h"
+#include "common/log.h"
 #include "common/net/line_connection.h"
 
 namespace ferry::agent {
@@ -32,36 +32,6 @@ size_t appendBody(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
-Status badAnswer(const std::string& url, const std::string& why) {
-  return Status(StatusCode::kProtocolError, url + ": etcd answered " + why);
-}
-
-// etcd's answers follow proto3's JSON mapping, not ferry's own messages, so they are read here and
-// not with json::Fields: an absent member means zero or empty (not a refusal), int64 fields come as
-// strings, bytes as base64, and members this client does not know are ignored.
-//
-// grpc-gateway writes int64 fields as strings ("7587869"), and omits zeros.
-Result<int64_t> int64Of(const json::Value* v) {
-  if (v == nullptr) return int64_t{0};
-  if (v->isInt()) return *v->getInt();
-  auto s = v->getString();
-  if (!s.isOk()) return invalidArgument("not an integer");
-  int64_t n = 0;
-  auto [end, ec] = std::from_chars(s->data(), s->data() + s->size(), n);
-  if (s->empty() || ec != std::errc() || end != s->data() + s->size())
-    return invalidArgument("not an integer");
-  return n;
-}
-
-// A bytes field (base64); absent means empty, as proto3 JSON omits empty fields.
-Result<std::string> bytesOf(const json::Value& object, std::string_view field) {
-  const json::Value* v = object.find(field);
-  if (v == nullptr) return std::string();
-  auto s = v->getString();
-  if (!s.isOk()) return invalidArgument(std::string(field) + " is not a string");
-  return decodeBase64(*s);
-}
-
 // The first key after every key that starts with prefix ("\0" meaning "to the end", as etcd reads
 // range_end).
 std::string prefixEnd(std::string_view prefix) {
@@ -81,27 +51,6 @@ json::Value rangeOf(std::string_view prefix) {
   body.set("key", encodeBase64(prefix.empty() ? std::string_view("\0", 1) : prefix));
   body.set("range_end", encodeBase64(prefixEnd(prefix)));
   return body;
-}
-
-// The status an etcd error answer ({"error", "code", "message"}, or in a stream {"error":
-// {"grpc_code", "message"}}) stands for.
-Status errorOf(const std::string& url, const json::Value& answer, long httpCode) {
-  int64_t code = 0;
-  std::string message = "HTTP " + std::to_string(httpCode);
-  const json::Value* error = answer.find("error");
-  const json::Value* holder = error != nullptr && error->isObject() ? error : &answer;
-  if (auto c = holder->find(error != nullptr && error->isObject() ? "grpc_code" : "code"); c && c->isInt()) {
-    code = *c->getInt();
-  }
-  if (auto m = holder->find("message"); m && m->isString()) message = std::string(*m->getString());
-  switch (code) {
-    case 3: return invalidArgument(url + ": " + message);
-    case 5: return notFound(url + ": " + message);
-    case 8: return resourceExhausted(url + ": " + message);
-    case 4:
-    case 14: return storeUnavailable(url, message);
-    default: return Status(StatusCode::kInternal, url + ": etcd: " + message);
-  }
 }
 
 }  // namespace
@@ -145,33 +94,16 @@ Result<json::Value> EtcdHttp::post(const std::string& path, const json::Value& b
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &httpCode);
   auto parsed = json::parse(answer);
   if (!parsed.isOk() || !parsed->isObject()) {
-    return badAnswer(url_, "HTTP " + std::to_string(httpCode) + " with a body that is not a JSON object");
+    return Status(StatusCode::kProtocolError, url_ + ": etcd answered HTTP " + std::to_string(httpCode) +
+                                                  " with a body that is not a JSON object");
   }
-  if (httpCode != 200 || parsed->find("error") != nullptr) return errorOf(url_, *parsed, httpCode);
+  if (httpCode != 200 || parsed->find("error") != nullptr) return decodeEtcdError(*parsed, httpCode, url_);
   return std::move(*parsed);
 }
 
 Result<EtcdSnapshot> etcdRange(EtcdHttp& http, std::string_view prefix, std::chrono::milliseconds timeout) {
   FERRY_ASSIGN_OR_RETURN(json::Value answer, http.post("/v3/kv/range", rangeOf(prefix), timeout));
-  EtcdSnapshot snapshot;
-  const json::Value* header = answer.find("header");
-  auto revision = header != nullptr ? int64Of(header->find("revision")) : Result<int64_t>(int64_t{0});
-  if (!revision.isOk()) return badAnswer(http.base(), "a range without a revision");
-  snapshot.revision = *revision;
-  const json::Value* kvs = answer.find("kvs");
-  if (kvs == nullptr) return snapshot;
-  if (kvs->array() == nullptr) return badAnswer(http.base(), "a range whose kvs is not an array");
-  for (const json::Value& kv : *kvs->array()) {
-    auto key = bytesOf(kv, "key");
-    auto value = bytesOf(kv, "value");
-    if (!key.isOk() || !value.isOk()) return badAnswer(http.base(), "a key or value that is not base64");
-    // Keys written by others that are not store keys (binary, too long) are not ours to show.
-    if (!checkStoreKey(*key).isOk() || !keyHasPrefix(*key, prefix)) continue;
-    snapshot.entries.push_back({std::move(*key), std::move(*value)});
-  }
-  std::sort(snapshot.entries.begin(), snapshot.entries.end(),
-            [](const StoreEntry& a, const StoreEntry& b) { return a.key < b.key; });
-  return snapshot;
+  return decodeEtcdRange(answer, prefix, http.url());
 }
 
 struct EtcdStore::Watch {
@@ -227,13 +159,9 @@ Result<std::string> EtcdStore::get(std::string_view key) {
   json::Value body = json::Value::emptyObject();
   body.set("key", encodeBase64(key));
   FERRY_ASSIGN_OR_RETURN(json::Value answer, post("/v3/kv/range", body));
-  const json::Value* kvs = answer.find("kvs");
-  if (kvs == nullptr || kvs->array() == nullptr || kvs->array()->empty()) {
-    return notFound("no key '" + std::string(key) + "'");
-  }
-  auto value = bytesOf(kvs->array()->front(), "value");
-  if (!value.isOk()) return badAnswer(url_.text, "a value that is not base64");
-  return value;
+  FERRY_ASSIGN_OR_RETURN(std::vector<StoreEntry> kvs, decodeEtcdKvs(answer, url_.text));
+  if (kvs.empty()) return notFound("no key '" + std::string(key) + "'");
+  return std::move(kvs.front().value);
 }
 
 Result<std::vector<StoreEntry>> EtcdStore::list(std::string_view prefix) {
@@ -255,21 +183,15 @@ Result<LeaseId> EtcdStore::grantLease(std::chrono::seconds ttl) {
   json::Value body = json::Value::emptyObject();
   body.set("TTL", static_cast<int64_t>(ttl.count()));
   FERRY_ASSIGN_OR_RETURN(json::Value answer, post("/v3/lease/grant", body));
-  auto id = int64Of(answer.find("ID"));
-  if (!id.isOk() || *id <= 0) return badAnswer(url_.text, "a lease grant without an ID");
-  return LeaseId{*id};
+  return decodeEtcdLeaseGrant(answer, url_.text);
 }
 
 Status EtcdStore::keepAlive(LeaseId lease) {
   json::Value body = json::Value::emptyObject();
   body.set("ID", std::to_string(lease));
   FERRY_ASSIGN_OR_RETURN(json::Value answer, post("/v3/lease/keepalive", body));
-  // A stream of one answer: {"result": {"ID", "TTL"}}. etcd renews an expired lease as TTL 0,
-  // which JSON leaves out.
-  const json::Value* result = answer.find("result");
-  auto ttl = result != nullptr ? int64Of(result->find("TTL")) : Result<int64_t>(int64_t{0});
-  if (!ttl.isOk()) return badAnswer(url_.text, "a keepalive without a TTL");
-  if (*ttl <= 0) return notFound("lease " + std::to_string(lease) + " has expired or was never granted");
+  FERRY_ASSIGN_OR_RETURN(int64_t ttl, decodeEtcdKeepAlive(answer, url_.text));
+  if (ttl <= 0) return notFound("lease " + std::to_string(lease) + " has expired or was never granted");
   return Status::ok();
 }
 
@@ -327,42 +249,12 @@ void EtcdStore::runWatch(Watch* w, int64_t revision) {
 
 namespace {
 
-// Handles one line of a watch stream; false when the stream is no good any more.
-bool handleWatchLine(std::string_view line, std::string_view prefix, std::vector<StoreEvent>* events) {
-  auto parsed = json::parse(line);
-  if (!parsed.isOk()) return false;
-  const json::Value* result = parsed->find("result");
-  if (result == nullptr || !result->isObject()) return false;
-  if (const json::Value* canceled = result->find("canceled");
-      canceled && canceled->getBool().isOk() && *canceled->getBool()) {
-    return false;
-  }
-  const json::Value* list = result->find("events");
-  if (list == nullptr) return true;  // created, or a progress notice
-  if (list->array() == nullptr) return false;
-  for (const json::Value& e : *list->array()) {
-    const json::Value* kv = e.find("kv");
-    const json::Value* type = e.find("type");
-    if (kv == nullptr || !kv->isObject()) return false;
-    auto key = bytesOf(*kv, "key");
-    auto value = bytesOf(*kv, "value");
-    if (!key.isOk() || !value.isOk()) return false;
-    if (!checkStoreKey(*key).isOk() || !keyHasPrefix(*key, prefix)) continue;
-    bool deleted = type != nullptr && type->isString() && *type->getString() == "DELETE";
-    if (deleted) {
-      events->push_back({StoreEvent::Kind::kDelete, std::move(*key), {}});
-    } else {
-      events->push_back({StoreEvent::Kind::kPut, std::move(*key), std::move(*value)});
-    }
-  }
-  return true;
-}
-
 struct StreamContext {
   net::LineFramer* framer;
   std::vector<StoreEvent>* events;
   std::string_view prefix;
-  bool broken = false;
+  const std::string& url;
+  Status refusal = Status::ok();  // why a line of the stream was refused
 };
 
 size_t onWatchBytes(char* data, size_t size, size_t count, void* user) {
@@ -370,13 +262,15 @@ size_t onWatchBytes(char* data, size_t size, size_t count, void* user) {
   ctx->framer->feed(std::string_view(data, size * count));
   while (auto line = ctx->framer->next()) {
     if (line->find_first_not_of(" \r\t") == std::string_view::npos) continue;
-    if (!handleWatchLine(*line, ctx->prefix, ctx->events)) {
-      ctx->broken = true;
-      return 0;  // aborts the transfer
-    }
+    auto update = decodeEtcdWatchLine(*line, ctx->prefix, ctx->url);
+    if (!update.isOk()) ctx->refusal = update.status();
+    // A line refused or a watch cancelled ends the stream: the watch converges from a snapshot.
+    if (!update.isOk() || update->canceled) return 0;  // aborts the transfer
+    for (StoreEvent& event : update->events) ctx->events->push_back(std::move(event));
   }
   if (ctx->framer->overLimit()) {
-    ctx->broken = true;
+    ctx->refusal =
+        Status(StatusCode::kProtocolError, ctx->url + ": etcd's watch stream: a line over the size limit");
     return 0;
   }
   return size * count;
@@ -393,7 +287,7 @@ void EtcdStore::streamWatch(Watch* w, int64_t revision) {
   std::string target = http_.base() + "/v3/watch";
   net::LineFramer framer(kMaxResponseBytes);
   std::vector<StoreEvent> events;
-  StreamContext ctx{&framer, &events, w->prefix};
+  StreamContext ctx{&framer, &events, w->prefix, url_.text};
 
   CURL* curl = curl_easy_init();
   CURLM* multi = curl_multi_init();
@@ -440,6 +334,7 @@ void EtcdStore::streamWatch(Watch* w, int64_t revision) {
   curl_easy_cleanup(curl);
   curl_multi_cleanup(multi);
   curl_slist_free_all(headers);
+  if (!ctx.refusal.isOk()) FERRY_LOG(kWarn, "%s; watching again", ctx.refusal.toString().c_str());
 }
 
 void EtcdStore::unwatch(WatchId id) {

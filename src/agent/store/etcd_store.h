@@ -1,7 +1,8 @@
 // etcd://host:port: the discovery store on an etcd v3 server, through its JSON gateway over HTTP
 // (libcurl; paths /v3/kv/put, /v3/kv/range, /v3/kv/deleterange, /v3/lease/grant,
 // /v3/lease/keepalive, /v3/lease/revoke, /v3/watch, as etcd 3.4 serves them). Keys and values
-// travel base64-encoded in the JSON; responses are read with ferry's strict json::parse.
+// travel base64-encoded in the JSON; answers are parsed with ferry's strict json::parse and read
+// by proto3's JSON rules with json::Fields (etcd_answer.h).
 //
 // Leases are etcd's own (note that etcd rounds a TTL up to its minimum, about 2 s with default
 // settings). Calls: one HTTP connection per handle, reused, one request at a time, each with the
@@ -21,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "agent/store/etcd_answer.h"
 #include "agent/store/store_backend.h"
 #include "common/json.h"
 
@@ -37,10 +39,11 @@ class EtcdHttp {
   // POSTs body to path and parses the answer. kUnavailable naming the URL when the server cannot
   // be reached or does not answer within timeout; for an error answer, the status its gRPC code
   // maps to (NotFound, InvalidArgument, ...) with etcd's message; kProtocolError for an answer
-  // that is not JSON.
+  // that is not a JSON object or an error answer that cannot be read.
   Result<json::Value> post(const std::string& path, const json::Value& body,
                            std::chrono::milliseconds timeout);
   const std::string& base() const { return base_; }
+  const std::string& url() const { return url_; }  // etcd://host:port, as the store was opened
 
  private:
   std::string url_;
@@ -83,11 +86,7 @@ class EtcdStore final : public Store {
   WatchId nextWatch_ = 1;
 };
 
-// The entries under prefix and the store's revision, from a range request.
-struct EtcdSnapshot {
-  std::vector<StoreEntry> entries;
-  int64_t revision = 0;
-};
+// The entries under prefix and the store's revision, from a range request (decodeEtcdRange).
 Result<EtcdSnapshot> etcdRange(EtcdHttp& http, std::string_view prefix, std::chrono::milliseconds timeout);
 
 }  // namespace ferry::agent
