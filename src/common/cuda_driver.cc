@@ -2,8 +2,11 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <vector>
 
 #include "ferry/common/config.h"
 
@@ -11,14 +14,13 @@ namespace ferry::cuda {
 
 namespace {
 
-// The few entry points ferry uses, with the driver API's C types spelled as the ABI has them
-// (CUresult is an int; CUpointer_attribute and CUmemorytype are ints; CUdeviceptr is 64 bits).
+// The entry points ferry uses, with the driver API's C types spelled as the ABI has them (CUresult,
+// CUdevice, CUpointer_attribute and CUmemorytype are ints; CUdeviceptr is 64 bits; CUcontext and
+// CUstream are pointers).
 using CuResult = int;
-using CuInit = CuResult (*)(unsigned int);
-using CuDriverGetVersion = CuResult (*)(int*);
-using CuDeviceGetCount = CuResult (*)(int*);
-using CuPointerGetAttribute = CuResult (*)(void*, int, uint64_t);
-using CuGetErrorString = CuResult (*)(CuResult, const char**);
+using CuDevicePtr = uint64_t;
+using CuContext = void*;
+using CuStream = void*;
 
 constexpr CuResult kCudaSuccess = 0;
 constexpr int kPointerAttributeMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
@@ -26,9 +28,26 @@ constexpr int kPointerAttributeIsManaged = 8;      // CU_POINTER_ATTRIBUTE_IS_MA
 constexpr int kPointerAttributeDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr unsigned int kMemoryTypeDevice = 2;      // CU_MEMORYTYPE_DEVICE
 constexpr unsigned int kMemoryTypeUnified = 4;     // CU_MEMORYTYPE_UNIFIED
+// CU_STREAM_DEFAULT: ferry's copies wait for work on the legacy default stream, where an
+// application that uses no streams of its own (and PyTorch's default stream) puts its kernels.
+constexpr unsigned int kStreamDefault = 0;
 
 struct Api {
-  CuPointerGetAttribute pointerGetAttribute = nullptr;
+  CuResult (*init)(unsigned int) = nullptr;
+  CuResult (*driverGetVersion)(int*) = nullptr;
+  CuResult (*deviceGetCount)(int*) = nullptr;
+  CuResult (*getErrorString)(CuResult, const char**) = nullptr;  // optional
+  CuResult (*pointerGetAttribute)(void*, int, CuDevicePtr) = nullptr;
+  CuResult (*deviceGet)(int*, int) = nullptr;
+  CuResult (*primaryCtxRetain)(CuContext*, int) = nullptr;
+  CuResult (*ctxPushCurrent)(CuContext) = nullptr;
+  CuResult (*ctxPopCurrent)(CuContext*) = nullptr;
+  CuResult (*streamCreate)(CuStream*, unsigned int) = nullptr;
+  CuResult (*streamSynchronize)(CuStream) = nullptr;
+  CuResult (*memcpyDtoHAsync)(void*, CuDevicePtr, size_t, CuStream) = nullptr;
+  CuResult (*memcpyHtoDAsync)(CuDevicePtr, const void*, size_t, CuStream) = nullptr;
+  CuResult (*memcpyDtoDAsync)(CuDevicePtr, CuDevicePtr, size_t, CuStream) = nullptr;
+  CuResult (*memcpyPeerAsync)(CuDevicePtr, CuContext, CuDevicePtr, CuContext, size_t, CuStream) = nullptr;
 };
 
 struct Loaded {
@@ -47,10 +66,29 @@ bool resolve(void* library, const char* name, Fn* slot, Loaded* loaded) {
   return true;
 }
 
-std::string errorText(CuGetErrorString getErrorString, CuResult rc) {
+std::string errorText(const Api& api, CuResult rc) {
   const char* text = nullptr;
-  if (getErrorString != nullptr && getErrorString(rc, &text) == kCudaSuccess && text != nullptr) return text;
+  if (api.getErrorString != nullptr && api.getErrorString(rc, &text) == kCudaSuccess && text != nullptr)
+    return text;
   return "CUresult " + std::to_string(rc);
+}
+
+bool resolveAll(void* library, Loaded* l) {
+  Api& a = l->api;
+  return resolve(library, "cuInit", &a.init, l) &&
+         resolve(library, "cuDriverGetVersion", &a.driverGetVersion, l) &&
+         resolve(library, "cuDeviceGetCount", &a.deviceGetCount, l) &&
+         resolve(library, "cuPointerGetAttribute", &a.pointerGetAttribute, l) &&
+         resolve(library, "cuDeviceGet", &a.deviceGet, l) &&
+         resolve(library, "cuDevicePrimaryCtxRetain", &a.primaryCtxRetain, l) &&
+         resolve(library, "cuCtxPushCurrent_v2", &a.ctxPushCurrent, l) &&
+         resolve(library, "cuCtxPopCurrent_v2", &a.ctxPopCurrent, l) &&
+         resolve(library, "cuStreamCreate", &a.streamCreate, l) &&
+         resolve(library, "cuStreamSynchronize", &a.streamSynchronize, l) &&
+         resolve(library, "cuMemcpyDtoHAsync_v2", &a.memcpyDtoHAsync, l) &&
+         resolve(library, "cuMemcpyHtoDAsync_v2", &a.memcpyHtoDAsync, l) &&
+         resolve(library, "cuMemcpyDtoDAsync_v2", &a.memcpyDtoDAsync, l) &&
+         resolve(library, "cuMemcpyPeerAsync", &a.memcpyPeerAsync, l);
 }
 
 Loaded load() {
@@ -65,28 +103,20 @@ Loaded load() {
         "cannot load " + info.library + " (no NVIDIA driver here): " + (error ? error : "dlopen failed");
     return loaded;
   }
-  CuInit init = nullptr;
-  CuDriverGetVersion version = nullptr;
-  CuDeviceGetCount count = nullptr;
-  CuGetErrorString errorString = nullptr;
-  if (!resolve(library, "cuInit", &init, &loaded) ||
-      !resolve(library, "cuDriverGetVersion", &version, &loaded) ||
-      !resolve(library, "cuDeviceGetCount", &count, &loaded) ||
-      !resolve(library, "cuPointerGetAttribute", &loaded.api.pointerGetAttribute, &loaded)) {
-    return loaded;
-  }
-  (void)resolve(library, "cuGetErrorString", &errorString, &loaded);
+  if (!resolveAll(library, &loaded)) return loaded;
+  const Api& api = loaded.api;
+  (void)resolve(library, "cuGetErrorString", &loaded.api.getErrorString, &loaded);
   info.reason.clear();  // cuGetErrorString is optional
-  if (CuResult rc = init(0); rc != kCudaSuccess) {
-    info.reason = "cuInit: " + errorText(errorString, rc);
+  if (CuResult rc = api.init(0); rc != kCudaSuccess) {
+    info.reason = "cuInit: " + errorText(api, rc);
     return loaded;
   }
-  if (CuResult rc = version(&info.version); rc != kCudaSuccess) {
-    info.reason = "cuDriverGetVersion: " + errorText(errorString, rc);
+  if (CuResult rc = api.driverGetVersion(&info.version); rc != kCudaSuccess) {
+    info.reason = "cuDriverGetVersion: " + errorText(api, rc);
     return loaded;
   }
-  if (CuResult rc = count(&info.devices); rc != kCudaSuccess || info.devices == 0) {
-    info.reason = rc != kCudaSuccess ? "cuDeviceGetCount: " + errorText(errorString, rc) : "no CUDA device";
+  if (CuResult rc = api.deviceGetCount(&info.devices); rc != kCudaSuccess || info.devices == 0) {
+    info.reason = rc != kCudaSuccess ? "cuDeviceGetCount: " + errorText(api, rc) : "no CUDA device";
     return loaded;
   }
   info.usable = true;
@@ -98,18 +128,31 @@ const Loaded& loaded() {
   return l;
 }
 
-}  // namespace
+// The driver's device memory. Copies run on streams of ferry's own, in the device's primary
+// context (pushed for the copy and popped after, so the calling thread's current context is left
+// as it was), and are waited for before the call returns.
+class DriverMemory final : public DeviceMemory {
+ public:
+  MemoryLocation locate(const void* addr) override;
+  Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) override;
 
-const DriverInfo& driver() { return loaded().info; }
+ private:
+  struct Device {
+    CuContext context = nullptr;
+    std::vector<CuStream> idleStreams;
+  };
+  // The device's primary context (retained once, never released: it lives as long as the process).
+  Result<CuContext> contextOf(int device);
+  // A stream of the device, idle; given back with giveBack.
+  Result<CuStream> takeStream(int device, CuContext context);
+  void giveBack(int device, CuStream stream);
+  Status failed(const char* call, CuResult rc, size_t n) const;
 
-std::string describe() {
-  const DriverInfo& d = driver();
-  if (!d.usable) return "not usable: " + d.reason;
-  return "usable: driver " + std::to_string(d.version / 1000) + "." + std::to_string(d.version % 1000 / 10) +
-         " (" + d.library + "), " + std::to_string(d.devices) + (d.devices == 1 ? " device" : " devices");
-}
+  std::mutex mu_;
+  std::map<int, Device> devices_;
+};
 
-MemoryLocation locate(const void* addr) {
+MemoryLocation DriverMemory::locate(const void* addr) {
   const Loaded& l = loaded();
   MemoryLocation out;
   if (!l.info.usable || addr == nullptr) return out;
@@ -127,7 +170,7 @@ MemoryLocation locate(const void* addr) {
       managed != 0) {
     return out;
   }
-  out.kind = MemoryKind::kDevice;
+  out.kind = MemoryKind::kCuda;
   int ordinal = -1;
   if (l.api.pointerGetAttribute(&ordinal, kPointerAttributeDeviceOrdinal, reinterpret_cast<uint64_t>(addr)) ==
       kCudaSuccess) {
@@ -136,15 +179,133 @@ MemoryLocation locate(const void* addr) {
   return out;
 }
 
-Status refuseDeviceMemory(const void* addr, size_t length, const char* what) {
+Status DriverMemory::failed(const char* call, CuResult rc, size_t n) const {
+  return Status(StatusCode::kIoError, std::string("CUDA copy of ") + std::to_string(n) + " bytes: " + call +
+                                          ": " + errorText(loaded().api, rc));
+}
+
+Result<CuContext> DriverMemory::contextOf(int device) {
+  const Api& api = loaded().api;
+  std::lock_guard<std::mutex> lock(mu_);
+  Device& d = devices_[device];
+  if (d.context != nullptr) return d.context;
+  int handle = 0;
+  if (CuResult rc = api.deviceGet(&handle, device); rc != kCudaSuccess) return failed("cuDeviceGet", rc, 0);
+  if (CuResult rc = api.primaryCtxRetain(&d.context, handle); rc != kCudaSuccess) {
+    d.context = nullptr;
+    return failed("cuDevicePrimaryCtxRetain", rc, 0);
+  }
+  return d.context;
+}
+
+Result<CuStream> DriverMemory::takeStream(int device, CuContext context) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& idle = devices_[device].idleStreams;
+    if (!idle.empty()) {
+      CuStream stream = idle.back();
+      idle.pop_back();
+      return stream;
+    }
+  }
+  // One stream per thread copying at once: a handful (the reactor, the stripe and copy threads).
+  CuStream stream = nullptr;
+  if (CuResult rc = loaded().api.streamCreate(&stream, kStreamDefault); rc != kCudaSuccess)
+    return failed("cuStreamCreate", rc, 0);
+  (void)context;  // created in the context the caller pushed
+  return stream;
+}
+
+void DriverMemory::giveBack(int device, CuStream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  devices_[device].idleStreams.push_back(stream);
+}
+
+Status DriverMemory::copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) {
+  if (n == 0) return Status::ok();
+  const Api& api = loaded().api;
+  if (!loaded().info.usable)
+    return notSupported("CUDA copy: the driver is not usable: " + loaded().info.reason);
+  const int device = from.onDevice() ? from.device : to.device;
+  FERRY_ASSIGN_OR_RETURN(CuContext context, contextOf(device));
+  CuContext peer = context;
+  if (from.onDevice() && to.onDevice() && to.device != from.device) {
+    FERRY_ASSIGN_OR_RETURN(peer, contextOf(to.device));
+  }
+  if (CuResult rc = api.ctxPushCurrent(context); rc != kCudaSuccess) return failed("cuCtxPushCurrent", rc, n);
+  Result<CuStream> stream = takeStream(device, context);
+  CuResult rc = kCudaSuccess;
+  const char* call = "cuStreamCreate";
+  if (stream.isOk()) {
+    const auto d = reinterpret_cast<CuDevicePtr>(dst);
+    const auto s = reinterpret_cast<CuDevicePtr>(src);
+    if (!to.onDevice()) {
+      call = "cuMemcpyDtoHAsync";
+      rc = api.memcpyDtoHAsync(dst, s, n, *stream);
+    } else if (!from.onDevice()) {
+      call = "cuMemcpyHtoDAsync";
+      rc = api.memcpyHtoDAsync(d, src, n, *stream);
+    } else if (to.device == from.device) {
+      call = "cuMemcpyDtoDAsync";
+      rc = api.memcpyDtoDAsync(d, s, n, *stream);
+    } else {
+      call = "cuMemcpyPeerAsync";
+      rc = api.memcpyPeerAsync(d, peer, s, context, n, *stream);
+    }
+    if (rc == kCudaSuccess) {
+      call = "cuStreamSynchronize";
+      rc = api.streamSynchronize(*stream);
+    }
+    giveBack(device, *stream);
+  }
+  CuContext popped = nullptr;
+  (void)api.ctxPopCurrent(&popped);
+  if (!stream.isOk()) return stream.status();
+  return rc == kCudaSuccess ? Status::ok() : failed(call, rc, n);
+}
+
+DriverMemory& driverMemory() {
+  static DriverMemory* memory = new DriverMemory();  // never destroyed: copies may run at exit
+  return *memory;
+}
+
+std::atomic<DeviceMemory*> installed{nullptr};
+std::atomic<bool> registeredDeviceMemory{false};
+
+DeviceMemory& current() {
+  DeviceMemory* memory = installed.load(std::memory_order_acquire);
+  return memory != nullptr ? *memory : driverMemory();
+}
+
+}  // namespace
+
+const DriverInfo& driver() { return loaded().info; }
+
+std::string describe() {
+  const DriverInfo& d = driver();
+  if (!d.usable) return "not usable: " + d.reason;
+  return "usable: driver " + std::to_string(d.version / 1000) + "." + std::to_string(d.version % 1000 / 10) +
+         " (" + d.library + "), " + std::to_string(d.devices) + (d.devices == 1 ? " device" : " devices");
+}
+
+void installDeviceMemory(DeviceMemory* memory) { installed.store(memory, std::memory_order_release); }
+
+MemoryLocation locate(const void* addr) { return current().locate(addr); }
+
+Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) {
+  return current().copy(dst, to, src, from, n);
+}
+
+bool deviceMemoryRegistered() { return registeredDeviceMemory.load(std::memory_order_relaxed); }
+void noteDeviceMemoryRegistered() { registeredDeviceMemory.store(true, std::memory_order_relaxed); }
+
+Status refuseDeviceMemory(const void* addr, size_t length, const char* what, const char* why) {
   if (length == 0) return Status::ok();
   const MemoryLocation where = locate(addr);
-  if (where.kind == MemoryKind::kHost) return Status::ok();
-  return notSupported(
-      std::string(what) + ": [" + std::to_string(reinterpret_cast<uintptr_t>(addr)) + ", +" +
-      std::to_string(length) + ") is memory of CUDA device " + std::to_string(where.device) +
-      "; ferry's providers move host memory only so far (register a host copy, or pinned host "
-      "memory)");
+  if (!where.onDevice()) return Status::ok();
+  return notSupported(std::string(what) + ": [" + std::to_string(reinterpret_cast<uintptr_t>(addr)) + ", +" +
+                      std::to_string(length) + ") is memory of CUDA device " + std::to_string(where.device) +
+                      "; " + why);
 }
 
 }  // namespace ferry::cuda

@@ -1,13 +1,14 @@
 // CUDA's driver API, loaded at run time: libcuda.so.1 (FERRY_CUDA_LIBRARY) by dlopen, as the
 // ibverbs provider loads libibverbs. ferry builds without a CUDA toolkit, and on a machine without
-// a GPU nothing changes. What ferry asks the driver today: whether a range of memory belongs to a
-// GPU, so that registration refuses device memory with an error that says so instead of reading it
-// as host memory (docs/architecture.md, "GPU memory").
+// a GPU nothing changes. What ferry asks of the driver: where a range of memory lives (so that no
+// path reads device memory as host memory), and copies between device and host memory (the
+// software devices stage device memory through host buffers; docs/gpu.md).
 #pragma once
 
 #include <cstddef>
 #include <string>
 
+#include "ferry/common/memory_location.h"
 #include "ferry/common/status.h"
 
 namespace ferry::cuda {
@@ -25,18 +26,38 @@ const DriverInfo& driver();
 // "usable: driver 13.0, 1 device" or "not usable: <reason>", for `ferry info`.
 std::string describe();
 
-// Where the memory at addr lives. kHost for host memory (managed memory too: the driver migrates
-// its pages on access), and for everything when the driver is not usable; kDevice with the GPU's
-// ordinal for memory the driver allocated on a device.
-enum class MemoryKind { kHost, kDevice };
-struct MemoryLocation {
-  MemoryKind kind = MemoryKind::kHost;
-  int device = -1;
+// Device memory as ferry reaches it: the driver's (the default), or one a test installs.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Where the memory at addr lives: kHost for host memory (managed memory too) and for everything
+  // when no device memory can exist; kCuda with the device's ordinal for device memory.
+  virtual MemoryLocation locate(const void* addr) = 0;
+  // Copies n bytes from src (at `from`) to dst (at `to`); at least one of them is on a device.
+  // Synchronous: when it returns OK the bytes are in place, visible to the host and to a kernel
+  // launched after it. An error (memory freed, a device lost) names the copy; dst may then hold
+  // part of the bytes.
+  virtual Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) = 0;
 };
+
+// Installs the device memory every call below uses (nullptr: the driver's again). For tests that
+// check, on a host without a GPU, that every path stages such memory instead of touching it
+// (tests/common/host_backed_device.h); not thread-safe against calls in flight.
+void installDeviceMemory(DeviceMemory* memory);
+
+// The installed device memory's answers.
 MemoryLocation locate(const void* addr);
+Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n);
+
+// Whether this process registered device memory (noteDeviceMemoryRegistered): until it has, a
+// pointer ferry is handed without a registration (inline data) is host memory and needs no
+// driver call to say so.
+bool deviceMemoryRegistered();
+void noteDeviceMemoryRegistered();
 
 // kNotSupported naming the device when [addr, +length) starts in GPU memory (`what` names the
-// call, e.g. "register memory"); OK for host memory.
-Status refuseDeviceMemory(const void* addr, size_t length, const char* what);
+// call, e.g. "register memory", and `why` what cannot take it); OK for host memory.
+Status refuseDeviceMemory(const void* addr, size_t length, const char* what,
+                          const char* why = "this path moves host memory only");
 
 }  // namespace ferry::cuda

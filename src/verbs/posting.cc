@@ -29,6 +29,10 @@ Status checkSendWr(QpType type, const QpCap& cap, const SendWr& wr) {
     case SendWrFault::kInlineTooLong:
       return refused(std::to_string(total()) + " bytes of inline data, above the QP's max_inline_data (" +
                      std::to_string(cap.maxInlineData) + ")");
+    case SendWrFault::kInlineFromDevice:
+      return refused(
+          "inline data in CUDA device memory (inline data is read by the CPU; post it from a registered "
+          "region)");
     case SendWrFault::kAtomicNotOneEightByteSge: return refused("an atomic needs one 8-byte SGE");
     case SendWrFault::kAtomicUnaligned: return refused("atomic remote address not 8-byte aligned");
   }

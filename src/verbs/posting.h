@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/cuda_driver.h"
 #include "ferry/common/status.h"
 #include "ferry/verbs/types.h"
 
@@ -24,6 +25,7 @@ enum class SendWrFault : uint8_t {
   kTooManySges,
   kInlineOnReadOrAtomic,
   kInlineTooLong,
+  kInlineFromDevice,
   kAtomicNotOneEightByteSge,
   kAtomicUnaligned,
 };
@@ -43,6 +45,14 @@ inline SendWrFault sendWrFault(QpType type, const QpCap& cap, const SendWr& wr) 
   if (inlined) {
     if (op == WrOpcode::kRdmaRead || isAtomic(op)) return SendWrFault::kInlineOnReadOrAtomic;
     if (total > cap.maxInlineData) return SendWrFault::kInlineTooLong;
+    // Inline data is read by the CPU as the post returns: never from a GPU's memory (no driver
+    // call until this process registered any).
+    if (cuda::deviceMemoryRegistered()) {
+      for (const Sge& sge : wr.sgList) {
+        if (sge.length != 0 && cuda::locate(reinterpret_cast<const void*>(sge.addr)).onDevice())
+          return SendWrFault::kInlineFromDevice;
+      }
+    }
   }
   if (isAtomic(op)) {
     if (wr.sgList.size() != 1 || total != 8) return SendWrFault::kAtomicNotOneEightByteSge;

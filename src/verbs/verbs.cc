@@ -95,13 +95,32 @@ Result<MemoryRegion> ProtectionDomain::registerMemory(void* addr, size_t length,
     return invalidArgument("register memory: range wraps around the address space");
   }
   // GPU memory is never read as host memory: the driver tells it apart (where there is one).
-  FERRY_RETURN_IF_ERROR(cuda::refuseDeviceMemory(addr, length, "register memory"));
+  if (length != 0) {
+    if (const MemoryLocation where = cuda::locate(addr); where.onDevice())
+      return registerDevice(addr, length, access, where);
+  }
   // Like ibv_reg_mr: memory that is not mapped, or not mapped with the access asked for, is refused
   // here, on every provider, rather than faulting at its first use.
   FERRY_RETURN_IF_ERROR(checkMapped(
       addr, length, (access & (access::kLocalWrite | access::kRemoteWrite | access::kRemoteAtomic)) != 0));
   FERRY_ASSIGN_OR_RETURN(auto mr, impl_->registerMemory(addr, length, access));
   return MemoryRegion(std::move(mr));
+}
+Result<MemoryRegion> ProtectionDomain::registerDevice(void* addr, size_t length, uint32_t access,
+                                                      MemoryLocation where) {
+  if (cuda::locate(static_cast<const char*>(addr) + length - 1) != where) {
+    return invalidArgument("register memory: [" + std::to_string(reinterpret_cast<uintptr_t>(addr)) + ", +" +
+                           std::to_string(length) + ") starts in memory of " + where.toString() +
+                           " but does not end there");
+  }
+  auto mr = impl_->registerDeviceMemory(addr, length, access, where);
+  if (!mr.isOk()) {
+    return Status(mr.status().code(),
+                  mr.status().message() + " ([" + std::to_string(reinterpret_cast<uintptr_t>(addr)) + ", +" +
+                      std::to_string(length) + ") is memory of " + where.toString() + ")");
+  }
+  cuda::noteDeviceMemoryRegistered();
+  return MemoryRegion(std::move(*mr));
 }
 Result<MemoryRegion> ProtectionDomain::allocMr(size_t length, uint32_t access) {
   if (!impl_) return emptyHandle("ProtectionDomain");
@@ -150,6 +169,7 @@ size_t MemoryRegion::length() const { return impl_ ? impl_->length() : 0; }
 uint32_t MemoryRegion::lkey() const { return impl_ ? impl_->lkey() : 0; }
 uint32_t MemoryRegion::rkey() const { return impl_ ? impl_->rkey() : 0; }
 uint32_t MemoryRegion::access() const { return impl_ ? impl_->access() : 0; }
+MemoryLocation MemoryRegion::location() const { return impl_ ? impl_->location() : MemoryLocation{}; }
 Sge MemoryRegion::sge(size_t offset, size_t length) const {
   size_t total = this->length();
   if (offset > total) offset = total;
@@ -177,6 +197,11 @@ Status MemoryRegion::reregister(uint32_t flags, ProtectionDomain* pd, void* addr
   }
   if ((flags & rereg::kChangeTranslation) && addr == nullptr && length != 0) {
     return invalidArgument("reregister: null address");
+  }
+  if ((flags & rereg::kChangeTranslation) && length != 0 && cuda::locate(addr) != impl_->location()) {
+    return notSupported("reregister: the new range is in " + cuda::locate(addr).toString() +
+                        " memory, the region's in " + impl_->location().toString() +
+                        " memory (register it as a region of its own)");
   }
   return impl_->reregister(flags, newPd, addr, length, access);
 }

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "ferry/common/memory_location.h"
 #include "ferry/common/status.h"
 #include "ferry/verbs/types.h"
 
@@ -88,6 +89,13 @@ class ContextImpl : public Closeable {
 class PdImpl : public Closeable {
  public:
   virtual Result<std::shared_ptr<MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) = 0;
+  // Memory of a CUDA device (`where`, from the driver). The verbs layer calls it only for a
+  // device whose DeviceInfo::deviceMemory is set; a provider that cannot move such memory keeps
+  // this refusal.
+  virtual Result<std::shared_ptr<MrImpl>> registerDeviceMemory(void* addr, size_t length, uint32_t access,
+                                                               MemoryLocation where) {
+    return notSupported("register memory: this device cannot move CUDA device memory");
+  }
   virtual Result<std::shared_ptr<QpImpl>> createQp(const QpInitImpl& init) = 0;
   virtual Result<std::shared_ptr<SrqImpl>> createSrq(const SrqInit& init) = 0;
   // An address handle for UD sends (kNotSupported where the provider has no UD QPs).
@@ -106,6 +114,8 @@ class MrImpl : public Closeable {
   virtual uint32_t lkey() const = 0;
   virtual uint32_t rkey() const = 0;
   virtual uint32_t access() const = 0;
+  // Where the region's memory lives (registerDeviceMemory: on a device).
+  virtual MemoryLocation location() const { return {}; }
   virtual Status reregister(uint32_t flags, const std::shared_ptr<PdImpl>& pd, void* addr, size_t length,
                             uint32_t access) = 0;
   // Memory the region owns (ProtectionDomain::allocMr): freed when the last reference to the

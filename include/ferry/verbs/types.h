@@ -342,6 +342,10 @@ struct DeviceInfo {
   bool addressedByContext = false;
   // Its ports, when known without opening it; 0: ask a context (DeviceAttr::physPortCnt).
   int ports = 0;
+  // How it moves CUDA device memory, "" where it cannot (registering such memory is then refused
+  // with this reason's absence named): "staged" copies it through host buffers of the device's
+  // own, a piece at a time, as each message goes out or lands (docs/gpu.md).
+  std::string deviceMemory;
 };
 
 }  // namespace ferry::verbs

@@ -115,7 +115,9 @@ class ProtectionDomain : public Handle<PdImpl> {
   // the pages, they are faulted in, and memory that is not mapped, not mapped writable when any
   // write flag is set (readable otherwise), or a range that wraps past 2^64 is refused (EINVAL).
   // The memory must stay valid until the region is closed; after close() returns no device access
-  // touches it again.
+  // touches it again. Memory of a CUDA device (told apart through the driver, where one is found)
+  // registers on a device whose DeviceInfo::deviceMemory says how it moves it, and is refused
+  // (kNotSupported, naming the device) elsewhere; it is never read as host memory.
   Result<MemoryRegion> registerMemory(void* addr, size_t length, uint32_t access);
   // Allocates length bytes (zero-filled, page-aligned; ferry/common/shared_memory.h) and registers
   // them: the region owns the memory, freed when the region is closed and its last handle is gone.
@@ -128,6 +130,9 @@ class ProtectionDomain : public Handle<PdImpl> {
   // An address handle for UD work requests (SendWr::ud.ah = ah.id()). EINVAL for an address the
   // device cannot reach (e.g. a GID of another provider); kNotSupported without UD support.
   Result<AddressHandle> createAh(const AhAttr& attr);
+
+ private:
+  Result<MemoryRegion> registerDevice(void* addr, size_t length, uint32_t access, MemoryLocation where);
 };
 
 // Where a UD datagram goes (ibv_ah). Lives until closed or its PD is closed.
@@ -146,10 +151,14 @@ class MemoryRegion : public Handle<MrImpl> {
   uint32_t lkey() const;
   uint32_t rkey() const;
   uint32_t access() const;
+  // Host memory, or the CUDA device the region's memory is on.
+  MemoryLocation location() const;
   // An SGE over [offset, offset+length) of this region (length 0: to the end).
   Sge sge(size_t offset = 0, size_t length = 0) const;
   // ibv_rereg_mr: flags (rereg::k...) say what changes. The keys change too, so keys handed out
-  // before fail from the next remote access on. pd may be nullptr unless kChangePd is set.
+  // before fail from the next remote access on. pd may be nullptr unless kChangePd is set. A new
+  // translation stays where the region is (host memory, or the same CUDA device): kNotSupported
+  // otherwise (register the other memory as a region of its own).
   Status reregister(uint32_t flags, ProtectionDomain* pd, void* addr, size_t length, uint32_t access);
 };
 

@@ -10,6 +10,7 @@
 
 #include "common/device_access.h"
 #include "common/log.h"
+#include "providers/soft/region_copy.h"
 
 namespace ferry::soft {
 namespace {
@@ -31,8 +32,9 @@ struct IovBuilder {
   iovec iov[kMaxIov];
   int count = 0;
   size_t skip = 0;
+  bool stopped = false;  // the output staging buffer is full: what follows waits for the next write
 
-  bool full() const { return count == kMaxIov; }
+  bool full() const { return count == kMaxIov || stopped; }
   void add(const uint8_t* p, size_t len) {
     if (skip >= len) {
       skip -= len;
@@ -317,7 +319,29 @@ void Conn::flush() {
   }
 }
 
+bool Conn::addFromDeviceLocked(IovBuilder& out, const Segment& seg) {
+  if (out.skip >= seg.length) {
+    out.skip -= seg.length;
+    return true;
+  }
+  if (!outStaged_) outStaged_ = std::make_unique<uint8_t[]>(kStagingBytes);
+  const size_t from = out.skip;
+  const size_t n = std::min(kStagingBytes - outStagedUsed_, seg.length - from);
+  if (n == 0) {
+    out.stopped = true;  // the next write copies it
+    return true;
+  }
+  uint8_t* at = outStaged_.get() + outStagedUsed_;
+  if (!readRegion(*seg.entry, at, seg.ptr + from, n)) return false;
+  outStagedUsed_ += n;
+  out.skip = 0;
+  out.iov[out.count++] = {at, n};
+  if (n < seg.length - from) out.stopped = true;
+  return true;
+}
+
 void Conn::gatherLocked(IovBuilder& out, std::vector<uint32_t>* revokedSeqs) {
+  outStagedUsed_ = 0;  // the last write took what it held (the link copies what it writes)
   for (auto& frame : out_) {
     if (out.full()) break;
     out.skip = frame.sent;
@@ -325,16 +349,19 @@ void Conn::gatherLocked(IovBuilder& out, std::vector<uint32_t>* revokedSeqs) {
     if (!frame.ownedPayload.empty()) out.add(frame.ownedPayload.data(), frame.ownedPayload.size());
     for (auto& seg : frame.payload) {
       if (out.full()) break;
-      if (seg.entry && seg.entry->revoked) {
-        if (!frame.revoked) {
-          frame.revoked = true;
-          revokedSeqs->push_back(frame.seq);
-        }
-        // Never read a deregistered region: its bytes go out as zeros.
-        if (!out.addZeros(seg.length)) break;
-      } else {
+      const bool gone = seg.entry && seg.entry->revoked;
+      if (!gone && !onDevice(seg)) {
         out.add(seg.ptr, seg.length);
+        continue;
       }
+      if (!gone && addFromDeviceLocked(out, seg)) continue;
+      if (!frame.revoked) {
+        frame.revoked = true;
+        revokedSeqs->push_back(frame.seq);
+      }
+      // Never read a deregistered region (or device memory the driver no longer copies): its
+      // bytes go out as zeros.
+      if (!out.addZeros(seg.length)) break;
     }
     if (frame.hasTrailer && !out.full()) {
       frame.trailer = frame.revoked ? static_cast<uint32_t>(wire::Syndrome::kRemAccess) : frame.trailer;
@@ -360,8 +387,7 @@ void Conn::consumeSent(size_t n) {
 void Conn::awaitWhatIsLeft() {
   // Set at every stop, never left from an earlier one: a mark from an earlier wait (the rest of a
   // payload since taken) could exceed every byte still to come, and they would never wake us.
-  const bool direct = inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ &&
-                      payloadLeft_ >= kDirectReadMin && segIndex_ < plan_.segments.size();
+  const bool direct = directReadPossible();
   // A payload read straight into place: nothing to do until the rest of it is here. A header (or a
   // small payload) may be any size: wake for any byte.
   link_->awaitBytes(direct ? payloadLeft_ : 0);
@@ -419,7 +445,7 @@ void Conn::discardWhileDraining() {
 
 bool Conn::directReadPossible() const {
   return inState_ == InState::kPayload && stagedBegin_ == stagedEnd_ && payloadLeft_ >= kDirectReadMin &&
-         segIndex_ < plan_.segments.size();
+         segIndex_ < plan_.segments.size() && !onDevice(plan_.segments[segIndex_]);
 }
 
 Conn::ReadStep Conn::readDirectStep() {
@@ -479,7 +505,7 @@ ssize_t Conn::readDirect() {
   size_t off = segOffset_;
   while (idx < plan_.segments.size() && count < kMaxIov && want < payloadLeft_) {
     const Segment& seg = plan_.segments[idx];
-    if (seg.entry && seg.entry->revoked) break;
+    if ((seg.entry && seg.entry->revoked) || onDevice(seg)) break;  // staged instead
     size_t len = std::min(seg.length - off, payloadLeft_ - want);
     if (len > 0) iov[count++] = {seg.ptr + off, len};
     want += len;
@@ -512,9 +538,10 @@ size_t Conn::placeFromBuffer(const uint8_t* src, size_t len) {
   while (taken < len && segIndex_ < plan_.segments.size()) {
     Segment& seg = plan_.segments[segIndex_];
     size_t piece = std::min(seg.length - segOffset_, len - taken);
-    if (seg.entry && seg.entry->revoked) {
-      plan_.revoked = true;  // deregistered while the message arrived: discard
-    } else {
+    if ((seg.entry && seg.entry->revoked) ||
+        (seg.entry && !writeRegion(*seg.entry, seg.ptr + segOffset_, src + taken, piece))) {
+      plan_.revoked = true;  // deregistered while the message arrived (or its device lost): discard
+    } else if (!seg.entry) {
       DeviceAccess device;
       std::memcpy(seg.ptr + segOffset_, src + taken, piece);
     }

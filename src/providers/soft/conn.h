@@ -6,7 +6,10 @@
 // Input: headers are read into a staging buffer; a payload goes straight into its destination
 // (registered memory) — copied from the staging buffer for the bytes already read with the header,
 // read from the link directly into place for the rest. Output: frames are queued and written
-// with writev straight from registered memory. Every touch of registered memory happens under the
+// with writev straight from registered memory. Registered memory on a CUDA device is never read
+// or written in place: input for it goes through the staging buffer and is copied to the device a
+// buffer at a time, output is copied from it into a buffer of its own a write at a time
+// (region_copy.h). Every touch of registered memory happens under the
 // context's memory lock (shared) after checking the region was not deregistered; a region that was
 // is never touched again: incoming bytes meant for it are discarded and outgoing bytes from it are
 // replaced by zeros, and the frame is marked so the QP can report the error.
@@ -159,6 +162,9 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // region's bytes as zeros, its frame's seq noted), taken under the memory lock; n bytes written
   // taken off the frames.
   void gatherLocked(IovBuilder& out, std::vector<uint32_t>* revokedSeqs);
+  // A segment of device memory goes out through the output staging buffer, as much of it as the
+  // buffer has room for in this write (the rest in the next); false: the driver refused the copy.
+  bool addFromDeviceLocked(IovBuilder& out, const Segment& seg);
   void consumeSent(size_t n);
   // Consumes staged bytes: headers, payload copies, trailers.
   bool consumeStaged();
@@ -219,6 +225,9 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
 
   // Output state.
   RingDeque<OutFrame> out_;
+  // Bytes of device memory copied out for the write under way (made at the first such segment).
+  std::unique_ptr<uint8_t[]> outStaged_;
+  size_t outStagedUsed_ = 0;
 };
 
 }  // namespace ferry::soft

@@ -100,6 +100,7 @@ std::vector<SoftDeviceInfo> listSoftDevices() {
     d.info.guid = (static_cast<uint64_t>(0xfe44) << 48) | ntohl(d.ipv4);
     d.info.numaNode = numaNodeOf(it->ifa_name);
     d.info.addressedByContext = true;
+    d.info.deviceMemory = "staged";  // CUDA memory through host buffers (region_copy.h)
     d.info.ports = 1;
     devices.push_back(std::move(d));
   }

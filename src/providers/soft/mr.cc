@@ -28,6 +28,11 @@ uint32_t SoftMr::access() const {
   return entry_ ? entry_->access : 0;
 }
 
+MemoryLocation SoftMr::location() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entry_ ? entry_->location : MemoryLocation{};
+}
+
 Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& pd, void* addr, size_t length,
                           uint32_t access) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -53,7 +58,7 @@ Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& 
     if (auto* table = ctx_->share()) table->withdrawMr(oldKey);
     next->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(next);
-    if (auto* table = ctx_->share())
+    if (auto* table = ctx_->share(); table && !next->location.onDevice())
       table->publishMr(next->key, next->addr, next->length, next->access, next->pd);
     entry_ = std::move(next);
   }

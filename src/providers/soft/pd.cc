@@ -14,6 +14,16 @@
 namespace ferry::soft {
 
 Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t length, uint32_t access) {
+  return registerAt(addr, length, access, MemoryLocation{});
+}
+
+Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerDeviceMemory(void* addr, size_t length,
+                                                                    uint32_t access, MemoryLocation where) {
+  return registerAt(addr, length, access, where);
+}
+
+Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerAt(void* addr, size_t length, uint32_t access,
+                                                          MemoryLocation where) {
   if (closed_ || ctx_->closed()) return closedError("register memory: the PD is closed");
   if (length > (uint64_t{1} << 46))
     return invalidArgument("register memory: length above the device's max_mr_size");
@@ -22,11 +32,12 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerMemory(void* addr, size_t
   entry->length = length;
   entry->access = access;
   entry->pd = this;
+  entry->location = where;
   {
     std::unique_lock<std::shared_mutex> lock(ctx_->memMu());
     entry->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(entry);
-    if (auto* table = ctx_->share())
+    if (auto* table = ctx_->share(); table && !where.onDevice())
       table->publishMr(entry->key, entry->addr, entry->length, entry->access, this);
   }
   auto mr = std::make_shared<SoftMr>(ctx_, std::move(entry));

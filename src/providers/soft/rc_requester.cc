@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "ferry/common/config.h"
 #include "providers/soft/qp_internal.h"
+#include "providers/soft/region_copy.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -744,11 +745,9 @@ void RcRequester::onAtomicResponseFromLoop(const wire::FrameHeader& h) {
   wqe->responded = true;
   {
     std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
-    if (wqe->local.empty() || wqe->local[0].entry->revoked) {
+    if (wqe->local.empty() || wqe->local[0].entry->revoked ||
+        !writeRegion(*wqe->local[0].entry, wqe->local[0].ptr, &h.atomicResult, 8)) {
       wqe->error = WcStatus::kLocProtErr;
-    } else {
-      DeviceAccess device;
-      std::memcpy(wqe->local[0].ptr, &h.atomicResult, 8);
     }
   }
   ackedThrough_ = wqe->error == WcStatus::kSuccess ? h.seq : h.seq - 1;

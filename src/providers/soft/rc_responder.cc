@@ -12,12 +12,14 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <mutex>
 #include <shared_mutex>
 
 #include "common/device_access.h"
 #include "common/log.h"
 #include "ferry/common/config.h"
 #include "providers/soft/qp_internal.h"
+#include "providers/soft/region_copy.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -519,6 +521,28 @@ void RcResponder::answerReadFromLoop(const wire::FrameHeader& h) {
   if (stripePart.headerLen != 0) stripe_.holdReadPart(std::move(stripePart));
 }
 
+namespace {
+// Atomics on device memory of this process: one at a time (the loop runs them all; this orders
+// them against other contexts' loops too).
+std::mutex deviceAtomicMu;
+}  // namespace
+
+bool RcResponder::atomicOnDeviceLocked(const MrEntry& entry, const wire::FrameHeader& h, uint64_t* original) {
+  // Read, change and write back through host memory: atomic against every other atomic ferry
+  // carries out on the region (as a NIC's atomics are against each other), not against kernels
+  // running on the device meanwhile.
+  std::lock_guard<std::mutex> lock(deviceAtomicMu);
+  auto* target = reinterpret_cast<uint8_t*>(h.remoteAddr);
+  if (!readRegion(entry, original, target, 8)) return false;
+  uint64_t next = *original;
+  if (h.type == wire::FrameType::kCmpSwap) {
+    if (*original == h.compareAdd) next = h.swap;
+  } else {
+    next = *original + h.compareAdd;
+  }
+  return next == *original || writeRegion(entry, target, &next, 8);
+}
+
 void RcResponder::answerAtomicFromLoop(const wire::FrameHeader& h) {
   FERRY_ON_LOOP(ctx_.reactor());
   uint64_t original = 0;
@@ -526,7 +550,9 @@ void RcResponder::answerAtomicFromLoop(const wire::FrameHeader& h) {
   {
     std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
     auto entry = ctx_.findMrLocked(h.rkey, qp_.pdId(), h.remoteAddr, 8, verbs::access::kRemoteAtomic);
-    if (entry) {
+    if (entry && onDevice(entry.get())) {
+      ok = atomicOnDeviceLocked(*entry, h, &original);
+    } else if (entry) {
       auto* target = reinterpret_cast<uint64_t*>(h.remoteAddr);
       DeviceAccess device;
       if (h.type == wire::FrameType::kCmpSwap) {

@@ -88,6 +88,9 @@ class RcResponder final : public Conn::Delegate {
   void receivedWriteFromLoop(const wire::FrameHeader& h, const PayloadPlan& plan);
   void answerReadFromLoop(const wire::FrameHeader& h);
   void answerAtomicFromLoop(const wire::FrameHeader& h);
+  // The atomic of h on a region of device memory (the memory lock held): false when the driver
+  // refused a copy.
+  static bool atomicOnDeviceLocked(const MrEntry& entry, const wire::FrameHeader& h, uint64_t* original);
   // Acknowledges what is done and landed (onInputDrained, and when a stripe piece lands).
   void sendAckFromLoop(Conn& conn);
 

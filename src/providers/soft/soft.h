@@ -92,6 +92,8 @@ struct MrEntry {
   uint32_t key = 0;
   const void* pd = nullptr;
   bool revoked = false;
+  // Host memory, or a CUDA device's: never touched in place then (region_copy.h).
+  MemoryLocation location;
 };
 
 // A piece of a message in registered memory (or, with entry == nullptr, in ferry's own buffer).
@@ -314,6 +316,10 @@ class SoftPd final : public verbs::PdImpl, public std::enable_shared_from_this<S
  public:
   explicit SoftPd(std::shared_ptr<SoftContext> ctx) : ctx_(std::move(ctx)) {}
   Result<std::shared_ptr<verbs::MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) override;
+  // Device memory is staged through host buffers (region_copy.h) and kept out of the share table:
+  // a same-host peer cannot reach it through this process's address space.
+  Result<std::shared_ptr<verbs::MrImpl>> registerDeviceMemory(void* addr, size_t length, uint32_t access,
+                                                              MemoryLocation where) override;
   Result<std::shared_ptr<verbs::QpImpl>> createQp(const verbs::QpInitImpl& init) override;
   Result<std::shared_ptr<verbs::SrqImpl>> createSrq(const verbs::SrqInit& init) override;
   Result<std::shared_ptr<verbs::AhImpl>> createAh(const verbs::AhAttr& attr) override;
@@ -324,6 +330,9 @@ class SoftPd final : public verbs::PdImpl, public std::enable_shared_from_this<S
   std::shared_ptr<SoftAh> findAh(const void* id);
 
  private:
+  Result<std::shared_ptr<verbs::MrImpl>> registerAt(void* addr, size_t length, uint32_t access,
+                                                    MemoryLocation where);
+
   std::shared_ptr<SoftContext> ctx_;
   std::atomic<bool> closed_{false};
   verbs::ChildList children_;
@@ -363,6 +372,7 @@ class SoftMr final : public verbs::MrImpl {
   uint32_t lkey() const override;
   uint32_t rkey() const override;
   uint32_t access() const override;
+  MemoryLocation location() const override;
   Status reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& pd, void* addr, size_t length,
                     uint32_t access) override;
   void close() override;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <cstring>
 #include <set>
 #include <shared_mutex>
@@ -10,6 +11,7 @@
 #include "common/device_access.h"
 #include "providers/soft/mcast.h"
 #include "providers/soft/qp_internal.h"
+#include "providers/soft/region_copy.h"
 #include "verbs/qp_state.h"
 
 namespace ferry::soft {
@@ -133,21 +135,38 @@ Status SoftUdQp::checkSendLocked(const verbs::SendWr& wr, std::shared_ptr<SoftAh
   return Status::ok();
 }
 
-WcStatus SoftUdQp::sendLocked(const verbs::SendWr& wr, const SoftAh& ah) {
+WcStatus SoftUdQp::gatherLocked(const verbs::SendWr& wr, Gathered* out) const {
   const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
-  uint64_t total = 0;
-  uint8_t header[wire::kMaxHeaderLen];
-  iovec iov[1 + 32];
-  int count = 1;
-  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  size_t copiedOut = 0;
   for (const auto& sge : wr.sgList) {
-    total += sge.length;
+    out->total += sge.length;
     if (sge.length == 0) continue;
     // A NIC reads the message through its lkeys: one that does not cover the entry fails the send.
-    if (!inlined && !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, 0))
+    const MrEntry* entry =
+        inlined ? nullptr : ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, 0);
+    if (!inlined && entry == nullptr) return WcStatus::kLocProtErr;
+    if (!onDevice(entry)) {
+      out->iov[out->count++] = {reinterpret_cast<void*>(sge.addr), sge.length};
+      continue;
+    }
+    if (out->total > wire::kMaxDatagram) return WcStatus::kLocLenErr;
+    uint8_t* at = out->fromDevice + copiedOut;
+    if (!readRegion(*entry, at, reinterpret_cast<const void*>(sge.addr), sge.length))
       return WcStatus::kLocProtErr;
-    iov[count++] = {reinterpret_cast<void*>(sge.addr), sge.length};
+    out->iov[out->count++] = {at, sge.length};
+    copiedOut += sge.length;
   }
+  return WcStatus::kSuccess;
+}
+
+WcStatus SoftUdQp::sendLocked(const verbs::SendWr& wr, const SoftAh& ah) {
+  uint8_t header[wire::kMaxHeaderLen];
+  Gathered g;
+  std::shared_lock<std::shared_mutex> memLock(ctx_->memMu());
+  if (WcStatus st = gatherLocked(wr, &g); st != WcStatus::kSuccess) return st;
+  const uint64_t total = g.total;
+  iovec* iov = g.iov;
+  const int count = g.count;
   if (total > wire::kMaxDatagram) return WcStatus::kLocLenErr;  // above the MTU: nothing is sent
   wire::FrameHeader h;
   h.type = wire::FrameType::kDatagram;
@@ -310,25 +329,27 @@ void SoftUdQp::writeGrh(const wire::FrameHeader& h, uint8_t* grh) const {
 WcStatus SoftUdQp::placeDatagramLocked(const RecvWqe& rwqe, const uint8_t* grh, bool withGrh,
                                        const uint8_t* payload, size_t need) {
   size_t room = 0;
-  for (const auto& sge : rwqe.sges) {
+  std::array<const MrEntry*, kMaxSge> entries{};
+  for (size_t i = 0; i < rwqe.sges.size(); ++i) {
+    const auto& sge = rwqe.sges[i];
     room += sge.length;
-    if (sge.length &&
-        !ctx_->findMrLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite))
-      return WcStatus::kLocQpOpErr;
+    if (sge.length == 0) continue;
+    entries[i] =
+        ctx_->findMrEntryLocked(sge.lkey, pd_.get(), sge.addr, sge.length, verbs::access::kLocalWrite);
+    if (entries[i] == nullptr) return WcStatus::kLocQpOpErr;
   }
   if (room < need) return WcStatus::kLocQpOpErr;  // the receive cannot hold GRH and message (as rxe)
   size_t done = 0;
-  for (const auto& sge : rwqe.sges) {
+  for (size_t i = 0; i < rwqe.sges.size(); ++i) {
+    const auto& sge = rwqe.sges[i];
     auto* dst = reinterpret_cast<uint8_t*>(sge.addr);
     size_t left = sge.length;
     while (left > 0 && done < need) {
       size_t piece = std::min(left, need - done);
       const uint8_t* src = done < kGrhBytes ? grh + done : payload + (done - kGrhBytes);
       if (done < kGrhBytes) piece = std::min(piece, kGrhBytes - done);
-      if (withGrh || done >= kGrhBytes) {
-        DeviceAccess device;
-        std::memcpy(dst, src, piece);
-      }
+      if ((withGrh || done >= kGrhBytes) && !writeRegion(*entries[i], dst, src, piece))
+        return WcStatus::kLocQpOpErr;
       dst += piece;
       left -= piece;
       done += piece;

@@ -10,6 +10,8 @@
 // port) arrives without one: no IBV_WC_GRH, and the first 40 bytes of the receive untouched.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <array>
 #include <atomic>
 #include <deque>
@@ -18,6 +20,7 @@
 #include <set>
 
 #include "providers/soft/soft.h"
+#include "providers/soft/wire.h"
 
 namespace ferry::soft {
 
@@ -51,6 +54,15 @@ class SoftUdQp final : public verbs::QpImpl, public std::enable_shared_from_this
   // Sends wr's datagram (to each member of a multicast group) and returns its completion's status:
   // kLocProtErr when an entry is outside its memory region, kLocLenErr above the MTU (mu_ held).
   verbs::WcStatus sendLocked(const verbs::SendWr& wr, const SoftAh& ah);
+  // A send's message as sendmsg takes it: iov[0] left for the header, then its pieces (device
+  // memory's copied out into fromDevice first, region_copy.h).
+  struct Gathered {
+    iovec iov[1 + kMaxSge];
+    int count = 1;
+    uint64_t total = 0;
+    uint8_t fromDevice[wire::kMaxDatagram];
+  };
+  verbs::WcStatus gatherLocked(const verbs::SendWr& wr, Gathered* out) const;
   // The 40-byte GRH of a received datagram: the sender's GID and route (wire::DatagramRoute).
   void writeGrh(const wire::FrameHeader& h, uint8_t* grh) const;
   bool takeRecv(RecvWqe* out);

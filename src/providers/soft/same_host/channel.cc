@@ -12,6 +12,7 @@
 
 #include "common/device_access.h"
 #include "common/log.h"
+#include "providers/soft/region_copy.h"
 #include "providers/soft/soft.h"
 
 namespace ferry::soft {
@@ -178,7 +179,7 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
                          sge.addr + sge.length >= sge.addr && sge.addr + sge.length <= knownEnd;
       if (!inlined && !known) {
         auto entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need);
-        if (!entry) return false;
+        if (!entry || onDevice(entry)) return false;  // device memory goes over the connection, staged
         knownKey = sge.lkey;
         knownBegin = reinterpret_cast<uintptr_t>(entry->addr);
         knownEnd = knownBegin + entry->length;
@@ -213,7 +214,8 @@ bool SameHostChannel::runAtomic(const verbs::SendWr& wr) {
   if (!peer_->aliveRecently()) return false;
   std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
   const verbs::Sge& sge = wr.sgList.front();  // one 8-byte SGE (checked at post)
-  if (!ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, 8, verbs::access::kLocalWrite)) return false;
+  const MrEntry* entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, 8, verbs::access::kLocalWrite);
+  if (!entry || onDevice(entry)) return false;
   if (!slot_->begin(destQpn_, qpn_, wr.atomic.rkey, wr.atomic.remoteAddr, 8, verbs::access::kRemoteAtomic)) {
     return false;
   }
@@ -250,7 +252,10 @@ bool SameHostChannel::run(const verbs::SendWr& wr, uint64_t length) {
   for (const auto& sge : wr.sgList) {
     if (sge.length == 0) continue;
     if (n == iov.size()) return false;
-    if (!inlined && !ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need)) return false;
+    if (!inlined) {
+      const MrEntry* entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need);
+      if (!entry || onDevice(entry)) return false;
+    }
     iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
