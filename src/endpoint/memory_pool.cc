@@ -156,7 +156,8 @@ Result<RegionView> MemoryPool::find(MrHandle handle) const {
                     .length = r.length,
                     .lkey = r.mr.lkey(),
                     .rkey = r.mr.rkey(),
-                    .writable = r.writable};
+                    .writable = r.writable,
+                    .location = r.mr.location()};
 }
 
 std::shared_lock<std::shared_mutex> MemoryPool::pinRegion(MrHandle handle, uint32_t lkey) const {

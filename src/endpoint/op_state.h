@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ferry/common/completion.h"
+#include "ferry/common/memory_location.h"
 #include "ferry/common/metrics.h"
 #include "ferry/common/status.h"
 #include "ferry/endpoint/assignment.h"
@@ -32,6 +33,7 @@ struct MessagePiece {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint32_t lkey = 0;
+  MemoryLocation location;  // the region's: device memory is copied through the driver
 };
 
 class OpState : public Completion {

@@ -99,8 +99,11 @@ Result<std::shared_ptr<OpState>> EndpointImpl::resolvePieces(OpKind kind, std::s
       return invalidArgument(where() + "the region is read-only: it cannot receive");
     }
     if (c.length == 0) continue;
-    op->pieces.push_back(
-        MessagePiece{.mr = c.mr, .addr = region->addr + c.offset, .length = c.length, .lkey = region->lkey});
+    op->pieces.push_back(MessagePiece{.mr = c.mr,
+                                      .addr = region->addr + c.offset,
+                                      .length = c.length,
+                                      .lkey = region->lkey,
+                                      .location = region->location});
     op->totalBytes += c.length;
   }
   return op;

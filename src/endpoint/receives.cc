@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/cuda_driver.h"
 #include "endpoint/endpoint_internal.h"
 #include "endpoint/endpoint_qp.h"
 
@@ -150,7 +151,14 @@ void EndpointImpl::copyIntoRecvLocked(OpState& op, const uint8_t* data, uint64_t
         op.nextPiece = op.pieces.size();
         return;
       }
-      std::memcpy(reinterpret_cast<void*>(p.addr + op.pieceOffset), data, take);
+      void* at = reinterpret_cast<void*>(p.addr + op.pieceOffset);
+      if (!p.location.onDevice()) {
+        std::memcpy(at, data, take);
+      } else if (Status copied = cuda::copy(at, p.location, data, MemoryLocation{}, take); !copied.isOk()) {
+        if (op.firstError.isOk()) op.firstError = Status(copied.code(), "recv: " + copied.message());
+        op.nextPiece = op.pieces.size();
+        return;
+      }
     }
     data += take;
     length -= take;

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/host_backed_device.h"
 #include "support/path_memory.h"
 
 namespace ferry::endpoint {
@@ -940,6 +941,59 @@ TEST(EndpointTest, LinkTypeAndPortAreChecked) {
   EXPECT_EQ(RdmaContext::open({.deviceName = "no_such_device"}).status().code(), StatusCode::kNotFound);
   EXPECT_GE(socketId(nics->front()), 0);
   EXPECT_EQ(socketId("no_such_device"), 0);
+}
+
+// CUDA device memory (a test device the host cannot touch: HostBackedDevice) registers with the
+// endpoint as with verbs, and READ, WRITE, WRITE_WITH_IMM and send/recv move every byte to and from
+// it; a recv into device memory copies each fragment through the driver.
+TEST(EndpointTest, DeviceMemoryMovesLikeHostMemory) {
+  test::HostBackedDevice device(64 * 1024 * 1024);
+  Pair p = connectedPair();
+  ASSERT_TRUE(p.a && p.b);
+  constexpr size_t kSize = 300 * 1000 + 7;  // several fragments of a message, not a whole one
+  uint8_t* onA = device.allocate(kSize);
+  uint8_t* onB = device.allocate(kSize);
+  auto fillDevice = [&](uint8_t* at, uint64_t seed) {
+    auto held = device.held(at, kSize);
+    for (size_t i = 0; i < kSize; ++i) held[i] = patternByte(seed, i);
+  };
+  auto holds = [&](uint8_t* at, uint64_t seed) {
+    auto held = device.held(at, kSize);
+    for (size_t i = 0; i < kSize; ++i) {
+      if (held[i] != patternByte(seed, i)) return static_cast<int64_t>(i);
+    }
+    return int64_t{-1};
+  };
+  auto la = p.a->registerMemoryRegion("on-device", onA, kSize);
+  auto lb = p.b->registerMemoryRegion("on-device", onB, kSize);
+  ASSERT_TRUE(la.isOk() && lb.isOk()) << la.status().toString() << " " << lb.status().toString();
+  EXPECT_TRUE(p.a->pool()->find(*la)->location.onDevice());
+  auto rb = p.a->registerRemoteMemoryRegion("on-device", entryOf(*p.b, *lb));
+  ASSERT_TRUE(rb.isOk()) << rb.status().toString();
+
+  fillDevice(onA, 1);
+  Assignment w{.local = *la, .remote = *rb, .length = kSize};
+  auto written = p.a->write({&w, 1});
+  ASSERT_TRUE(written.isOk() && written->wait(kWait).isOk());
+  EXPECT_EQ(holds(onB, 1), -1) << "WRITE to device memory";
+
+  fillDevice(onB, 2);
+  Assignment r{.local = *la, .remote = *rb, .length = kSize};
+  auto read = p.a->read({&r, 1});
+  ASSERT_TRUE(read.isOk() && read->wait(kWait).isOk());
+  EXPECT_EQ(holds(onA, 2), -1) << "READ from device memory";
+
+  fillDevice(onA, 3);
+  fillDevice(onB, 4);
+  Chunk into{.mr = *lb, .offset = 0, .length = kSize};
+  auto received = p.b->recv({&into, 1});
+  ASSERT_TRUE(received.isOk());
+  Chunk from{.mr = *la, .offset = 0, .length = kSize};
+  auto sent = p.a->send({&from, 1});
+  ASSERT_TRUE(sent.isOk() && sent->wait(kWait).isOk());
+  ASSERT_TRUE(received->wait(kWait).isOk());
+  EXPECT_EQ(holds(onB, 3), -1) << "send/recv into device memory";
+  p = {};  // the endpoints go before the device
 }
 
 }  // namespace

@@ -32,6 +32,18 @@ uint8_t* HostBackedDevice::allocate(size_t size) {
   return out;
 }
 
+bool HostBackedDevice::write(void* at, std::span<const uint8_t> bytes) {
+  if (!inside(at, bytes.size())) return false;
+  std::memcpy(backingOf(at), bytes.data(), bytes.size());
+  return true;
+}
+
+std::vector<uint8_t> HostBackedDevice::read(const void* at, size_t n) {
+  if (!inside(at, n)) return {};
+  const uint8_t* from = backingOf(at);
+  return std::vector<uint8_t>(from, from + n);
+}
+
 std::span<uint8_t> HostBackedDevice::held(const void* addr, size_t size) const {
   if (!inside(addr, size)) std::abort();  // a test asking for bytes that are not the device's
   return {backingOf(addr), size};

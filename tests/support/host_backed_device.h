@@ -9,12 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "common/cuda_driver.h"
+#include "support/test_device.h"
 
 namespace ferry::test {
 
-class HostBackedDevice final : public cuda::DeviceMemory {
+class HostBackedDevice final : public cuda::DeviceMemory, public TestDevice {
  public:
   // Reserves `capacity` bytes of addresses (and of host memory behind them, touched lazily).
   explicit HostBackedDevice(size_t capacity, int ordinal = 0);
@@ -22,9 +24,10 @@ class HostBackedDevice final : public cuda::DeviceMemory {
   HostBackedDevice(const HostBackedDevice&) = delete;
   HostBackedDevice& operator=(const HostBackedDevice&) = delete;
 
-  // `size` bytes of device memory (zeroed, 4 KiB aligned; never given back before the device
-  // goes), nullptr when the capacity is spent.
-  uint8_t* allocate(size_t size);
+  // TestDevice: memory zeroed, never given back before the device goes.
+  uint8_t* allocate(size_t size) override;
+  bool write(void* at, std::span<const uint8_t> bytes) override;
+  std::vector<uint8_t> read(const void* at, size_t n) override;
   // What the device holds at [addr, addr + size): for filling and checking test patterns.
   std::span<uint8_t> held(const void* addr, size_t size) const;
   // Bytes copied to or from the device so far.

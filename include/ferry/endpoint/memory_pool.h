@@ -51,6 +51,7 @@ struct RegionView {
   uint32_t lkey = 0;
   uint32_t rkey = 0;
   bool writable = true;
+  MemoryLocation location;  // host memory, or a CUDA device's (verbs::MemoryRegion::location())
 };
 
 class MemoryPool {
