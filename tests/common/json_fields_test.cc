@@ -19,6 +19,12 @@ Value parsed(std::string_view text) {
 
 FieldErrors peerErrors() { return {.code = StatusCode::kProtocolError, .prefix = "test message: "}; }
 
+// The bounds of the decimal() cases below, and int64's own.
+constexpr int64_t kLo = -9;
+constexpr int64_t kHi = 9;
+constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
 // A refusal with the reader's code and exactly this text.
 void expectRefusal(const Status& st, const std::string& text) {
   ASSERT_FALSE(st.isOk()) << "accepted; expected: " << text;
@@ -60,6 +66,77 @@ TEST(JsonFieldsTest, IntegerIsExactAndInRange) {
   expectRefusal(f.integer("s", 0, 9), "test message: \"s\" must be an integer in [0, 9], not \"7\"");
   EXPECT_FALSE(f.integer("b", 0, 9).isOk());
   expectRefusal(f.integer("gone", 0, 9), "test message: \"gone\" is missing");
+}
+
+TEST(JsonFieldsTest, DecimalReadsANumberOrADecimalString) {
+  Value v = parsed(R"({"n": 7, "whole": 7.0, "s": "7587869", "neg": "-3", "zero": "0",
+                       "max": "9223372036854775807", "min": "-9223372036854775808"})");
+  Fields f(v, peerErrors());
+  EXPECT_EQ(*f.decimal("n", 0, 9), 7);
+  EXPECT_EQ(*f.decimal("whole", 0, 9), 7);
+  EXPECT_EQ(*f.decimal("s", 0, kMax), 7587869);
+  EXPECT_EQ(*f.decimal("neg", -3, 0), -3);
+  EXPECT_EQ(*f.decimal("zero", 0, 0), 0);
+  // The whole int64 range, which a JSON number read as a double cannot hold.
+  EXPECT_EQ(*f.decimal("max", 0, kMax), kMax);
+  EXPECT_EQ(*f.decimal("min", kMin, 0), kMin);
+  expectRefusal(f.decimal("gone", 0, 9), "test message: \"gone\" is missing");
+}
+
+TEST(JsonFieldsTest, DecimalRefusesWhatIsNotDecimalDigits) {
+  // Only an optional '-' and digits: no sign '+', no space, no fraction or exponent, no other base.
+  for (const char* text :
+       {"+7", " 7", "7 ", "\t7", "1.5", "7.0", "1e3", "0x10", "12x", "x", "", "-", "--7"}) {
+    Value v = Value::emptyObject();
+    v.set("d", text);
+    expectRefusal(Fields(v, peerErrors()).decimal("d", kLo, kHi),
+                  "test message: \"d\" must be an integer in [-9, 9], not " + serialize(Value(text)));
+  }
+  // Other kinds, and numbers that are no exact integer, as integer() refuses them.
+  Value kinds = parsed(R"({"half": 1.5, "b": true, "null": null, "o": {}, "a": ["7"]})");
+  Fields f(kinds, peerErrors());
+  expectRefusal(f.decimal("half", kLo, kHi), "test message: \"half\" must be an integer in [-9, 9], not 1.5");
+  expectRefusal(f.decimal("b", kLo, kHi), "test message: \"b\" must be an integer in [-9, 9], not true");
+  expectRefusal(f.decimal("null", kLo, kHi),
+                "test message: \"null\" must be an integer in [-9, 9], not null");
+  expectRefusal(f.decimal("o", kLo, kHi), "test message: \"o\" must be an integer in [-9, 9], not {}");
+  expectRefusal(f.decimal("a", kLo, kHi), "test message: \"a\" must be an integer in [-9, 9], not [\"7\"]");
+}
+
+TEST(JsonFieldsTest, DecimalRefusesOutOfRange) {
+  Value v = parsed(R"({"ten": "10", "minus": "-10", "n": 10, "over": "9223372036854775808",
+                       "under": "-9223372036854775809", "huge": "99999999999999999999"})");
+  Fields f(v, peerErrors());
+  expectRefusal(f.decimal("ten", kLo, kHi),
+                "test message: \"ten\" must be an integer in [-9, 9], not \"10\"");
+  expectRefusal(f.decimal("minus", kLo, kHi),
+                "test message: \"minus\" must be an integer in [-9, 9], not \"-10\"");
+  expectRefusal(f.decimal("n", kLo, kHi), "test message: \"n\" must be an integer in [-9, 9], not 10");
+  // Beyond int64 itself, whatever the bounds.
+  expectRefusal(f.decimal("over", kMin, kMax),
+                "test message: \"over\" must be an integer in "
+                "[-9223372036854775808, 9223372036854775807], not "
+                "\"9223372036854775808\"");
+  expectRefusal(f.decimal("under", kMin, kMax),
+                "test message: \"under\" must be an integer in "
+                "[-9223372036854775808, 9223372036854775807], not "
+                "\"-9223372036854775809\"");
+  expectRefusal(f.decimal("huge", 0, 9),
+                "test message: \"huge\" must be an integer in [0, 9], not \"99999999999999999999\"");
+}
+
+TEST(JsonFieldsTest, DecimalOrGivesTheFallbackOnlyWhenAbsent) {
+  Value v = parsed(R"({"s": "5", "n": 4, "zero": "0", "bad": "5s", "far": "12"})");
+  Fields f(v, peerErrors());
+  EXPECT_EQ(*f.decimalOr("gone", kLo, kHi, 3), 3);
+  EXPECT_EQ(*f.decimalOr("s", kLo, kHi, 3), 5);
+  EXPECT_EQ(*f.decimalOr("n", kLo, kHi, 3), 4);
+  EXPECT_EQ(*f.decimalOr("zero", kLo, kHi, 3), 0);  // present, so not the fallback
+  // Present is checked as strictly as a required member: no fallback for a bad value.
+  expectRefusal(f.decimalOr("bad", kLo, kHi, 3),
+                "test message: \"bad\" must be an integer in [-9, 9], not \"5s\"");
+  expectRefusal(f.decimalOr("far", kLo, kHi, 3),
+                "test message: \"far\" must be an integer in [-9, 9], not \"12\"");
 }
 
 TEST(JsonFieldsTest, OffendingValueIsCut) {
