@@ -21,10 +21,7 @@ namespace ferry::soft {
 using namespace qp_detail;
 
 RcRequester::RcRequester(QpCore& qp)
-    : qp_(qp),
-      ctx_(qp.ctx()),
-      dialer_(qp.loop(), qp.qpnRef()),
-      stripeMinBytes_(config::softTcpStripeMinBytes()) {}
+    : qp_(qp), ctx_(qp.ctx()), dialer_(qp.loop(), qp.qpnRef()), stripe_(config::softTcpStripeMinBytes()) {}
 
 // ---------------------------------------------------------------------------------------------
 // The QP's state changes.
@@ -151,8 +148,7 @@ OutFrame RcRequester::buildRequestFrame(const SendWqe& wqe, OutFrame* stripePart
   if (wqe.placed) {
     h.flags |= wire::kFlagPlaced;
     h.length = static_cast<uint32_t>(wqe.length);
-  } else if (stripePart && stripeReady_ && wqe.opcode == WrOpcode::kRdmaWrite && wqe.inlineData.empty() &&
-             wqe.length >= stripeMinBytes_) {
+  } else if (stripePart && stripe_.sharesWrite(wqe)) {
     // Half on this connection, half on the stripe (at a 4 KiB boundary): two threads copy it.
     const uint64_t first = stripeSplitAt(wqe.length);
     h.flags |= wire::kFlagStriped;
@@ -166,7 +162,7 @@ OutFrame RcRequester::buildRequestFrame(const SendWqe& wqe, OutFrame* stripePart
     stripe.payloadLen = static_cast<uint32_t>(wqe.length - first);
     stripePart->seq = wqe.seq;
     stripePart->headerLen = static_cast<uint16_t>(wire::encodeHeader(stripe, stripePart->header));
-    stripeUsed_ = true;
+    stripe_.noteWriteShared();
   } else if (wire::carriesPayload(h.type)) {
     h.payloadLen = static_cast<uint32_t>(wqe.length);
     if (!wqe.inlineData.empty()) {
@@ -184,7 +180,7 @@ OutFrame RcRequester::buildRequestFrame(const SendWqe& wqe, OutFrame* stripePart
 
 void RcRequester::startStripeFromLoop(uint64_t ticket) {
   FERRY_ON_LOOP(ctx_.reactor());
-  if (stripeOut_ || ticket == 0 || qp_.type() != verbs::QpType::kRc) return;
+  if (stripe_.out() || ticket == 0 || qp_.type() != verbs::QpType::kRc) return;
   Reactor* stripeReactor = ctx_.stripeReactorFromLoop();
   in_addr_t ip;
   uint16_t port;
@@ -196,12 +192,11 @@ void RcRequester::startStripeFromLoop(uint64_t ticket) {
   hello.srcQpn = qp_.qpn();
   hello.srcGid = ctx_.gid().raw;
   hello.nonce = ticket;
-  const uint64_t gen = ++stripeGen_;
   std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
   Reactor* loop = &ctx_.reactor();
-  stripeOut_ = StripeOut::start(
+  stripe_.open(
       &ctx_, stripeReactor, ip, port, hello,
-      [weak, loop, gen](StripeOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why) {
+      [weak, loop](uint64_t gen, StripeOut::Event event, uint32_t seq, uint32_t syndrome, const Status& why) {
         loop->post([weak, gen, event, seq, syndrome, why] {
           if (auto self = weak.lock()) self->onStripeEventFromLoop(gen, event, seq, syndrome, why);
         });
@@ -211,7 +206,7 @@ void RcRequester::startStripeFromLoop(uint64_t ticket) {
 void RcRequester::onStripeEventFromLoop(uint64_t gen, StripeOut::Event event, uint32_t seq, uint32_t syndrome,
                                         const Status& why) {
   FERRY_ON_LOOP(ctx_.reactor());
-  if (gen != stripeGen_ || !stripeOut_) return;  // a stripe since dropped
+  if (!stripe_.current(gen)) return;  // a stripe since dropped
   switch (event) {
     case StripeOut::Event::kReadLanded:
       for (size_t i = 0; i < nextToSend_; ++i) {
@@ -226,33 +221,33 @@ void RcRequester::onStripeEventFromLoop(uint64_t gen, StripeOut::Event event, ui
         completeFromLoop();
         break;
       }
-      if (stripeOutlivesConn_ && !readPartsDueFromLoop()) connectionLostFromLoop();  // heard out
+      if (stripe_.outlivesConnection() && !readPartsDueFromLoop()) connectionLostFromLoop();  // heard out
       break;
-    case StripeOut::Event::kReady: stripeReady_ = true; break;
+    case StripeOut::Event::kReady: stripe_.markReady(); break;
     case StripeOut::Event::kRevoked: sourceRevokedFromLoop(seq); break;
     case StripeOut::Event::kClosed: {
       // WRITEs and READs go unlaned from now on. The connection itself stays: a responder that
       // loses a stripe ends the connection it belongs to (its striped WRITEs and READs could never
       // finish), and one that closed it on an error (ERR) still has its NAK on the way there.
       FERRY_LOG(kDebug, "QP %u: its stripe closed: %s", qp_.qpn(), why.toString().c_str());
-      if (stripeOutlivesConn_) {
+      if (stripe_.outlivesConnection()) {
         connectionLostFromLoop();  // the connection went before the stripe: both are gone now
         break;
       }
-      dropStripeFromLoop();  // stripeUsed_ stays: halves are on their way, unsent frames still go
+      dropStripeFromLoop();  // what went striped stays so: halves are on their way, unsent frames still go
       if (qp_.state() == QpState::kRts && readPartsDueFromLoop()) {
         // Stripe events come in order, so every part that landed was told before this: the rest
         // never will. A responder that closed the stripe on a refusal has its NAK on the way on the
         // connection, and closes that too; short of that, the READs fail after the transport
         // timeout (whatever else the connection brings meanwhile).
-        const uint64_t gen = stripeGen_;
+        const uint64_t gen = stripe_.generation();
         const auto grace = attr().timeout == 0
                                ? std::chrono::seconds(2)
                                : std::max<Clock::duration>(transportBudget(), std::chrono::milliseconds(100));
         std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
         ctx_.reactor().addTimer(Clock::now() + grace, [weak, gen] {
           auto self = weak.lock();
-          if (!self || gen != self->stripeGen_ || self->qp_.state() != QpState::kRts ||
+          if (!self || gen != self->stripe_.generation() || self->qp_.state() != QpState::kRts ||
               !self->readPartsDueFromLoop()) {
             return;
           }
@@ -286,13 +281,7 @@ void RcRequester::connectionLostFromLoop() {
 
 void RcRequester::dropStripeFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
-  // With READ parts still due, the stripe thread may be placing one: wait until it has stopped, so
-  // that nothing lands in a READ's memory after the READ has completed (with an error).
-  if (stripeOut_) stripeOut_->close(/*wait=*/stripeOut_->readsPending());
-  stripeOut_.reset();
-  stripeOutlivesConn_ = false;
-  ++stripeGen_;
-  stripeReady_ = false;
+  stripe_.drop();
 }
 
 void RcRequester::pumpFromLoop() {
@@ -315,7 +304,7 @@ void RcRequester::pumpFromLoop() {
     ~StripeBatch() {
       if (stripe && !frames.empty()) stripe->send(std::move(frames));
     }
-  } stripeBatch{stripeOut_, {}};
+  } stripeBatch{stripe_.out(), {}};
   while (nextToSend_ < sq_.size()) {
     SendWqe& wqe = sq_[nextToSend_];
     const bool rdAtomic = isReadOrAtomic(wqe.opcode);
@@ -323,7 +312,7 @@ void RcRequester::pumpFromLoop() {
     if ((wqe.flags & verbs::send_flags::kFence) && rdInFlight_ > 0) break;
     const size_t stripeParts = stripeBatch.frames.size();
     const bool more = sendRequestFromLoop(wqe, &stripeBatch.frames);
-    if (stripeBatch.frames.size() != stripeParts) stripeBatch.stripe = stripeOut_;
+    if (stripeBatch.frames.size() != stripeParts) stripeBatch.stripe = stripe_.out();
     if (!more) return;
   }
   armTimeoutFromLoop();
@@ -346,7 +335,7 @@ bool RcRequester::readyToSendFromLoop() {
     return false;
   }
   if (state != QpState::kRts || sq_.empty()) return false;
-  if (stripeOutlivesConn_) {  // the connection is gone; its stripe is heard out first
+  if (stripe_.outlivesConnection()) {  // the connection is gone; its stripe is heard out first
     armTimeoutFromLoop();
     return false;
   }
@@ -371,20 +360,18 @@ bool RcRequester::sendRequestFromLoop(SendWqe& wqe, std::vector<OutFrame>* strip
     return false;
   }
   if (rdAtomic) ++rdInFlight_;
-  const bool stripeable = (wqe.opcode == WrOpcode::kRdmaWrite || wqe.opcode == WrOpcode::kRdmaRead) &&
-                          wqe.length >= stripeMinBytes_;
-  if (stripeTicketHeld_ != 0 && stripeable) {
-    startStripeFromLoop(std::exchange(stripeTicketHeld_, 0));  // this one goes whole; later ones share
+  if (uint64_t ticket = 0; stripe_.openBefore(wqe, &ticket)) {
+    startStripeFromLoop(ticket);  // this one goes whole; later ones share
   }
   wqe.striped = false;
   wqe.stripeLanded = false;
-  if (stripeReady_ && stripeable && wqe.opcode == WrOpcode::kRdmaRead) {
+  if (stripe_.sharesRead(wqe)) {
     // The response's second part comes back on the stripe, placed by the stripe thread: it knows
     // where before the request leaves.
     Segments tail;
     const uint64_t first = stripeSplitAt(wqe.length);
     splitSegments(wqe.local, first, nullptr, &tail);
-    stripeOut_->expectRead(wqe.seq, wqe.length - first, std::move(tail));
+    stripe_.out()->expectRead(wqe.seq, wqe.length - first, std::move(tail));
     wqe.striped = true;
   }
   OutFrame stripePart;
@@ -460,9 +447,9 @@ void RcRequester::onTimeoutFromLoop() {
   if (sq_.empty() || qp_.state() != QpState::kRts) return;
   auto now = Clock::now();
   if (rnrWaiting_) lastProgress_ = now;
-  if (stripeOut_) {
+  if (stripe_.out()) {
     // Bytes the stripe moved are progress too (a striped WRITE's ACK waits for both halves).
-    const auto stripeProgress = Clock::time_point(std::chrono::nanoseconds(stripeOut_->lastProgressNs()));
+    const auto stripeProgress = Clock::time_point(std::chrono::nanoseconds(stripe_.lastProgressNs()));
     lastProgress_ = std::max(lastProgress_, std::min(stripeProgress, now));
   }
   if (now - lastProgress_ >= transportBudget()) {
@@ -489,8 +476,7 @@ bool RcRequester::adoptLinkFromLoop(std::unique_ptr<Link> link) {
   FERRY_ON_LOOP(ctx_.reactor());
   conn_ = std::make_shared<Conn>(&ctx_, std::move(link), this);
   ready_ = false;
-  stripeUsed_ = false;  // a new connection: no striped WRITE on it yet
-  stripeTicketHeld_ = 0;
+  stripe_.newConnection();
   if (conn_->attach().isOk()) return true;
   conn_.reset();
   return false;
@@ -579,12 +565,12 @@ void RcRequester::onClosed(Conn& conn, const Status& why) {
   conn_.reset();
   ready_ = false;
   qp_.closeSameHost();
-  if (qp_.state() == QpState::kRts && wasReady && qp_.type() == verbs::QpType::kRc && stripeOut_ &&
+  if (qp_.state() == QpState::kRts && wasReady && qp_.type() == verbs::QpType::kRc && stripe_.out() &&
       readPartsDueFromLoop()) {
     // The second parts of READs the responder answered on this connection may still be on the
     // stripe (a responder that refused a request closes both once they are out): hear the stripe out
     // first, up to its close or the transport timeout (onStripeEventFromLoop).
-    stripeOutlivesConn_ = true;
+    stripe_.outliveConnection();
     armTimeoutFromLoop();
     return;
   }
@@ -692,7 +678,7 @@ void RcRequester::onHelloReplyFromLoop(const wire::FrameHeader& h) {
     qp_.openSameHostFromLoop(h);
     // The stripe opens with the first WRITE large enough to share: a QP that never sends one
     // keeps a single connection.
-    stripeTicketHeld_ = stripeMinBytes_ > 0 && !conn_->link().sameHost() ? h.stripeTicket : 0;
+    stripe_.offer(conn_->link().sameHost() ? 0 : h.stripeTicket);
     lastProgress_ = Clock::now();
     pumpFromLoop();
     return;
@@ -800,10 +786,10 @@ void RcRequester::rewindForRnrFromLoop(size_t refused, uint8_t rnrTimerCode) {
   // Frames not yet out are dropped, except on a connection that striped: each striped WRITE's
   // second half is on the stripe already, and the responder matches halves in order, so every
   // frame goes (the responder drops those after the refused one, halves too).
-  if (conn_ && !stripeUsed_) conn_->dropUnsentFrames();
+  if (conn_ && !stripe_.usedOnConnection()) conn_->dropUnsentFrames();
   // The responder answers none of the READs from the refused request on: their parts will
   // not come, and the resend expects them anew.
-  if (stripeOut_) stripeOut_->forgetReadsFrom(front.seq);
+  if (stripe_.out()) stripe_.out()->forgetReadsFrom(front.seq);
   nextSeq_ = front.seq;
   nextToSend_ = refused;
   rdInFlight_ =

@@ -8,8 +8,9 @@
 // oldest request with RETRY_EXC_ERR.
 //
 // It reaches the peer through its Dialer (TCP, or shared-memory rings to a peer on this host), and
-// opens the QP's same-host channel when the peer's hello reply offers one. On TCP, its stripe
-// (stripe.h) carries the second half of each large WRITE and of each large READ's response.
+// opens the QP's same-host channel when the peer's hello reply offers one. On TCP, its connection's
+// stripe (stripe.h; its state in OutboundStripe) carries the second half of each large WRITE and of
+// each large READ's response.
 // Reactor thread, except schedulePump.
 #pragma once
 
@@ -22,6 +23,7 @@
 #include "common/ring_deque.h"
 #include "providers/soft/conn.h"
 #include "providers/soft/dialer.h"
+#include "providers/soft/outbound_stripe.h"
 #include "providers/soft/qp_core.h"
 #include "providers/soft/stripe.h"
 
@@ -131,16 +133,7 @@ class RcRequester final : public Conn::Delegate {
   std::shared_ptr<Conn> conn_;
   bool ready_ = false;  // the peer accepted conn_'s hello
 
-  // The stripe: the stripe, its generation (events of older ones are ignored), whether it took the
-  // peer's accept, and whether a striped WRITE went on conn_ (for as long as conn_ lives, whatever
-  // becomes of the stripe).
-  std::shared_ptr<StripeOut> stripeOut_;
-  uint64_t stripeGen_ = 0;
-  bool stripeReady_ = false;
-  bool stripeUsed_ = false;
-  uint64_t stripeTicketHeld_ = 0;    // the hello reply's stripe ticket, until a WRITE opens the stripe
-  bool stripeOutlivesConn_ = false;  // conn_ closed with READ parts due on the stripe: wait for it
-  const uint64_t stripeMinBytes_;    // 0: no stripe
+  OutboundStripe stripe_;  // the connection's stripe (outbound_stripe.h)
 };
 
 }  // namespace ferry::soft
