@@ -22,6 +22,7 @@
 #include "ferry/cuobj_client.h"
 #include "ferry/cuobj_server.h"
 #include "objects/descriptor.h"
+#include "support/host_backed_device.h"
 
 namespace {
 
@@ -234,6 +235,47 @@ TEST_P(ObjectsTest, SyncGetAndPutMoveEveryByteThroughTheClientsCallbacks) {
   EXPECT_EQ(client_->cuMemObjPutDescriptor(dst.data()), CU_OBJ_FAIL);
   server_->deRegisterBuffer(rb);
   free(sbuf);
+}
+
+// The client's memory on a GPU (a test device whose memory the host cannot touch,
+// tests/support/host_backed_device.h): cuMemObjGetDescriptor takes it as cuObject's users call it,
+// a GET lands in it and a PUT leaves from it, byte for byte, through the client's own callbacks.
+TEST_P(ObjectsTest, DeviceMemoryTakesGetsAndGivesPuts) {
+  if (rdma_) GTEST_SKIP() << "the RDMA device moves host memory only (docs/gpu.md)";
+  ferry::test::HostBackedDevice device(64 << 20);
+  const size_t n = 3 << 20;
+  std::vector<uint8_t> object = pattern(n, 3);
+  void* sbuf = server_->allocHostBuffer(n);
+  ASSERT_NE(sbuf, nullptr);
+  std::memcpy(sbuf, object.data(), n);
+  rdma_buffer* rb = server_->registerBuffer(sbuf, n);
+  ASSERT_NE(rb, nullptr);
+
+  uint8_t* dst = device.allocate(n + 4096);
+  ASSERT_TRUE(device.write(dst, std::vector<uint8_t>(n + 4096, 0xee)));
+  ASSERT_EQ(client_->cuMemObjGetDescriptor(dst, n + 4096), CU_OBJ_SUCCESS);
+  Route route = makeRoute(server_.get(), rb, channel_);
+  // The object's bytes 4096.. into dst + 100, on the device.
+  ssize_t got = client_->cuObjGet(&route, dst, n - 4096, 4096, 100);
+  ASSERT_EQ(got, static_cast<ssize_t>(n - 4096)) << "status " << route.status;
+  std::vector<uint8_t> held = device.read(dst, n + 4096);
+  ASSERT_EQ(held.size(), n + 4096);
+  EXPECT_EQ(std::memcmp(held.data() + 100, object.data() + 4096, n - 4096), 0);
+  EXPECT_EQ(held[99], 0xee);
+  EXPECT_EQ(held[100 + n - 4096], 0xee);
+
+  // PUT: bytes the device holds into the server's buffer at object offset 8192.
+  std::vector<uint8_t> src = pattern(1 << 20, 9);
+  ASSERT_TRUE(device.write(dst, src));
+  ssize_t put = client_->cuObjPut(&route, dst, src.size(), 8192, 0);
+  ASSERT_EQ(put, static_cast<ssize_t>(src.size())) << "status " << route.status;
+  EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(sbuf) + 8192, src.data(), src.size()), 0);
+  EXPECT_EQ(std::memcmp(sbuf, object.data(), 8192), 0);
+
+  EXPECT_EQ(client_->cuMemObjPutDescriptor(dst), CU_OBJ_SUCCESS);
+  server_->deRegisterBuffer(rb);
+  free(sbuf);
+  client_.reset();  // before the device goes
 }
 
 TEST_P(ObjectsTest, TokensGrantOneRangeInOneDirectionUntilPutBack) {
