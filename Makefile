@@ -72,7 +72,7 @@ RUN := run() { printf '+ %s\n' "$$*"; "$$@"; }
 
 .PHONY: help deps lint-deps configure build demo check build-asan build-fuzz fuzz test test-run test-rdma \
 	test-rdma-run soak build-tsan env format \
-	format-check tidy clean distclean
+	format-check tidy tidy-size clean distclean
 
 help: ## List the targets
 	@echo "ferry: make <target> [VAR=value ...]"
@@ -150,6 +150,7 @@ test: deps ## The whole suite: format check, builds, fuzzing, tests, RDMA tests 
 	}
 	pass format $(MAKE) format-check
 	pass build $(MAKE) build
+	pass tidy $(MAKE) tidy-size
 	pass asan-build $(MAKE) build-asan
 	pass tsan-build $(MAKE) build-tsan
 	pass fuzz $(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
@@ -239,6 +240,12 @@ format-check: lint-deps ## Fail if any C++ source is not clang-formatted
 tidy: lint-deps configure ## clang-tidy over src/ and tools/ with build/compile_commands.json
 	@find $(wildcard $(ROOT)/src $(ROOT)/tools) -type f -name '*.cc' -print0 \
 	  | xargs -0 -r -n 4 -P $(TIDY_JOBS) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet
+
+tidy-size: lint-deps configure ## clang-tidy's function-size guard over src/ (scripts/tidy-size.yaml: none over 80 lines)
+	@find $(ROOT)/src -type f -name '*.cc' -print0 \
+	  | xargs -0 -r -n 8 -P $(TIDY_JOBS) $(CLANG_TIDY) -p $(BUILD_DIR) --quiet \
+	    --config-file=$(ROOT)/scripts/tidy-size.yaml 2>/dev/null \
+	  && echo "tidy-size: no function in src/ over 80 lines"
 
 clean: ## Remove the build trees (build/, build-asan/, build-tsan/, build-fuzz/)
 	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR)
