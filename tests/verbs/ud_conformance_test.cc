@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "support/host_backed_device.h"
 #include "support/verbs_fixture.h"
 
 namespace ferry::test {
@@ -111,6 +112,50 @@ TEST_P(UdConformance, DatagramArrivesWithGrhSourceAndImmediate) {
   EXPECT_EQ(dgid, gidOf(b));
   EXPECT_EQ(firstPatternMismatch(bytesOf(in, kGrh, 1000), 1), 1000u) << "payload differs";
   EXPECT_EQ(firstPatternMismatch(bytesOf(in, kGrh + 1000, 16), 2, kGrh + 1000), 16u)
+      << "bytes past the message were written";
+}
+
+// A datagram from device memory into device memory (a test device the host cannot touch,
+// tests/support/host_backed_device.h): the message is copied out of the device before it is sent
+// and into the receive's device memory as it lands, GRH included, nothing past it.
+TEST_P(UdConformance, DatagramMovesBetweenDeviceMemories) {
+  UdSide a, b;
+  ASSERT_NO_FATAL_FAILURE(openUd(a));
+  ASSERT_NO_FATAL_FAILURE(openUd(b));
+  if (a.side.context->info().deviceMemory.empty()) GTEST_SKIP() << "the device moves host memory only";
+  HostBackedDevice device(1 << 20);
+  uint8_t* out = device.allocate(4096);
+  uint8_t* in = device.allocate(kGrh + 4096);
+  std::vector<uint8_t> message(1000), before(kGrh + 4096);
+  fillPattern(message, 5);
+  fillPattern(before, 6);
+  ASSERT_TRUE(device.write(out, message));
+  ASSERT_TRUE(device.write(in, before));
+  ASSERT_OK_AND_ASSIGN(auto outMr, a.side.pd.registerMemory(out, 4096, v::access::kLocalWrite));
+  ASSERT_OK_AND_ASSIGN(auto inMr, b.side.pd.registerMemory(in, kGrh + 4096, v::access::kLocalWrite));
+  ASSERT_OK(postReceive(b.qp, 7, {sgeOf(inMr, 0, kGrh + 4096)}));
+  ASSERT_OK_AND_ASSIGN(auto ah, ahTo(a, b));
+  v::Sge sge = sgeOf(outMr, 0, message.size());
+  v::SendWr wr{.wrId = 3,
+               .opcode = v::WrOpcode::kSend,
+               .sendFlags = v::send_flags::kSignaled,
+               .sgList = std::span<const v::Sge>(&sge, 1)};
+  wr.ud = {.ah = ah.id(), .remoteQpn = b.qp.qpNum(), .remoteQkey = kQkey};
+  ASSERT_OK(a.qp.postSend(wr));
+  v::WorkCompletion sent, got;
+  ASSERT_TRUE(pollOne(a.side.sendCq, &sent));
+  EXPECT_EQ(sent.status, WcStatus::kSuccess) << describe(sent);
+  ASSERT_TRUE(pollOne(b.side.recvCq, &got));
+  ASSERT_EQ(got.status, WcStatus::kSuccess) << describe(got);
+  EXPECT_EQ(got.byteLen, kGrh + message.size());
+  const std::vector<uint8_t> landed = device.read(in, kGrh + 4096);
+  ASSERT_EQ(landed.size(), kGrh + 4096);
+  v::Gid sgid;
+  std::memcpy(sgid.raw.data(), landed.data() + 8, 16);
+  EXPECT_EQ(sgid, gidOf(a));
+  EXPECT_TRUE(bytesEqual(std::span<const uint8_t>(landed).subspan(kGrh, message.size()), message));
+  EXPECT_TRUE(bytesEqual(std::span<const uint8_t>(landed).subspan(kGrh + message.size()),
+                         std::span<const uint8_t>(before).subspan(kGrh + message.size())))
       << "bytes past the message were written";
 }
 
