@@ -33,8 +33,11 @@ Programs written against Dynamo's ``dynamo.nixl_connect`` run unchanged:
 ``(ptr, size[, device[, ref]])`` forms, ``connector.hostname``, ``op.operation_kind``,
 ``read.results()``, ``metadata.model_dump()`` handed to ``begin_read``.
 
-Host memory only: ``is_cuda_available`` is False and CUDA descriptors are refused with
-``ferry.NotSupported``. See docs/connect.md.
+CUDA memory (a CUDA tensor, an array exporting ``__cuda_array_interface__``, a CUDA address) moves
+where CUDA's driver is usable (``is_cuda_available``, ``ferry._core.cuda()``): ferry's engine locates
+it through the driver and moves it as it moves host memory. Where the driver is not usable, a CUDA
+descriptor can be made and inspected, and an operation given one raises ``ferry.NotSupported``
+naming the driver's reason. See docs/connect.md.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ from pydantic import BaseModel, ConfigDict
 
 from . import aio as _aio  # noqa: F401  (makes ferry's futures awaitable)
 from ._core import connect as _cc
+from ._core import cuda as _cuda_driver
+from ._memory import cuda_array_interface as _cuda_array_interface
+from ._memory import cuda_array_layout as _cuda_array_layout
 from ._memory import registrable as _registrable
 from .errors import Busy, Cancelled, InvalidArgument, NotSupported
 
@@ -184,10 +190,12 @@ class Descriptor:
 
     The memory must be contiguous. Each operation that uses it registers it while that operation
     has not ended (``is_registered``), and keeps it referenced until then. CUDA memory (a CUDA
-    tensor, a CUDA array, a CUDA address) makes a descriptor that can be inspected; an operation
-    given one raises ferry.NotSupported, as this ferry moves host memory and never takes a
-    device's address for a host one. Errors: ferry.InvalidArgument for a form, size or device that
-    does not fit, ferry.NotSupported for memory on another device."""
+    tensor, a CUDA array, a CUDA address) is registered by its address where CUDA's driver is
+    usable (``Connector.is_cuda_available``); elsewhere it makes a descriptor that can be
+    inspected, and an operation given one raises ferry.NotSupported naming the driver's reason, as
+    ferry never takes a device's address for a host one. Errors: ferry.InvalidArgument for a form,
+    size or device that does not fit, ferry.NotSupported for memory on another device and for CUDA
+    memory marked read-only (it would be registered writable)."""
 
     _ptr: int
     _size: int
@@ -238,13 +246,14 @@ class Descriptor:
             return
         cuda = _cuda_array_interface(data)
         if cuda is not None and not _has_buffer(data):
-            # Device memory: its address is kept for inspection and never used (see _core_args).
+            # Device memory, by address: registered only where the driver is usable (see _core_args).
             if declared is not None and declared.kind != DeviceKind.CUDA:
                 raise InvalidArgument("Descriptor: the %s exports __cuda_array_interface__: it is CUDA memory, given "
                                       "with device %s" % (type(data).__name__, declared))
             device = declared if declared is not None else Device((DeviceKind.CUDA, _cuda_device_id(data)))
             self._data, self._device = data, device
-            self._ptr, self._size = _cuda_array_extent(data, cuda)
+            self._ptr, count, itemsize, self._read_only = _cuda_array_layout(data, cuda, "Descriptor")
+            self._size = count * itemsize
             return
         target = _registrable(data, "Descriptor")
         if isinstance(data, mmap.mmap):
@@ -295,8 +304,8 @@ class Descriptor:
 
     def register_memory(self, connector: "Connector") -> None:
         """Checks that ``connector``'s operations can use this memory (ferry.NotSupported for CUDA
-        memory). ferry registers memory for each operation that uses it, so there is nothing to
-        do ahead of one."""
+        memory where CUDA's driver is not usable). ferry registers memory for each operation that
+        uses it, so there is nothing to do ahead of one."""
         if not isinstance(connector, Connector):
             raise InvalidArgument("Descriptor.register_memory: expected a Connector, not %s"
                                   % type(connector).__name__)
@@ -317,8 +326,17 @@ class Descriptor:
 
     def _core_args(self) -> Tuple[Any, Optional[int], Descriptor]:
         if self._device.kind == DeviceKind.CUDA:
-            raise NotSupported("Descriptor on %s: CUDA memory is not available to ferry here "
-                               "(Connector.is_cuda_available is False)" % self._device)
+            driver = _cuda_driver()
+            if not driver["usable"]:
+                raise NotSupported("Descriptor on %s: CUDA memory cannot be registered here, CUDA's driver is not "
+                                   "usable: %s (Connector.is_cuda_available is False)"
+                                   % (self._device, driver["reason"]))
+            if self._read_only:
+                raise NotSupported("Descriptor on %s: the CUDA memory is marked read-only, and ferry registers "
+                                   "CUDA memory writable only" % self._device)
+            # By address, with the descriptor (holding the tensor or array) kept alive by the core;
+            # the registration locates the memory through the driver.
+            return (self._ptr, self._size, self)
         if self._ref is not None or isinstance(self._data, tuple):
             return (self._ptr, self._size, self)
         return (self._data, None, self)
@@ -333,14 +351,6 @@ def _check_declared(declared: Optional[Device], actual: Device, what: str) -> No
         raise InvalidArgument("Descriptor: the %s is %s memory, given with device %s" % (what, actual, declared))
 
 
-def _cuda_array_interface(obj: object) -> Optional[Dict[str, Any]]:
-    try:
-        cuda = getattr(obj, "__cuda_array_interface__", None)
-    except Exception:  # noqa: BLE001  (a producer may raise for memory that is not CUDA memory)
-        return None
-    return cuda if isinstance(cuda, dict) else None
-
-
 def _has_buffer(obj: Any) -> bool:
     try:
         memoryview(obj).release()
@@ -352,30 +362,6 @@ def _has_buffer(obj: Any) -> bool:
 def _cuda_device_id(obj: object) -> int:
     ident = getattr(getattr(obj, "device", None), "id", 0)
     return ident if _is_int(ident) and ident >= 0 else 0
-
-
-def _cuda_array_extent(obj: object, cuda: Dict[str, Any]) -> Tuple[int, int]:
-    """(address, size) of an array given by ``__cuda_array_interface__`` (v2 and later)."""
-    try:
-        ptr = int(cuda["data"][0])
-        shape = tuple(int(n) for n in cuda["shape"])
-        itemsize = int(cuda["typestr"][2:])
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise InvalidArgument("Descriptor: the %s's __cuda_array_interface__ is malformed"
-                              % type(obj).__name__) from None
-    count = 1
-    for n in shape:
-        count *= n
-    strides = cuda.get("strides")
-    if strides is not None:
-        expected: List[int] = []
-        step = itemsize
-        for n in reversed(shape):
-            expected.insert(0, step)
-            step *= n
-        if count > 1 and any(n > 1 and s != e for n, s, e in zip(shape, strides, expected)):
-            raise InvalidArgument("Descriptor: the %s is not contiguous" % type(obj).__name__)
-    return ptr, count * itemsize
 
 
 def _is_tensor(obj: object) -> bool:
@@ -687,8 +673,9 @@ class Connector:
 
     @property
     def is_cuda_available(self) -> bool:
-        """False: ferry moves host memory (no GPU path)."""
-        return False
+        """Whether CUDA memory can be registered and moved here: CUDA's driver loaded, initialised
+        and found a device (``ferry._core.cuda()["usable"]``; its ``reason`` says why not)."""
+        return bool(_cuda_driver()["usable"])
 
     def runtime(self) -> object:
         """The runtime given to the constructor (None without one)."""

@@ -178,9 +178,12 @@ class RDMAMemoryPool(_ep.MemoryPool):
         """Registers memory and returns its handle. Forms: ``(key, ptr, offset, length)`` (memory at
         ptr + offset), ``(key, ptr, length)``, ``(key, buffer[, offset, length])`` and
         ``(data_ptr, length, name=None)``. ``key`` is a str name or an int below 2**31 (then the
-        handle is the key). Buffers (bytearray, memoryview, mmap, NumPy arrays), CPU tensors and CPU
-        DLPack objects are kept alive, and their exports held, until the region is unregistered.
-        TypeError for a form that is none of these; ferry.InvalidArgument for a bad key or range."""
+        handle is the key). Buffers (bytearray, memoryview, mmap, NumPy arrays), CPU and CUDA
+        tensors, CPU DLPack objects and CUDA ones exporting ``__cuda_array_interface__`` (CuPy) are
+        kept alive, and their exports held, until the region is unregistered; CUDA memory registers
+        where CUDA's driver is usable (``ferry._core.cuda()``). TypeError for a form that is none of
+        these; ferry.InvalidArgument for a bad key or range; ferry.NotSupported for memory ferry
+        cannot reach (another device, CUDA memory without a usable driver)."""
         key, target, offset, length = _register_args(args, kwargs, allow_pool_form=True)
         return self._register(key, target, offset, length)
 
@@ -265,15 +268,16 @@ class RDMAEndpoint(_ep.Endpoint):
 
         ``(key, ptr, offset, length)`` as in the document (memory at ptr + offset),
         ``(key, ptr, length)``, or ``(key, buffer[, offset, length])`` for anything exporting the
-        buffer protocol (bytearray, memoryview, mmap, NumPy), a CPU tensor, or any object exporting
-        CPU memory through DLPack (``__dlpack__``; viewed without a copy). ``key`` is a str name
+        buffer protocol (bytearray, memoryview, mmap, NumPy), a CPU or CUDA tensor, or any object
+        exporting CPU memory through DLPack (``__dlpack__``; viewed without a copy) or CUDA memory
+        through DLPack and ``__cuda_array_interface__`` (CuPy). ``key`` is a str name
         or an int below 2**31 (then the handle is that int); mr_info lists the region under the
         name (the int's decimal text). The memory must stay valid until the region is
         unregistered; buffers passed as objects are kept alive by the registration.
 
         TypeError for a form that is none of these; ferry.InvalidArgument for a bad key, a range
         outside the memory, or write access to read-only memory; ferry.NotSupported for memory on
-        another device than the CPU.
+        another device than the CPU and CUDA, and for CUDA memory where CUDA's driver is not usable.
         """
         key, target, offset, length = _register_args(args, kwargs, allow_pool_form=False)
         return self._register(key, target, offset, length)

@@ -41,6 +41,7 @@ from . import errors as _errors
 from . import path as _path
 from ._core import verbs as _core
 from ._core.verbs_constants import *  # noqa: F401,F403  (the IBV_* numbers, see Constants below)
+from ._memory import CudaArrayMemory as _CudaArrayMemory
 from ._memory import registrable as _registrable
 from .path import EndPort, RDMADevice
 
@@ -799,12 +800,18 @@ class PD(_core.PD):
         (``__dlpack__``; registered through a zero-copy view that keeps *buf* alive). Write access
         (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC) needs a writable buffer. The MR keeps *buf*
         alive (and, for bytearray, mmap and NumPy, unresizable) until it is closed. A str is
-        registered as its UTF-8 bytes, read-only."""
+        registered as its UTF-8 bytes, read-only. CUDA memory (a DLPack producer on a CUDA device)
+        raises ferry.NotSupported: an MR here is over a host buffer."""
         if isinstance(buf, str):
             if access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC):
                 raise TypeError("a str is immutable: register a bytearray for write access")
             buf = buf.encode("utf-8")
-        return MR(self, _registrable(buf, "PD.mr"), access)
+        target = _registrable(buf, "PD.mr")
+        if isinstance(target, _CudaArrayMemory):
+            raise _errors.NotSupported("PD.mr: the %s is memory of CUDA device %d; ferry.verbs registers host "
+                                       "buffers only (register CUDA memory through the Endpoint API, the agent "
+                                       "or ferry.connect)" % (type(buf).__name__, target.device.index))
+        return MR(self, target, access)
 
     def alloc_mr(self, length: int, access: int = 0) -> MR:
         """Allocate *length* bytes of zero-filled memory and register them: a new :class:`MR`

@@ -1,5 +1,5 @@
 // Arguments the Endpoint API and the agent bindings both take from Python: memory to register (an
-// address, a buffer object or a CPU tensor, kept alive while registered), exact non-negative
+// address, a buffer object or a CPU or CUDA tensor, kept alive while registered), exact non-negative
 // integers, immediates, and the timed wait of a future that lets signals through.
 #pragma once
 
@@ -34,8 +34,12 @@ struct PyOwner {
 uint64_t toU64(PyObject* o, const char* what, size_t index);
 
 // What register_memory_region() got: an address, a buffer object, or a tensor-like object
-// (data_ptr(), numel(), element_size(), on the CPU), plus an offset (bytes added to the address)
-// and a length (None: to the end of the buffer or tensor).
+// (data_ptr(), numel(), element_size(); on device type "cpu" or "cuda", contiguous), plus an offset
+// (bytes added to the address) and a length (None: to the end of the buffer or tensor). A CUDA
+// tensor's pointer is passed on as is: the registration locates it through the driver. Raises
+// ferry.NotSupported for a CUDA tensor where the driver is not usable (with its reason) and for a
+// tensor on another device type (naming it), ferry.InvalidArgument for a non-contiguous tensor or
+// a range beyond the memory.
 struct Memory {
   void* addr = nullptr;
   uint64_t length = 0;

@@ -2,6 +2,7 @@
 // themselves to a submodule here.
 #include <pybind11/pybind11.h>
 
+#include "common/cuda_driver.h"
 #include "common/log.h"
 #include "ferry/common/config.h"
 #include "ferry/common/version.h"
@@ -93,6 +94,28 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "check_config", [] { ferry::python::check(ferry::config::check()); },
       "Raises ferry.InvalidArgument naming the first FERRY_* variable set to a value it does not take");
+  // The driver as ferry found it (loaded at the first call, as a registration would load it): the
+  // Python layers ask it whether CUDA memory can be registered here, and name its reason when not.
+  m.def(
+      "cuda",
+      [] {
+        const ferry::cuda::DriverInfo* found = nullptr;
+        {
+          py::gil_scoped_release release;  // the first call loads the driver (cuInit may take seconds)
+          found = &ferry::cuda::driver();
+        }
+        const ferry::cuda::DriverInfo& driver = *found;
+        py::dict d;
+        d["usable"] = driver.usable;
+        d["reason"] = driver.reason;
+        d["library"] = driver.library;
+        d["driver_version"] = driver.version;
+        d["devices"] = driver.devices;
+        return d;
+      },
+      "CUDA's driver as ferry loaded it, as `ferry info --json` shows it: usable (bool: CUDA memory "
+      "registers and moves), reason (why not; '' when usable), library (what was loaded or tried), "
+      "driver_version (1000 * major + 10 * minor; 0 when unknown), devices (the CUDA devices seen)");
   py::module_ verbs = m.def_submodule("verbs", "The verbs layer");
   ferry::python::bindVerbs(verbs);
   py::module_ verbsConstants = m.def_submodule(

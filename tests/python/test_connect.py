@@ -11,11 +11,11 @@ What is tested: the document's flow in both directions with every kind of memory
 each way; that the passive side's wait burns no CPU and starts no thread; cancel on each side before
 and during a transfer (the cancelling side's memory does not change after cancel() returns, the
 other side ends ERRORED with ferry.Cancelled); tampered, truncated, expired and replayed metadata,
-mismatched sizes and counts, the wrong kind, CUDA descriptors; a peer killed in the middle of a
-transfer, and an owner paused (SIGSTOP) in the middle of one; a reader killed right after
-begin_read (the owner's wait ends with PeerGone, its memory serves the next reader); metadata nobody
-used (the owner's operation ends at its expiry); 1,000 concurrent operations; the
-Connector's properties and ``with`` / ``async with``.
+mismatched sizes and counts, the wrong kind, CUDA descriptors without a usable CUDA driver; a peer
+killed in the middle of a transfer, and an owner paused (SIGSTOP) in the middle of one; a reader
+killed right after begin_read (the owner's wait ends with PeerGone, its memory serves the next
+reader); metadata nobody used (the owner's operation ends at its expiry); 1,000 concurrent
+operations; the Connector's properties and ``with`` / ``async with``.
 
 Every wait has a timeout. Where no event exists (an operation's status turning IN_PROGRESS, bytes
 landing), the test looks at short intervals with a deadline; the only sleeps are the ones whose
@@ -42,6 +42,7 @@ import pydantic  # noqa: E402
 import pytest  # noqa: E402
 
 import ferry  # noqa: E402
+import ferry._core  # noqa: E402
 from ferry.connect import (Connector, Descriptor, Device, DeviceKind, OperationKind,  # noqa: E402
                            OperationStatus, RdmaMetadata, ReadableOperation, ReadOperation,
                            WritableOperation, WriteOperation)
@@ -718,7 +719,11 @@ def test_sizes_counts_and_kinds_that_do_not_fit_are_refused():
     run(main())
 
 
-def test_cuda_descriptors_are_not_supported():
+@pytest.mark.skipif(ferry._core.cuda()["usable"], reason="CUDA's driver is usable here: CUDA descriptors "
+                    "are used, not refused (tests/python/test_gpu.py)")
+def test_cuda_descriptors_are_not_supported_without_a_usable_driver():
+    reason = ferry._core.cuda()["reason"]
+
     async def main():
         async with Connector() as connector, Peer() as peer:
             assert connector.is_cuda_available is False
@@ -727,8 +732,9 @@ def test_cuda_descriptors_are_not_supported():
             cuda = Descriptor((host.ptr, 4096, Device("cuda:0"), ref))
             assert cuda.device == Device((DeviceKind.CUDA, 0)) and cuda.device.kind == DeviceKind.CUDA
             assert cuda.size == 4096 and Device("cpu").kind == DeviceKind.HOST
-            with pytest.raises(ferry.NotSupported):
+            with pytest.raises(ferry.NotSupported, match="cuda:0: CUDA memory cannot be registered here") as refused:
                 connector.create_readable(cuda)
+            assert reason and reason in str(refused.value)
             with pytest.raises(ferry.NotSupported):
                 connector.create_writable([host, cuda])
             r = await peer.call("create", op="r", what="readable", sizes=[4096], seeds=[161])
@@ -990,7 +996,7 @@ def test_connector_properties_and_enums():
         await connector.initialize()  # idempotent
         try:
             assert connector.name == "prefill-0" and connector.namespace == "ns-a"
-            assert connector.is_cuda_available is False
+            assert connector.is_cuda_available is ferry._core.cuda()["usable"]
             assert connector.runtime() is runtime
             readable = connector.create_readable(Descriptor(pattern(1, 64)))
             md = readable.metadata()

@@ -8,11 +8,14 @@ memory as ``(array, "cpu")`` or ``(ptr, size, device, ref)``, hand the metadata 
 test crosses two processes as such a program does (connect_peer.py is the other one, driven as in
 test_connect.py), and checks every byte. The document's own synchronous forms are test_connect.py's.
 
-CUDA forms are made and inspected here, never used: ferry moves host memory, so each is refused
-with ferry.NotSupported before any registration (an address of a made-up CUDA array that is not
-mapped in this process stands for device memory: reading it as host memory would crash the test).
+CUDA forms are made and inspected here everywhere, and used only where CUDA's driver is not usable:
+each is then refused with ferry.NotSupported naming the driver's reason, before any registration (an
+address of a made-up CUDA array that is not mapped in this process stands for device memory:
+reading it as host memory would crash the test). Where the driver is usable CUDA descriptors move
+(tests/python/test_gpu.py).
 """
 
+import asyncio
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on 2 cores
@@ -25,6 +28,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import ferry  # noqa: E402
+import ferry._core  # noqa: E402
 from ferry.connect import (Connector, Descriptor, Device, DeviceKind, OperationKind,  # noqa: E402
                            OperationStatus, PassiveOperation, RdmaMetadata, ReadableOperation,
                            ReadOperation, WritableOperation, WriteOperation)
@@ -147,33 +151,51 @@ def json_dict(text):
     return RdmaMetadata.model_validate_json(text).model_dump()
 
 
-def test_cuda_forms_are_made_and_refused_when_used_and_a_declared_device_must_be_the_memorys():
+def cuda_forms():
+    """A Descriptor of each CUDA form, over an address nothing maps here."""
+    return [Descriptor((CudaArray((256, 4)), "cuda:1")),
+            Descriptor((0x7F0000001000, 4096, "cuda:0", None)),
+            Descriptor((0x7F0000001000, 4096, Device((DeviceKind.CUDA, 2)))),
+            Descriptor((0x7F0000001000, 4096, "gpu:3"))]
+
+
+@pytest.mark.skipif(ferry._core.cuda()["usable"], reason="CUDA's driver is usable here: CUDA descriptors "
+                    "are used, not refused (tests/python/test_gpu.py)")
+def test_cuda_forms_are_refused_when_used_without_a_usable_driver_naming_why():
+    reason = ferry._core.cuda()["reason"]
+
+    async def main():
+        async with Connector("prefill-8") as connector, Peer() as peer:
+            assert connector.is_cuda_available is False
+            r = await peer.call("create", op="r", what="readable", sizes=[4096], seeds=[209])
+            w = await peer.call("create", op="w", what="writable", sizes=[4096])
+            for d in cuda_forms():
+                for use in (lambda: connector.create_readable(d),
+                            lambda: connector.create_writable([Descriptor(bytearray(64)), d]),
+                            lambda: connector.begin_read(r["metadata"], d),
+                            lambda: connector.begin_write(d, w["metadata"]),
+                            lambda: d.register_memory(connector)):
+                    with pytest.raises(ferry.NotSupported) as refused:
+                        result = use()
+                        if asyncio.iscoroutine(result):
+                            await result
+                    assert str(d.device) in str(refused.value) and reason in str(refused.value), refused.value
+            for name in ("r", "w"):
+                assert (await peer.call("status", op=name))["status"] == "INITIALIZED"
+
+    run(main())
+
+
+def test_cuda_forms_are_made_and_a_declared_device_must_be_the_memorys():
     async def main():
         async with Connector("prefill-7") as connector, Peer() as peer:
             assert connector.hostname == socket.gethostname() and str(connector) == "prefill-7"
-            assert connector.is_cuda_available is False
-            cuda = [Descriptor((CudaArray((256, 4)), "cuda:1")),
-                    Descriptor((0x7F0000001000, 4096, "cuda:0", None)),
-                    Descriptor((0x7F0000001000, 4096, Device((DeviceKind.CUDA, 2)))),
-                    Descriptor((0x7F0000001000, 4096, "gpu:3"))]
+            assert connector.is_cuda_available is ferry._core.cuda()["usable"]
+            cuda = cuda_forms()
             assert [(str(d.device), d.size, d.ptr) for d in cuda] == [
                 ("cuda:1", 4096, 0x7F0000001000), ("cuda:0", 4096, 0x7F0000001000),
                 ("cuda:2", 4096, 0x7F0000001000), ("cuda:3", 4096, 0x7F0000001000)]
             r = await peer.call("create", op="r", what="readable", sizes=[4096], seeds=[208])
-            w = await peer.call("create", op="w", what="writable", sizes=[4096])
-            for d in cuda:
-                with pytest.raises(ferry.NotSupported):
-                    connector.create_readable(d)
-                with pytest.raises(ferry.NotSupported):
-                    await connector.create_writable([Descriptor(bytearray(64)), d])
-                with pytest.raises(ferry.NotSupported):
-                    await connector.begin_read(r["metadata"], d)
-                with pytest.raises(ferry.NotSupported):
-                    await connector.begin_write(d, w["metadata"])
-                with pytest.raises(ferry.NotSupported):
-                    d.register_memory(connector)
-            for name in ("r", "w"):
-                assert (await peer.call("status", op=name))["status"] == "INITIALIZED"
 
             # A device given with an array must be the one its memory is on.
             with pytest.raises(ferry.InvalidArgument):
@@ -192,7 +214,7 @@ def test_cuda_forms_are_made_and_refused_when_used_and_a_declared_device_must_be
             with pytest.raises(ferry.NotSupported):
                 Descriptor.from_serialized(host.metadata)
             host.register_memory(connector)   # host memory: nothing to refuse
-            # The host forms move bytes where the CUDA forms were refused.
+            # The host forms move bytes.
             dst = np.zeros(4096, np.uint8)
             op = await connector.begin_read(json_dict(r["metadata"]), Descriptor((dst, "cpu")))
             assert await waited(op) is None and np.array_equal(dst, pattern(208, 4096))

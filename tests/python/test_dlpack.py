@@ -3,7 +3,12 @@ the Endpoint API (endpoints and pools), ferry.verbs (PD.mr), the agent and ferry
 Descriptor. The producers here are neither NumPy arrays nor torch tensors themselves: objects that
 only speak DLPack, over NumPy or torch memory. The bytes must land in the producer's own memory
 (no copy), the producer must live as long as the registration, memory on another device is
-refused, and so is a read-only producer where something must be written into it."""
+refused, and so is a read-only producer where something must be written into it.
+
+CUDA memory given through ``__cuda_array_interface__`` (as CuPy gives it) is taken by its address,
+checked for contiguity, and registered only where CUDA's driver is usable; CUDA memory without an
+address and tensors on other devices (mps, xpu) are refused by name. These producers' memory is
+host memory, so that nothing here needs a GPU (tests/python/test_gpu.py moves GPU memory)."""
 
 import asyncio
 import gc
@@ -13,11 +18,12 @@ import numpy as np
 import pytest
 
 import ferry
+import ferry._core
 import ferry.path
 import ferry.verbs as ibv
 import ferry.vtools
 from ferry import RDMAEndpoint, RDMAMemoryPool
-from ferry._memory import registrable
+from ferry._memory import CudaArrayMemory, registrable
 from ferry.connect import Connector, Descriptor
 
 try:
@@ -137,6 +143,143 @@ def test_non_contiguous_memory_is_refused():
     try:
         with pytest.raises(ferry.InvalidArgument, match="not contiguous"):
             ep.register_memory_region("strided", strided)
+    finally:
+        ep.shutdown()
+
+
+# ---- CUDA memory: by the address __cuda_array_interface__ gives ----
+
+class CudaInterfaceProducer:
+    """A DLPack producer on kDLCUDA that exports ``__cuda_array_interface__`` and nothing else, as
+    a CuPy array does; its memory is a NumPy array's, so that taking it for host memory cannot crash.
+    Its DLPack capsule is never to be asked for: ferry takes the address from the interface."""
+
+    def __init__(self, array, strides=None, read_only=False, device_id=0):
+        self.array = array
+        self._device_id = device_id
+        self.__cuda_array_interface__ = {"data": (array.ctypes.data, read_only), "shape": array.shape,
+                                         "typestr": array.dtype.str, "strides": strides, "version": 3}
+
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("the DLPack capsule of CUDA memory was asked for")
+
+    def __dlpack_device__(self):
+        return (2, self._device_id)
+
+
+class TensorOn:
+    """What ferry sees of a tensor on a device: data_ptr(), numel(), element_size(), device.type."""
+
+    class Device:
+        def __init__(self, kind):
+            self.type, self.index = kind, 0
+
+        def __str__(self):
+            return "%s:0" % self.type
+
+    def __init__(self, kind, array):
+        self.array, self.device = array, TensorOn.Device(kind)
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def numel(self):
+        return self.array.size
+
+    def element_size(self):
+        return self.array.itemsize
+
+    def is_contiguous(self):
+        return True
+
+
+def every_registration(ep, pool, agent):
+    """(name, call) for each registration a DLPack producer or a tensor may be given to."""
+    return [("endpoint", lambda p: ep.register_memory_region("gpu", p)),
+            ("pool", lambda p: pool.register_memory_region("gpu", p)),
+            ("agent", lambda p: agent.register_memory_region("gpu", p)),
+            ("descriptor", lambda p: Descriptor(p))]
+
+
+def test_cuda_memory_with_an_interface_is_taken_by_its_address_and_holds_the_producer():
+    memory = np.zeros((16, 8), np.float32)
+    producer = CudaInterfaceProducer(memory, device_id=1)
+    taken = registrable(producer, "test")
+    assert isinstance(taken, CudaArrayMemory) and taken.dlpack_producer is producer
+    assert (taken.data_ptr(), taken.numel(), taken.element_size()) == (memory.ctypes.data, 128, 4)
+    assert taken.is_contiguous() and (taken.device.type, taken.device.index) == ("cuda", 1)
+    # Strides that are C-contiguous (or that only a dimension of 1 breaks) are contiguous.
+    assert registrable(CudaInterfaceProducer(memory, strides=(32, 4)), "test").numel() == 128
+    assert registrable(CudaInterfaceProducer(memory[:1], strides=(999, 4)), "test").numel() == 8
+    producer_ref = weakref.ref(producer)
+    del producer
+    gc.collect()
+    assert producer_ref() is taken.dlpack_producer, "the producer lives as long as what registers it"
+
+
+def test_cuda_memory_registers_only_where_the_driver_is_usable():
+    """Without a usable driver, memory that says it is CUDA memory is refused naming why: ferry
+    could not tell it from host memory, and never reads a device pointer as a host one. With one,
+    the driver decides (this memory is the host's, and registers as such)."""
+    driver = ferry._core.cuda()
+    ep, pool = RDMAEndpoint(), RDMAMemoryPool()
+    try:
+        with ferry.start_peer_agent(store="", alias="gpu") as agent:
+            for i, memory in enumerate([CudaInterfaceProducer(np.zeros(64, np.uint8)),
+                                        TensorOn("cuda", np.zeros(64, np.uint8))]):
+                for name, register in [("endpoint", ep.register_memory_region), ("pool", pool.register_memory_region),
+                                       ("agent", agent.register_memory_region)]:
+                    if driver["usable"]:
+                        register("cuda%d" % i, memory)
+                        continue
+                    with pytest.raises(ferry.NotSupported, match="cuda:0, and CUDA's driver is not usable") as refused:
+                        register("cuda%d" % i, memory)
+                    assert driver["reason"] and driver["reason"] in str(refused.value), (name, refused.value)
+        assert set(ep.mr_info()) == ({"cuda0", "cuda1"} if driver["usable"] else set())
+    finally:
+        ep.shutdown()
+
+
+def test_cuda_memory_that_is_not_contiguous_or_read_only_or_malformed_is_refused():
+    ep, pool = RDMAEndpoint(), RDMAMemoryPool()
+    memory = np.zeros((16, 8), np.uint8)
+    try:
+        with ferry.start_peer_agent(store="", alias="gpu") as agent:
+            for name, call in every_registration(ep, pool, agent):
+                with pytest.raises(ferry.InvalidArgument, match="not contiguous"):
+                    call(CudaInterfaceProducer(memory, strides=(16, 1)))   # every other row
+                with pytest.raises(ferry.InvalidArgument, match="not contiguous"):
+                    call(CudaInterfaceProducer(memory, strides=(1, 16)))   # Fortran order
+                bad = CudaInterfaceProducer(memory)
+                bad.__cuda_array_interface__ = dict(bad.__cuda_array_interface__, typestr="?")
+                with pytest.raises(ferry.InvalidArgument, match="malformed"):
+                    call(bad)
+                if name != "descriptor":   # a Descriptor refuses read-only CUDA memory when used
+                    with pytest.raises(ferry.NotSupported, match="read-only"):
+                        call(CudaInterfaceProducer(memory, read_only=True))
+        with ferry.get_verbs(ferry.get_end_port()) as ctx:
+            with pytest.raises(ferry.InvalidArgument, match="not contiguous"):
+                ctx.pd().mr(CudaInterfaceProducer(memory, strides=(16, 1)), ibv.IBV_ACCESS_LOCAL_WRITE)
+            with pytest.raises(ferry.NotSupported, match="CUDA device 0.*host buffers only"):
+                ctx.pd().mr(CudaInterfaceProducer(memory), ibv.IBV_ACCESS_LOCAL_WRITE)
+        assert "gpu" not in ep.mr_info()
+    finally:
+        ep.shutdown()
+
+
+def test_cuda_memory_without_an_address_and_tensors_on_other_devices_are_not_supported():
+    ep, pool = RDMAEndpoint(), RDMAMemoryPool()
+    try:
+        with ferry.start_peer_agent(store="", alias="gpu") as agent:
+            for name, call in every_registration(ep, pool, agent):
+                # kDLCUDA through DLPack alone: no address ferry could take.
+                with pytest.raises(ferry.NotSupported, match="kDLCUDA.*__cuda_array_interface__"):
+                    call(cuda_like(2))
+                with pytest.raises(ferry.NotSupported, match="mps"):
+                    call(TensorOn("mps", np.zeros(64, np.uint8)))
+                with pytest.raises(ferry.NotSupported, match="xpu"):
+                    call(TensorOn("xpu", np.zeros(64, np.uint8)))
+        assert "gpu" not in ep.mr_info()
     finally:
         ep.shutdown()
 

@@ -1,26 +1,38 @@
-"""GPU memory (docs/architecture.md, "GPU memory"): ferry loads CUDA's driver at run time to tell
-GPU memory from host memory, and never reads the one as the other.
+"""GPU memory (docs/gpu.md): ferry loads CUDA's driver at run time to tell GPU memory from host
+memory, never reads the one as the other, and moves GPU memory where the driver is usable.
 
 Everywhere: ``ferry info`` (text and ``--json``) names the driver and, where it is not usable,
-why: none on this host, a library that is no driver, a ``FERRY_CUDA_LIBRARY`` that does not exist.
+why: none on this host, a library that is no driver, a ``FERRY_CUDA_LIBRARY`` that does not exist;
+``ferry._core.cuda()`` says the same to Python. A process without a usable driver refuses CUDA
+memory in every Python layer, naming the driver's reason: ``Connector.is_cuda_available`` is
+False, a CUDA Descriptor and a CUDA tensor raise ``ferry.NotSupported``, ferry.nixl's VRAM_SEG
+raises ``nixlNotFoundError``.
 
-With a driver and a device (marker ``gpu``, ctest label ``gpu``): memory a GPU holds is refused at
-registration by the Endpoint API with ``ferry.NotSupported`` naming the device, nothing
-registered; host memory beside it still registers and moves. Without a usable driver these tests
-skip with its reason, and fail instead under ``FERRY_REQUIRE_CUDA=1``."""
+With a driver and a device (marker ``gpu``, ctest label ``gpu``): memory a GPU holds registers and
+moves, the bytes checked on the device: the Endpoint API (WRITE, READ, send/recv, between two
+endpoints and to and from host memory), ferry.connect (a readable and a writable operation on
+CUDA tensors between two Connectors), ferry.nixl (VRAM registrations, a WRITE between two agents).
+Without a usable driver these tests skip with its reason, and fail instead under
+``FERRY_REQUIRE_CUDA=1``."""
 
+import asyncio
 import json
 import os
 import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 import ferry
+import ferry._core
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 FERRY = os.path.join(os.environ.get("FERRY_TEST_BIN_DIR", os.path.join(ROOT, "build", "tests")), "..", "ferry")
+NBYTES = (1 << 20) + 7  # not a multiple of any chunk, frame or page size
+WAIT = 60.0
 
 
 def ferry_info(*args, **env):
@@ -36,6 +48,11 @@ def cuda_line(text):
     lines = [line for line in text.splitlines() if line.startswith("cuda: ")]
     assert len(lines) == 1, text
     return lines[0]
+
+
+def pattern(seed, n=NBYTES):
+    i = np.arange(n, dtype=np.uint64)
+    return (((i * np.uint64(2654435761)) + np.uint64(seed * 40503 + 7)) >> np.uint64(7)).astype(np.uint8)
 
 
 def test_ferry_info_names_the_cuda_driver_and_why_it_is_not_usable():
@@ -60,12 +77,107 @@ def test_a_library_that_is_no_driver_is_named(library, why):
     assert (doc["usable"], doc["library"]) == (False, library) and doc["reason"].startswith(why)
 
 
+def test_python_sees_the_driver_as_ferry_info_does():
+    from ferry.connect import Connector
+    doc = json.loads(ferry_info("--json"))["cuda"]
+    seen = ferry._core.cuda()
+    assert seen == doc
+    assert isinstance(seen["usable"], bool) and isinstance(seen["reason"], str)
+    assert bool(seen["reason"]) is not seen["usable"]  # a reason exactly when it is not usable
+    assert Connector().is_cuda_available is seen["usable"]
+
+
+# What a process without a usable driver says when given CUDA memory, layer by layer. The memory is
+# host memory: were it taken, nothing would crash, and the answers would say so.
+WITHOUT_DRIVER = r"""
+import json, sys
+import numpy as np
+import ferry, ferry._core, ferry.nixl
+from ferry.connect import Connector, Descriptor
+
+
+class CudaDevice:
+    type, index = "cuda", 0
+
+    def __str__(self):
+        return "cuda:0"
+
+
+class CudaTensor:
+    '''What ferry sees of a torch CUDA tensor: data_ptr(), numel(), element_size(), device.'''
+
+    def __init__(self, array):
+        self.array = array
+        self.device = CudaDevice()
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def numel(self):
+        return self.array.size
+
+    def element_size(self):
+        return 1
+
+    def is_contiguous(self):
+        return True
+
+
+def refusal(call, kind):
+    try:
+        call()
+    except kind as e:
+        return str(e)
+    return None
+
+
+memory = np.zeros(4096, np.uint8)
+connector = Connector()
+endpoint = ferry.RDMAEndpoint()
+agent = ferry.nixl.nixl_agent("no-driver")
+out = {
+    "cuda": ferry._core.cuda(),
+    "is_cuda_available": connector.is_cuda_available,
+    "descriptor": refusal(lambda: Descriptor((memory.ctypes.data, 4096, "cuda:0", memory)).register_memory(connector),
+                          ferry.NotSupported),
+    "endpoint": refusal(lambda: endpoint.register_memory_region("t", CudaTensor(memory)), ferry.NotSupported),
+    "nixl": refusal(lambda: agent.register_memory([(memory.ctypes.data, 4096, 0, "")], "VRAM"),
+                    ferry.nixl.nixlNotFoundError),
+    "nixl_tensor": refusal(lambda: agent.register_memory([CudaTensor(memory)]), ferry.nixl.nixlNotFoundError),
+    "mem_types": agent.get_plugin_mem_types("FERRY"),
+    "regions": sorted(endpoint.mr_info()),
+}
+endpoint.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_without_a_usable_driver_every_layer_refuses_cuda_memory_naming_why():
+    library = "/nonexistent/libcuda.so.1"
+    env = dict(os.environ, FERRY_CUDA_LIBRARY=library,
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", WITHOUT_DRIVER], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    reason = got["cuda"]["reason"]
+    assert got["cuda"]["usable"] is False and got["cuda"]["library"] == library
+    assert reason.startswith("cannot load %s (no NVIDIA driver here)" % library), reason
+    assert got["is_cuda_available"] is False
+    for layer in ("descriptor", "endpoint", "nixl", "nixl_tensor"):
+        assert got[layer] is not None, "%s took CUDA memory without a usable driver" % layer
+        assert reason in got[layer], (layer, got[layer])
+    assert "cuda:0" in got["descriptor"] and "cuda:0" in got["endpoint"]
+    assert "VRAM_SEG" in got["nixl"] and "VRAM_SEG" in got["nixl_tensor"]
+    assert got["mem_types"] == ["DRAM_SEG"] and got["regions"] == []
+
+
 # ---- with a GPU ----
 
 def cuda_buffer(nbytes):
     """(pointer, owner) of nbytes on cuda:0, by torch or CuPy; skips (or fails under
     FERRY_REQUIRE_CUDA=1) where there is no usable driver or neither library has CUDA."""
-    doc = json.loads(ferry_info("--json"))["cuda"]
+    doc = ferry._core.cuda()
     required = os.environ.get("FERRY_REQUIRE_CUDA") == "1"
     why = None
     if not doc["usable"]:
@@ -74,13 +186,13 @@ def cuda_buffer(nbytes):
         try:
             import torch
             if torch.cuda.is_available():
-                t = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+                t = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0")
                 return t.data_ptr(), t
         except ImportError:
             pass
         try:
             import cupy
-            a = cupy.empty(nbytes, dtype=cupy.uint8)
+            a = cupy.zeros(nbytes, dtype=cupy.uint8)
             return a.data.ptr, a
         except ImportError:
             why = "neither torch with CUDA nor CuPy is installed"
@@ -89,19 +201,128 @@ def cuda_buffer(nbytes):
     pytest.skip(why)
 
 
+def fill(owner, host):
+    """Copies the host array into the device buffer, and waits until it is there."""
+    if hasattr(owner, "copy_"):  # torch
+        import torch
+        owner.copy_(torch.from_numpy(np.ascontiguousarray(host)))
+        torch.cuda.synchronize()
+    else:  # CuPy
+        import cupy
+        owner.set(np.ascontiguousarray(host))
+        cupy.cuda.Device(0).synchronize()
+
+
+def on_host(owner):
+    return owner.cpu().numpy() if hasattr(owner, "cpu") else owner.get()
+
+
+def same_on_device(a, b):
+    """Whether two device buffers hold the same bytes, compared by the device."""
+    return bool((a == b).all())
+
+
 @pytest.mark.gpu
-def test_gpu_memory_is_refused_naming_the_device_and_host_memory_still_moves():
-    ptr, owner = cuda_buffer(1 << 20)
+def test_endpoint_api_moves_cuda_memory_both_ways_and_by_send_recv():
+    src_ptr, src = cuda_buffer(NBYTES)
+    dst_ptr, dst = cuda_buffer(NBYTES)
+    _, back = cuda_buffer(NBYTES)
+    fill(src, pattern(1))
     a, b = ferry.RDMAEndpoint(), ferry.RDMAEndpoint()
-    with pytest.raises(ferry.NotSupported, match="memory of CUDA device 0"):
-        a.register_memory_region("gpu", ptr, 0, 1 << 20)
-    assert "gpu" not in a.mr_info()
-    src, dst = np.arange(4096, dtype=np.uint8), np.zeros(4096, dtype=np.uint8)
-    local = a.register_memory_region("host", src.ctypes.data, 0, src.nbytes)
-    b.register_memory_region("host", dst.ctypes.data, 0, dst.nbytes)
-    a.connect(b.endpoint_info())
-    b.connect(a.endpoint_info())
-    remote = a.register_remote_memory_region("host", b.mr_info()["host"])
-    a.write([(local, remote, 0, 0, src.nbytes)], None).wait()
-    assert np.array_equal(src, dst)
-    del owner
+    try:
+        local = a.register_memory_region("src", src_ptr, 0, NBYTES)   # by data_ptr, on both sides
+        landing = b.register_memory_region("dst", dst_ptr, 0, NBYTES)
+        into = a.register_memory_region("back", back)                   # the tensor or array itself
+        host = np.zeros(NBYTES, np.uint8)
+        on_a = a.register_memory_region("host", host)
+        a.connect(b.endpoint_info())
+        b.connect(a.endpoint_info())
+        remote = a.register_remote_memory_region("dst", b.mr_info()["dst"])
+
+        a.write([(local, remote, 0, 0, NBYTES)], None).wait(WAIT)
+        assert same_on_device(dst, src), "WRITE: device to device"
+        a.read([(into, remote, 0, 0, NBYTES)], None).wait(WAIT)
+        assert same_on_device(back, src), "READ: device to device"
+        a.read([(on_a, remote, 0, 0, NBYTES)], None).wait(WAIT)
+        assert np.array_equal(host, pattern(1)), "READ: device to host"
+        host[:] = pattern(2)
+        a.write([(on_a, remote, 3, 5, 65536)], None).wait(WAIT)   # host to device: remote offset 3, local 5
+        expected = pattern(1)
+        expected[3:3 + 65536] = pattern(2)[5:5 + 65536]
+        assert np.array_equal(on_host(dst), expected), "WRITE: host to device"
+
+        fill(dst, np.zeros(NBYTES, np.uint8))
+        received = b.recv([(landing, 0, NBYTES)], None)
+        a.send([(local, 0, NBYTES)], None).wait(WAIT)
+        received.wait(WAIT)
+        assert received.nbytes() == NBYTES and same_on_device(dst, src), "send/recv: device to device"
+        assert np.array_equal(on_host(src), pattern(1)), "the source is unchanged"
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+@pytest.mark.gpu
+def test_connector_moves_cuda_tensors_between_two_connectors():
+    _, src = cuda_buffer(NBYTES)
+    _, dst = cuda_buffer(NBYTES)
+    _, written = cuda_buffer(NBYTES)
+    fill(src, pattern(3))
+    from ferry.connect import Connector, Descriptor, DeviceKind
+
+    async def main():
+        async with Connector("gpu-owner") as owner, Connector("gpu-peer") as peer:
+            assert owner.is_cuda_available is True and peer.is_cuda_available is True
+            source = Descriptor(src)
+            assert source.device.kind == DeviceKind.CUDA and source.size == NBYTES
+            source.register_memory(owner)   # CUDA memory: nothing to refuse
+            readable = owner.create_readable(source)
+            read = await peer.begin_read(readable.metadata().model_dump_json(), Descriptor(dst))
+            await asyncio.wait_for(read.wait_for_completion(), WAIT)
+            await asyncio.wait_for(readable.wait_for_completion(), WAIT)
+            assert same_on_device(dst, src), "a readable operation on a CUDA tensor, read into another"
+            writable = owner.create_writable(Descriptor(written))
+            write = await peer.begin_write(Descriptor(src), writable.metadata().model_dump_json())
+            await asyncio.wait_for(write.wait_for_completion(), WAIT)
+            await asyncio.wait_for(writable.wait_for_completion(), WAIT)
+            assert same_on_device(written, src), "a writable operation on a CUDA tensor, written from another"
+
+    asyncio.run(asyncio.wait_for(main(), 2 * WAIT))
+
+
+@pytest.mark.gpu
+def test_nixl_registers_vram_and_writes_it_between_two_agents():
+    import ferry.nixl as nixl
+    _, src = cuda_buffer(NBYTES)
+    _, dst = cuda_buffer(NBYTES)
+    fill(src, pattern(4))
+    a, b = nixl.nixl_agent("gpu-initiator"), nixl.nixl_agent("gpu-target")
+    try:
+        assert "VRAM_SEG" in a.get_backend_mem_types("UCX")
+        local = a.register_memory(src)
+        target = b.register_memory(dst)
+        assert local.getType() == nixl.VRAM_SEG and target.getType() == nixl.VRAM_SEG
+        assert a.add_remote_agent(b.get_agent_metadata()) == b"gpu-target"
+        handle = a.initialize_xfer("WRITE", a.get_xfer_descs(src), a.get_xfer_descs(dst), "gpu-target", b"vram")
+        a.transfer(handle)
+        deadline = time.monotonic() + WAIT
+        while a.check_xfer_state(handle) != "DONE":
+            assert time.monotonic() < deadline, "the VRAM WRITE did not finish within %s s" % WAIT
+            time.sleep(0.002)
+        assert same_on_device(dst, src), "WRITE: VRAM to VRAM between two agents"
+        deadline = time.monotonic() + WAIT
+        while not b.get_new_notifs().get("gpu-initiator"):
+            assert time.monotonic() < deadline, "no notification after the VRAM WRITE"
+            time.sleep(0.002)
+        # Within one agent a transfer is a host memmove: VRAM is refused there, never touched.
+        a.register_memory(dst)
+        loop = a.initialize_xfer("WRITE", a.get_xfer_descs(src), a.get_xfer_descs(dst), "gpu-initiator")
+        with pytest.raises(nixl.nixlNotSupportedError, match="VRAM_SEG"):
+            a.transfer(loop)
+        a.release_xfer_handle(loop)
+        a.release_xfer_handle(handle)
+        a.deregister_memory(local)
+        b.deregister_memory(target)
+    finally:
+        a.agent.close()
+        b.agent.close()

@@ -20,6 +20,8 @@ import time
 import numpy as np
 import pytest
 
+import ferry._core
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples")
 SIZE = 1 << 20
@@ -209,10 +211,11 @@ def test_agent_builds_through_bindings_at_call_time(nixl, monkeypatch):
 def test_backends(nixl, caplog):
     a = nixl.nixl_agent("b1", nixl.nixl_agent_config(backends=[]))
     assert a.get_plugin_list() == ["FERRY", "UCX"] and a.backends == {}
-    assert a.get_plugin_mem_types("UCX") == ["DRAM_SEG"] and a.get_plugin_mem_types("GDS") == []
+    served = ["DRAM_SEG", "VRAM_SEG"] if ferry._core.cuda()["usable"] else ["DRAM_SEG"]
+    assert a.get_plugin_mem_types("UCX") == served and a.get_plugin_mem_types("GDS") == []
     assert "num_threads" in a.get_plugin_params("FERRY") and a.get_plugin_params("POSIX") == {}
     a.create_backend("FERRY", {"num_threads": "4"})
-    assert a.get_backend_mem_types("FERRY") == ["DRAM_SEG"] and a.get_backend_params("FERRY")["num_threads"] == "4"
+    assert a.get_backend_mem_types("FERRY") == served and a.get_backend_params("FERRY")["num_threads"] == "4"
     with pytest.raises(nixl.nixlInvalidParamError):
         a.create_backend("FERRY")
     with pytest.raises(nixl.nixlNotFoundError):
@@ -621,27 +624,77 @@ def test_dlpack_and_tensor_registration_move_bytes(pair):
     b.deregister_memory(regt)
 
 
-def test_vram_and_storage_refused_naming_the_type(nixl):
-    a = nixl.nixl_agent("v1")
-    with pytest.raises(nixl.nixlNotFoundError, match="VRAM_SEG.*CUDA"):
-        a.register_memory([(0x1000, 4096, 0, "")], "VRAM")
+class TensorOn:
+    """What ferry.nixl sees of a tensor on a device: data_ptr(), numel(), element_size(), device."""
+
+    class Device:
+        def __init__(self, kind):
+            self.type, self.index = kind, 0
+
+    def __init__(self, kind, array):
+        self.array, self.device = array, TensorOn.Device(kind)
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def numel(self):
+        return self.array.size
+
+    def element_size(self):
+        return 1
+
+    def is_contiguous(self):
+        return True
+
+
+class CudaArray:
+    """A DLPack producer on a CUDA device, with ``__cuda_array_interface__`` (as CuPy) when given
+    one; its DLPack capsule is never asked for."""
+
+    def __init__(self, interface=None):
+        if interface is not None:
+            self.__cuda_array_interface__ = interface
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("exported")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_storage_and_other_devices_refused_naming_the_type(nixl):
+    a = nixl.nixl_agent("v0")
     with pytest.raises(nixl.nixlNotFoundError, match="FILE_SEG"):
         a.register_memory([(0, 4096, 3, "f")], "FILE")
+    with pytest.raises(nixl.nixlNotFoundError, match="BLK_SEG"):
+        a.prep_xfer_dlist("", nixl.nixlXferDList(nixl.BLK_SEG, [(0x1000, 16, 0)]))
+    with pytest.raises(nixl.nixlNotFoundError, match="tensor on mps"):
+        a.register_memory([TensorOn("mps", np.zeros(64, np.uint8))])
+    with pytest.raises(nixl.nixlNotFoundError, match="tensor on mps"):
+        a.get_xfer_descs(TensorOn("mps", np.zeros(64, np.uint8)))
+
+
+@pytest.mark.skipif(ferry._core.cuda()["usable"], reason="CUDA's driver is usable here: VRAM_SEG registers "
+                    "(tests/python/test_gpu.py)")
+def test_vram_refused_without_a_usable_driver_naming_why(nixl):
+    reason = ferry._core.cuda()["reason"]
+    a = nixl.nixl_agent("v1")
+    with pytest.raises(nixl.nixlNotFoundError, match="VRAM_SEG.*CUDA") as refused:
+        a.register_memory([(0x1000, 4096, 0, "")], "VRAM")
+    assert reason and reason in str(refused.value)
     vram = nixl.nixlXferDList(nixl.VRAM_SEG, [(0x1000, 16, 0)])
     with pytest.raises(nixl.nixlNotFoundError, match="VRAM_SEG"):
         a.prep_xfer_dlist("", vram)
     with pytest.raises(nixl.nixlNotFoundError, match="VRAM_SEG"):
         a.initialize_xfer("READ", vram, vram, "v1")
-
-    class CudaArray:  # a DLPack producer on a CUDA device: its pointer is never read as host memory
-        def __dlpack__(self, stream=None):
-            raise AssertionError("exported")
-
-        def __dlpack_device__(self):
-            return (2, 0)
-
-    with pytest.raises(nixl.nixlNotFoundError, match="VRAM_SEG"):
-        a.register_memory(CudaArray())
+    memory = np.zeros(64, np.uint8)
+    interface = {"data": (memory.ctypes.data, False), "shape": (64,), "typestr": "|u1", "strides": None,
+                 "version": 3}
+    # Neither a CUDA array (with or without an address) nor a CUDA tensor is taken for host memory.
+    for cuda in (CudaArray(), CudaArray(interface), TensorOn("cuda", memory)):
+        with pytest.raises(nixl.nixlNotFoundError, match="VRAM_SEG") as refused:
+            a.register_memory(cuda)
+        assert reason in str(refused.value)
 
 
 # ---------------------------------------------------------------- two processes

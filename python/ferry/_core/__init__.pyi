@@ -9,7 +9,7 @@ from . import endpoint
 from . import agent
 from . import connect
 from . import objects
-__all__: list[str] = ['agent', 'agent_secret', 'check_config', 'config', 'connect', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'log_level', 'objects', 'set_log_level', 'unknown_config', 'verbs', 'verbs_constants']
+__all__: list[str] = ['agent', 'agent_secret', 'check_config', 'config', 'connect', 'cuda', 'dropped_log_lines', 'endpoint', 'forward_log', 'log', 'log_level', 'objects', 'set_log_level', 'unknown_config', 'verbs', 'verbs_constants']
 def agent_secret() -> bytes:
     """
     FERRY_AGENT_SECRET's value (b'' when unset), for Python layers that authenticate their own frames
@@ -21,6 +21,10 @@ def check_config() -> None:
 def config() -> list:
     """
     Every FERRY_* variable: name, meaning, default, valid values, and this process's setting
+    """
+def cuda() -> dict:
+    """
+    CUDA's driver as ferry loaded it, as `ferry info --json` shows it: usable (bool: CUDA memory registers and moves), reason (why not; '' when usable), library (what was loaded or tried), driver_version (1000 * major + 10 * minor; 0 when unknown), devices (the CUDA devices seen)
     """
 def dropped_log_lines() -> int:
     """

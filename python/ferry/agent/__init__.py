@@ -181,11 +181,13 @@ class PeerAgent:
     # ---- memory ----
     def register_memory_region(self, name: str, ptr: object, offset: int = 0, length: Optional[int] = None) -> None:
         """Registers memory under ``name`` on every device and publishes it: ``ptr`` is an address
-        (then ``length`` is needed), a buffer (bytearray, memoryview, mmap, NumPy array), a CPU
-        tensor or an object exporting CPU memory through DLPack (``__dlpack__``); ``offset`` bytes
-        are skipped, ``length`` bytes (None: the rest of the object) are registered. The object is
-        kept alive while registered; a name registered again is replaced. ferry.InvalidArgument
-        for a range outside the object, ferry.NotSupported for memory that is not on the CPU."""
+        (then ``length`` is needed), a buffer (bytearray, memoryview, mmap, NumPy array), a CPU or
+        CUDA tensor or an object exporting CPU memory through DLPack (``__dlpack__``), or CUDA
+        memory through DLPack and ``__cuda_array_interface__`` (CuPy); ``offset`` bytes are skipped,
+        ``length`` bytes (None: the rest of the object) are registered. The object is kept alive
+        while registered; a name registered again is replaced. ferry.InvalidArgument for a range
+        outside the object, ferry.NotSupported for memory on another device than the CPU and CUDA,
+        and for CUDA memory where CUDA's driver is not usable."""
         self._agent.register_memory_region(name, _registrable(ptr, "register_memory_region"), offset, length)
 
     def unregister_memory_region(self, name: str) -> None:

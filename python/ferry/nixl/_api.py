@@ -3,8 +3,10 @@
 ``nixl_agent`` builds its low-level agent through ``_bindings.nixlAgent``, looked up on the module
 at call time (NIXL's tests substitute it). Backends ``FERRY`` and ``UCX`` are one engine (ferry's
 agent layer: same-host memory, TCP, RDMA); an agent using one interoperates with a peer using the
-other. Only DRAM moves here: VRAM and storage memory types are refused with ``nixlNotFoundError``
-naming the type.
+other. DRAM moves everywhere; VRAM (a CUDA tensor, a CUDA array exporting
+``__cuda_array_interface__``, VRAM descriptors) where CUDA's driver is usable, registered by address
+as DRAM is; elsewhere VRAM, like the storage memory types, is refused with ``nixlNotFoundError``
+naming the type and the driver's reason.
 """
 
 import enum
@@ -14,7 +16,7 @@ import numpy as np
 
 from . import _bindings
 from ._engine import close_all as _close_all
-from ._engine import refuse_memory_type as _refuse
+from ._engine import check_memory_type as _check_memory_type
 from .logging import get_logger
 
 # What transfer() and check_xfer_state() answer for the engine's status.
@@ -115,28 +117,47 @@ def _is_tensor(obj):
     return all(hasattr(obj, a) for a in ("data_ptr", "numel", "element_size", "device"))
 
 
-def _tensor_desc(t):
-    """(mem_type, (addr, len, devId)) of a tensor; None when it is not contiguous."""
+def _tensor_desc(t, what):
+    """(mem_type, (addr, len, devId)) of a tensor: DRAM on the CPU, VRAM on a CUDA device (where
+    CUDA's driver is usable, else refused); None when it is not contiguous. ``what`` names the call."""
     if not t.is_contiguous():
         return None
     dev = t.device
     kind = getattr(dev, "type", str(dev))
     index = getattr(dev, "index", None)
-    mem = _bindings.DRAM_SEG if kind == "cpu" else _bindings.VRAM_SEG
-    # The address is only recorded: a tensor that is not on the CPU is refused before any use.
+    if kind == "cpu":
+        mem = _bindings.DRAM_SEG
+    elif kind == "cuda":
+        mem = _bindings.VRAM_SEG
+        _check_memory_type(mem, "%s of a cuda tensor" % what)
+    else:
+        raise _bindings.nixlNotFoundError("%s of a tensor on %s: no backend moves it: ferry's engine moves CPU "
+                                          "(DRAM_SEG) and CUDA (VRAM_SEG) memory only" % (what, kind))
     return mem, (int(t.data_ptr()), int(t.numel() * t.element_size()), int(index or 0))
 
 
-def _dlpack_desc(obj):
-    """(mem_type, (addr, len, devId)) of a DLPack producer: its CPU memory, or a refusal."""
-    dev_type, dev_id = obj.__dlpack_device__()
-    if int(dev_type) != 1:
-        _refuse(_bindings.VRAM_SEG if int(dev_type) in (2, 3, 13) else _bindings.BLK_SEG,
-                "a DLPack object on device type %d" % int(dev_type))
+def _dlpack_desc(obj, what):
+    """(mem_type, (addr, len, devId), owner) of a DLPack producer: its CPU memory (a NumPy view),
+    its CUDA memory (a CudaArrayMemory, where CUDA's driver is usable), or a refusal."""
+    from .. import errors
     from .._memory import registrable
-    view = registrable(obj, "register_memory")
-    arr = np.asarray(view)
-    return _bindings.DRAM_SEG, (int(arr.ctypes.data), int(arr.nbytes), 0), view
+    dev_type, dev_id = obj.__dlpack_device__()
+    if int(dev_type) == 2:  # kDLCUDA
+        _check_memory_type(_bindings.VRAM_SEG, "%s of a DLPack object on a CUDA device" % what)
+    elif int(dev_type) != 1:
+        _check_memory_type(_bindings.VRAM_SEG if int(dev_type) in (3, 13) else _bindings.BLK_SEG,
+                           "%s of a DLPack object on device type %d" % (what, int(dev_type)))
+    try:
+        memory = registrable(obj, what)
+    except errors.NotSupported as e:
+        raise _bindings.nixlNotFoundError("%s: no backend moves it: %s" % (what, e)) from None
+    except errors.InvalidArgument as e:
+        raise _bindings.nixlInvalidParamError(str(e)) from None
+    if int(dev_type) == 2:
+        return (_bindings.VRAM_SEG, (memory.data_ptr(), memory.numel() * memory.element_size(), memory.device.index),
+                memory)
+    arr = np.asarray(memory)
+    return _bindings.DRAM_SEG, (int(arr.ctypes.data), int(arr.nbytes), 0), memory
 
 
 class nixl_agent:
@@ -265,7 +286,7 @@ class nixl_agent:
         if _is_tensor(descs):
             descs = [descs]
         elif hasattr(type(descs), "__dlpack__") and hasattr(type(descs), "__dlpack_device__"):
-            t, row, view = _dlpack_desc(descs)
+            t, row, view = _dlpack_desc(descs, what)
             return cls(t, [row + ("",) * (width - 3)]), view
         elif isinstance(descs, (bytearray, memoryview)):
             arr = np.frombuffer(descs, dtype=np.uint8)
@@ -277,7 +298,7 @@ class nixl_agent:
         if descs and all(_is_tensor(t) for t in descs):
             rows, mems = [], set()
             for t in descs:
-                d = _tensor_desc(t)
+                d = _tensor_desc(t, what)
                 if d is None:
                     logger.error("%s: a tensor is not contiguous", what)
                     return None, None
@@ -286,10 +307,7 @@ class nixl_agent:
             if len(mems) != 1:
                 logger.error("%s: tensors on different kinds of device", what)
                 return None, None
-            t = mems.pop()
-            if t != _bindings.DRAM_SEG:
-                _refuse(t, "%s of a %s tensor" % (what, getattr(descs[0].device, "type", "device")))
-            return cls(t, rows), descs
+            return cls(mems.pop(), rows), descs
         if mem is None:
             logger.error("%s: descriptors given as tuples need a mem_type", what)
             return None, None

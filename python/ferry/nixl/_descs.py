@@ -4,7 +4,7 @@ A descriptor is ``(addr, len, devId)``; a registration descriptor adds an opaque
 remote one the agent's name. A list holds descriptors of one memory type. The rows live in one
 N x 3 ``uint64`` NumPy array, so a list made from an N x 3 array (vLLM's and SGLang's 10^5-10^6
 blocks) costs one copy and no Python object per row; lists of any memory type can be built,
-compared and pickled (only DRAM registers, see _engine).
+compared and pickled (DRAM registers, and VRAM where CUDA's driver is usable: see _engine).
 
 Pickling stores the rows and metas as plain NumPy/Python data. Unpickling runs whatever the bytes
 say: unpickle descriptor lists only from peers you trust (as with NIXL).

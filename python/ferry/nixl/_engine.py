@@ -76,14 +76,31 @@ def _mem_name(t):
         return str(t)
 
 
-def refuse_memory_type(mem_type, what):
-    """nixlNotFoundError for a memory type ferry's engine does not move, naming it and why."""
+def _cuda_driver():
+    from .. import _core
+    return _core.cuda()
+
+
+def served_memory_types():
+    """The memory types ferry's engine moves here: DRAM_SEG, and VRAM_SEG where CUDA's driver is
+    usable (the engine then locates device memory through it and moves it as it moves host memory)."""
+    return ["DRAM_SEG", "VRAM_SEG"] if _cuda_driver()["usable"] else ["DRAM_SEG"]
+
+
+def check_memory_type(mem_type, what):
+    """Returns for a memory type ferry's engine moves here; nixlNotFoundError naming it and why for
+    any other: VRAM_SEG where CUDA's driver is not usable (with the driver's reason), storage types."""
+    if int(mem_type) == DRAM_SEG:
+        return
     name = _mem_name(mem_type)
     if int(mem_type) == nixl_mem_t.VRAM_SEG:
-        why = ("ferry's engine has no CUDA memory support on this machine: it moves host memory (DRAM_SEG) "
-               "only, and never reads a device pointer as host memory")
+        driver = _cuda_driver()
+        if driver["usable"]:
+            return
+        why = ("ferry's engine moves CUDA memory only where CUDA's driver is usable, and it is not here: %s "
+               "(no device pointer is ever read as host memory)" % driver["reason"])
     else:
-        why = "ferry's engine moves DRAM_SEG only; storage memory types are not served"
+        why = "ferry's engine moves DRAM_SEG and VRAM_SEG only; storage memory types are not served"
     raise nixlNotFoundError("%s: no backend moves %s: %s" % (what, name, why))
 
 
@@ -392,6 +409,7 @@ class nixlAgent:
         self._backends = {}  # handle -> (type, params)
         self._regions = {}  # key -> (addr, len, devId)
         self._readonly = set()  # keys of regions registered from read-only memory
+        self._vram = set()  # keys of regions registered as VRAM_SEG (never touched by this process)
         self._table = _RegionTable()
         self._remotes = {}
         self._notifs = {}
@@ -474,13 +492,13 @@ class nixlAgent:
     def getPluginParams(self, type):
         if type not in PLUGINS:
             raise nixlNotFoundError("no plugin named %r: ferry serves %s" % (type, ", ".join(PLUGINS)))
-        return plugin_params(), ["DRAM_SEG"]
+        return plugin_params(), served_memory_types()
 
     def getBackendParams(self, backend):
         with self._lock:
             if backend not in self._backends:
                 raise nixlNotFoundError("no backend with handle %r" % (backend,))
-            return dict(self._backends[backend][1]), ["DRAM_SEG"]
+            return dict(self._backends[backend][1]), served_memory_types()
 
     def createBackend(self, type, initParams=None):
         if type not in PLUGINS:
@@ -508,8 +526,8 @@ class nixlAgent:
         which an address alone cannot say."""
         if not isinstance(descs, nixlRegDList):
             raise TypeError("registerMem takes a nixlRegDList")
-        if descs.getType() != DRAM_SEG:
-            refuse_memory_type(descs.getType(), "registerMem")
+        check_memory_type(descs.getType(), "registerMem")
+        device = descs.getType() == nixl_mem_t.VRAM_SEG
         with self._lock:
             if not self._backends:
                 raise nixlNotFoundError("registerMem: agent %r has no backend to register with (create_backend)"
@@ -534,6 +552,8 @@ class nixlAgent:
                 done.append(key)
                 with self._lock:
                     self._regions[key] = (addr, length, dev)
+                    if device:
+                        self._vram.add(key)
         except BaseException:
             for key in done:
                 self._unregister(key)
@@ -546,6 +566,7 @@ class nixlAgent:
         with self._lock:
             self._regions.pop(key, None)
             self._readonly.discard(key)
+            self._vram.discard(key)
         try:
             self._engine.unregister_memory_region(key)
         except _ferry_errors.Error as e:
@@ -800,8 +821,7 @@ class nixlAgent:
     def prepXferDlist(self, agent_name, descs, backends=()):
         if not isinstance(descs, nixlXferDList):
             raise TypeError("prepXferDlist takes a nixlXferDList")
-        if descs.getType() != DRAM_SEG:
-            refuse_memory_type(descs.getType(), "prepXferDlist")
+        check_memory_type(descs.getType(), "prepXferDlist")
         name = _name(agent_name)
         rows = descs.rows()
         if name in ("", "NIXL_INIT_AGENT"):
@@ -965,9 +985,10 @@ class nixlAgent:
 
     def _post_loopback(self, req):
         """Moves the bytes of a request to this agent itself (memmove), after checking that both
-        ranges are still registered and the landing one is writable."""
+        ranges are still registered, neither is VRAM (memmove would read a device pointer as host
+        memory) and the landing one is writable."""
         with self._lock:
-            table, readonly = self._table, set(self._readonly)
+            table, readonly, vram = self._table, set(self._readonly), set(self._vram)
         plan = np.array(req.plan, dtype=np.uint64).reshape(-1, 3)
         for col, lands in ((0, req.op == NIXL_READ), (1, req.op == NIXL_WRITE)):
             idx, _ = table.resolve(plan[:, col], plan[:, 2])
@@ -976,6 +997,10 @@ class nixlAgent:
                 req.state = "ERR"
                 raise nixlNotFoundError("loopback: (%#x, %d) is no longer registered"
                                         % (int(plan[bad, col]), int(plan[bad, 2])))
+            if any(table.keys[i] in vram for i in idx.tolist()):
+                req.state = "ERR"
+                raise nixlNotSupportedError("loopback: a transfer within one agent is a host memmove, and part of "
+                                            "it is VRAM_SEG memory; move it with a second agent")
             if lands and any(table.keys[i] in readonly for i in idx.tolist()):
                 req.state = "ERR"
                 raise nixlInvalidParamError("loopback: the landing memory is registered read-only")
@@ -1083,7 +1108,7 @@ class nixlAgent:
             return next(iter(self._backends), 0)
 
     def prepMemView(self, *args, **kwargs):
-        raise nixlNotSupportedError("memory views are a GPU-initiated transfer feature; ferry moves host memory")
+        raise nixlNotSupportedError("memory views are a GPU-initiated transfer feature, which ferry does not serve")
 
     releaseMemView = prepMemView
 
