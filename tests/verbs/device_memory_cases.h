@@ -34,7 +34,8 @@ class DeviceMemoryTest : public VerbsTest {
   // The HostBackedDevice when that is the device (its copy count and failures), else nullptr.
   HostBackedDevice* hostBacked() const;
 
-  // Both sides connected; skipped where the device does not move device memory.
+  // Both sides connected; the test skipped where the device does not move device memory (a case
+  // returns when IsSkipped() after it).
   void connect(const PairOptions& options = {});
   // size bytes on the device (or the host) filled with pattern(seed), registered on side's PD.
   ::testing::AssertionResult make(Side& side, bool onDevice, size_t size, uint64_t seed,
