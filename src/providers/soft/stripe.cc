@@ -158,8 +158,11 @@ std::shared_ptr<StripeIn> StripeIn::adopt(SoftContext* ctx, std::shared_ptr<Conn
   // it goes on where the stripe is read.
   stripe->conn_->pauseInput();
   stripe->home_->post([stripe] {
-    stripe->moved_ = true;
+    // A stripe closing (or closed) before it moved stays on this loop, where its close runs: moved_
+    // says where the connection is, and a close posted to the stripe thread for a connection still
+    // here would touch this loop's timers and link from that thread.
     if (stripe->closing_ || stripe->conn_->closed()) return;
+    stripe->moved_ = true;
     if (stripe->reactor_ == stripe->home_) {
       stripe->conn_->resumeInput();
     } else {

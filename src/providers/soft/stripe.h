@@ -159,7 +159,8 @@ class StripeIn final : public Conn::Delegate, public std::enable_shared_from_thi
   std::shared_ptr<Conn> conn_;
   Reactor* reactor_;    // the stripe's loop
   Reactor* home_;       // the QP's loop
-  bool moved_ = false;  // QP's loop only: the connection left it (onStripe posts to reactor_)
+  bool moved_ = false;  // QP's loop only: the connection left it (onStripe posts to reactor_); never
+                        // set for a stripe that closed first, whose connection stays on the loop
   Tell tell_;
   std::mutex mu_;
   std::deque<Piece> pieces_;  // under mu_: expected, in the order of the WRITEs
