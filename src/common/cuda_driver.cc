@@ -143,8 +143,8 @@ class DriverMemory final : public DeviceMemory {
   };
   // The device's primary context (retained once, never released: it lives as long as the process).
   Result<CuContext> contextOf(int device);
-  // A stream of the device, idle; given back with giveBack.
-  Result<CuStream> takeStream(int device, CuContext context);
+  // An idle stream of the device (made in the context the caller pushed); given back with giveBack.
+  Result<CuStream> takeStream(int device);
   void giveBack(int device, CuStream stream);
   Status failed(const char* call, CuResult rc, size_t n) const;
 
@@ -198,7 +198,7 @@ Result<CuContext> DriverMemory::contextOf(int device) {
   return d.context;
 }
 
-Result<CuStream> DriverMemory::takeStream(int device, CuContext context) {
+Result<CuStream> DriverMemory::takeStream(int device) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& idle = devices_[device].idleStreams;
@@ -212,7 +212,6 @@ Result<CuStream> DriverMemory::takeStream(int device, CuContext context) {
   CuStream stream = nullptr;
   if (CuResult rc = loaded().api.streamCreate(&stream, kStreamDefault); rc != kCudaSuccess)
     return failed("cuStreamCreate", rc, 0);
-  (void)context;  // created in the context the caller pushed
   return stream;
 }
 
@@ -233,7 +232,7 @@ Status DriverMemory::copy(void* dst, MemoryLocation to, const void* src, MemoryL
     FERRY_ASSIGN_OR_RETURN(peer, contextOf(to.device));
   }
   if (CuResult rc = api.ctxPushCurrent(context); rc != kCudaSuccess) return failed("cuCtxPushCurrent", rc, n);
-  Result<CuStream> stream = takeStream(device, context);
+  Result<CuStream> stream = takeStream(device);
   CuResult rc = kCudaSuccess;
   const char* call = "cuStreamCreate";
   if (stream.isOk()) {
