@@ -298,13 +298,4 @@ Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, 
 bool deviceMemoryRegistered() { return registeredDeviceMemory.load(std::memory_order_relaxed); }
 void noteDeviceMemoryRegistered() { registeredDeviceMemory.store(true, std::memory_order_relaxed); }
 
-Status refuseDeviceMemory(const void* addr, size_t length, const char* what, const char* why) {
-  if (length == 0) return Status::ok();
-  const MemoryLocation where = locate(addr);
-  if (!where.onDevice()) return Status::ok();
-  return notSupported(std::string(what) + ": [" + std::to_string(reinterpret_cast<uintptr_t>(addr)) + ", +" +
-                      std::to_string(length) + ") is memory of CUDA device " + std::to_string(where.device) +
-                      "; " + why);
-}
-
 }  // namespace ferry::cuda

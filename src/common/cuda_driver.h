@@ -55,9 +55,4 @@ Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, 
 bool deviceMemoryRegistered();
 void noteDeviceMemoryRegistered();
 
-// kNotSupported naming the device when [addr, +length) starts in GPU memory (`what` names the
-// call, e.g. "register memory", and `why` what cannot take it); OK for host memory.
-Status refuseDeviceMemory(const void* addr, size_t length, const char* what,
-                          const char* why = "this path moves host memory only");
-
 }  // namespace ferry::cuda

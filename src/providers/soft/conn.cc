@@ -538,12 +538,11 @@ size_t Conn::placeFromBuffer(const uint8_t* src, size_t len) {
   while (taken < len && segIndex_ < plan_.segments.size()) {
     Segment& seg = plan_.segments[segIndex_];
     size_t piece = std::min(seg.length - segOffset_, len - taken);
-    if ((seg.entry && seg.entry->revoked) ||
-        (seg.entry && !writeRegion(*seg.entry, seg.ptr + segOffset_, src + taken, piece))) {
-      plan_.revoked = true;  // deregistered while the message arrived (or its device lost): discard
-    } else if (!seg.entry) {
-      DeviceAccess device;
+    if (!seg.entry) {
+      DeviceAccess device;  // ferry's own buffer
       std::memcpy(seg.ptr + segOffset_, src + taken, piece);
+    } else if (seg.entry->revoked || !writeRegion(*seg.entry, seg.ptr + segOffset_, src + taken, piece)) {
+      plan_.revoked = true;  // deregistered while the message arrived (or its device lost): discard
     }
     taken += piece;
     segOffset_ += piece;

@@ -41,10 +41,4 @@ inline bool writeRegion(const MrEntry& entry, void* dst, const void* src, size_t
   return cuda::copy(dst, entry.location, src, MemoryLocation{}, n).isOk();
 }
 
-// Whether the bytes at addr, handed over without a key (inline data), are host memory: no driver
-// call until this process registered device memory.
-inline bool inlineIsHostMemory(uint64_t addr) {
-  return !cuda::deviceMemoryRegistered() || !cuda::locate(reinterpret_cast<const void*>(addr)).onDevice();
-}
-
 }  // namespace ferry::soft
