@@ -138,3 +138,61 @@ def test_the_nixl_api_program_runs_unchanged_on_ferry_nixl():
             assert r["descs"] == 128 and r["write_gbps"] > 0 and r["read_gbps"] > 0, r
     doc, why = compare.ferry_nixl_peer("/nonexistent/ferry", [4096], 0.05, 1, None)
     assert doc is None and "no ferry Python package" in why, why
+
+
+# ---- --baseline: before and after in one invocation ----
+
+def bench_doc(mode, rows):
+    return {"mode": mode, "results": rows}
+
+
+def bw_row(size, gbps):
+    return {"size": size, "bw_gbps": gbps, "msg_rate_mpps": gbps * 1e3 / size, "lat_us": {"median": 1.0}}
+
+
+def test_a_row_is_judged_by_its_own_figure_against_the_larger_spread():
+    before = [{"ferry_x_write_bw": bench_doc("bw", [bw_row(4096, g)]),
+               "ferry_x_write_lat": bench_doc("lat", [lat_row(8, l, 100)])}
+              for g, l in ((10.0, 1.00), (10.2, 1.01), (9.9, 1.02))]
+    after = [{"ferry_x_write_bw": bench_doc("bw", [bw_row(4096, g)]),
+              "ferry_x_write_lat": bench_doc("lat", [lat_row(8, l, 100)])}
+             for g, l in ((9.0, 1.10), (9.1, 1.11), (8.9, 1.09))]
+    rows = compare.before_after.compare_rounds(before, after)
+    # A bandwidth run by its bandwidth only, a latency run by its median latency only.
+    assert [(r["figure"], r["metric"]) for r in rows] == [("ferry_x_write_bw", "bw_gbps"),
+                                                            ("ferry_x_write_lat", "lat_us")]
+    bw, lat = rows
+    assert (bw["before"], bw["after"]) == (10.0, 9.0)
+    assert abs(bw["before_spread"] - 0.3) < 1e-9 and abs(bw["after_spread"] - 0.2) < 1e-9
+    assert bw["verdict"] == "worse" and lat["verdict"] == "worse"  # lower bandwidth, higher latency
+    # The same change inside a wide spread is within it; the other way is better.
+    wide = [{"ferry_x_write_bw": bench_doc("bw", [bw_row(4096, g)])} for g in (8.0, 10.0, 12.0)]
+    assert compare.before_after.compare_rounds(wide, after)[0]["verdict"] == "within spread"
+    assert compare.before_after.compare_rounds(after, before)[0]["verdict"] == "better"
+    text = compare.before_after.table(rows, "old", "new")
+    assert "2 rows: 0 within spread, 0 better, 2 worse" in text
+    assert "worse: ferry_x_write_bw GB/s at 4K: 10 -> 9 (rounds 10, 10.2, 9.9 -> 9, 9.1, 8.9)" in text
+
+
+def test_a_message_rate_run_is_judged_by_its_rate_and_rows_one_side_lacks_are_left_out():
+    before = [{"ferry_x_rate": bench_doc("bw", [bw_row(64, 0.1)]), "ferry_only_before": bench_doc("bw", [])}]
+    after = [{"ferry_x_rate": bench_doc("bw", [bw_row(64, 0.1)]),
+              "ferry_only_after": bench_doc("bw", [bw_row(8, 1.0)])}]
+    rows = compare.before_after.compare_rounds(before, after)
+    assert [(r["figure"], r["metric"], r["verdict"]) for r in rows] == [("ferry_x_rate", "msg_rate_mpps",
+                                                                          "within spread")]
+
+
+def test_a_baseline_that_is_no_configured_build_is_refused_before_anything_is_measured(tmp_path):
+    r = run("--baseline", str(tmp_path), "--dry-run")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == (
+        "bench/compare: error: --baseline %s is not a configured build directory (cmake -S <its tree> -B %s)"
+        % (tmp_path, tmp_path))
+    (tmp_path / "build.ninja").write_text("")
+    r = run("--baseline", str(tmp_path), "--skip", "ferry", "--dry-run")
+    assert r.returncode == 2
+    assert r.stderr.strip().endswith("--baseline compares ferry's rows, which --skip ferry leaves out")
+    r = run("--baseline", str(tmp_path), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["baseline"] == str(tmp_path)
