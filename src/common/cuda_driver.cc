@@ -1,6 +1,7 @@
 #include "common/cuda_driver.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -31,6 +32,8 @@ constexpr unsigned int kMemoryTypeUnified = 4;     // CU_MEMORYTYPE_UNIFIED
 // CU_STREAM_DEFAULT: ferry's copies wait for work on the legacy default stream, where an
 // application that uses no streams of its own (and PyTorch's default stream) puts its kernels.
 constexpr unsigned int kStreamDefault = 0;
+constexpr int kDeviceAttributeDmaBufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+constexpr int kRangeHandleTypeDmaBufFd = 1;           // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 
 struct Api {
   CuResult (*init)(unsigned int) = nullptr;
@@ -48,6 +51,9 @@ struct Api {
   CuResult (*memcpyHtoDAsync)(CuDevicePtr, const void*, size_t, CuStream) = nullptr;
   CuResult (*memcpyDtoDAsync)(CuDevicePtr, CuDevicePtr, size_t, CuStream) = nullptr;
   CuResult (*memcpyPeerAsync)(CuDevicePtr, CuContext, CuDevicePtr, CuContext, size_t, CuStream) = nullptr;
+  // Optional (CUDA 11.7 and later): dma-buf export for GPUDirect RDMA.
+  CuResult (*deviceGetAttribute)(int*, int, int) = nullptr;
+  CuResult (*memGetHandleForAddressRange)(void*, CuDevicePtr, size_t, int, unsigned long long) = nullptr;
 };
 
 struct Loaded {
@@ -106,7 +112,9 @@ Loaded load() {
   if (!resolveAll(library, &loaded)) return loaded;
   const Api& api = loaded.api;
   (void)resolve(library, "cuGetErrorString", &loaded.api.getErrorString, &loaded);
-  info.reason.clear();  // cuGetErrorString is optional
+  (void)resolve(library, "cuDeviceGetAttribute", &loaded.api.deviceGetAttribute, &loaded);
+  (void)resolve(library, "cuMemGetHandleForAddressRange", &loaded.api.memGetHandleForAddressRange, &loaded);
+  info.reason.clear();  // these three are optional
   if (CuResult rc = api.init(0); rc != kCudaSuccess) {
     info.reason = "cuInit: " + errorText(api, rc);
     return loaded;
@@ -135,6 +143,7 @@ class DriverMemory final : public DeviceMemory {
  public:
   MemoryLocation locate(const void* addr) override;
   Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) override;
+  Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where) override;
 
  private:
   struct Device {
@@ -263,6 +272,40 @@ Status DriverMemory::copy(void* dst, MemoryLocation to, const void* src, MemoryL
   return rc == kCudaSuccess ? Status::ok() : failed(call, rc, n);
 }
 
+Result<DmaBuf> DriverMemory::exportDmaBuf(const void* addr, size_t length, MemoryLocation where) {
+  const Loaded& l = loaded();
+  const std::string what =
+      "export " + std::to_string(length) + " bytes of " + where.toString() + " as a dma-buf: ";
+  if (!l.info.usable) return notSupported(what + "the driver is not usable: " + l.info.reason);
+  if (l.api.memGetHandleForAddressRange == nullptr || l.api.deviceGetAttribute == nullptr)
+    return notSupported(what + "the driver has no cuMemGetHandleForAddressRange (CUDA 11.7 or later has it)");
+  int handle = 0;
+  int supported = 0;
+  if (CuResult rc = l.api.deviceGet(&handle, where.device); rc != kCudaSuccess)
+    return notSupported(what + "cuDeviceGet: " + errorText(l.api, rc));
+  if (CuResult rc = l.api.deviceGetAttribute(&supported, kDeviceAttributeDmaBufSupported, handle);
+      rc != kCudaSuccess || supported == 0) {
+    return notSupported(what + (rc != kCudaSuccess
+                                    ? "cuDeviceGetAttribute: " + errorText(l.api, rc)
+                                    : "the device or its kernel module does not export dma-bufs"));
+  }
+  // The driver exports whole host pages: the range widened to them, and where it starts inside.
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<uint64_t>(addr);
+  const uint64_t base = start & ~(page - 1);
+  const uint64_t end = (start + length + page - 1) & ~(page - 1);
+  FERRY_ASSIGN_OR_RETURN(CuContext context, contextOf(where.device));
+  if (CuResult rc = l.api.ctxPushCurrent(context); rc != kCudaSuccess)
+    return Status(StatusCode::kIoError, what + "cuCtxPushCurrent: " + errorText(l.api, rc));
+  int fd = -1;
+  const CuResult rc = l.api.memGetHandleForAddressRange(&fd, base, end - base, kRangeHandleTypeDmaBufFd, 0);
+  CuContext popped = nullptr;
+  (void)l.api.ctxPopCurrent(&popped);
+  if (rc != kCudaSuccess)
+    return notSupported(what + "cuMemGetHandleForAddressRange: " + errorText(l.api, rc));
+  return DmaBuf{fd, start - base};
+}
+
 DriverMemory& driverMemory() {
   static DriverMemory* memory = new DriverMemory();  // never destroyed: copies may run at exit
   return *memory;
@@ -293,6 +336,10 @@ MemoryLocation locate(const void* addr) { return current().locate(addr); }
 
 Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) {
   return current().copy(dst, to, src, from, n);
+}
+
+Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where) {
+  return current().exportDmaBuf(addr, length, where);
 }
 
 bool deviceMemoryRegistered() { return registeredDeviceMemory.load(std::memory_order_relaxed); }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "ferry/common/memory_location.h"
@@ -26,6 +27,14 @@ const DriverInfo& driver();
 // "usable: driver 13.0, 1 device" or "not usable: <reason>", for `ferry info`.
 std::string describe();
 
+// A dma-buf exporting a range of device memory, so that a NIC reads and writes it in place
+// (GPUDirect RDMA: ibv_reg_dmabuf_mr). The caller owns fd and closes it once a registration holds
+// the buffer; the range starts `offset` bytes into it.
+struct DmaBuf {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+
 // Device memory as ferry reaches it: the driver's (the default), or one a test installs.
 class DeviceMemory {
  public:
@@ -38,6 +47,12 @@ class DeviceMemory {
   // launched after it. An error (memory freed, a device lost) names the copy; dst may then hold
   // part of the bytes.
   virtual Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) = 0;
+  // A dma-buf of [addr, addr + length) on device `where` (cuMemGetHandleForAddressRange), or why
+  // there is none: a driver older than CUDA 11.7, a device or kernel module without dma-buf
+  // support, memory the driver cannot export.
+  virtual Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where) {
+    return notSupported("export as a dma-buf: " + where.toString() + " cannot be exported");
+  }
 };
 
 // Installs the device memory every call below uses (nullptr: the driver's again). For tests that
@@ -48,6 +63,7 @@ void installDeviceMemory(DeviceMemory* memory);
 // The installed device memory's answers.
 MemoryLocation locate(const void* addr);
 Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n);
+Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where);
 
 // Whether this process registered device memory (noteDeviceMemoryRegistered): until it has, a
 // pointer ferry is handed without a registration (inline data) is host memory and needs no

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 namespace ferry::cuda {
@@ -33,6 +34,17 @@ TEST(CudaDriver, SaysWhetherItIsUsableAndWhyNot) {
     EXPECT_EQ(describe(), "not usable: " + d.reason);
   }
   EXPECT_EQ(&driver(), &d) << "loaded once";
+}
+
+TEST(CudaDriver, ExportsNoDmaBufWithoutAUsableDriver) {
+  if (driver().usable) GTEST_SKIP() << "a driver is usable here: gpu_memory_test exports device memory";
+  std::vector<char> memory(8192);
+  auto exported = exportDmaBuf(memory.data(), memory.size(), MemoryLocation{MemoryKind::kCuda, 0});
+  ASSERT_FALSE(exported.isOk());
+  EXPECT_EQ(exported.status().code(), StatusCode::kNotSupported);
+  const std::string why = exported.status().message();
+  EXPECT_NE(why.find("8192 bytes of cuda:0 as a dma-buf"), std::string::npos) << why;
+  EXPECT_NE(why.find(driver().reason), std::string::npos) << why;
 }
 
 }  // namespace

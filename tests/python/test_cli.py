@@ -54,6 +54,7 @@ def test_info_json_lists_providers_and_devices():
     assert soft_lo, doc["devices"]
     assert soft_lo[0]["ports"][0]["state"] == "PORT_ACTIVE"
     assert re.fullmatch(r"[0-9a-f]{16}", soft_lo[0]["node_guid"])
+    assert soft_lo[0]["cuda_memory"] == "staged"  # how the software devices move CUDA memory
     only = json.loads(run("info", "--json", "--device", "soft_lo").stdout)
     assert [d["name"] for d in only["devices"]] == ["soft_lo"]
 

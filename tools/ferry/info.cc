@@ -238,6 +238,7 @@ int printJson(const std::string& only) {
       devices.push_back(std::move(o));
       continue;
     }
+    o.set("cuda_memory", ctx->info().deviceMemory);  // "" where the device refuses CUDA memory
     if (auto attr = ctx->queryDevice(); attr.isOk()) {
       const auto& a = *attr;
       o.set("fw_ver", a.fwVer);
@@ -353,6 +354,8 @@ void printDevices(const std::vector<verbs::DeviceInfo>& devices, const std::stri
       std::printf("  (cannot open: %s)\n", ctx.status().toString().c_str());
       continue;
     }
+    const std::string& moves = ctx->info().deviceMemory;
+    std::printf("  cuda memory:         %s\n", moves.empty() ? "refused (host memory only)" : moves.c_str());
     if (auto attr = ctx->queryDevice(); attr.isOk()) printAttributes(*ctx, *attr);
   }
   if (devices.empty()) std::printf("\nno devices\n");

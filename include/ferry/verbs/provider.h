@@ -89,9 +89,8 @@ class ContextImpl : public Closeable {
 class PdImpl : public Closeable {
  public:
   virtual Result<std::shared_ptr<MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) = 0;
-  // Memory of a CUDA device (`where`, from the driver). The verbs layer calls it only for a
-  // device whose DeviceInfo::deviceMemory is set; a provider that cannot move such memory keeps
-  // this refusal.
+  // Memory of a CUDA device (`where`, from the driver). A provider that cannot move such memory
+  // keeps this refusal; one that can says how in DeviceInfo::deviceMemory.
   virtual Result<std::shared_ptr<MrImpl>> registerDeviceMemory(void* addr, size_t length, uint32_t access,
                                                                MemoryLocation where) {
     return notSupported("register memory: this device cannot move CUDA device memory");

@@ -342,9 +342,11 @@ struct DeviceInfo {
   bool addressedByContext = false;
   // Its ports, when known without opening it; 0: ask a context (DeviceAttr::physPortCnt).
   int ports = 0;
-  // How it moves CUDA device memory, "" where it cannot (registering such memory is then refused
-  // with this reason's absence named): "staged" copies it through host buffers of the device's
-  // own, a piece at a time, as each message goes out or lands (docs/gpu.md).
+  // How it moves CUDA device memory, "" where it cannot (registering such memory is then refused,
+  // naming why): "staged" copies it through host buffers of the device's own, a piece at a time,
+  // as each message goes out or lands (the software devices); "dma-buf" registers it with the NIC,
+  // which reads and writes it in place (GPUDirect RDMA; the CUDA driver must export the memory as
+  // a dma-buf). docs/gpu.md.
   std::string deviceMemory;
 };
 

@@ -5,8 +5,10 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -230,6 +232,35 @@ IbvContext::IbvContext(const Api& api, ibv_context* context, verbs::DeviceInfo i
   }
   ibv_device_attr attr{};
   if (api_.queryDevice(context_, &attr) == 0) portCount_ = attr.phys_port_cnt;
+  probeDmaBuf();
+}
+
+// Asked as UCX asks it: registering no buffer (fd -1) fails with EBADF on a device that takes
+// dma-bufs, and with EOPNOTSUPP (EPROTONOSUPPORT: the kernel has no such method for this device)
+// on one that does not.
+void IbvContext::probeDmaBuf() {
+  if (api_.regDmabufMr == nullptr) {
+    dmaBufRefusal_ = "this libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later has it)";
+    return;
+  }
+  ibv_pd* pd = api_.allocPd(context_);
+  if (pd == nullptr) {
+    dmaBufRefusal_ = std::string("ibv_alloc_pd failed while asking whether it registers dma-bufs: ") +
+                     std::strerror(errnoOf(-1));
+    return;
+  }
+  errno = 0;
+  ibv_mr* mr =
+      api_.regDmabufMr(pd, 0, static_cast<size_t>(sysconf(_SC_PAGESIZE)), 0, -1, IBV_ACCESS_LOCAL_WRITE);
+  const int err = errno;
+  if (mr != nullptr) (void)api_.deregMr(mr);
+  (void)api_.deallocPd(pd);
+  if (mr == nullptr && (err == EOPNOTSUPP || err == EPROTONOSUPPORT || err == ENOSYS || err == 0)) {
+    dmaBufRefusal_ = info_.name + " does not register dma-bufs (ibv_reg_dmabuf_mr: " +
+                     (err != 0 ? std::strerror(err) : "refused") + ")";
+    return;
+  }
+  info_.deviceMemory = "dma-buf";
 }
 
 IbvContext::~IbvContext() { close(); }

@@ -93,14 +93,19 @@ class IbvContext final : public verbs::ContextImpl, public std::enable_shared_fr
   uint32_t maxInlineData();
   // The active MTU of a port in bytes, for UD sends (cached; 0 when the port cannot be queried).
   uint32_t activeMtuBytes(uint8_t portNum);
+  // Why device memory cannot be registered on this device ("" where it takes dma-bufs).
+  const std::string& dmaBufRefusal() const { return dmaBufRefusal_; }
 
  private:
   Result<verbs::DeviceAttr> queryDeviceLocked();
+  // Whether the device registers dma-bufs: sets info_.deviceMemory, or dmaBufRefusal_.
+  void probeDmaBuf();
   std::string gidTypeOf(uint8_t portNum, int index) const;
 
   const Api& api_;
   ibv_context* context_;
   verbs::DeviceInfo info_;
+  std::string dmaBufRefusal_;
   int asyncFd_ = -1;
   mutable std::shared_mutex mu_;
   std::atomic<bool> closed_{false};
@@ -125,6 +130,11 @@ class IbvPd final : public verbs::PdImpl, public std::enable_shared_from_this<Ib
   IbvPd(std::shared_ptr<IbvContext> ctx, ibv_pd* pd) : ctx_(std::move(ctx)), pd_(pd) {}
   ~IbvPd() override;
   Result<std::shared_ptr<verbs::MrImpl>> registerMemory(void* addr, size_t length, uint32_t access) override;
+  // GPUDirect RDMA: the device memory exported as a dma-buf (cuda::exportDmaBuf) and registered
+  // with ibv_reg_dmabuf_mr, so the NIC reads and writes it in place. Refused, naming why, where
+  // libibverbs, the device, the CUDA driver or its kernel module cannot.
+  Result<std::shared_ptr<verbs::MrImpl>> registerDeviceMemory(void* addr, size_t length, uint32_t access,
+                                                              MemoryLocation where) override;
   Result<std::shared_ptr<verbs::QpImpl>> createQp(const verbs::QpInitImpl& init) override;
   Result<std::shared_ptr<verbs::SrqImpl>> createSrq(const verbs::SrqInit& init) override;
   Result<std::shared_ptr<verbs::AhImpl>> createAh(const verbs::AhAttr& attr) override;
@@ -138,6 +148,8 @@ class IbvPd final : public verbs::PdImpl, public std::enable_shared_from_this<Ib
   void adopt(const std::shared_ptr<IbvMr>& mr);
   // A new registration in this PD; the caller holds nothing of this PD's locks.
   Result<ibv_mr*> reg(void* addr, size_t length, uint32_t access);
+  // The same for device memory, through a dma-buf.
+  Result<ibv_mr*> regDevice(void* addr, size_t length, uint32_t access, MemoryLocation where);
   // The live address handle of this PD with that id (AddressHandle::id()), or nullptr.
   std::shared_ptr<IbvAh> findAh(const void* id);
 
@@ -155,14 +167,16 @@ class IbvPd final : public verbs::PdImpl, public std::enable_shared_from_this<Ib
 
 class IbvMr final : public verbs::MrImpl, public std::enable_shared_from_this<IbvMr> {
  public:
-  IbvMr(std::shared_ptr<IbvPd> pd, ibv_mr* mr, void* addr, size_t length, uint32_t access)
-      : pd_(std::move(pd)), mr_(mr), addr_(addr), length_(length), access_(access) {}
+  IbvMr(std::shared_ptr<IbvPd> pd, ibv_mr* mr, void* addr, size_t length, uint32_t access,
+        MemoryLocation where = {})
+      : pd_(std::move(pd)), mr_(mr), addr_(addr), length_(length), access_(access), where_(where) {}
   ~IbvMr() override { close(); }
   void* addr() const override;
   size_t length() const override;
   uint32_t lkey() const override;
   uint32_t rkey() const override;
   uint32_t access() const override;
+  MemoryLocation location() const override { return where_; }
   Status reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& pd, void* addr, size_t length,
                     uint32_t access) override;
   void close() override;
@@ -174,6 +188,7 @@ class IbvMr final : public verbs::MrImpl, public std::enable_shared_from_this<Ib
   void* addr_;
   size_t length_;
   uint32_t access_;
+  const MemoryLocation where_;  // device memory: registered through a dma-buf (GPUDirect RDMA)
 };
 
 class IbvCompChannel final : public verbs::CompChannelImpl {

@@ -32,6 +32,47 @@ bool resolve(void* library, const char* name, Fn* slot, std::string* reason) {
   return true;
 }
 
+template <typename Fn>
+struct Wanted {
+  const char* name;
+  Fn* slot;
+};
+
+// Resolves each of `wanted` in turn: false (and the reason) at the first one missing.
+template <typename... Fn>
+bool resolveEach(void* library, std::string* reason, Wanted<Fn>... wanted) {
+  return (resolve(library, wanted.name, wanted.slot, reason) && ...);
+}
+
+// Every function the provider needs (false, and the reason, at the first one missing), then the
+// optional ones.
+bool resolveAll(void* library, Api* api, std::string* reason) {
+  Api& a = *api;
+  const bool ok = resolveEach(
+      library, reason, Wanted{"ibv_get_device_list", &a.getDeviceList},
+      Wanted{"ibv_free_device_list", &a.freeDeviceList}, Wanted{"ibv_get_device_name", &a.getDeviceName},
+      Wanted{"ibv_get_device_guid", &a.getDeviceGuid}, Wanted{"ibv_open_device", &a.openDevice},
+      Wanted{"ibv_close_device", &a.closeDevice}, Wanted{"ibv_get_async_event", &a.getAsyncEvent},
+      Wanted{"ibv_ack_async_event", &a.ackAsyncEvent}, Wanted{"ibv_query_device", &a.queryDevice},
+      Wanted{"ibv_query_port", &a.queryPortCompat}, Wanted{"ibv_query_gid", &a.queryGid},
+      Wanted{"ibv_alloc_pd", &a.allocPd}, Wanted{"ibv_dealloc_pd", &a.deallocPd},
+      Wanted{"ibv_reg_mr", &a.regMr}, Wanted{"ibv_dereg_mr", &a.deregMr},
+      Wanted{"ibv_create_comp_channel", &a.createCompChannel},
+      Wanted{"ibv_destroy_comp_channel", &a.destroyCompChannel}, Wanted{"ibv_create_cq", &a.createCq},
+      Wanted{"ibv_resize_cq", &a.resizeCq}, Wanted{"ibv_destroy_cq", &a.destroyCq},
+      Wanted{"ibv_get_cq_event", &a.getCqEvent}, Wanted{"ibv_ack_cq_events", &a.ackCqEvents},
+      Wanted{"ibv_create_srq", &a.createSrq}, Wanted{"ibv_modify_srq", &a.modifySrq},
+      Wanted{"ibv_query_srq", &a.querySrq}, Wanted{"ibv_destroy_srq", &a.destroySrq},
+      Wanted{"ibv_create_qp", &a.createQp}, Wanted{"ibv_modify_qp", &a.modifyQp},
+      Wanted{"ibv_query_qp", &a.queryQp}, Wanted{"ibv_destroy_qp", &a.destroyQp},
+      Wanted{"ibv_create_ah", &a.createAh}, Wanted{"ibv_destroy_ah", &a.destroyAh},
+      Wanted{"ibv_attach_mcast", &a.attachMcast}, Wanted{"ibv_detach_mcast", &a.detachMcast});
+  if (!ok) return false;
+  std::string absent;  // device memory is then refused with the reason (IbvContext::probeDmaBuf)
+  (void)resolve(library, "ibv_reg_dmabuf_mr", &a.regDmabufMr, &absent);
+  return true;
+}
+
 Loaded load() {
   Loaded loaded;
   const std::string path = config::ibverbsLibrary();
@@ -43,43 +84,7 @@ Loaded load() {
         "cannot load " + path + " (install rdma-core's libibverbs1): " + (error ? error : "dlopen failed");
     return loaded;
   }
-  Api& a = loaded.api;
-  std::string& r = loaded.reason;
-  const bool ok = resolve(library, "ibv_get_device_list", &a.getDeviceList, &r) &&
-                  resolve(library, "ibv_free_device_list", &a.freeDeviceList, &r) &&
-                  resolve(library, "ibv_get_device_name", &a.getDeviceName, &r) &&
-                  resolve(library, "ibv_get_device_guid", &a.getDeviceGuid, &r) &&
-                  resolve(library, "ibv_open_device", &a.openDevice, &r) &&
-                  resolve(library, "ibv_close_device", &a.closeDevice, &r) &&
-                  resolve(library, "ibv_get_async_event", &a.getAsyncEvent, &r) &&
-                  resolve(library, "ibv_ack_async_event", &a.ackAsyncEvent, &r) &&
-                  resolve(library, "ibv_query_device", &a.queryDevice, &r) &&
-                  resolve(library, "ibv_query_port", &a.queryPortCompat, &r) &&
-                  resolve(library, "ibv_query_gid", &a.queryGid, &r) &&
-                  resolve(library, "ibv_alloc_pd", &a.allocPd, &r) &&
-                  resolve(library, "ibv_dealloc_pd", &a.deallocPd, &r) &&
-                  resolve(library, "ibv_reg_mr", &a.regMr, &r) &&
-                  resolve(library, "ibv_dereg_mr", &a.deregMr, &r) &&
-                  resolve(library, "ibv_create_comp_channel", &a.createCompChannel, &r) &&
-                  resolve(library, "ibv_destroy_comp_channel", &a.destroyCompChannel, &r) &&
-                  resolve(library, "ibv_create_cq", &a.createCq, &r) &&
-                  resolve(library, "ibv_resize_cq", &a.resizeCq, &r) &&
-                  resolve(library, "ibv_destroy_cq", &a.destroyCq, &r) &&
-                  resolve(library, "ibv_get_cq_event", &a.getCqEvent, &r) &&
-                  resolve(library, "ibv_ack_cq_events", &a.ackCqEvents, &r) &&
-                  resolve(library, "ibv_create_srq", &a.createSrq, &r) &&
-                  resolve(library, "ibv_modify_srq", &a.modifySrq, &r) &&
-                  resolve(library, "ibv_query_srq", &a.querySrq, &r) &&
-                  resolve(library, "ibv_destroy_srq", &a.destroySrq, &r) &&
-                  resolve(library, "ibv_create_qp", &a.createQp, &r) &&
-                  resolve(library, "ibv_modify_qp", &a.modifyQp, &r) &&
-                  resolve(library, "ibv_query_qp", &a.queryQp, &r) &&
-                  resolve(library, "ibv_destroy_qp", &a.destroyQp, &r) &&
-                  resolve(library, "ibv_create_ah", &a.createAh, &r) &&
-                  resolve(library, "ibv_destroy_ah", &a.destroyAh, &r) &&
-                  resolve(library, "ibv_attach_mcast", &a.attachMcast, &r) &&
-                  resolve(library, "ibv_detach_mcast", &a.detachMcast, &r);
-  loaded.ok = ok;
+  loaded.ok = resolveAll(library, &loaded.api, &loaded.reason);
   return loaded;
 }
 

@@ -35,6 +35,9 @@ struct Api {
   int (*deallocPd)(ibv_pd* pd) = nullptr;
   ibv_mr* (*regMr)(ibv_pd* pd, void* addr, size_t length, int access) = nullptr;
   int (*deregMr)(ibv_mr* mr) = nullptr;
+  // Optional (rdma-core 34 and later): a region over a dma-buf, for GPUDirect RDMA.
+  ibv_mr* (*regDmabufMr)(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                         int access) = nullptr;
   ibv_comp_channel* (*createCompChannel)(ibv_context* context) = nullptr;
   int (*destroyCompChannel)(ibv_comp_channel* channel) = nullptr;
   ibv_cq* (*createCq)(ibv_context* context, int cqe, void* cqContext, ibv_comp_channel* channel,

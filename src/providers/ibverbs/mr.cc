@@ -48,7 +48,9 @@ Status IbvMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& p
   // on. ibv_rereg_mr may keep the keys (rxe does) or refuse a new translation (rxe: EOPNOTSUPP), so
   // the region is registered anew and the old registration released; if the new one is refused,
   // the old one stays as it was.
-  FERRY_ASSIGN_OR_RETURN(ibv_mr * fresh, target->reg(newAddr, newLength, newAccess));
+  Result<ibv_mr*> registered = where_.onDevice() ? target->regDevice(newAddr, newLength, newAccess, where_)
+                                                 : target->reg(newAddr, newLength, newAccess);
+  FERRY_ASSIGN_OR_RETURN(ibv_mr * fresh, std::move(registered));
   const auto& ctx = pd_->ctx();
   if (int rc = ctx->destroyWhileOpen([&] { return ctx->api().deregMr(mr_); }); rc != 0) {
     FERRY_LOG(kWarn, "%s: ibv_dereg_mr failed: %s", ctx->info().name.c_str(), std::strerror(errnoOf(rc)));

@@ -1,10 +1,14 @@
 // Protection domains and address handles of the ibverbs provider.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 
+#include "common/cuda_driver.h"
 #include "common/log.h"
 #include "providers/ibverbs/ibverbs.h"
 
@@ -47,6 +51,47 @@ Result<std::shared_ptr<verbs::MrImpl>> IbvPd::registerMemory(void* addr, size_t 
   ibv_mr* raw = ctx_->api().regMr(pd_, addr, length, static_cast<int>(access));
   if (raw == nullptr) return verbsError("ibv_reg_mr(" + std::to_string(length) + " bytes)", errnoOf(-1));
   auto mr = std::make_shared<IbvMr>(shared_from_this(), raw, addr, length, access);
+  children_.add(mr);
+  return std::shared_ptr<verbs::MrImpl>(mr);
+}
+
+Result<ibv_mr*> IbvPd::regDevice(void* addr, size_t length, uint32_t access, MemoryLocation where) {
+  const std::string what = "register " + std::to_string(length) + " bytes of " + where.toString() + ": ";
+  if (!ctx_->dmaBufRefusal().empty()) {
+    return notSupported(what + ctx_->dmaBufRefusal() + ", and GPUDirect RDMA needs it");
+  }
+  Result<cuda::DmaBuf> exported = cuda::exportDmaBuf(addr, length, where);
+  if (!exported.isOk()) return Status(exported.status().code(), what + exported.status().message());
+  ibv_mr* mr = nullptr;
+  int err = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (closed_) {
+      ::close(exported->fd);
+      return closedError("register memory: the PD is closed");
+    }
+    mr = ctx_->api().regDmabufMr(pd_, exported->offset, length, reinterpret_cast<uint64_t>(addr),
+                                 exported->fd, static_cast<int>(access));
+    err = errnoOf(-1);
+  }
+  ::close(exported->fd);  // the region holds the dma-buf now
+  if (mr != nullptr) return mr;
+  if (err == EOPNOTSUPP || err == EPROTONOSUPPORT || err == ENOSYS) {
+    return notSupported(what + ctx_->info().name + " does not register dma-bufs (ibv_reg_dmabuf_mr: " +
+                        std::strerror(err) + "), so it cannot read or write device memory in place");
+  }
+  return verbsError(what + "ibv_reg_dmabuf_mr", err);
+}
+
+Result<std::shared_ptr<verbs::MrImpl>> IbvPd::registerDeviceMemory(void* addr, size_t length, uint32_t access,
+                                                                   MemoryLocation where) {
+  FERRY_ASSIGN_OR_RETURN(ibv_mr * raw, regDevice(addr, length, access, where));
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (closed_) {  // closed while the dma-buf registered: the region goes with it
+    (void)ctx_->api().deregMr(raw);
+    return closedError("register memory: the PD is closed");
+  }
+  auto mr = std::make_shared<IbvMr>(shared_from_this(), raw, addr, length, access, where);
   children_.add(mr);
   return std::shared_ptr<verbs::MrImpl>(mr);
 }
