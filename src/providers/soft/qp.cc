@@ -66,6 +66,11 @@ uint64_t bytesOf(const verbs::SendWr& wr) {
 
 }  // namespace
 
+bool SoftQp::postableLocked(QpState state, uint64_t total) const {
+  return !closed_ && !sendCq_->closed() && state != QpState::kReset && state != QpState::kInit &&
+         state != QpState::kRtr && total <= wire::kMaxMessage;
+}
+
 Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   size_t posted = 0;
   Status status;
@@ -76,8 +81,10 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
       const verbs::SendWr& wr = wrs[posted];
       // The verbs layer checked every request against the QP's capabilities (verbs/posting.h).
       const uint64_t total = bytesOf(wr);
-      status = checkPostLocked(total);
-      if (!status.isOk()) break;
+      if (const QpState state = state_.load(); !postableLocked(state, total)) {
+        status = postRefusalLocked(state, total);
+        break;
+      }
       if (sqOutstanding_.load() >= cap_.maxSendWr) {
         if (badIndex) *badIndex = posted;
         status = resourceExhausted("post send: send queue full");
@@ -125,15 +132,13 @@ Status SoftQp::postSend(std::span<const verbs::SendWr> wrs, size_t* badIndex) {
   return status;
 }
 
-Status SoftQp::checkPostLocked(uint64_t total) const {
-  const QpState state = state_.load();
+Status SoftQp::postRefusalLocked(QpState state, uint64_t total) const {
   if (closed_) return closedError("post send: the QP is closed");
   if (sendCq_->closed()) return closedError("post send: the QP's send CQ is closed");
   if (state == QpState::kReset || state == QpState::kInit || state == QpState::kRtr) {
     return refusePost(std::string("send queue not ready (QP in ") + verbs::qpStateName(state) + ")");
   }
-  if (total > wire::kMaxMessage) return refusePost("message above the 2 GiB limit");
-  return Status::ok();
+  return refusePost("message above the 2 GiB limit");  // what is left when postableLocked said no
 }
 
 SoftQp::SameHostRun SoftQp::postSameHostRunLocked(std::unique_lock<std::mutex>& lock,

@@ -62,8 +62,11 @@ class SoftQp final : public verbs::QpImpl, public QpCore {
   // run returns: whether the request was carried out.
   template <typename Run>
   bool runSameHostLocked(std::unique_lock<std::mutex>& lock, uint64_t bytes, bool* queued, Run&& run);
-  // Under mu_: whether a send of `total` bytes may be posted now (the QP's state and CQ, the size).
-  Status checkPostLocked(uint64_t total) const;
+  // Under mu_: whether a send of `total` bytes may be posted in `state` (the QP's, read once for
+  // both), and when it may not, why: a check on every post, so the error is made only when there
+  // is one (closed_ and the CQ's closing never go back, so the second call finds what the first did).
+  bool postableLocked(verbs::QpState state, uint64_t total) const;
+  Status postRefusalLocked(verbs::QpState state, uint64_t total) const;
   // Under mu_: wrs[first] and the WRITEs (or READs) after it to the same region, carried out as one
   // copy on the same-host channel. kNone: no such run (wrs[first] goes alone); kDone: *run requests
   // completed; kRefused: the channel refused the run (it may be gone: ask for it again).
