@@ -332,13 +332,13 @@ std::atomic<uint64_t> linkPollsCutShortCount{0};
 uint64_t acksDeferred() { return deferredAckCount.load(std::memory_order_relaxed); }
 uint64_t linkPollsCutShort() { return linkPollsCutShortCount.load(std::memory_order_relaxed); }
 
-bool SoftContext::deferAckFromLoop(std::weak_ptr<RcResponder> responder) {
+bool SoftContext::deferAckFromLoop(const std::weak_ptr<RcResponder>& responder) {
   FERRY_ON_LOOP(reactor_);
   // In a caller's run (a poll, or a wait: the next one sends the ACK first, after what the
   // application sent in reply), under a lease the thread sleeps quiet on and has yet to sweep: its
   // end's run of the pollers sends the ACK if no caller's run comes first.
   if (attendNs_ == 0 || !reactor_.inCallersRun() || !reactor_.leaseSweepAhead()) return false;
-  deferredAcks_.push_back(std::move(responder));
+  deferredAcks_.push_back(responder);
   deferredAckCount.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -76,6 +76,7 @@ Result<std::shared_ptr<verbs::QpImpl>> SoftPd::createQp(const verbs::QpInitImpl&
     return std::shared_ptr<verbs::QpImpl>(ud);
   }
   auto qp = std::make_shared<SoftQp>(ctx_, shared_from_this(), init);
+  qp->bindParts();
   FERRY_ASSIGN_OR_RETURN(uint32_t qpn, ctx_->addQp(qp));
   qp->setQpn(qpn);
   children_.add(qp);

@@ -38,6 +38,12 @@ class SoftQp final : public verbs::QpImpl, public QpCore {
   void close() override;
 
   void setQpn(uint32_t qpn) { qpn_ = qpn; }
+  // Gives the requester and the responder their weak pointers (bindSelf): once, right after the QP
+  // is made by make_shared, before anything else uses it.
+  void bindParts() {
+    requester_.bindSelf(weakPart(&requester_));
+    responder_.bindSelf(weakPart(&responder_));
+  }
   // The context's listener hands the responder what comes for this QP (rc_responder.h).
   RcResponder& responder() { return responder_; }
 

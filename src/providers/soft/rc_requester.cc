@@ -40,7 +40,7 @@ void RcRequester::schedulePump() {
   // Progress where the application is: when the progress thread is not running the device's loop
   // (it sleeps), the posting thread sends the requests itself instead of waking it.
   if (ctx_.callerProgress() && ctx_.reactor().runHere([this] { pumpFromLoop(); })) return;
-  std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
+  std::weak_ptr<RcRequester> weak = self_;
   ctx_.reactor().post([weak] {
     if (auto self = weak.lock()) self->pumpFromLoop();
   });
@@ -192,7 +192,7 @@ void RcRequester::startStripeFromLoop(uint64_t ticket) {
   hello.srcQpn = qp_.qpn();
   hello.srcGid = ctx_.gid().raw;
   hello.nonce = ticket;
-  std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
+  std::weak_ptr<RcRequester> weak = self_;
   Reactor* loop = &ctx_.reactor();
   stripe_.open(
       &ctx_, stripeReactor, ip, port, hello,
@@ -244,7 +244,7 @@ void RcRequester::onStripeEventFromLoop(uint64_t gen, StripeOut::Event event, ui
         const auto grace = attr().timeout == 0
                                ? std::chrono::seconds(2)
                                : std::max<Clock::duration>(transportBudget(), std::chrono::milliseconds(100));
-        std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
+        std::weak_ptr<RcRequester> weak = self_;
         ctx_.reactor().addTimer(Clock::now() + grace, [weak, gen] {
           auto self = weak.lock();
           if (!self || gen != self->stripe_.generation() || self->qp_.state() != QpState::kRts ||
@@ -435,7 +435,7 @@ RcRequester::Clock::duration RcRequester::transportBudget() const {
 void RcRequester::armTimeoutFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
   if (timeoutTimer_ || attr().timeout == 0 || sq_.empty()) return;
-  std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
+  std::weak_ptr<RcRequester> weak = self_;
   timeoutTimer_ = ctx_.reactor().addTimer(lastProgress_ + transportBudget(), [weak] {
     if (auto self = weak.lock()) self->onTimeoutFromLoop();
   });
@@ -509,7 +509,7 @@ void RcRequester::peerGoneFromLoop(const char* why) {
 void RcRequester::scheduleReconnectFromLoop() {
   FERRY_ON_LOOP(ctx_.reactor());
   if (qp_.state() != QpState::kRts) return;
-  std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
+  std::weak_ptr<RcRequester> weak = self_;
   dialer_.scheduleRetry(!sq_.empty(), transportBudget(), [weak] {
     if (auto self = weak.lock()) {
       self->dialer_.retryDue();
@@ -797,7 +797,7 @@ void RcRequester::rewindForRnrFromLoop(size_t refused, uint8_t rnrTimerCode) {
                                           [](const SendWqe& w) { return isReadOrAtomic(w.opcode); }));
   for (size_t i = refused; i < sq_.size(); ++i) sq_[i].responded = false;
   rnrWaiting_ = true;
-  std::weak_ptr<RcRequester> weak = qp_.weakPart(this);
+  std::weak_ptr<RcRequester> weak = self_;
   auto wait = std::chrono::microseconds(verbs::rnrTimerMicros(rnrTimerCode));
   rnrTimer_ = ctx_.reactor().addTimer(Clock::now() + wait, [weak] {
     if (auto self = weak.lock()) {

@@ -35,6 +35,10 @@ class RcRequester final : public Conn::Delegate {
   RcRequester(const RcRequester&) = delete;
   RcRequester& operator=(const RcRequester&) = delete;
 
+  // This part as a timer or another thread's callback captures it (QpCore::weakPart), made once
+  // right after the QP is (SoftQp::bindParts): copying it is one atomic step, making it five.
+  void bindSelf(std::weak_ptr<RcRequester> self) { self_ = std::move(self); }
+
   // The QP entered RTS: sequence numbers start at the QP's sq_psn, and the dialing starts.
   void startFromLoop();
   // Sends what was posted, from any thread: on the loop, or here when the caller may run it.
@@ -62,6 +66,7 @@ class RcRequester final : public Conn::Delegate {
   void onClosed(Conn& conn, const Status& why) override;
 
  private:
+  std::weak_ptr<RcRequester> self_;  // bindSelf
   using Clock = std::chrono::steady_clock;
 
   const verbs::QpAttr& attr() const { return qp_.attrOnLoop(); }

@@ -111,7 +111,7 @@ wire::HelloResult RcResponder::acceptStripeFromLoop(const std::shared_ptr<Conn>&
   if (qp_.type() != verbs::QpType::kRc) return wire::HelloResult::kNoSuchQp;
   if (auto result = helloFromOurPeer(hello, peerIp); result != wire::HelloResult::kAccepted) return result;
   if (!conn_ || conn_->closed()) return wire::HelloResult::kMismatch;  // a stripe needs its connection
-  std::weak_ptr<RcResponder> weak = qp_.weakPart(this);
+  std::weak_ptr<RcResponder> weak = self_;
   Reactor* loop = &ctx_.reactor();
   return stripe_.adopt(
       ctx_, conn, hello.nonce,
@@ -587,7 +587,7 @@ void RcResponder::onInputDrained(Conn& conn) {
   // request returns its completion without writing the ACK first (on TCP a system call), and the
   // application's next call, or the thread once the lease ends, sends it.
   if (ackDeferred_) return;
-  if (ctx_.deferAckFromLoop(qp_.weakPart(this))) {
+  if (ctx_.deferAckFromLoop(self_)) {
     ackDeferred_ = true;
     return;
   }

@@ -33,6 +33,10 @@ class RcResponder final : public Conn::Delegate {
   RcResponder(const RcResponder&) = delete;
   RcResponder& operator=(const RcResponder&) = delete;
 
+  // This part as a timer or another thread's callback captures it (QpCore::weakPart), made once
+  // right after the QP is (SoftQp::bindParts): copying it is one atomic step, making it five.
+  void bindSelf(std::weak_ptr<RcResponder> self) { self_ = std::move(self); }
+
   // The QP entered RTR: the first request expected is the QP's rq_psn.
   void startFromLoop();
   // A hello from a peer for this QP. On kAccepted the responder adopts conn, unless adopt is false
@@ -64,6 +68,7 @@ class RcResponder final : public Conn::Delegate {
   void onClosed(Conn& conn, const Status& why) override;
 
  private:
+  std::weak_ptr<RcResponder> self_;  // bindSelf
   const verbs::QpAttr& attr() const { return qp_.attrOnLoop(); }
   // Whether a hello names our peer (its QP number and GID, from that GID's address) to a QP that
   // is ready (RTR/RTS): kAccepted, or the result to refuse it with.

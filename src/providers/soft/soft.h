@@ -193,7 +193,7 @@ class SoftContext final : public verbs::ContextImpl, public std::enable_shared_f
   // its next post's run, or the thread when the lease ends, as for a ring's frames), so the poll
   // that took the request returns first. False (send it now) in the thread's runs and without a
   // lease. Loop only.
-  bool deferAckFromLoop(std::weak_ptr<RcResponder> responder);
+  bool deferAckFromLoop(const std::weak_ptr<RcResponder>& responder);
   // The application is about to sleep (it arms a CQ): the lease ends now, the producers wake the
   // progress thread again, and what they left meanwhile is taken. Any thread.
   void stopAttending();
