@@ -13,7 +13,10 @@ moves, the bytes checked on the device: the Endpoint API (WRITE, READ, send/recv
 endpoints and to and from host memory), ferry.connect (a readable and a writable operation on
 CUDA tensors between two Connectors), ferry.nixl (VRAM registrations, a WRITE between two agents).
 Without a usable driver these tests skip with its reason, and fail instead under
-``FERRY_REQUIRE_CUDA=1``."""
+``FERRY_REQUIRE_CUDA=1``. The memory comes from torch or CuPy where they have CUDA, else from the
+driver itself (``DriverBuffer``): so CI runs them too (ctest ``python.test_gpu.test_driver``), with
+``FERRY_CUDA_LIBRARY`` naming the test driver, libferry_test_cuda.so, whose device memory faults
+when the host touches it."""
 
 import asyncio
 import json
@@ -174,31 +177,97 @@ def test_without_a_usable_driver_every_layer_refuses_cuda_memory_naming_why():
 
 # ---- with a GPU ----
 
+class DriverBuffer:
+    """Device memory allocated through CUDA's driver API itself (cuMemAlloc), for a process with a
+    usable driver but neither torch with CUDA nor CuPy: the test driver (FERRY_CUDA_LIBRARY=
+    libferry_test_cuda.so, whose device memory the host cannot touch) or a GPU machine without
+    them. ferry sees what it sees of a torch CUDA tensor (data_ptr, numel, element_size, device);
+    the test reads and writes its bytes only through the driver's copies."""
+
+    class Device:
+        type, index = "cuda", 0
+
+        def __str__(self):
+            return "cuda:0"
+
+    _driver = None
+
+    @classmethod
+    def driver(cls):
+        import ctypes
+        if cls._driver is None:
+            lib = ctypes.CDLL(ferry._core.cuda()["library"])
+            for name, args in (("cuInit", [ctypes.c_uint]),
+                               ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+                               ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
+                               ("cuCtxSetCurrent", [ctypes.c_void_p]),
+                               ("cuMemAlloc_v2", [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+                               ("cuMemcpyHtoD_v2", [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]),
+                               ("cuMemcpyDtoH_v2", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t])):
+                getattr(lib, name).argtypes = args
+            handle, context = ctypes.c_int(), ctypes.c_void_p()
+            assert lib.cuInit(0) == 0 and lib.cuDeviceGet(ctypes.byref(handle), 0) == 0
+            assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle) == 0
+            assert lib.cuCtxSetCurrent(context) == 0
+            cls._driver = lib
+        return cls._driver
+
+    def __init__(self, nbytes):
+        import ctypes
+        self.nbytes = nbytes
+        self.device = DriverBuffer.Device()
+        ptr = ctypes.c_uint64()
+        assert self.driver().cuMemAlloc_v2(ctypes.byref(ptr), nbytes) == 0, "cuMemAlloc failed"
+        self.ptr = ptr.value
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.nbytes
+
+    def element_size(self):
+        return 1
+
+    def is_contiguous(self):
+        return True
+
+    def set(self, host):
+        host = np.ascontiguousarray(host, dtype=np.uint8)
+        assert host.nbytes == self.nbytes
+        assert self.driver().cuMemcpyHtoD_v2(self.ptr, host.ctypes.data, self.nbytes) == 0
+
+    def get(self):
+        out = np.empty(self.nbytes, np.uint8)
+        assert self.driver().cuMemcpyDtoH_v2(out.ctypes.data, self.ptr, self.nbytes) == 0
+        return out
+
+
 def cuda_buffer(nbytes):
-    """(pointer, owner) of nbytes on cuda:0, by torch or CuPy; skips (or fails under
-    FERRY_REQUIRE_CUDA=1) where there is no usable driver or neither library has CUDA."""
+    """(pointer, owner) of nbytes on cuda:0, by torch or CuPy, else through the driver itself
+    (DriverBuffer); skips (or fails under FERRY_REQUIRE_CUDA=1) where there is no usable driver."""
     doc = ferry._core.cuda()
-    required = os.environ.get("FERRY_REQUIRE_CUDA") == "1"
-    why = None
     if not doc["usable"]:
         why = "no usable CUDA driver: " + doc["reason"]
-    else:
-        try:
-            import torch
-            if torch.cuda.is_available():
-                t = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0")
-                return t.data_ptr(), t
-        except ImportError:
-            pass
-        try:
-            import cupy
-            a = cupy.zeros(nbytes, dtype=cupy.uint8)
-            return a.data.ptr, a
-        except ImportError:
-            why = "neither torch with CUDA nor CuPy is installed"
-    if required:
-        pytest.fail("FERRY_REQUIRE_CUDA=1: " + why)
-    pytest.skip(why)
+        if os.environ.get("FERRY_REQUIRE_CUDA") == "1":
+            pytest.fail("FERRY_REQUIRE_CUDA=1: " + why)
+        pytest.skip(why)
+    try:
+        import torch
+        if torch.cuda.is_available():
+            t = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0")
+            return t.data_ptr(), t
+    except ImportError:
+        pass
+    try:
+        import cupy
+        a = cupy.zeros(nbytes, dtype=cupy.uint8)
+        return a.data.ptr, a
+    except ImportError:
+        pass
+    b = DriverBuffer(nbytes)
+    b.set(np.zeros(nbytes, np.uint8))
+    return b.ptr, b
 
 
 def fill(owner, host):
@@ -207,6 +276,8 @@ def fill(owner, host):
         import torch
         owner.copy_(torch.from_numpy(np.ascontiguousarray(host)))
         torch.cuda.synchronize()
+    elif isinstance(owner, DriverBuffer):
+        owner.set(host)
     else:  # CuPy
         import cupy
         owner.set(np.ascontiguousarray(host))
@@ -218,7 +289,10 @@ def on_host(owner):
 
 
 def same_on_device(a, b):
-    """Whether two device buffers hold the same bytes, compared by the device."""
+    """Whether two device buffers hold the same bytes, compared by the device (the driver's
+    copies, for a DriverBuffer)."""
+    if isinstance(a, DriverBuffer):
+        return bool(np.array_equal(a.get(), b.get()))
     return bool((a == b).all())
 
 
