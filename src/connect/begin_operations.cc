@@ -2,11 +2,29 @@
 // exposed for this one operation, BEGIN sent once the connection to the owner is ready, and the
 // owner's STARTED and DONE.
 
+#include <algorithm>
+#include <string>
+#include <string_view>
+
 #include "agent/crypto.h"
 #include "common/json.h"
 #include "connect/connector_impl.h"
 
 namespace ferry::connect {
+
+namespace {
+
+// "cpu", or "cuda:N" with N a device ordinal: what metadata names a descriptor's device by.
+bool knownDevice(const std::string& device) {
+  if (device == "cpu") return true;
+  constexpr std::string_view kCuda = "cuda:";
+  if (device.size() <= kCuda.size() || device.size() > kCuda.size() + 4 || device.rfind(kCuda, 0) != 0)
+    return false;
+  return std::all_of(device.begin() + static_cast<std::ptrdiff_t>(kCuda.size()), device.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
 
 // What a reader or writer checks before it exposes anything: the metadata's kind, its own buffers
 // against the remote descriptors, the expiry, and an owner that is not this connector.
@@ -24,9 +42,12 @@ Status Connector::Impl::checkBeginMetadata(const char* what, OperationKind kind,
                            " remote ones");
   }
   for (size_t i = 0; i < bufs.size(); ++i) {
-    if (md.descriptors[i].device.rfind("cuda", 0) == 0) {
-      return invalidArgument(std::string(what) + ": remote descriptor " + std::to_string(i) + " is on " +
-                             md.descriptors[i].device + " (this ferry moves host memory only)");
+    // Where the owner's memory lives is the owner's to serve (its engine moves CUDA memory as it
+    // moves host memory); a device this ferry does not know is a malformed descriptor.
+    if (!knownDevice(md.descriptors[i].device)) {
+      return invalidArgument(std::string(what) + ": remote descriptor " + std::to_string(i) +
+                             " is on an unknown device '" + md.descriptors[i].device +
+                             "' (expected 'cpu' or 'cuda:N')");
     }
     if (bufs[i].length != md.descriptors[i].size) {
       return invalidArgument(std::string(what) + ": descriptor " + std::to_string(i) + " has " +

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "agent/crypto.h"
+#include "common/cuda_driver.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "connect/connector_impl.h"
@@ -46,7 +47,8 @@ Result<std::shared_ptr<Operation>> Connector::Impl::create(OperationKind kind, s
   }
   md.expires = nowMs() + opts.metadataTtl.count();
   for (const auto& b : op->buffers) {
-    md.descriptors.push_back({.size = b.length, .device = "cpu"});
+    const MemoryLocation where = cuda::locate(b.addr);
+    md.descriptors.push_back({.size = b.length, .device = where.onDevice() ? where.toString() : "cpu"});
     op->total += b.length;
   }
   md.tag = agent::hmacSha256Hex(key, canonicalText(md));

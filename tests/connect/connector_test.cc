@@ -192,10 +192,16 @@ TEST_P(ConnectorTest, SizesKindsAndBuffersAreCheckedBeforeAnythingMoves) {
             StatusCode::kInvalidArgument);
   // Its own metadata: a connector moves bytes between workers.
   EXPECT_EQ(a_->beginRead(text, {buf(right)}).status().code(), StatusCode::kInvalidArgument);
-  // A CUDA descriptor in the metadata: host memory only.
+  // A descriptor on a device metadata has no name for (the owner's are "cpu" and "cuda:N").
   auto md = decodeMetadata(text).value();
-  md.descriptors[0].device = "cuda:0";
-  EXPECT_EQ(b_->beginRead(encodeMetadata(md), {buf(right)}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(md.descriptors[0].device, "cpu");
+  for (const char* device : {"tpu:0", "cuda:", "cuda:x", "cuda:-1", "cuda:123456", "CPU", ""}) {
+    md.descriptors[0].device = device;
+    auto unknown = b_->beginRead(encodeMetadata(md), {buf(right)});
+    EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument) << device;
+    EXPECT_NE(unknown.status().message().find("unknown device"), std::string::npos)
+        << unknown.status().message();
+  }
   // Nothing of the above reached the owner: the operation is still waiting, and works.
   EXPECT_EQ((*readable)->status(), OperationStatus::kInitialized);
   EXPECT_EQ(a_->stats().refused, 0u);

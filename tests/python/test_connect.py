@@ -630,7 +630,8 @@ def test_truncated_or_malformed_metadata_is_refused_by_begin():
                    json.dumps({k: v for k, v in d.items() if k != "tag"}),
                    json.dumps(dict(d, operation=str(d["operation"]))),
                    json.dumps(dict(d, descriptors=[])),
-                   json.dumps(dict(d, descriptors=[{"size": size, "device": "cuda:0"}]))]
+                   json.dumps(dict(d, descriptors=[{"size": size, "device": "tpu:0"}])),  # no such device
+                   json.dumps(dict(d, descriptors=[{"size": size, "device": "cuda:x"}]))]
             dst = np.zeros(size, np.uint8)
             for text_ in bad:
                 with pytest.raises(ferry.InvalidArgument):

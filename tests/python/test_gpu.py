@@ -351,11 +351,20 @@ def test_connector_moves_cuda_tensors_between_two_connectors():
             assert source.device.kind == DeviceKind.CUDA and source.size == NBYTES
             source.register_memory(owner)   # CUDA memory: nothing to refuse
             readable = owner.create_readable(source)
+            # The metadata names the device (the peer's own memory may be anywhere).
+            assert [d.device for d in readable.metadata().descriptors] == ["cuda:0"]
             read = await peer.begin_read(readable.metadata().model_dump_json(), Descriptor(dst))
             await asyncio.wait_for(read.wait_for_completion(), WAIT)
             await asyncio.wait_for(readable.wait_for_completion(), WAIT)
             assert same_on_device(dst, src), "a readable operation on a CUDA tensor, read into another"
             writable = owner.create_writable(Descriptor(written))
+            assert [d.device for d in writable.metadata().descriptors] == ["cuda:0"]
+            host = np.zeros(NBYTES, np.uint8)   # host memory reads from the device too
+            again = owner.create_readable(Descriptor(src))
+            into_host = await peer.begin_read(again.metadata(), Descriptor(host))
+            await asyncio.wait_for(into_host.wait_for_completion(), WAIT)
+            await asyncio.wait_for(again.wait_for_completion(), WAIT)
+            assert np.array_equal(host, pattern(3)), "a readable operation on a CUDA tensor, read into host memory"
             write = await peer.begin_write(Descriptor(src), writable.metadata().model_dump_json())
             await asyncio.wait_for(write.wait_for_completion(), WAIT)
             await asyncio.wait_for(writable.wait_for_completion(), WAIT)
