@@ -17,8 +17,9 @@ writing the client's own memory, or in the HTTP body as any S3 client does (``rd
 
 Payloads are not copied on the client's side: ``put`` hands over the memory of the object given
 (``bytes``, ``bytearray``, ``memoryview``, ``mmap``, a NumPy array, a CPU torch tensor, or any CPU
-DLPack producer), ``get_into`` writes into the writable one given, and ``get`` fills the ``bytes``
-it returns. That memory must stay unchanged (for ``put``) and unread (for ``get_into``) until the
+DLPack producer; a CUDA tensor or ``__cuda_array_interface__`` array where CUDA's driver is usable,
+copied through the driver a piece at a time over HTTP and registered over RDMA), ``get_into`` writes
+into the writable one given, and ``get`` fills the ``bytes`` it returns. That memory must stay unchanged (for ``put``) and unread (for ``get_into``) until the
 call returns; every call blocks without holding the GIL, so other threads run meanwhile.
 
 With credentials (``access_key`` and ``secret_key``, or ``FERRY_OBJECTS_ACCESS_KEY`` and
@@ -218,8 +219,9 @@ class ObjectClient:
     def put(self, bucket: str, key: str, data: Any) -> None:
         """Stores ``data`` as the object ``bucket/key``, replacing it; the object appears whole when
         its last byte arrived. ``data`` is any contiguous buffer (``bytes``, ``bytearray``,
-        ``memoryview``, ``mmap``, a NumPy array), a CPU torch tensor or a CPU DLPack producer; its
-        memory is read in place. ``ferry.NotFound`` when there is no such bucket."""
+        ``memoryview``, ``mmap``, a NumPy array), a CPU or CUDA torch tensor or a DLPack producer; its
+        memory is read in place (CUDA memory through the driver; ``ferry.NotSupported`` naming why
+        where the driver is not usable). ``ferry.NotFound`` when there is no such bucket."""
         self._client.put(bucket, key, _registrable(data, "put"))
 
     def put_file(self, bucket: str, key: str, path: PathLike) -> None:
@@ -233,7 +235,7 @@ class ObjectClient:
 
     def get_into(self, bucket: str, key: str, buffer: Any) -> int:
         """Reads the object into the writable ``buffer`` (a ``bytearray``, writable ``memoryview`` or
-        ``mmap``, a NumPy array, a CPU tensor) from its start, in place; returns the object's size.
+        ``mmap``, a NumPy array, a CPU or CUDA tensor) from its start, in place; returns the object's size.
         ``ferry.InvalidArgument`` when the buffer is smaller than the object or read-only."""
         return self._client.get_into(bucket, key, _registrable(buffer, "get_into"))
 

@@ -43,6 +43,30 @@ uint64_t toU64(PyObject* o, const char* what, size_t index) {
   return v;
 }
 
+void checkTensorDevice(py::handle tensor, const std::string& what) {
+  // A CUDA tensor's pointer goes on as a CPU tensor's does: the registration asks the driver where
+  // it lives. Where ferry has no usable driver it would see host memory there, and read a device
+  // pointer as a host one, so the tensor's own word is taken and it is refused. Other devices
+  // (mps, xpu, ...) are reached by no driver ferry loads.
+  if (!py::hasattr(tensor, "device")) return;
+  const std::string type = py::str(tensor.attr("device").attr("type")).cast<std::string>();
+  if (type == "cuda") {
+    const cuda::DriverInfo* driver = nullptr;
+    {
+      py::gil_scoped_release release;  // the first call loads the driver
+      driver = &cuda::driver();
+    }
+    if (!driver->usable) {
+      raiseStatus(notSupported(what + ": the tensor is on " +
+                               py::str(tensor.attr("device")).cast<std::string>() +
+                               ", and CUDA's driver is not usable here: " + driver->reason));
+    }
+  } else if (type != "cpu") {
+    raiseStatus(notSupported(what + ": the tensor is on device type '" + type +
+                             "'; only CPU and CUDA tensors can be registered"));
+  }
+}
+
 Memory toMemory(py::handle target, uint64_t offset, py::handle lengthObj) {
   Memory m;
   PyObject* obj = target.ptr();
@@ -75,28 +99,7 @@ Memory toMemory(py::handle target, uint64_t offset, py::handle lengthObj) {
     m.options.writable = writable;
   } else if (py::hasattr(target, "data_ptr") && py::hasattr(target, "numel") &&
              py::hasattr(target, "element_size")) {
-    // A CUDA tensor's pointer goes on as a CPU tensor's does: the registration asks the driver where
-    // it lives. Where ferry has no usable driver it would see host memory there, and read a device
-    // pointer as a host one, so the tensor's own word is taken and it is refused. Other devices
-    // (mps, xpu, ...) are reached by no driver ferry loads.
-    if (py::hasattr(target, "device")) {
-      const std::string type = py::str(target.attr("device").attr("type")).cast<std::string>();
-      if (type == "cuda") {
-        const cuda::DriverInfo* driver = nullptr;
-        {
-          py::gil_scoped_release release;  // the first call loads the driver
-          driver = &cuda::driver();
-        }
-        if (!driver->usable) {
-          raiseStatus(notSupported("register_memory_region: the tensor is on " +
-                                   py::str(target.attr("device")).cast<std::string>() +
-                                   ", and CUDA's driver is not usable here: " + driver->reason));
-        }
-      } else if (type != "cpu") {
-        raiseStatus(notSupported("register_memory_region: the tensor is on device type '" + type +
-                                 "'; only CPU and CUDA tensors can be registered"));
-      }
-    }
+    checkTensorDevice(target, "register_memory_region");
     if (py::hasattr(target, "is_contiguous") && !target.attr("is_contiguous")().cast<bool>()) {
       raiseInvalid("register_memory_region: the tensor is not contiguous");
     }

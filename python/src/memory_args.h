@@ -47,6 +47,12 @@ struct Memory {
 };
 Memory toMemory(py::handle target, uint64_t offset, py::handle lengthObj);
 
+// A tensor-like object's device (its `device.type`, when it has one): "cpu", or "cuda" where CUDA's
+// driver is usable. Raises ferry.NotSupported for a CUDA tensor where the driver is not usable
+// (with its reason: its pointer would be read as host memory) and for any other device type
+// (naming it); `what` names the call in the message.
+void checkTensorDevice(py::handle tensor, const std::string& what);
+
 // Waits in slices of 100 ms so that signals reach Python (timeout in seconds, None: until done);
 // raises the operation's error, or ferry.TimedOut. Returns 0.
 int waitFuture(const endpoint::Future& f, py::object timeout);

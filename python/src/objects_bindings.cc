@@ -2,7 +2,7 @@
 // python/ferry/objects.py shapes it (ObjectStore and ObjectClient as context managers).
 //
 // Payloads are never copied here: put() hands the client the memory of the caller's buffer (bytes,
-// bytearray, memoryview, mmap, a NumPy array or a CPU tensor), get_into() its writable memory,
+// bytearray, memoryview, mmap, a NumPy array, a CPU or CUDA tensor), get_into() its writable memory,
 // and get() fills the bytes object it returns in place. Every call that may wait runs without the
 // GIL; the progress callable is called with it, on the thread that made the call.
 #include <pybind11/pybind11.h>
@@ -27,8 +27,8 @@ using objects::ObjectInfo;
 using objects::ObjectStore;
 using objects::StoreOptions;
 
-// The memory of a contiguous buffer object or of a CPU tensor, exported (or referenced) until
-// destroyed, which happens with the GIL.
+// The memory of a contiguous buffer object or of a CPU or CUDA tensor (the client copies CUDA
+// memory through the driver), exported (or referenced) until destroyed, which happens with the GIL.
 class Payload {
  public:
   Payload(py::handle obj, bool writable, const char* what) {
@@ -51,10 +51,7 @@ class Payload {
       return;
     }
     if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numel") && py::hasattr(obj, "element_size")) {
-      if (py::hasattr(obj, "device") &&
-          py::str(obj.attr("device").attr("type")).cast<std::string>() != "cpu") {
-        raiseStatus(notSupported(name + "only CPU tensors can be moved"));
-      }
+      checkTensorDevice(obj, what);  // CUDA memory too, where the driver is usable
       if (py::hasattr(obj, "is_contiguous") && !obj.attr("is_contiguous")().cast<bool>()) {
         raiseInvalid(name + "the tensor is not contiguous");
       }
@@ -63,9 +60,11 @@ class Payload {
       size = obj.attr("numel")().cast<uint64_t>() * obj.attr("element_size")().cast<uint64_t>();
       return;
     }
-    raiseInvalid(name +
-                 "expected a buffer (bytes, bytearray, memoryview, mmap, NumPy array) or a CPU tensor, not " +
-                 Py_TYPE(o)->tp_name);
+    raiseInvalid(
+        name +
+        "expected a buffer (bytes, bytearray, memoryview, mmap, NumPy array) or a CPU or CUDA tensor, "
+        "not " +
+        Py_TYPE(o)->tp_name);
   }
   ~Payload() {
     if (view_) PyBuffer_Release(&*view_);

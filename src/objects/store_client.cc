@@ -9,8 +9,10 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <vector>
 
 #include "agent/crypto.h"
+#include "common/cuda_driver.h"
 #include "ferry/common/config.h"
 #include "ferry/cuobj_client.h"
 #include "ferry/objects/store.h"
@@ -312,19 +314,47 @@ Status ObjectClient::remove(const std::string& bucket, const std::string& key) {
   return impl_->request("DELETE", impl_->objectPath(bucket, key), {}, nullptr, 0).status();
 }
 
+namespace {
+
+// Where [data, data + size) lives: host memory, or one device's memory throughout (a range that
+// starts on a device and leaves it is refused). Over HTTP, device memory is copied through the
+// driver a piece at a time as the socket takes or gives it; over RDMA the engine registers it.
+Result<MemoryLocation> locateRange(const char* what, const void* data, uint64_t size) {
+  const MemoryLocation where = size > 0 ? cuda::locate(data) : MemoryLocation{};
+  if (where.onDevice() && cuda::locate(static_cast<const char*>(data) + size - 1) != where) {
+    return invalidArgument(std::string(what) + ": the " + std::to_string(size) +
+                           " bytes start in memory of " + where.toString() + " but do not end there");
+  }
+  return where;
+}
+
+}  // namespace
+
 Status ObjectClient::put(const std::string& bucket, const std::string& key, const void* data, uint64_t size) {
   if (data == nullptr && size > 0) return invalidArgument("put: null data");
+  FERRY_ASSIGN_OR_RETURN(const MemoryLocation where, locateRange("put", data, size));
   if (impl_->rdma && size > 0) return impl_->rdmaMove(CUOBJ_PUT, bucket, key, const_cast<void*>(data), size);
   const char* bytes = static_cast<const char*>(data);
-  auto provider = [bytes, size, this](size_t offset, size_t length, httplib::DataSink& sink) {
-    bool ok = sink.write(bytes + offset, length);
+  std::vector<char> staged;  // device memory: each piece the socket takes, copied to the host first
+  Status copyError;
+  auto provider = [&, bytes, size, this](size_t offset, size_t length, httplib::DataSink& sink) {
+    const char* piece = bytes + offset;
+    if (where.onDevice()) {
+      staged.resize(length);
+      copyError = cuda::copy(staged.data(), MemoryLocation{}, piece, where, length);
+      if (!copyError.isOk()) return false;
+      piece = staged.data();
+    }
+    bool ok = sink.write(piece, length);
     if (impl_->opts.progress) impl_->opts.progress(offset + length, size);
     return ok;
   };
   if (size == 0) return impl_->request("PUT", impl_->objectPath(bucket, key), {}, "", 0).status();
-  FERRY_ASSIGN_OR_RETURN(httplib::Result res, impl_->raw("PUT", impl_->objectPath(bucket, key), {}, nullptr,
-                                                         size, httplib::ContentProvider(provider)));
-  return impl_->check("PUT", impl_->objectPath(bucket, key), *res).status();
+  Result<httplib::Result> res = impl_->raw("PUT", impl_->objectPath(bucket, key), {}, nullptr, size,
+                                           httplib::ContentProvider(provider));
+  FERRY_RETURN_IF_ERROR(copyError);  // the driver's refusal, before the request's failure it caused
+  FERRY_RETURN_IF_ERROR(res.status());
+  return impl_->check("PUT", impl_->objectPath(bucket, key), **res).status();
 }
 
 Result<uint64_t> ObjectClient::get(const std::string& bucket, const std::string& key, void* data,
@@ -335,22 +365,31 @@ Result<uint64_t> ObjectClient::get(const std::string& bucket, const std::string&
                            std::to_string(capacity));
   }
   if (info.size == 0) return uint64_t{0};
+  FERRY_ASSIGN_OR_RETURN(const MemoryLocation where, locateRange("get", data, capacity));
   if (impl_->rdma) {
     FERRY_RETURN_IF_ERROR(impl_->rdmaMove(CUOBJ_GET, bucket, key, data, info.size));
     return info.size;
   }
   uint64_t got = 0;
   char* out = static_cast<char*>(data);
+  Status copyError;
   auto receiver = [&](const char* bytes, size_t n) {
     if (n > capacity - got) return false;
-    std::memcpy(out + got, bytes, n);
+    if (where.onDevice()) {
+      copyError = cuda::copy(out + got, where, bytes, MemoryLocation{}, n);
+      if (!copyError.isOk()) return false;
+    } else {
+      std::memcpy(out + got, bytes, n);
+    }
     got += n;
     if (impl_->opts.progress) impl_->opts.progress(got, info.size);
     return true;
   };
-  FERRY_ASSIGN_OR_RETURN(httplib::Result res, impl_->raw("GET", impl_->objectPath(bucket, key), {}, nullptr,
-                                                         0, nullptr, receiver));
-  FERRY_RETURN_IF_ERROR(impl_->check("GET", impl_->objectPath(bucket, key), *res).status());
+  Result<httplib::Result> res =
+      impl_->raw("GET", impl_->objectPath(bucket, key), {}, nullptr, 0, nullptr, receiver);
+  FERRY_RETURN_IF_ERROR(copyError);
+  FERRY_RETURN_IF_ERROR(res.status());
+  FERRY_RETURN_IF_ERROR(impl_->check("GET", impl_->objectPath(bucket, key), **res).status());
   if (got != info.size) return Status(StatusCode::kIoError, "get: the object changed while it was read");
   return got;
 }

@@ -135,6 +135,10 @@ def refusal(call, kind):
 
 
 memory = np.zeros(4096, np.uint8)
+from ferry.objects import ObjectStore, ObjectClient
+store = ObjectStore.start()
+objects = ObjectClient(store.url, rdma=False)
+objects.create_bucket("nodriver")
 connector = Connector()
 endpoint = ferry.RDMAEndpoint()
 agent = ferry.nixl.nixl_agent("no-driver")
@@ -147,10 +151,15 @@ out = {
     "nixl": refusal(lambda: agent.register_memory([(memory.ctypes.data, 4096, 0, "")], "VRAM"),
                     ferry.nixl.nixlNotFoundError),
     "nixl_tensor": refusal(lambda: agent.register_memory([CudaTensor(memory)]), ferry.nixl.nixlNotFoundError),
+    "objects_put": refusal(lambda: objects.put("nodriver", "k", CudaTensor(memory)), ferry.NotSupported),
+    "objects_get": refusal(lambda: objects.get_into("nodriver", "k", CudaTensor(memory)), ferry.NotSupported),
+    "objects_listed": [o.key for o in objects.list("nodriver")],
     "mem_types": agent.get_plugin_mem_types("FERRY"),
     "regions": sorted(endpoint.mr_info()),
 }
 endpoint.shutdown()
+objects.close()
+store.stop()
 print(json.dumps(out))
 """
 
@@ -167,11 +176,13 @@ def test_without_a_usable_driver_every_layer_refuses_cuda_memory_naming_why():
     assert got["cuda"]["usable"] is False and got["cuda"]["library"] == library
     assert reason.startswith("cannot load %s (no NVIDIA driver here)" % library), reason
     assert got["is_cuda_available"] is False
-    for layer in ("descriptor", "endpoint", "nixl", "nixl_tensor"):
+    for layer in ("descriptor", "endpoint", "nixl", "nixl_tensor", "objects_put", "objects_get"):
         assert got[layer] is not None, "%s took CUDA memory without a usable driver" % layer
         assert reason in got[layer], (layer, got[layer])
     assert "cuda:0" in got["descriptor"] and "cuda:0" in got["endpoint"]
     assert "VRAM_SEG" in got["nixl"] and "VRAM_SEG" in got["nixl_tensor"]
+    assert "cuda:0" in got["objects_put"] and "cuda:0" in got["objects_get"], got
+    assert got["objects_listed"] == []  # nothing was stored
     assert got["mem_types"] == ["DRAM_SEG"] and got["regions"] == []
 
 
@@ -409,3 +420,24 @@ def test_nixl_registers_vram_and_writes_it_between_two_agents():
     finally:
         a.agent.close()
         b.agent.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rdma", [False, True], ids=["http", "rdma"])
+def test_object_client_puts_from_and_gets_into_cuda_memory(rdma):
+    from ferry.objects import ObjectStore, ObjectClient
+    _, src = cuda_buffer(NBYTES)
+    _, dst = cuda_buffer(NBYTES + 4096)
+    fill(src, pattern(6))
+    with ObjectStore.start() as store:
+        client = ObjectClient(store.url, rdma=rdma)
+        assert client.rdma is rdma
+        client.create_bucket("gpu-objects")
+        client.put("gpu-objects", "tensor", src)   # over HTTP: copied from the device a piece at a time
+        assert client.head("gpu-objects", "tensor")["size"] == NBYTES
+        assert np.array_equal(np.frombuffer(client.get("gpu-objects", "tensor"), np.uint8), pattern(6))
+        assert client.get_into("gpu-objects", "tensor", dst) == NBYTES
+        landed = on_host(dst)
+        assert np.array_equal(landed[:NBYTES], pattern(6)), "GET into device memory"
+        assert not landed[NBYTES:].any(), "nothing past the object"
+        client.close()

@@ -164,10 +164,14 @@ class ObjectClient {
   Result<std::vector<ObjectInfo>> list(const std::string& bucket, const std::string& prefix = "");
 
   // Stores [data, +size) as the object (replacing it). kNotFound for a bucket that does not exist.
+  // data may be CUDA device memory (docs/gpu.md): over HTTP it is copied to the host through the
+  // driver a piece at a time as the socket takes it; over RDMA the engine registers it. A range
+  // that starts on a device and leaves it is kInvalidArgument; a copy the driver refuses fails the
+  // call with the driver's error.
   Status put(const std::string& bucket, const std::string& key, const void* data, uint64_t size);
   Status putFile(const std::string& bucket, const std::string& key, const std::string& path);
   // Reads the object into [data, +capacity): its size (kInvalidArgument when it does not fit,
-  // kNotFound when there is no such object).
+  // kNotFound when there is no such object). data may be CUDA device memory, as for put().
   Result<uint64_t> get(const std::string& bucket, const std::string& key, void* data, uint64_t capacity);
   Result<std::string> get(const std::string& bucket, const std::string& key);
   Status getFile(const std::string& bucket, const std::string& key, const std::string& path);
