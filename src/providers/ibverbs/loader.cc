@@ -37,6 +37,8 @@ struct Wanted {
   const char* name;
   Fn* slot;
 };
+template <typename Fn>
+Wanted(const char*, Fn*) -> Wanted<Fn>;  // spelled out: clang before 17 deduces no aggregate's
 
 // Resolves each of `wanted` in turn: false (and the reason) at the first one missing.
 template <typename... Fn>
