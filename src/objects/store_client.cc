@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -319,6 +320,8 @@ namespace {
 // Where [data, data + size) lives: host memory, or one device's memory throughout (a range that
 // starts on a device and leaves it is refused). Over HTTP, device memory is copied through the
 // driver a piece at a time as the socket takes or gives it; over RDMA the engine registers it.
+constexpr size_t kStagedPiece = 1 << 20;  // device memory staged for an HTTP body at a time
+
 Result<MemoryLocation> locateRange(const char* what, const void* data, uint64_t size) {
   const MemoryLocation where = size > 0 ? cuda::locate(data) : MemoryLocation{};
   if (where.onDevice() && cuda::locate(static_cast<const char*>(data) + size - 1) != where) {
@@ -340,6 +343,8 @@ Status ObjectClient::put(const std::string& bucket, const std::string& key, cons
   auto provider = [&, bytes, size, this](size_t offset, size_t length, httplib::DataSink& sink) {
     const char* piece = bytes + offset;
     if (where.onDevice()) {
+      // At most kStagedPiece at a time: httplib asks again for the rest from where this ends.
+      length = std::min<size_t>(length, kStagedPiece);
       staged.resize(length);
       copyError = cuda::copy(staged.data(), MemoryLocation{}, piece, where, length);
       if (!copyError.isOk()) return false;
