@@ -378,20 +378,37 @@ Result<uint64_t> ObjectClient::get(const std::string& bucket, const std::string&
   uint64_t got = 0;
   char* out = static_cast<char*>(data);
   Status copyError;
+  // Device memory: the body gathers in a host buffer and goes to the device kStagedPiece at a time
+  // (the socket gives a few KiB a call; a driver copy each would be most of the time spent).
+  std::vector<char> staged(where.onDevice() ? std::min<uint64_t>(info.size, kStagedPiece) : 0);
+  size_t pending = 0;  // gathered bytes not yet on the device: they land at out + got - pending
+  auto flush = [&] {
+    if (pending > 0)
+      copyError = cuda::copy(out + got - pending, where, staged.data(), MemoryLocation{}, pending);
+    pending = 0;
+    return copyError.isOk();
+  };
   auto receiver = [&](const char* bytes, size_t n) {
     if (n > capacity - got) return false;
-    if (where.onDevice()) {
-      copyError = cuda::copy(out + got, where, bytes, MemoryLocation{}, n);
-      if (!copyError.isOk()) return false;
-    } else {
+    if (!where.onDevice()) {
       std::memcpy(out + got, bytes, n);
+      got += n;
     }
-    got += n;
+    while (where.onDevice() && n > 0) {
+      const size_t take = std::min(n, staged.size() - pending);
+      std::memcpy(staged.data() + pending, bytes, take);
+      pending += take;
+      got += take;
+      bytes += take;
+      n -= take;
+      if (pending == staged.size() && !flush()) return false;
+    }
     if (impl_->opts.progress) impl_->opts.progress(got, info.size);
     return true;
   };
   Result<httplib::Result> res =
       impl_->raw("GET", impl_->objectPath(bucket, key), {}, nullptr, 0, nullptr, receiver);
+  if (res.isOk()) (void)flush();  // the last piece
   FERRY_RETURN_IF_ERROR(copyError);
   FERRY_RETURN_IF_ERROR(res.status());
   FERRY_RETURN_IF_ERROR(impl_->check("GET", impl_->objectPath(bucket, key), **res).status());
