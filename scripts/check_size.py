@@ -27,7 +27,6 @@ EXISTING = {
     ("src/connect/protocol.cc", "ferry::connect::decodeMessage"): (61, 16),
     ("src/endpoint/context.cc", "ferry::endpoint::RdmaContext::open"): (64, 22),
     ("src/endpoint/operations.cc", "ferry::endpoint::EndpointImpl::resolveTransfers"): (63, 24),
-    ("src/providers/ibverbs/context.cc", "ferry::ibverbs::IbvContext::getAsyncEvent"): (68, 32),
     ("src/providers/soft/rc_requester.cc", "ferry::soft::RcRequester::buildRequestFrame"): (65, 18),
     ("src/providers/soft/same_host/channel.cc", "ferry::soft::SameHostChannel::copyInTwo"): (65, 18),
     ("src/providers/soft/wire.cc", "ferry::soft::wire::encodeHeader"): (62, 15),

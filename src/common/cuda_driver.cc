@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -34,6 +35,16 @@ constexpr unsigned int kMemoryTypeUnified = 4;     // CU_MEMORYTYPE_UNIFIED
 constexpr unsigned int kStreamDefault = 0;
 constexpr int kDeviceAttributeDmaBufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
 constexpr int kRangeHandleTypeDmaBufFd = 1;           // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+constexpr unsigned int kIpcLazyEnablePeerAccess = 1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+constexpr unsigned int kHostRegisterPortable = 1;     // CU_MEMHOSTREGISTER_PORTABLE
+
+// CUipcMemHandle and CUuuid as the ABI has them (cuIpcOpenMemHandle takes the handle by value).
+struct CuIpcMemHandle {
+  char reserved[64];
+};
+struct CuUuid {
+  char bytes[16];
+};
 
 struct Api {
   CuResult (*init)(unsigned int) = nullptr;
@@ -54,6 +65,15 @@ struct Api {
   // Optional (CUDA 11.7 and later): dma-buf export for GPUDirect RDMA.
   CuResult (*deviceGetAttribute)(int*, int, int) = nullptr;
   CuResult (*memGetHandleForAddressRange)(void*, CuDevicePtr, size_t, int, unsigned long long) = nullptr;
+  // Optional: CUDA IPC between processes of one host (the same-host path's device copies).
+  CuResult (*memGetAddressRange)(CuDevicePtr*, size_t*, CuDevicePtr) = nullptr;
+  CuResult (*ipcGetMemHandle)(CuIpcMemHandle*, CuDevicePtr) = nullptr;
+  CuResult (*ipcOpenMemHandle)(CuDevicePtr*, CuIpcMemHandle, unsigned int) = nullptr;
+  CuResult (*ipcCloseMemHandle)(CuDevicePtr) = nullptr;
+  CuResult (*deviceGetUuid)(CuUuid*, int) = nullptr;
+  // Optional: pinning host memory (the staging buffers).
+  CuResult (*memHostRegister)(void*, size_t, unsigned int) = nullptr;
+  CuResult (*memHostUnregister)(void*) = nullptr;
 };
 
 struct Loaded {
@@ -114,7 +134,15 @@ Loaded load() {
   (void)resolve(library, "cuGetErrorString", &loaded.api.getErrorString, &loaded);
   (void)resolve(library, "cuDeviceGetAttribute", &loaded.api.deviceGetAttribute, &loaded);
   (void)resolve(library, "cuMemGetHandleForAddressRange", &loaded.api.memGetHandleForAddressRange, &loaded);
-  info.reason.clear();  // these three are optional
+  (void)resolve(library, "cuMemGetAddressRange_v2", &loaded.api.memGetAddressRange, &loaded);
+  (void)resolve(library, "cuIpcGetMemHandle", &loaded.api.ipcGetMemHandle, &loaded);
+  (void)resolve(library, "cuIpcOpenMemHandle_v2", &loaded.api.ipcOpenMemHandle, &loaded);
+  (void)resolve(library, "cuIpcCloseMemHandle", &loaded.api.ipcCloseMemHandle, &loaded);
+  (void)resolve(library, "cuMemHostRegister_v2", &loaded.api.memHostRegister, &loaded);
+  (void)resolve(library, "cuMemHostUnregister", &loaded.api.memHostUnregister, &loaded);
+  if (!resolve(library, "cuDeviceGetUuid_v2", &loaded.api.deviceGetUuid, &loaded))
+    (void)resolve(library, "cuDeviceGetUuid", &loaded.api.deviceGetUuid, &loaded);
+  info.reason.clear();  // these are optional
   if (CuResult rc = api.init(0); rc != kCudaSuccess) {
     info.reason = "cuInit: " + errorText(api, rc);
     return loaded;
@@ -136,6 +164,24 @@ const Loaded& loaded() {
   return l;
 }
 
+// A context made current on this thread for one scope (pushed, and popped when the scope ends), so
+// that the calling thread's current context is left as it was.
+class ScopedContext {
+ public:
+  explicit ScopedContext(CuContext context) : rc_(loaded().api.ctxPushCurrent(context)) {}
+  ~ScopedContext() {
+    CuContext popped = nullptr;
+    if (rc_ == kCudaSuccess) (void)loaded().api.ctxPopCurrent(&popped);
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+  // cuCtxPushCurrent's result: anything but success and nothing was pushed.
+  CuResult result() const { return rc_; }
+
+ private:
+  CuResult rc_;
+};
+
 // The driver's device memory. Copies run on streams of ferry's own, in the device's primary
 // context (pushed for the copy and popped after, so the calling thread's current context is left
 // as it was), and are waited for before the call returns.
@@ -144,6 +190,11 @@ class DriverMemory final : public DeviceMemory {
   MemoryLocation locate(const void* addr) override;
   Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n) override;
   Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where) override;
+  Result<IpcHandle> exportIpc(const void* addr, MemoryLocation where) override;
+  Result<IpcMapping> openIpc(const IpcHandle& handle) override;
+  void closeIpc(const IpcMapping& mapping) override;
+  bool pinHost(void* addr, size_t length) override;
+  void unpinHost(void* addr) override;
 
  private:
   struct Device {
@@ -156,6 +207,8 @@ class DriverMemory final : public DeviceMemory {
   Result<CuStream> takeStream(int device);
   void giveBack(int device, CuStream stream);
   Status failed(const char* call, CuResult rc, size_t n) const;
+  // The device's UUID (cuDeviceGetUuid), or why there is none.
+  Result<std::array<uint8_t, 16>> uuidOf(int device);
 
   std::mutex mu_;
   std::map<int, Device> devices_;
@@ -240,7 +293,8 @@ Status DriverMemory::copy(void* dst, MemoryLocation to, const void* src, MemoryL
   if (from.onDevice() && to.onDevice() && to.device != from.device) {
     FERRY_ASSIGN_OR_RETURN(peer, contextOf(to.device));
   }
-  if (CuResult rc = api.ctxPushCurrent(context); rc != kCudaSuccess) return failed("cuCtxPushCurrent", rc, n);
+  ScopedContext current(context);
+  if (current.result() != kCudaSuccess) return failed("cuCtxPushCurrent", current.result(), n);
   Result<CuStream> stream = takeStream(device);
   CuResult rc = kCudaSuccess;
   const char* call = "cuStreamCreate";
@@ -266,8 +320,6 @@ Status DriverMemory::copy(void* dst, MemoryLocation to, const void* src, MemoryL
     }
     giveBack(device, *stream);
   }
-  CuContext popped = nullptr;
-  (void)api.ctxPopCurrent(&popped);
   if (!stream.isOk()) return stream.status();
   return rc == kCudaSuccess ? Status::ok() : failed(call, rc, n);
 }
@@ -295,15 +347,104 @@ Result<DmaBuf> DriverMemory::exportDmaBuf(const void* addr, size_t length, Memor
   const uint64_t base = start & ~(page - 1);
   const uint64_t end = (start + length + page - 1) & ~(page - 1);
   FERRY_ASSIGN_OR_RETURN(CuContext context, contextOf(where.device));
-  if (CuResult rc = l.api.ctxPushCurrent(context); rc != kCudaSuccess)
-    return Status(StatusCode::kIoError, what + "cuCtxPushCurrent: " + errorText(l.api, rc));
+  ScopedContext current(context);
+  if (current.result() != kCudaSuccess)
+    return Status(StatusCode::kIoError, what + "cuCtxPushCurrent: " + errorText(l.api, current.result()));
   int fd = -1;
   const CuResult rc = l.api.memGetHandleForAddressRange(&fd, base, end - base, kRangeHandleTypeDmaBufFd, 0);
-  CuContext popped = nullptr;
-  (void)l.api.ctxPopCurrent(&popped);
   if (rc != kCudaSuccess)
     return notSupported(what + "cuMemGetHandleForAddressRange: " + errorText(l.api, rc));
   return DmaBuf{fd, start - base};
+}
+
+Result<std::array<uint8_t, 16>> DriverMemory::uuidOf(int device) {
+  const Api& api = loaded().api;
+  int handle = 0;
+  CuUuid uuid{};
+  if (CuResult rc = api.deviceGet(&handle, device); rc != kCudaSuccess) return failed("cuDeviceGet", rc, 0);
+  if (CuResult rc = api.deviceGetUuid(&uuid, handle); rc != kCudaSuccess)
+    return failed("cuDeviceGetUuid", rc, 0);
+  std::array<uint8_t, 16> out{};
+  std::memcpy(out.data(), uuid.bytes, out.size());
+  return out;
+}
+
+Result<IpcHandle> DriverMemory::exportIpc(const void* addr, MemoryLocation where) {
+  const Loaded& l = loaded();
+  const std::string what = "CUDA IPC of " + where.toString() + " memory: ";
+  if (!l.info.usable) return notSupported(what + "the driver is not usable: " + l.info.reason);
+  if (l.api.memGetAddressRange == nullptr || l.api.ipcGetMemHandle == nullptr ||
+      l.api.deviceGetUuid == nullptr)
+    return notSupported(what + "the driver has no cuIpcGetMemHandle");
+  FERRY_ASSIGN_OR_RETURN(CuContext context, contextOf(where.device));
+  ScopedContext current(context);
+  if (current.result() != kCudaSuccess)
+    return Status(StatusCode::kIoError, what + "cuCtxPushCurrent: " + errorText(l.api, current.result()));
+  IpcHandle out;
+  size_t length = 0;
+  // The handle names a whole allocation (cudaMalloc's, or a caching allocator's block the range
+  // is carved from): the opener adds the range's offset inside it.
+  if (CuResult rc = l.api.memGetAddressRange(&out.base, &length, reinterpret_cast<CuDevicePtr>(addr));
+      rc != kCudaSuccess) {
+    return notSupported(what + "cuMemGetAddressRange: " + errorText(l.api, rc));
+  }
+  out.length = length;
+  CuIpcMemHandle handle{};
+  if (CuResult rc = l.api.ipcGetMemHandle(&handle, out.base); rc != kCudaSuccess)
+    return notSupported(what + "cuIpcGetMemHandle: " + errorText(l.api, rc));
+  std::memcpy(out.bytes.data(), handle.reserved, out.bytes.size());
+  FERRY_ASSIGN_OR_RETURN(out.uuid, uuidOf(where.device));
+  return out;
+}
+
+Result<IpcMapping> DriverMemory::openIpc(const IpcHandle& handle) {
+  const Loaded& l = loaded();
+  if (!l.info.usable) return notSupported("CUDA IPC: the driver is not usable: " + l.info.reason);
+  if (l.api.ipcOpenMemHandle == nullptr || l.api.ipcCloseMemHandle == nullptr ||
+      l.api.deviceGetUuid == nullptr)
+    return notSupported("CUDA IPC: the driver has no cuIpcOpenMemHandle");
+  for (int device = 0; device < l.info.devices; ++device) {
+    Result<std::array<uint8_t, 16>> uuid = uuidOf(device);
+    if (!uuid.isOk() || *uuid != handle.uuid) continue;
+    FERRY_ASSIGN_OR_RETURN(CuContext context, contextOf(device));
+    ScopedContext current(context);
+    if (current.result() != kCudaSuccess) return failed("cuCtxPushCurrent", current.result(), 0);
+    CuIpcMemHandle raw{};
+    std::memcpy(raw.reserved, handle.bytes.data(), handle.bytes.size());
+    CuDevicePtr base = 0;
+    if (CuResult rc = l.api.ipcOpenMemHandle(&base, raw, kIpcLazyEnablePeerAccess); rc != kCudaSuccess)
+      return Status(StatusCode::kUnavailable, "CUDA IPC: cuIpcOpenMemHandle: " + errorText(l.api, rc));
+    return IpcMapping{reinterpret_cast<void*>(base), MemoryLocation{MemoryKind::kCuda, device}};
+  }
+  return Status(StatusCode::kNotFound, "CUDA IPC: the exporter's device is not visible to this process");
+}
+
+void DriverMemory::closeIpc(const IpcMapping& mapping) {
+  const Loaded& l = loaded();
+  if (mapping.base == nullptr || l.api.ipcCloseMemHandle == nullptr) return;
+  Result<CuContext> context = contextOf(mapping.where.device);
+  if (!context.isOk()) return;
+  ScopedContext current(*context);
+  if (current.result() == kCudaSuccess)
+    (void)l.api.ipcCloseMemHandle(reinterpret_cast<CuDevicePtr>(mapping.base));
+}
+
+bool DriverMemory::pinHost(void* addr, size_t length) {
+  const Loaded& l = loaded();
+  if (!l.info.usable || l.api.memHostRegister == nullptr || l.api.memHostUnregister == nullptr) return false;
+  Result<CuContext> context = contextOf(0);  // portable: every context sees it pinned
+  if (!context.isOk()) return false;
+  ScopedContext current(*context);
+  return current.result() == kCudaSuccess &&
+         l.api.memHostRegister(addr, length, kHostRegisterPortable) == kCudaSuccess;
+}
+
+void DriverMemory::unpinHost(void* addr) {
+  const Loaded& l = loaded();
+  Result<CuContext> context = contextOf(0);
+  if (!context.isOk()) return;
+  ScopedContext current(*context);
+  if (current.result() == kCudaSuccess) (void)l.api.memHostUnregister(addr);
 }
 
 DriverMemory& driverMemory() {
@@ -340,6 +481,39 @@ Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, 
 
 Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where) {
   return current().exportDmaBuf(addr, length, where);
+}
+
+Result<IpcHandle> exportIpc(const void* addr, MemoryLocation where) {
+  return current().exportIpc(addr, where);
+}
+Result<IpcMapping> openIpc(const IpcHandle& handle) { return current().openIpc(handle); }
+void closeIpc(const IpcMapping& mapping) { current().closeIpc(mapping); }
+
+PinnedHost::PinnedHost(void* addr, size_t length) {
+  if (addr != nullptr && length > 0 && current().pinHost(addr, length)) addr_ = addr;
+}
+
+PinnedHost::~PinnedHost() {
+  if (addr_ != nullptr) current().unpinHost(addr_);
+}
+
+PinnedHost& PinnedHost::operator=(PinnedHost&& other) noexcept {
+  if (this != &other) {
+    if (addr_ != nullptr) current().unpinHost(addr_);
+    addr_ = other.addr_;
+    other.addr_ = nullptr;
+  }
+  return *this;
+}
+
+std::string peerMemoryModule(const std::string& sysRoot) {
+  // A loaded module has its directory under /sys/module; the older module also registers itself
+  // with the kernel's peer memory clients (Mellanox OFED's memory_peers).
+  for (const char* module : {"nvidia_peermem", "nv_peer_mem"}) {
+    if (::access((sysRoot + "/module/" + module).c_str(), F_OK) == 0) return module;
+  }
+  if (::access((sysRoot + "/kernel/mm/memory_peers/nv_mem/version").c_str(), F_OK) == 0) return "nv_peer_mem";
+  return "";
 }
 
 bool deviceMemoryRegistered() { return registeredDeviceMemory.load(std::memory_order_relaxed); }

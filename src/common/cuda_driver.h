@@ -5,6 +5,7 @@
 // software devices stage device memory through host buffers; docs/gpu.md).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,6 +36,23 @@ struct DmaBuf {
   uint64_t offset = 0;
 };
 
+// The CUDA IPC handle of the allocation a range of device memory lies in (cuIpcGetMemHandle), for
+// another process of this host to open (cuIpcOpenMemHandle): the same-host path's device-to-device
+// copies between processes (docs/gpu.md). Whoever holds the 64 bytes may open the allocation as a
+// process of the same user: keep them where only such processes read.
+struct IpcHandle {
+  std::array<uint8_t, 64> bytes{};
+  std::array<uint8_t, 16> uuid{};  // the device's UUID: its ordinal may differ in the other process
+  uint64_t base = 0;               // the allocation in the exporting process
+  uint64_t length = 0;
+};
+
+// An IpcHandle opened in this process: the allocation's address here and the device it is on.
+struct IpcMapping {
+  void* base = nullptr;
+  MemoryLocation where;
+};
+
 // Device memory as ferry reaches it: the driver's (the default), or one a test installs.
 class DeviceMemory {
  public:
@@ -53,6 +71,22 @@ class DeviceMemory {
   virtual Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where) {
     return notSupported("export as a dma-buf: " + where.toString() + " cannot be exported");
   }
+  // The IPC handle of the allocation addr lies in, on device `where`, or why there is none (memory
+  // the driver cannot share between processes: virtual memory management's, or managed memory).
+  virtual Result<IpcHandle> exportIpc(const void* addr, MemoryLocation where) {
+    return notSupported("CUDA IPC: " + where.toString() + " shares no memory between processes");
+  }
+  // Opens a handle another process exported, on this process's device with the handle's UUID
+  // (peer access enabled as needed); kNotFound when no device here has it. Opening a handle this
+  // process exported is an error: the exporter uses its own pointer.
+  virtual Result<IpcMapping> openIpc(const IpcHandle& handle) {
+    return notSupported("CUDA IPC: no device memory of another process can be opened here");
+  }
+  // Closes what openIpc opened (the exporter's allocation is unaffected).
+  virtual void closeIpc(const IpcMapping& mapping) {}
+  // Pins host memory for the device's copies (cuMemHostRegister); false where it cannot.
+  virtual bool pinHost(void* addr, size_t length) { return false; }
+  virtual void unpinHost(void* addr) {}
 };
 
 // Installs the device memory every call below uses (nullptr: the driver's again). For tests that
@@ -64,6 +98,34 @@ void installDeviceMemory(DeviceMemory* memory);
 MemoryLocation locate(const void* addr);
 Status copy(void* dst, MemoryLocation to, const void* src, MemoryLocation from, size_t n);
 Result<DmaBuf> exportDmaBuf(const void* addr, size_t length, MemoryLocation where);
+Result<IpcHandle> exportIpc(const void* addr, MemoryLocation where);
+Result<IpcMapping> openIpc(const IpcHandle& handle);
+void closeIpc(const IpcMapping& mapping);
+
+// Host memory pinned for the device's copies while this lives (cuMemHostRegister, portable to every
+// context): copies to and from it run at the bus's speed as DMA, not through the driver's own bounce
+// buffers. Where the driver is not usable or refuses, the memory stays as it was (pinned() false)
+// and copies with it still work. The software devices pin their staging buffers once they carry
+// device memory.
+class PinnedHost {
+ public:
+  PinnedHost() = default;
+  PinnedHost(void* addr, size_t length);
+  ~PinnedHost();
+  PinnedHost(PinnedHost&& other) noexcept : addr_(other.addr_) { other.addr_ = nullptr; }
+  PinnedHost& operator=(PinnedHost&& other) noexcept;
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  bool pinned() const { return addr_ != nullptr; }
+
+ private:
+  void* addr_ = nullptr;
+};
+
+// The kernel module that lets an RDMA NIC register CUDA device pointers with plain ibv_reg_mr
+// (GPUDirect RDMA through peer memory, where the driver exports no dma-bufs): "nvidia_peermem", or
+// the older "nv_peer_mem", when sysfs under sysRoot shows it loaded; "" when neither is.
+std::string peerMemoryModule(const std::string& sysRoot = "/sys");
 
 // Whether this process registered device memory (noteDeviceMemoryRegistered): until it has, a
 // pointer ferry is handed without a registration (inline data) is host memory and needs no

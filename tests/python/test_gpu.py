@@ -10,7 +10,7 @@ raises ``nixlNotFoundError``.
 
 With a driver and a device (marker ``gpu``, ctest label ``gpu``): memory a GPU holds registers and
 moves, the bytes checked on the device: the Endpoint API (WRITE, READ, send/recv, between two
-endpoints and to and from host memory), ferry.connect (a readable and a writable operation on
+endpoints and to and from host memory; between two processes by CUDA IPC), ferry.connect (a readable and a writable operation on
 CUDA tensors between two Connectors), ferry.nixl (VRAM registrations, a WRITE between two agents).
 Without a usable driver these tests skip with its reason, and fail instead under
 ``FERRY_REQUIRE_CUDA=1``. The memory comes from torch or CuPy where they have CUDA, else from the
@@ -19,10 +19,12 @@ driver itself (``DriverBuffer``): so CI runs them too (ctest ``python.test_gpu.t
 when the host touches it."""
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -313,6 +315,7 @@ def test_endpoint_api_moves_cuda_memory_both_ways_and_by_send_recv():
     dst_ptr, dst = cuda_buffer(NBYTES)
     _, back = cuda_buffer(NBYTES)
     fill(src, pattern(1))
+    start = driver_counts()
     a, b = ferry.RDMAEndpoint(), ferry.RDMAEndpoint()
     try:
         local = a.register_memory_region("src", src_ptr, 0, NBYTES)   # by data_ptr, on both sides
@@ -341,10 +344,108 @@ def test_endpoint_api_moves_cuda_memory_both_ways_and_by_send_recv():
         a.send([(local, 0, NBYTES)], None).wait(WAIT)
         received.wait(WAIT)
         assert received.nbytes() == NBYTES and same_on_device(dst, src), "send/recv: device to device"
+        if start is not None:   # a SEND is staged: the sender's and the receiver's staging buffers are pinned
+            assert driver_counts()["pinned"] - start["pinned"] >= 2, (start, driver_counts())
         assert np.array_equal(on_host(src), pattern(1)), "the source is unchanged"
     finally:
         a.shutdown()
         b.shutdown()
+    deadline = time.monotonic() + WAIT
+    while start is not None:   # connections end on their own threads after shutdown returns
+        end = driver_counts()
+        if end["unpinned"] - start["unpinned"] == end["pinned"] - start["pinned"]:
+            break
+        assert time.monotonic() < deadline, ("a staging buffer stayed pinned after its connection went", start, end)
+        time.sleep(0.01)
+
+
+def driver_counts():
+    """The test driver's (libferry_test_cuda.so) copies, IPC opens and host pinnings so far in this
+    process: {"htod", "dtoh", "dtod", "opened", "closed", "pinned", "unpinned"}; None with any
+    other driver."""
+    import ctypes
+    counts = getattr(ctypes.CDLL(ferry._core.cuda()["library"]), "ferry_test_cuda_counts", None)
+    if counts is None:
+        return None
+    out = (ctypes.c_uint64 * 7)()
+    counts(out)
+    return dict(zip(("htod", "dtoh", "dtod", "opened", "closed", "pinned", "unpinned"), out))
+
+
+class GpuPeer:
+    """tests/python/gpu_peer.py: an Endpoint API target in another process whose region "dst" is
+    device memory. One JSON line per command and answer; every read has a deadline."""
+
+    def __init__(self):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_peer.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def read(self, timeout=WAIT):
+        got = {}
+        reader = threading.Thread(target=lambda: got.setdefault("line", self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        assert got.get("line"), "the GPU peer did not answer within %s s (exit code %s)" % (timeout, self.proc.poll())
+        return json.loads(got["line"])
+
+    def send(self, obj):
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def call(self, **cmd):
+        self.send(cmd)
+        answer = self.read()
+        assert answer.get("ok"), answer
+        return answer
+
+    def close(self):
+        try:
+            if self.proc.poll() is None:
+                self.call(cmd="quit")
+            self.proc.wait(WAIT)
+        except (AssertionError, OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.mark.gpu
+def test_endpoint_api_moves_cuda_memory_between_processes_device_to_device():
+    """Two processes of one host: WRITE and READ between this process's device memory and the
+    other's take the same-host path's CUDA IPC (the other's allocation opened here by its handle,
+    one device-to-device copy each), not the connection's staging through host memory."""
+    src_ptr, src = cuda_buffer(NBYTES)
+    back_ptr, back = cuda_buffer(NBYTES)
+    fill(src, pattern(7))
+    peer = GpuPeer()
+    a = ferry.RDMAEndpoint()
+    try:
+        hello = peer.read()
+        local = a.register_memory_region("src", src_ptr, 0, NBYTES)
+        into = a.register_memory_region("back", back_ptr, 0, NBYTES)
+        a.connect(hello["info"])
+        peer.send(a.endpoint_info())
+        assert peer.read()["ready"]
+        remote = a.register_remote_memory_region("dst", hello["mr"])
+        # The first request may go over the connection while the same-host path comes up.
+        a.write([(local, remote, 0, 0, 64)], None).wait(WAIT)
+        before = driver_counts()
+        a.write([(local, remote, 0, 0, NBYTES)], None).wait(WAIT)
+        assert peer.call(cmd="digest")["sha256"] == hashlib.sha256(pattern(7).tobytes()).hexdigest(), \
+            "WRITE: device to the other process's device"
+        peer.call(cmd="fill", seed=8)
+        a.read([(into, remote, 0, 0, NBYTES)], None).wait(WAIT)
+        after = driver_counts()
+        assert np.array_equal(on_host(back), pattern(8)), \
+            "READ: the other process's device to this one's"
+        if before is not None:   # the test driver: which copies moved the bytes
+            assert after["opened"] >= 1, "the other process's allocation was opened by its IPC handle"
+            assert after["dtod"] - before["dtod"] == 2, (before, after)
+            assert (after["htod"], after["dtoh"]) == (before["htod"], before["dtoh"]), \
+                "no byte was staged through host memory"
+    finally:
+        a.shutdown()
+        peer.close()
 
 
 @pytest.mark.gpu

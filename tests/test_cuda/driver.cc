@@ -8,32 +8,70 @@
 // cuMemAlloc hands out 4 KiB-aligned pieces of a 1 GiB range and never reuses them. The C ABI is
 // the driver's own: CUresult (0 success, 1 CUDA_ERROR_INVALID_VALUE), CUdeviceptr as 64 bits.
 // Nothing of ferry is linked in: ferry finds this library as it finds libcuda.so.1, by dlopen.
+//
+// CUDA IPC between processes works as the driver's does, within one host: the bytes are in a memfd,
+// a handle names the exporter's pid, the memfd's descriptor and the allocation's place in it, and
+// cuIpcOpenMemHandle maps that part of the exporter's memfd (through /proc/<pid>/fd) at device
+// addresses of its own. Opening a handle of one's own process is an error, as with the driver.
+// ferry_test_cuda_counts() tells a test which copies ran (and how many handles were opened), so
+// it can check which path moved the bytes.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 namespace {
 
 constexpr int kSuccess = 0;
-constexpr int kInvalidValue = 1;    // CUDA_ERROR_INVALID_VALUE
-constexpr int kOutOfMemory = 2;     // CUDA_ERROR_OUT_OF_MEMORY
-constexpr int kNotInitialized = 3;  // CUDA_ERROR_NOT_INITIALIZED
-constexpr int kMemoryTypeAttr = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr int kIsManagedAttr = 8;   // CU_POINTER_ATTRIBUTE_IS_MANAGED
-constexpr int kOrdinalAttr = 9;     // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr int kInvalidValue = 1;      // CUDA_ERROR_INVALID_VALUE
+constexpr int kOutOfMemory = 2;       // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kNotInitialized = 3;    // CUDA_ERROR_NOT_INITIALIZED
+constexpr int kMemoryTypeAttr = 2;    // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kIsManagedAttr = 8;     // CU_POINTER_ATTRIBUTE_IS_MANAGED
+constexpr int kOrdinalAttr = 9;       // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr size_t kCapacity = size_t{1} << 30;
+constexpr uint64_t kHandleMagic = 0x4150494475637466ull;  // "ftcuDIPA"
+
+// What an IPC handle holds (64 bytes, as CUipcMemHandle).
+struct Handle {
+  uint64_t magic;
+  uint64_t pid;
+  uint64_t fd;      // the exporter's memfd
+  uint64_t offset;  // the allocation, in it
+  uint64_t length;
+  uint64_t unused[3];
+};
+static_assert(sizeof(Handle) == 64);
+
+// A run of device addresses and where its bytes are: an allocation of this process (in the
+// memfd), or one another process exported and this one opened (a mapping of that memfd).
+struct Range {
+  size_t length = 0;
+  uint8_t* bytes = nullptr;
+  bool opened = false;
+};
 
 struct Device {
   std::mutex mu;
   bool initialized = false;
+  int memfd = -1;
   uint8_t* reserved = nullptr;  // the device addresses: PROT_NONE
-  uint8_t* backing = nullptr;   // their bytes
+  uint8_t* backing = nullptr;   // the bytes of this process's allocations: the memfd
   size_t used = 0;
+  std::map<uint64_t, Range> ranges;  // by first device address
+  std::atomic<uint64_t> counts[7]{};
 };
+
+enum Count { kHtoD, kDtoH, kDtoD, kOpened, kClosed, kPinned, kUnpinned };
 
 Device& device() {
   static Device* d = new Device();  // never destroyed: copies may run at exit
@@ -46,10 +84,26 @@ bool onDevice(uint64_t addr, size_t n) {
   return d.reserved != nullptr && addr >= base && n <= kCapacity && addr - base <= kCapacity - n;
 }
 
-uint8_t* bytesOf(uint64_t addr) {
+// The range [addr, addr + n) lies in, its first address in *first; nullptr when none holds it all.
+const Range* rangeOf(uint64_t addr, size_t n, uint64_t* first) {
   Device& d = device();
-  return d.backing + (addr - reinterpret_cast<uint64_t>(d.reserved));
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.ranges.upper_bound(addr);
+  if (it == d.ranges.begin()) return nullptr;
+  --it;
+  if (addr - it->first > it->second.length || n > it->second.length - (addr - it->first)) return nullptr;
+  *first = it->first;
+  return &it->second;
 }
+
+// The bytes of [addr, addr + n) when they lie in one range; nullptr otherwise.
+uint8_t* bytesOf(uint64_t addr, size_t n) {
+  uint64_t first = 0;
+  const Range* r = rangeOf(addr, n, &first);
+  return r == nullptr ? nullptr : r->bytes + (addr - first);
+}
+
+void count(Count what) { device().counts[what].fetch_add(1, std::memory_order_relaxed); }
 
 int context = 1;  // what a context or a stream handle points at: a valid, opaque pointer
 
@@ -62,9 +116,12 @@ int cuInit(unsigned int) {
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.initialized) return kSuccess;
   void* reserved = mmap(nullptr, kCapacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  void* backing =
-      mmap(nullptr, kCapacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED || backing == MAP_FAILED) return kOutOfMemory;
+  if (reserved == MAP_FAILED) return kOutOfMemory;
+  // The memfd is sparse: only the pages written take memory.
+  d.memfd = memfd_create("ferry-test-cuda", MFD_CLOEXEC);
+  if (d.memfd < 0 || ftruncate(d.memfd, static_cast<off_t>(kCapacity)) != 0) return kOutOfMemory;
+  void* backing = mmap(nullptr, kCapacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, d.memfd, 0);
+  if (backing == MAP_FAILED) return kOutOfMemory;
   d.reserved = static_cast<uint8_t*>(reserved);
   d.backing = static_cast<uint8_t*>(backing);
   d.initialized = true;
@@ -125,25 +182,119 @@ int cuMemAlloc_v2(uint64_t* out, size_t n) {
   const size_t aligned = (n + 4095) & ~size_t{4095};
   if (n == 0 || aligned > kCapacity - d.used) return kOutOfMemory;
   *out = reinterpret_cast<uint64_t>(d.reserved + d.used);
+  d.ranges[*out] = Range{aligned, d.backing + d.used, false};
   d.used += aligned;
   return kSuccess;
 }
 
 int cuMemFree_v2(uint64_t ptr) { return onDevice(ptr, 1) ? kSuccess : kInvalidValue; }
 
+int cuMemGetAddressRange_v2(uint64_t* base, size_t* length, uint64_t ptr) {
+  uint64_t first = 0;
+  const Range* r = rangeOf(ptr, 1, &first);
+  if (r == nullptr) return kInvalidValue;
+  if (base != nullptr) *base = first;
+  if (length != nullptr) *length = r->length;
+  return kSuccess;
+}
+
+int cuDeviceGetUuid(unsigned char* uuid, int device) {
+  if (device != 0) return kInvalidValue;
+  std::memcpy(uuid, "ferry-test-gpu-0", 16);
+  return kSuccess;
+}
+int cuDeviceGetUuid_v2(unsigned char* uuid, int device) { return cuDeviceGetUuid(uuid, device); }
+
+int cuIpcGetMemHandle(Handle* handle, uint64_t ptr) {
+  uint64_t first = 0;
+  const Range* r = rangeOf(ptr, 1, &first);
+  if (r == nullptr || first != ptr || r->opened) return kInvalidValue;  // an allocation of ours, its start
+  Device& d = device();
+  *handle = Handle{kHandleMagic,
+                   static_cast<uint64_t>(getpid()),
+                   static_cast<uint64_t>(d.memfd),
+                   static_cast<uint64_t>(r->bytes - d.backing),
+                   r->length,
+                   {}};
+  return kSuccess;
+}
+
+// CUipcMemHandle by value, as the driver takes it.
+int cuIpcOpenMemHandle_v2(uint64_t* out, Handle handle, unsigned int) {
+  Device& d = device();
+  if (!d.initialized || handle.magic != kHandleMagic || handle.length == 0 || handle.length > kCapacity)
+    return kInvalidValue;
+  if (handle.pid == static_cast<uint64_t>(getpid())) return kInvalidContext;  // as the driver: not one's own
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%llu/fd/%llu", static_cast<unsigned long long>(handle.pid),
+                static_cast<unsigned long long>(handle.fd));
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return kInvalidValue;
+  void* bytes =
+      mmap(nullptr, handle.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(handle.offset));
+  close(fd);
+  if (bytes == MAP_FAILED) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (handle.length > kCapacity - d.used) {
+    munmap(bytes, handle.length);
+    return kOutOfMemory;
+  }
+  *out = reinterpret_cast<uint64_t>(d.reserved + d.used);
+  d.ranges[*out] = Range{handle.length, static_cast<uint8_t*>(bytes), true};
+  d.used += handle.length;
+  count(kOpened);
+  return kSuccess;
+}
+
+int cuIpcCloseMemHandle(uint64_t ptr) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.ranges.find(ptr);
+  if (it == d.ranges.end() || !it->second.opened) return kInvalidValue;
+  munmap(it->second.bytes, it->second.length);
+  d.ranges.erase(it);  // its device addresses are not handed out again
+  count(kClosed);
+  return kSuccess;
+}
+
+// Pinning host memory changes nothing here but the counts.
+int cuMemHostRegister_v2(void* addr, size_t n, unsigned int) {
+  if (addr == nullptr || n == 0) return kInvalidValue;
+  count(kPinned);
+  return kSuccess;
+}
+int cuMemHostUnregister(void* addr) {
+  if (addr == nullptr) return kInvalidValue;
+  count(kUnpinned);
+  return kSuccess;
+}
+
+// For tests: host-to-device, device-to-host and device-to-device copies made so far, IPC handles
+// opened and closed, host ranges pinned and unpinned.
+void ferry_test_cuda_counts(uint64_t* out) {
+  for (int i = 0; i < 7; ++i) out[i] = device().counts[i].load(std::memory_order_relaxed);
+}
+
 int cuMemcpyHtoD_v2(uint64_t dst, const void* src, size_t n) {
-  if (!onDevice(dst, n)) return kInvalidValue;
-  std::memcpy(bytesOf(dst), src, n);
+  uint8_t* to = bytesOf(dst, n);
+  if (to == nullptr) return kInvalidValue;
+  std::memcpy(to, src, n);
+  count(kHtoD);
   return kSuccess;
 }
 int cuMemcpyDtoH_v2(void* dst, uint64_t src, size_t n) {
-  if (!onDevice(src, n)) return kInvalidValue;
-  std::memcpy(dst, bytesOf(src), n);
+  const uint8_t* from = bytesOf(src, n);
+  if (from == nullptr) return kInvalidValue;
+  std::memcpy(dst, from, n);
+  count(kDtoH);
   return kSuccess;
 }
 int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n) {
-  if (!onDevice(dst, n) || !onDevice(src, n)) return kInvalidValue;
-  std::memmove(bytesOf(dst), bytesOf(src), n);
+  uint8_t* to = bytesOf(dst, n);
+  const uint8_t* from = bytesOf(src, n);
+  if (to == nullptr || from == nullptr) return kInvalidValue;
+  std::memmove(to, from, n);
+  count(kDtoD);
   return kSuccess;
 }
 int cuMemcpyHtoDAsync_v2(uint64_t dst, const void* src, size_t n, void*) {

@@ -346,7 +346,8 @@ struct DeviceInfo {
   // naming why): "staged" copies it through host buffers of the device's own, a piece at a time,
   // as each message goes out or lands (the software devices); "dma-buf" registers it with the NIC,
   // which reads and writes it in place (GPUDirect RDMA; the CUDA driver must export the memory as
-  // a dma-buf). docs/gpu.md.
+  // a dma-buf); "peer-memory" registers device pointers with ibv_reg_mr, which the NVIDIA peer
+  // memory module (nvidia_peermem) resolves, on a NIC or kernel without dma-bufs. docs/gpu.md.
   std::string deviceMemory;
 };
 

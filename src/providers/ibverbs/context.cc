@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/cuda_driver.h"
 #include "common/log.h"
 #include "ferry/common/config.h"
 #include "providers/ibverbs/ibverbs.h"
@@ -232,7 +233,7 @@ IbvContext::IbvContext(const Api& api, ibv_context* context, verbs::DeviceInfo i
   }
   ibv_device_attr attr{};
   if (api_.queryDevice(context_, &attr) == 0) portCount_ = attr.phys_port_cnt;
-  probeDmaBuf();
+  probeDeviceMemory();
 }
 
 // Asked as UCX asks it: registering no buffer (fd -1) fails with EBADF on a device that takes
@@ -261,6 +262,16 @@ void IbvContext::probeDmaBuf() {
     return;
   }
   info_.deviceMemory = "dma-buf";
+}
+
+void IbvContext::probeDeviceMemory() {
+  probeDmaBuf();
+  if (info_.deviceMemory.empty()) {
+    // No dma-bufs: the NVIDIA peer memory module, where loaded, lets ibv_reg_mr take device
+    // pointers (GPUDirect RDMA as it was before dma-bufs).
+    peerMemory_ = cuda::peerMemoryModule();
+    if (!peerMemory_.empty()) info_.deviceMemory = "peer-memory";
+  }
 }
 
 IbvContext::~IbvContext() { close(); }
@@ -551,6 +562,49 @@ void IbvContext::removeSrq(ibv_srq* srq) {
   srqs_.erase(srq);
 }
 
+bool IbvContext::describeAsyncEvent(const ibv_async_event& event, verbs::AsyncEvent* out,
+                                    std::shared_ptr<IbvCq>* cq) {
+  out->type = static_cast<AsyncEventType>(event.event_type);
+  switch (event.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      if ((*cq = findCq(event.element.cq))) {
+        (*cq)->markOverflowed();
+        out->cqId = (*cq)->id();
+      }
+      return true;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED: out->qpNum = event.element.qp->qp_num; return true;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED: {
+      std::lock_guard<std::mutex> registry(registryMu_);
+      auto it = srqs_.find(event.element.srq);
+      out->srqId = it == srqs_.end() ? nullptr : it->second;
+      return true;
+    }
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE:
+      out->portNum = static_cast<uint8_t>(event.element.port_num);
+      if (event.event_type == IBV_EVENT_GID_CHANGE) {
+        std::lock_guard<std::mutex> cache(cacheMu_);
+        defaultGid_.erase(out->portNum);
+      }
+      return true;
+    case IBV_EVENT_DEVICE_FATAL: return true;
+    default: return false;  // an event type ferry has no name for (WQ_FATAL, ...)
+  }
+}
+
 Result<verbs::AsyncEvent> IbvContext::getAsyncEvent(int timeoutMs) {
   if (timeoutMs < 0) return invalidArgument("get async event: a wait needs a timeout (>= 0 ms)");
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
@@ -562,49 +616,10 @@ Result<verbs::AsyncEvent> IbvContext::getAsyncEvent(int timeoutMs) {
       // The fd is non-blocking: this returns at once when nothing is queued.
       while (api_.getAsyncEvent(context_, &event) == 0) {
         verbs::AsyncEvent out;
-        out.type = static_cast<AsyncEventType>(event.event_type);
-        bool known = true;
         // Released only after the acknowledgement: dropping the last reference destroys the CQ,
         // and ibv_destroy_cq waits for this very event to be acknowledged.
         std::shared_ptr<IbvCq> cq;
-        switch (event.event_type) {
-          case IBV_EVENT_CQ_ERR:
-            if ((cq = findCq(event.element.cq))) {
-              cq->markOverflowed();
-              out.cqId = cq->id();
-            }
-            break;
-          case IBV_EVENT_QP_FATAL:
-          case IBV_EVENT_QP_REQ_ERR:
-          case IBV_EVENT_QP_ACCESS_ERR:
-          case IBV_EVENT_COMM_EST:
-          case IBV_EVENT_SQ_DRAINED:
-          case IBV_EVENT_PATH_MIG:
-          case IBV_EVENT_PATH_MIG_ERR:
-          case IBV_EVENT_QP_LAST_WQE_REACHED: out.qpNum = event.element.qp->qp_num; break;
-          case IBV_EVENT_SRQ_ERR:
-          case IBV_EVENT_SRQ_LIMIT_REACHED: {
-            std::lock_guard<std::mutex> registry(registryMu_);
-            auto it = srqs_.find(event.element.srq);
-            out.srqId = it == srqs_.end() ? nullptr : it->second;
-            break;
-          }
-          case IBV_EVENT_PORT_ACTIVE:
-          case IBV_EVENT_PORT_ERR:
-          case IBV_EVENT_LID_CHANGE:
-          case IBV_EVENT_PKEY_CHANGE:
-          case IBV_EVENT_SM_CHANGE:
-          case IBV_EVENT_CLIENT_REREGISTER:
-          case IBV_EVENT_GID_CHANGE:
-            out.portNum = static_cast<uint8_t>(event.element.port_num);
-            if (event.event_type == IBV_EVENT_GID_CHANGE) {
-              std::lock_guard<std::mutex> cache(cacheMu_);
-              defaultGid_.erase(out.portNum);
-            }
-            break;
-          case IBV_EVENT_DEVICE_FATAL: break;
-          default: known = false; break;  // an event type ferry has no name for (WQ_FATAL, ...)
-        }
+        const bool known = describeAsyncEvent(event, &out, &cq);
         // Acknowledged at once: libibverbs' destroy calls wait for every event they delivered.
         api_.ackAsyncEvent(&event);
         cq.reset();

@@ -93,12 +93,20 @@ class IbvContext final : public verbs::ContextImpl, public std::enable_shared_fr
   uint32_t maxInlineData();
   // The active MTU of a port in bytes, for UD sends (cached; 0 when the port cannot be queried).
   uint32_t activeMtuBytes(uint8_t portNum);
-  // Why device memory cannot be registered on this device ("" where it takes dma-bufs).
+  // Why the device registers no dma-bufs ("" where it takes them).
   const std::string& dmaBufRefusal() const { return dmaBufRefusal_; }
+  // The peer memory module through which ibv_reg_mr takes device pointers, where the device
+  // registers no dma-bufs and the module is loaded ("" otherwise).
+  const std::string& peerMemory() const { return peerMemory_; }
 
  private:
   Result<verbs::DeviceAttr> queryDeviceLocked();
-  // Whether the device registers dma-bufs: sets info_.deviceMemory, or dmaBufRefusal_.
+  // How the device registers device memory: dma-bufs, else the peer memory module; sets
+  // info_.deviceMemory ("dma-buf", "peer-memory" or "" with dmaBufRefusal_ saying why).
+  void probeDeviceMemory();
+  // An async event as verbs::AsyncEvent (a CQ error marks the CQ, which *cq then holds until the
+  // event is acknowledged); false for an event type ferry has no name for.
+  bool describeAsyncEvent(const ibv_async_event& event, verbs::AsyncEvent* out, std::shared_ptr<IbvCq>* cq);
   void probeDmaBuf();
   std::string gidTypeOf(uint8_t portNum, int index) const;
 
@@ -106,6 +114,7 @@ class IbvContext final : public verbs::ContextImpl, public std::enable_shared_fr
   ibv_context* context_;
   verbs::DeviceInfo info_;
   std::string dmaBufRefusal_;
+  std::string peerMemory_;
   int asyncFd_ = -1;
   mutable std::shared_mutex mu_;
   std::atomic<bool> closed_{false};

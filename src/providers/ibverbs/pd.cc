@@ -57,8 +57,17 @@ Result<std::shared_ptr<verbs::MrImpl>> IbvPd::registerMemory(void* addr, size_t 
 
 Result<ibv_mr*> IbvPd::regDevice(void* addr, size_t length, uint32_t access, MemoryLocation where) {
   const std::string what = "register " + std::to_string(length) + " bytes of " + where.toString() + ": ";
+  if (!ctx_->dmaBufRefusal().empty() && !ctx_->peerMemory().empty()) {
+    // The peer memory module resolves the device pointer when ibv_reg_mr pins it.
+    Result<ibv_mr*> mr = reg(addr, length, access);
+    if (mr.isOk()) return mr;
+    return Status(mr.status().code(), what + ctx_->dmaBufRefusal() + ", and through " + ctx_->peerMemory() +
+                                          ": " + mr.status().message());
+  }
   if (!ctx_->dmaBufRefusal().empty()) {
-    return notSupported(what + ctx_->dmaBufRefusal() + ", and GPUDirect RDMA needs it");
+    return notSupported(
+        what + ctx_->dmaBufRefusal() +
+        " and no peer memory module (nvidia_peermem) is loaded, and GPUDirect RDMA needs one of them");
   }
   Result<cuda::DmaBuf> exported = cuda::exportDmaBuf(addr, length, where);
   if (!exported.isOk()) return Status(exported.status().code(), what + exported.status().message());

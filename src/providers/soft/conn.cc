@@ -324,7 +324,10 @@ bool Conn::addFromDeviceLocked(IovBuilder& out, const Segment& seg) {
     out.skip -= seg.length;
     return true;
   }
-  if (!outStaged_) outStaged_ = std::make_unique<uint8_t[]>(kStagingBytes);
+  if (!outStaged_) {
+    outStaged_ = std::make_unique<uint8_t[]>(kStagingBytes);
+    outPinned_ = cuda::PinnedHost(outStaged_.get(), kStagingBytes);
+  }
   const size_t from = out.skip;
   const size_t n = std::min(kStagingBytes - outStagedUsed_, seg.length - from);
   if (n == 0) {
@@ -538,6 +541,10 @@ size_t Conn::placeFromBuffer(const uint8_t* src, size_t len) {
   while (taken < len && segIndex_ < plan_.segments.size()) {
     Segment& seg = plan_.segments[segIndex_];
     size_t piece = std::min(seg.length - segOffset_, len - taken);
+    if (onDevice(seg) && !inPinTried_) {
+      inPinTried_ = true;  // once: the device copies from the input staging buffer from now on
+      inPinned_ = cuda::PinnedHost(staged_.get(), kStagingBytes);
+    }
     if (!seg.entry) {
       DeviceAccess device;  // ferry's own buffer
       std::memcpy(seg.ptr + segOffset_, src + taken, piece);

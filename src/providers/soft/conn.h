@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/cuda_driver.h"
 #include "common/ring_deque.h"
 #include "providers/soft/link.h"
 #include "providers/soft/soft.h"
@@ -228,6 +229,11 @@ class Conn : public std::enable_shared_from_this<Conn>, public Link::Events {
   // Bytes of device memory copied out for the write under way (made at the first such segment).
   std::unique_ptr<uint8_t[]> outStaged_;
   size_t outStagedUsed_ = 0;
+  // The staging buffers pinned for the device's copies, once device memory passes through them
+  // (declared after them: unpinned before they are freed).
+  cuda::PinnedHost outPinned_;
+  cuda::PinnedHost inPinned_;
+  bool inPinTried_ = false;
 };
 
 }  // namespace ferry::soft

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 
@@ -51,6 +52,8 @@ Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& 
   }
   if (flags & verbs::rereg::kChangeAccess) next->access = access;
   const uint32_t oldKey = entry_->key;
+  const std::optional<cuda::IpcHandle> ipc =
+      ctx_->share() ? shareableDevice(next->addr, next->location) : std::nullopt;
   {
     std::unique_lock<std::shared_mutex> memLock(ctx_->memMu());
     entry_->revoked = true;
@@ -58,8 +61,10 @@ Status SoftMr::reregister(uint32_t flags, const std::shared_ptr<verbs::PdImpl>& 
     if (auto* table = ctx_->share()) table->withdrawMr(oldKey);
     next->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(next);
-    if (auto* table = ctx_->share(); table && !next->location.onDevice())
-      table->publishMr(next->key, next->addr, next->length, next->access, next->pd);
+    if (auto* table = ctx_->share()) {
+      table->publishMr(next->key, next->addr, next->length, next->access, next->pd, next->location,
+                       ipc ? &*ipc : nullptr);
+    }
     entry_ = std::move(next);
   }
   // Returns once no same-host peer is still copying under the old key.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 
@@ -33,12 +34,14 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerAt(void* addr, size_t len
   entry->access = access;
   entry->pd = this;
   entry->location = where;
+  const std::optional<cuda::IpcHandle> ipc = shareableDevice(entry->addr, where);
   {
     std::unique_lock<std::shared_mutex> lock(ctx_->memMu());
     entry->key = ctx_->newKeyLocked();
     ctx_->addMrLocked(entry);
-    if (auto* table = ctx_->share(); table && !where.onDevice())
-      table->publishMr(entry->key, entry->addr, entry->length, entry->access, this);
+    if (auto* table = ctx_->share())
+      table->publishMr(entry->key, entry->addr, entry->length, entry->access, this, where,
+                       ipc ? &*ipc : nullptr);
   }
   auto mr = std::make_shared<SoftMr>(ctx_, std::move(entry));
   children_.add(mr);

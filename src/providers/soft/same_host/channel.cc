@@ -21,6 +21,11 @@ using verbs::WrOpcode;
 
 namespace {
 
+// The CUDA ordinal a region's memory is on, -1 for host memory (what copyThroughDriver takes).
+int16_t deviceOf(const MrEntry& entry) {
+  return entry.location.onDevice() ? static_cast<int16_t>(entry.location.device) : int16_t{-1};
+}
+
 // Same-host requests from this size are copied by two threads (copyInTwo).
 constexpr uint64_t kStripeBytes = uint64_t{4} << 20;
 
@@ -159,8 +164,10 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   const bool write = wrs.front().opcode != WrOpcode::kRdmaRead;
   if (!peer_->aliveRecently()) return false;
   std::array<iovec, kMaxPieces> local;
+  std::array<int16_t, kMaxPieces> where;  // not initialized: each piece sets its own
   std::array<iovec, kMaxBatch> remote;
   size_t nl = 0;
+  bool anyDevice = false;
   uint64_t lo = ~uint64_t{0}, hi = 0;
   std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
   const uint32_t need = write ? 0 : verbs::access::kLocalWrite;
@@ -169,6 +176,7 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   // memory lock keeps it registered until the batch ends.
   uint32_t knownKey = 0;
   uint64_t knownBegin = 1, knownEnd = 0;  // empty
+  int16_t knownWhere = -1;
   for (size_t i = 0; i < wrs.size(); ++i) {
     const verbs::SendWr& wr = wrs[i];
     const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
@@ -179,11 +187,14 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
                          sge.addr + sge.length >= sge.addr && sge.addr + sge.length <= knownEnd;
       if (!inlined && !known) {
         auto entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need);
-        if (!entry || onDevice(entry)) return false;  // device memory goes over the connection, staged
+        if (!entry) return false;
         knownKey = sge.lkey;
         knownBegin = reinterpret_cast<uintptr_t>(entry->addr);
         knownEnd = knownBegin + entry->length;
+        knownWhere = deviceOf(*entry);
       }
+      where[nl] = inlined ? int16_t{-1} : knownWhere;
+      anyDevice = anyDevice || where[nl] >= 0;
       local[nl++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
       len += sge.length;
     }
@@ -198,14 +209,32 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
   if (!slot_->begin(destQpn_, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
   const std::span<const iovec> localSpan(local.data(), nl), remoteSpan(remote.data(), wrs.size());
-  // Large: the context's helper thread copies half of it while this one copies the rest (under
-  // the same accessor mark and memory lock; both end before anything completes).
-  const bool copied = total >= kStripeBytes ? copyInTwo(write, localSpan, remoteSpan)
-                                            : slot_->copyv(write, localSpan, remoteSpan);
-  const bool mapped = slot_->mapped();
+  return copyAndEnd(write, localSpan, anyDevice ? where.data() : nullptr, remoteSpan, total, wrs.size());
+}
+
+bool SameHostChannel::copyAndEnd(bool write, std::span<const iovec> local, const int16_t* localDevice,
+                                 std::span<const iovec> remote, uint64_t total, size_t requests) {
+  bool copied = false;
+  SameHostCopy how = slot_->mapped() ? SameHostCopy::kMapped : SameHostCopy::kAttach;
+  if (localDevice != nullptr || slot_->onDevice()) {
+    // Device memory at either end: CUDA copies, against the owner's device memory opened here or
+    // its memory both sides map. Device memory against memory only a system call reaches goes
+    // over the connection, staged.
+    how = SameHostCopy::kDevice;
+    copied =
+        (slot_->onDevice() || slot_->mapped()) && slot_->copyThroughDriver(write, local, localDevice, remote);
+  } else if (total >= kStripeBytes) {
+    // Large: the context's helper thread copies half of it while this one copies the rest (under
+    // the same accessor mark and memory lock; both end before anything completes).
+    copied = copyInTwo(write, local, remote);
+  } else if (remote.size() == 1) {
+    copied = slot_->copy(write, local, reinterpret_cast<uintptr_t>(remote[0].iov_base), total);
+  } else {
+    copied = slot_->copyv(write, local, remote);
+  }
   slot_->end();
   if (copied) {
-    countSameHostOps(wrs.size(), mapped);
+    countSameHostOps(requests, how);
   }
   return copied;
 }
@@ -232,7 +261,7 @@ bool SameHostChannel::runAtomic(const verbs::SendWr& wr) {
     DeviceAccess device;
     std::memcpy(reinterpret_cast<void*>(sge.addr), &original, sizeof original);
   }
-  countSameHostOps(1, /*mapped=*/true);
+  countSameHostOps(1, SameHostCopy::kMapped);
   return true;
 }
 
@@ -243,7 +272,9 @@ bool SameHostChannel::run(const verbs::SendWr& wr, uint64_t length) {
   const bool write = wr.opcode != WrOpcode::kRdmaRead;
   if (!peer_->aliveRecently()) return false;
   std::array<iovec, 64> iov;
+  std::array<int16_t, 64> where;  // not initialized: each piece sets its own
   size_t n = 0;
+  bool anyDevice = false;
   // Our own memory stays registered while the lock is held (deregistration takes it exclusively).
   // Inline data needs no key: it is read from the caller's buffer before the post returns.
   std::shared_lock<std::shared_mutex> memLock(ctx_.memMu());
@@ -252,27 +283,20 @@ bool SameHostChannel::run(const verbs::SendWr& wr, uint64_t length) {
   for (const auto& sge : wr.sgList) {
     if (sge.length == 0) continue;
     if (n == iov.size()) return false;
+    where[n] = -1;
     if (!inlined) {
       const MrEntry* entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need);
-      if (!entry || onDevice(entry)) return false;
+      if (!entry) return false;
+      where[n] = deviceOf(*entry);
+      anyDevice = anyDevice || where[n] >= 0;
     }
     iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
   if (!slot_->begin(destQpn_, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
-  bool copied;
-  if (length >= kStripeBytes) {
-    const iovec whole{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), length};
-    copied = copyInTwo(write, std::span<const iovec>(iov.data(), n), std::span<const iovec>(&whole, 1));
-  } else {
-    copied = slot_->copy(write, std::span<const iovec>(iov.data(), n), wr.rdma.remoteAddr, length);
-  }
-  const bool mapped = slot_->mapped();
-  slot_->end();
-  if (copied) {
-    countSameHostOps(1, mapped);
-  }
-  return copied;
+  const iovec whole{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), length};
+  return copyAndEnd(write, std::span<const iovec>(iov.data(), n), anyDevice ? where.data() : nullptr,
+                    std::span<const iovec>(&whole, 1), length, 1);
 }
 
 }  // namespace ferry::soft

@@ -4,7 +4,8 @@
 // peer's memory, the QP opens a channel. A WRITE or READ posted while nothing else is outstanding
 // on the QP is then carried out by the posting thread itself, before ibv_post_send returns:
 // checked against the peer's records, one process_vm_writev/readv (or, on memory both sides map
-// (ferry/common/shared_memory.h), a memcpy into this process's mapping of it), and its completion.
+// (ferry/common/shared_memory.h), a memcpy into this process's mapping of it; for device memory at
+// either end, CUDA copies through the allocation opened by its IPC handle), and its completion.
 // A WRITE_WITH_IMM's data moves the same way and only its immediate goes over the connection (a
 // WRITE_IMM frame with kFlagPlaced); atomics are carried out on mapped memory only. Whatever the
 // channel refuses (a record that does not allow it, a peer that stopped answering) goes over the
@@ -55,6 +56,12 @@ class SameHostChannel {
                   std::shared_ptr<SharePeer> peer, std::unique_ptr<SharePeer::Slot> slot);
   // An atomic on memory both sides map, as loads and stores; false: it must go to the peer.
   bool runAtomic(const verbs::SendWr& wr);
+  // Copies local against remote (each remote piece takes the next local bytes) the way the
+  // access begin() allowed is made, ends it and counts `requests` when every byte moved.
+  // localDevice: the CUDA ordinal of each local piece (-1: host memory), or nullptr when all are
+  // host memory.
+  bool copyAndEnd(bool write, std::span<const iovec> local, const int16_t* localDevice,
+                  std::span<const iovec> remote, uint64_t total, size_t requests);
   // Copies local against remote (each remote piece takes the next local bytes, as copyv) with
   // this thread and the context's helper thread, about half each, split by where bytes land.
   bool copyInTwo(bool write, std::span<const iovec> local, std::span<const iovec> remote);

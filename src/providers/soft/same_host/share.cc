@@ -22,82 +22,9 @@
 #include "common/log.h"
 #include "ferry/common/config.h"
 #include "ferry/common/shared_memory.h"
+#include "providers/soft/same_host/share_layout.h"
 
 namespace ferry::soft {
-namespace share_layout {
-
-inline constexpr uint64_t kMagic = 0x4c42544879727266ull;  // "ferryHTBL"-ish, little-endian
-inline constexpr uint32_t kVersion = 2;
-inline constexpr uint32_t kMrSlots = 8192;
-inline constexpr uint32_t kQpSlots = 16384;
-inline constexpr uint32_t kAccessorSlots = 512;
-inline constexpr uint32_t kQpValid = 0x80000000u;
-
-// Every field is an atomic: the owner writes while accessors read, in two processes.
-struct Header {
-  std::atomic<uint64_t> magic;
-  std::atomic<uint32_t> version;
-  std::atomic<uint32_t> ownerPid;
-  std::atomic<uint64_t> cookie;
-  std::atomic<uint64_t> cookieAddr;  // where the owner keeps its private copy of the cookie
-  std::atomic<uint32_t> mrSlots;
-  std::atomic<uint32_t> qpSlots;
-  std::atomic<uint32_t> accessorSlots;
-  std::atomic<uint32_t> accessorsUsed;  // slots [0, accessorsUsed) have ever been claimed
-};
-
-// A region; a seqlock (seq odd while the owner rewrites it). key == 0: empty.
-struct alignas(64) MrRecord {
-  std::atomic<uint32_t> seq;
-  std::atomic<uint32_t> key;
-  std::atomic<uint32_t> access;
-  std::atomic<uint64_t> pd;
-  std::atomic<uint64_t> addr;
-  std::atomic<uint64_t> length;
-  // Memory both sides map (ferry/common/shared_memory.h): the memfd's descriptor number in the
-  // owner plus one (0: the region is not in one), its inode, and where addr sits in it.
-  std::atomic<uint32_t> memFd;
-  std::atomic<uint64_t> memInode;
-  std::atomic<uint64_t> memOffset;
-};
-static_assert(sizeof(MrRecord) == 64);
-
-// An RC QP; same seqlock. qpn carries kQpValid while the record describes a QP.
-struct alignas(32) QpRecord {
-  std::atomic<uint32_t> seq;
-  std::atomic<uint32_t> qpn;
-  std::atomic<uint32_t> state;
-  std::atomic<uint32_t> access;
-  std::atomic<uint32_t> destQpn;
-  std::atomic<uint64_t> pd;
-};
-
-// One accessor QP: its process (pid and start time, so a reused pid is not mistaken for it) and
-// the key it is copying with now (0: none).
-struct alignas(64) AccessorSlot {
-  std::atomic<uint32_t> pid;
-  std::atomic<uint32_t> busyKey;
-  std::atomic<uint64_t> startTime;
-};
-
-inline constexpr size_t kHeaderSize = 256;
-inline constexpr size_t kMrOffset = kHeaderSize;
-inline constexpr size_t kQpOffset = kMrOffset + sizeof(MrRecord) * kMrSlots;
-inline constexpr size_t kAccessorOffset = kQpOffset + sizeof(QpRecord) * kQpSlots;
-inline constexpr size_t kTableSize = kAccessorOffset + sizeof(AccessorSlot) * kAccessorSlots;
-static_assert(sizeof(Header) <= kHeaderSize);
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
-              "the shared table needs address-free atomics");
-
-inline MrRecord* mrs(uint8_t* base) { return reinterpret_cast<MrRecord*>(base + kMrOffset); }
-inline QpRecord* qps(uint8_t* base) { return reinterpret_cast<QpRecord*>(base + kQpOffset); }
-inline AccessorSlot* accessors(uint8_t* base) {
-  return reinterpret_cast<AccessorSlot*>(base + kAccessorOffset);
-}
-inline uint32_t mrSlotOf(uint32_t key) { return (key >> 8) % kMrSlots; }
-inline uint32_t qpSlotOf(uint32_t qpn) { return qpn % kQpSlots; }
-
-}  // namespace share_layout
 
 namespace {
 
@@ -158,29 +85,6 @@ bool accessorAlive(const AccessorSlot& slot) {
 uint64_t selfStartTime() {
   static const uint64_t start = processStartTime(getpid());
   return start;
-}
-
-// Seqlock writes (the owner, under its write lock).
-template <typename Record, typename Fill>
-void rewrite(Record& r, Fill fill) {
-  uint32_t s = r.seq.load(std::memory_order_relaxed);
-  r.seq.store(s + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  fill(r);
-  r.seq.store(s + 2, std::memory_order_release);
-}
-
-// Seqlock read: copies the record's fields through read() until it sees a stable version.
-template <typename Record, typename Read>
-bool readStable(const Record& r, Read read) {
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    uint32_t s1 = r.seq.load(std::memory_order_acquire);
-    if (s1 & 1) continue;
-    read(r);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (r.seq.load(std::memory_order_relaxed) == s1) return true;
-  }
-  return false;
 }
 
 }  // namespace
@@ -269,19 +173,26 @@ bool sameHostRingsAllowed() { return sameHostMode() != SameHostMode::kOff; }
 
 namespace {
 std::atomic<uint64_t> splitCopies{0};
-// Two counts, one step per batch: the total is their sum.
+// One count per way, one step per batch: the total is their sum.
 std::atomic<uint64_t> copiedOps{0};
 std::atomic<uint64_t> mappedOps{0};
+std::atomic<uint64_t> deviceOps{0};
 }  // namespace
 
 uint64_t sameHostSplitCopies() { return splitCopies.load(std::memory_order_relaxed); }
 
 uint64_t sameHostOpsDone() {
-  return copiedOps.load(std::memory_order_relaxed) + mappedOps.load(std::memory_order_relaxed);
+  return copiedOps.load(std::memory_order_relaxed) + mappedOps.load(std::memory_order_relaxed) +
+         deviceOps.load(std::memory_order_relaxed);
 }
 uint64_t sameHostMappedOpsDone() { return mappedOps.load(std::memory_order_relaxed); }
-void countSameHostOps(uint64_t n, bool mapped) {
-  (mapped ? mappedOps : copiedOps).fetch_add(n, std::memory_order_relaxed);
+uint64_t sameHostDeviceOpsDone() { return deviceOps.load(std::memory_order_relaxed); }
+void countSameHostOps(uint64_t n, SameHostCopy how) {
+  switch (how) {
+    case SameHostCopy::kAttach: copiedOps.fetch_add(n, std::memory_order_relaxed); return;
+    case SameHostCopy::kMapped: mappedOps.fetch_add(n, std::memory_order_relaxed); return;
+    case SameHostCopy::kDevice: deviceOps.fetch_add(n, std::memory_order_relaxed); return;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -326,12 +237,16 @@ ShareInfo ShareTable::info() const {
 
 bool ShareTable::keyFits(uint32_t key) const { return mrs(base_)[mrSlotOf(key)].key.load() == 0; }
 
-void ShareTable::publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd) {
-  const std::optional<SharedBacking> backing = findSharedBacking(addr, length);
+void ShareTable::publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd,
+                           MemoryLocation where, const cuda::IpcHandle* ipc) {
+  std::optional<SharedBacking> backing;
+  if (!where.onDevice()) backing = findSharedBacking(addr, length);
   std::lock_guard<std::mutex> lock(writeMu_);
   MrRecord& r = mrs(base_)[mrSlotOf(key)];
   if (r.key.load() != 0) return;
+  DeviceRecord& d = devices(base_)[mrSlotOf(key)];
   rewrite(r, [&](MrRecord& w) {
+    writeDevice(d, where, ipc);
     w.key.store(key, std::memory_order_relaxed);
     w.access.store(access, std::memory_order_relaxed);
     w.pd.store(reinterpret_cast<uintptr_t>(pd), std::memory_order_relaxed);
@@ -347,10 +262,12 @@ void ShareTable::withdrawMr(uint32_t key) {
   std::lock_guard<std::mutex> lock(writeMu_);
   MrRecord& r = mrs(base_)[mrSlotOf(key)];
   if (r.key.load() != key) return;  // never published
-  rewrite(r, [](MrRecord& w) {
+  DeviceRecord& d = devices(base_)[mrSlotOf(key)];
+  rewrite(r, [&](MrRecord& w) {
     w.key.store(0, std::memory_order_relaxed);
     w.length.store(0, std::memory_order_relaxed);
     w.memFd.store(0, std::memory_order_relaxed);
+    writeDevice(d, MemoryLocation{}, nullptr);
   });
 }
 
@@ -501,6 +418,7 @@ void SharePeer::sweepMappings(bool now) {
     const std::string path = procFdPath(info_.pid, entry.first.first);
     return ::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_ino) != entry.first.second;
   });
+  sweepDeviceMappingsLocked();
 }
 
 SharePeer::~SharePeer() {
@@ -552,6 +470,25 @@ SharePeer::Slot::~Slot() {
   slot.pid.store(0, std::memory_order_release);
 }
 
+namespace {
+
+// Whether the owner's record of QP qpn lets our QP srcQpn make a `need` access now; its PD in *pd.
+bool qpAllows(const QpRecord& q, uint32_t qpn, uint32_t srcQpn, uint32_t need, uint64_t* pd) {
+  uint32_t valid = 0, state = 0, access = 0, dest = 0;
+  const bool stable = readStable(q, [&](const QpRecord& r) {
+    valid = r.qpn.load(std::memory_order_relaxed);
+    state = r.state.load(std::memory_order_relaxed);
+    access = r.access.load(std::memory_order_relaxed);
+    dest = r.destQpn.load(std::memory_order_relaxed);
+    *pd = r.pd.load(std::memory_order_relaxed);
+  });
+  const auto rtr = static_cast<uint32_t>(QpState::kRtr), rts = static_cast<uint32_t>(QpState::kRts);
+  return stable && valid == (qpn | kQpValid) && (state == rtr || state == rts) && dest == srcQpn &&
+         (access & need) == need;
+}
+
+}  // namespace
+
 bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64_t addr, uint64_t len,
                             uint32_t need) {
   if (rkey == 0) return false;
@@ -561,56 +498,40 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
   // barrier: a sequentially consistent store before the fence would be a second.
   slot.busyKey.store(rkey, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  const QpRecord& q = qps(peer_->base_)[qpSlotOf(qpn)];
-  uint32_t qValid = 0, qState = 0, qAccess = 0, qDest = 0;
   uint64_t qPd = 0;
-  bool ok = readStable(q, [&](const QpRecord& r) {
-    qValid = r.qpn.load(std::memory_order_relaxed);
-    qState = r.state.load(std::memory_order_relaxed);
-    qAccess = r.access.load(std::memory_order_relaxed);
-    qDest = r.destQpn.load(std::memory_order_relaxed);
-    qPd = r.pd.load(std::memory_order_relaxed);
-  });
-  const auto rtr = static_cast<uint32_t>(QpState::kRtr), rts = static_cast<uint32_t>(QpState::kRts);
-  ok = ok && qValid == (qpn | kQpValid) && (qState == rtr || qState == rts) && qDest == srcQpn &&
-       (qAccess & need) == need;
-  const MrRecord& m = mrs(peer_->base_)[mrSlotOf(rkey)];
-  uint32_t mKey = 0, mAccess = 0, mFd = 0;
-  uint64_t mPd = 0, mAddr = 0, mLen = 0, mInode = 0, mOffset = 0;
-  ok = ok && readStable(m, [&](const MrRecord& r) {
-         mKey = r.key.load(std::memory_order_relaxed);
-         mAccess = r.access.load(std::memory_order_relaxed);
-         mPd = r.pd.load(std::memory_order_relaxed);
-         mAddr = r.addr.load(std::memory_order_relaxed);
-         mLen = r.length.load(std::memory_order_relaxed);
-         mFd = r.memFd.load(std::memory_order_relaxed);
-         mInode = r.memInode.load(std::memory_order_relaxed);
-         mOffset = r.memOffset.load(std::memory_order_relaxed);
-       });
-  ok = ok && mKey == rkey && mPd == qPd && (mAccess & need) == need && addr >= mAddr && addr + len >= addr &&
-       addr + len <= mAddr + mLen;
-  if (!ok) {
-    slot.busyKey.store(0, std::memory_order_release);
-    return false;
+  RegionView m;
+  bool ok = qpAllows(qps(peer_->base_)[qpSlotOf(qpn)], qpn, srcQpn, need, &qPd) &&
+            readRegion(mrs(peer_->base_)[mrSlotOf(rkey)], devices(peer_->base_)[mrSlotOf(rkey)], &m);
+  ok = ok && m.key == rkey && m.pd == qPd && (m.access & need) == need && addr >= m.addr &&
+       addr + len >= addr && addr + len <= m.addr + m.length;
+  viaDevice_ = false;
+  viaMap_ = false;
+  if (ok && m.device != 0) {
+    ok = beginDevice(m, mrSlotOf(rkey));
+  } else if (ok) {
+    beginMapped(m);
   }
+  if (!ok) slot.busyKey.store(0, std::memory_order_release);
+  return ok;
+}
+
+void SharePeer::Slot::beginMapped(const RegionView& m) {
   // Memory both sides map: the copy is loads and stores into our mapping of the owner's memfd,
   // when the region lies inside it (the owner's record says where; a lie only fails the check).
-  viaMap_ = false;
-  if (mFd != 0) {
-    if (!mapped_ || mappedFd_ != mFd || mappedInode_ != mInode) {
-      mapped_ = peer_->mapping(mFd - 1, mInode);
-      mappedFd_ = mFd;
-      mappedInode_ = mInode;
+  if (m.memFd != 0) {
+    if (!mapped_ || mappedFd_ != m.memFd || mappedInode_ != m.memInode) {
+      mapped_ = peer_->mapping(m.memFd - 1, m.memInode);
+      mappedFd_ = m.memFd;
+      mappedInode_ = m.memInode;
     }
-    if (mapped_ && mOffset <= mapped_->length && mLen <= mapped_->length - mOffset) {
-      bias_ = reinterpret_cast<uintptr_t>(mapped_->base) + mOffset - mAddr;
+    if (mapped_ && m.memOffset <= mapped_->length && m.length <= mapped_->length - m.memOffset) {
+      bias_ = reinterpret_cast<uintptr_t>(mapped_->base) + m.memOffset - m.addr;
       viaMap_ = true;
     }
   } else if (mapped_) {
     mapped_.reset();  // let a sweep drop what this slot used last
     mappedFd_ = 0;
   }
-  return true;
 }
 
 void SharePeer::Slot::end() { accessors(peer_->base_)[index_].busyKey.store(0, std::memory_order_release); }

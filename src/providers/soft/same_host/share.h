@@ -13,6 +13,12 @@
 // copies with one process_vm_writev/readv call. Anything the records refuse, and any copy that fails, goes
 // the ordinary way over TCP, where the owner's reactor checks it again and reports the error as usual.
 //
+// Device memory (docs/gpu.md) is published too, with the CUDA IPC handle of the allocation it lies
+// in: an accessor opens the allocation once (cuIpcOpenMemHandle; in the owner's own process it uses
+// the owner's pointer) and moves the bytes with device copies, device to device (NVLink where the
+// devices have it) or between the device and host memory. The handle is a capability: the table
+// is readable only by processes that may read the owner's memory anyway.
+//
 // Deregistration never races a copy: each accessor QP holds an accessor slot in the table, and
 // marks the key it is about to touch in it before it reads the records (a store, then loads);
 // the owner retracts the record before it scans the slots (a store, then loads). With sequentially
@@ -24,6 +30,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -31,10 +38,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 
+#include "common/cuda_driver.h"
+#include "ferry/common/memory_location.h"
 #include "ferry/common/status.h"
 #include "ferry/verbs/types.h"
 
@@ -55,16 +65,30 @@ bool sameHostAllowed(std::string* reason = nullptr);
 // not "0". Rings work where cross-memory attach is refused: they are the staging fallback then.
 bool sameHostRingsAllowed();
 
+// How a same-host request's bytes moved.
+enum class SameHostCopy {
+  kAttach,  // process_vm_writev/readv
+  kMapped,  // loads and stores into memory both sides map (no system call)
+  kDevice,  // CUDA copies: device memory at either end
+};
 // How many work requests this process has carried out on the same-host path.
 uint64_t sameHostOpsDone();
-// How many of them were loads and stores into memory both sides map (no system call).
+// How many of them were loads and stores into memory both sides map.
 uint64_t sameHostMappedOpsDone();
-// Counts n more of them; mapped: as loads and stores.
-void countSameHostOps(uint64_t n, bool mapped);
+// How many of them moved device memory with CUDA copies.
+uint64_t sameHostDeviceOpsDone();
+// Counts n more of them.
+void countSameHostOps(uint64_t n, SameHostCopy how);
 // How many copies a CopyHelper has shared (a part of a request copied on its thread).
 uint64_t sameHostSplitCopies();
 
+// The IPC handle a region of device memory is published with (share.h): nothing for host memory,
+// or for device memory the driver cannot share between processes (then only the owner's own
+// process reaches it on this path).
+std::optional<cuda::IpcHandle> shareableDevice(const void* addr, MemoryLocation where);
+
 namespace share_layout {
+struct RegionView;
 struct Header;
 struct MrRecord;
 struct QpRecord;
@@ -83,7 +107,10 @@ class ShareTable {
   // Whether a region with this key can be published (its record slot is free).
   bool keyFits(uint32_t key) const;
   // Publishes a region (a no-op when its slot is taken: that region then goes over TCP only).
-  void publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd);
+  // Device memory names its device, and the IPC handle that opens it in another process (none:
+  // only this process's own QPs reach it on the same-host path).
+  void publishMr(uint32_t key, const void* addr, uint64_t length, uint32_t access, const void* pd,
+                 MemoryLocation where = {}, const cuda::IpcHandle* ipc = nullptr);
   // Withdraws a region's record (no new access starts with the key)...
   void withdrawMr(uint32_t key);
   // ... and waits until no accessor is in the middle of a copy with it.
@@ -155,9 +182,21 @@ class SharePeer {
   // before; nullptr when it cannot be mapped (gone, another file, not size-sealed, refused).
   std::shared_ptr<Mapping> mapping(uint32_t fd, uint64_t inode);
   // Drops the mappings no slot uses whose memfd the owner no longer holds (it freed the memory,
-  // which our mapping would otherwise keep alive). At most once a second unless now is set; never
-  // waits for the lock. aliveRecently() calls it.
+  // which our mapping would otherwise keep alive), and the device allocations no slot uses that no
+  // record names any more. At most once a second unless now is set; never waits for the lock.
+  // aliveRecently() calls it.
   void sweepMappings(bool now = false);
+
+  // An allocation of the owner's device memory, opened here (closed when the last user drops it).
+  struct DeviceMapping {
+    ~DeviceMapping();
+    cuda::IpcMapping opened;
+  };
+  // Opens the allocation the handle names, or returns the one opened before; nullptr when it
+  // cannot be opened here (no such device visible, the driver refused).
+  std::shared_ptr<DeviceMapping> deviceMapping(const cuda::IpcHandle& handle);
+  // How many device allocations are open now.
+  size_t deviceMappings();
 
   // An accessor slot held by one QP; released when the Slot is destroyed.
   class Slot {
@@ -177,6 +216,14 @@ class SharePeer {
     bool copyv(bool toRemote, std::span<const iovec> local, std::span<const iovec> remote) const;
     // Whether the access begin() allowed is made through a mapping of the owner's memory.
     bool mapped() const { return viaMap_; }
+    // Whether the access begin() allowed is to the owner's device memory (copied by the driver).
+    bool onDevice() const { return viaDevice_; }
+    // Only when onDevice() or mapped(): copies between local pieces and the owner's memory with
+    // CUDA copies (and memcpy between host pieces), each remote piece taking the next local bytes;
+    // true when every byte moved. localDevice[i]: the CUDA ordinal local[i] is on, -1 for host
+    // memory (nullptr: every piece is host memory).
+    bool copyThroughDriver(bool toRemote, std::span<const iovec> local, const int16_t* localDevice,
+                           std::span<const iovec> remote) const;
     // Only when mapped(): a compare-and-swap (cmpSwap) or fetch-and-add on the 8 bytes at remote,
     // with the hardware's atomic instructions (as the owner's responder applies the atomics it
     // receives, on the same memory); the value before it.
@@ -194,6 +241,15 @@ class SharePeer {
     uint64_t mappedInode_ = 0;
     bool viaMap_ = false;  // this access goes through mapped_: owner address + bias_ is ours
     uint64_t bias_ = 0;
+    // The owner's host memory, reached through a mapping of its memfd where it lies in one.
+    void beginMapped(const share_layout::RegionView& region);
+    // The owner's device memory: owner address + deviceBias_ is ours, on remoteWhere_.
+    bool beginDevice(const share_layout::RegionView& region, uint32_t recordSlot);
+    std::shared_ptr<DeviceMapping> device_;
+    std::array<uint8_t, 64> deviceHandle_{};  // the handle device_ was opened with
+    bool viaDevice_ = false;
+    uint64_t deviceBias_ = 0;
+    MemoryLocation remoteWhere_;
   };
   // Claims a free accessor slot (reclaiming slots of dead processes); kResourceExhausted if none.
   static Result<std::unique_ptr<Slot>> claim(const std::shared_ptr<SharePeer>& peer);
@@ -208,6 +264,9 @@ class SharePeer {
   std::atomic<int64_t> sweptAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last sweep
   // By (descriptor number, inode); a nullptr entry remembers a memfd that could not be mapped.
   std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<Mapping>> mappings_;
+  // By the handle's bytes; a nullptr entry remembers a handle that could not be opened.
+  std::map<std::array<uint8_t, 64>, std::shared_ptr<DeviceMapping>> deviceMappings_;
+  void sweepDeviceMappingsLocked();
   std::atomic<int64_t> aliveAt_{0};  // CLOCK_MONOTONIC_COARSE ns of the last live check
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
