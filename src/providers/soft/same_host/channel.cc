@@ -164,7 +164,6 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   const bool write = wrs.front().opcode != WrOpcode::kRdmaRead;
   if (!peer_->aliveRecently()) return false;
   std::array<iovec, kMaxPieces> local;
-  std::array<int16_t, kMaxPieces> where;  // not initialized: each piece sets its own
   std::array<iovec, kMaxBatch> remote;
   size_t nl = 0;
   bool anyDevice = false;
@@ -176,7 +175,6 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   // memory lock keeps it registered until the batch ends.
   uint32_t knownKey = 0;
   uint64_t knownBegin = 1, knownEnd = 0;  // empty
-  int16_t knownWhere = -1;
   for (size_t i = 0; i < wrs.size(); ++i) {
     const verbs::SendWr& wr = wrs[i];
     const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
@@ -191,10 +189,8 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
         knownKey = sge.lkey;
         knownBegin = reinterpret_cast<uintptr_t>(entry->addr);
         knownEnd = knownBegin + entry->length;
-        knownWhere = deviceOf(*entry);
+        anyDevice = anyDevice || onDevice(entry);
       }
-      where[nl] = inlined ? int16_t{-1} : knownWhere;
-      anyDevice = anyDevice || where[nl] >= 0;
       local[nl++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
       len += sge.length;
     }
@@ -209,33 +205,40 @@ bool SameHostChannel::runBatch(std::span<const verbs::SendWr> wrs) {
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
   if (!slot_->begin(destQpn_, qpn_, wrs.front().rdma.rkey, lo, hi - lo, remoteNeed)) return false;
   const std::span<const iovec> localSpan(local.data(), nl), remoteSpan(remote.data(), wrs.size());
-  return copyAndEnd(write, localSpan, anyDevice ? where.data() : nullptr, remoteSpan, total, wrs.size());
-}
-
-bool SameHostChannel::copyAndEnd(bool write, std::span<const iovec> local, const int16_t* localDevice,
-                                 std::span<const iovec> remote, uint64_t total, size_t requests) {
-  bool copied = false;
-  SameHostCopy how = slot_->mapped() ? SameHostCopy::kMapped : SameHostCopy::kAttach;
-  if (localDevice != nullptr || slot_->onDevice()) {
-    // Device memory at either end: CUDA copies, against the owner's device memory opened here or
-    // its memory both sides map. Device memory against memory only a system call reaches goes
-    // over the connection, staged.
-    how = SameHostCopy::kDevice;
-    copied =
-        (slot_->onDevice() || slot_->mapped()) && slot_->copyThroughDriver(write, local, localDevice, remote);
-  } else if (total >= kStripeBytes) {
-    // Large: the context's helper thread copies half of it while this one copies the rest (under
-    // the same accessor mark and memory lock; both end before anything completes).
-    copied = copyInTwo(write, local, remote);
-  } else if (remote.size() == 1) {
-    copied = slot_->copy(write, local, reinterpret_cast<uintptr_t>(remote[0].iov_base), total);
-  } else {
-    copied = slot_->copyv(write, local, remote);
-  }
+  if (anyDevice || slot_->onDevice()) return copyDeviceAndEnd(write, wrs, localSpan, remoteSpan);
+  // Large: the context's helper thread copies half of it while this one copies the rest (under
+  // the same accessor mark and memory lock; both end before anything completes).
+  const bool copied = total >= kStripeBytes ? copyInTwo(write, localSpan, remoteSpan)
+                                            : slot_->copyv(write, localSpan, remoteSpan);
+  const bool mapped = slot_->mapped();
   slot_->end();
   if (copied) {
-    countSameHostOps(requests, how);
+    countSameHostOps(wrs.size(), mapped ? SameHostCopy::kMapped : SameHostCopy::kAttach);
   }
+  return copied;
+}
+
+bool SameHostChannel::copyDeviceAndEnd(bool write, std::span<const verbs::SendWr> wrs,
+                                       std::span<const iovec> local, std::span<const iovec> remote) {
+  // Where each local piece lives (the pieces as run() and runBatch() listed them; the memory lock
+  // they hold keeps every region registered): looked up again here, off the host path.
+  std::array<int16_t, kMaxPieces> where;
+  size_t n = 0;
+  for (const verbs::SendWr& wr : wrs) {
+    const bool inlined = (wr.sendFlags & verbs::send_flags::kInline) != 0;
+    for (const auto& sge : wr.sgList) {
+      if (sge.length == 0) continue;
+      const MrEntry* entry =
+          inlined ? nullptr : ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, 0);
+      where[n++] = entry != nullptr ? deviceOf(*entry) : int16_t{-1};
+    }
+  }
+  // CUDA copies, against the owner's device memory opened here or its memory both sides map.
+  // Device memory against memory only a system call reaches goes over the connection, staged.
+  const bool copied = n == local.size() && (slot_->onDevice() || slot_->mapped()) &&
+                      slot_->copyThroughDriver(write, local, where.data(), remote);
+  slot_->end();
+  if (copied) countSameHostOps(wrs.size(), SameHostCopy::kDevice);
   return copied;
 }
 
@@ -272,7 +275,6 @@ bool SameHostChannel::run(const verbs::SendWr& wr, uint64_t length) {
   const bool write = wr.opcode != WrOpcode::kRdmaRead;
   if (!peer_->aliveRecently()) return false;
   std::array<iovec, 64> iov;
-  std::array<int16_t, 64> where;  // not initialized: each piece sets its own
   size_t n = 0;
   bool anyDevice = false;
   // Our own memory stays registered while the lock is held (deregistration takes it exclusively).
@@ -283,20 +285,26 @@ bool SameHostChannel::run(const verbs::SendWr& wr, uint64_t length) {
   for (const auto& sge : wr.sgList) {
     if (sge.length == 0) continue;
     if (n == iov.size()) return false;
-    where[n] = -1;
     if (!inlined) {
       const MrEntry* entry = ctx_.findMrEntryLocked(sge.lkey, pdId_, sge.addr, sge.length, need);
       if (!entry) return false;
-      where[n] = deviceOf(*entry);
-      anyDevice = anyDevice || where[n] >= 0;
+      anyDevice = anyDevice || onDevice(entry);
     }
     iov[n++] = iovec{reinterpret_cast<void*>(sge.addr), sge.length};
   }
   const uint32_t remoteNeed = write ? verbs::access::kRemoteWrite : verbs::access::kRemoteRead;
   if (!slot_->begin(destQpn_, qpn_, wr.rdma.rkey, wr.rdma.remoteAddr, length, remoteNeed)) return false;
+  const std::span<const iovec> localSpan(iov.data(), n);
   const iovec whole{reinterpret_cast<void*>(static_cast<uintptr_t>(wr.rdma.remoteAddr)), length};
-  return copyAndEnd(write, std::span<const iovec>(iov.data(), n), anyDevice ? where.data() : nullptr,
-                    std::span<const iovec>(&whole, 1), length, 1);
+  if (anyDevice || slot_->onDevice()) return copyDeviceAndEnd(write, {&wr, 1}, localSpan, {&whole, 1});
+  const bool copied = length >= kStripeBytes ? copyInTwo(write, localSpan, std::span<const iovec>(&whole, 1))
+                                             : slot_->copy(write, localSpan, wr.rdma.remoteAddr, length);
+  const bool mapped = slot_->mapped();
+  slot_->end();
+  if (copied) {
+    countSameHostOps(1, mapped ? SameHostCopy::kMapped : SameHostCopy::kAttach);
+  }
+  return copied;
 }
 
 }  // namespace ferry::soft

@@ -56,12 +56,11 @@ class SameHostChannel {
                   std::shared_ptr<SharePeer> peer, std::unique_ptr<SharePeer::Slot> slot);
   // An atomic on memory both sides map, as loads and stores; false: it must go to the peer.
   bool runAtomic(const verbs::SendWr& wr);
-  // Copies local against remote (each remote piece takes the next local bytes) the way the
-  // access begin() allowed is made, ends it and counts `requests` when every byte moved.
-  // localDevice: the CUDA ordinal of each local piece (-1: host memory), or nullptr when all are
-  // host memory.
-  bool copyAndEnd(bool write, std::span<const iovec> local, const int16_t* localDevice,
-                  std::span<const iovec> remote, uint64_t total, size_t requests);
+  // Copies local (the pieces of wrs' SGEs) against remote (each remote piece takes the next local
+  // bytes) where device memory is at either end, ends the access begin() allowed and counts the
+  // requests when every byte moved.
+  bool copyDeviceAndEnd(bool write, std::span<const verbs::SendWr> wrs, std::span<const iovec> local,
+                        std::span<const iovec> remote);
   // Copies local against remote (each remote piece takes the next local bytes, as copyv) with
   // this thread and the context's helper thread, about half each, split by where bytes land.
   bool copyInTwo(bool write, std::span<const iovec> local, std::span<const iovec> remote);

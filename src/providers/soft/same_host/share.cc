@@ -173,26 +173,22 @@ bool sameHostRingsAllowed() { return sameHostMode() != SameHostMode::kOff; }
 
 namespace {
 std::atomic<uint64_t> splitCopies{0};
-// One count per way, one step per batch: the total is their sum.
-std::atomic<uint64_t> copiedOps{0};
-std::atomic<uint64_t> mappedOps{0};
-std::atomic<uint64_t> deviceOps{0};
 }  // namespace
+
+std::atomic<uint64_t> sameHostOpCounts[3] = {};
 
 uint64_t sameHostSplitCopies() { return splitCopies.load(std::memory_order_relaxed); }
 
 uint64_t sameHostOpsDone() {
-  return copiedOps.load(std::memory_order_relaxed) + mappedOps.load(std::memory_order_relaxed) +
-         deviceOps.load(std::memory_order_relaxed);
+  uint64_t total = 0;
+  for (const auto& count : sameHostOpCounts) total += count.load(std::memory_order_relaxed);
+  return total;
 }
-uint64_t sameHostMappedOpsDone() { return mappedOps.load(std::memory_order_relaxed); }
-uint64_t sameHostDeviceOpsDone() { return deviceOps.load(std::memory_order_relaxed); }
-void countSameHostOps(uint64_t n, SameHostCopy how) {
-  switch (how) {
-    case SameHostCopy::kAttach: copiedOps.fetch_add(n, std::memory_order_relaxed); return;
-    case SameHostCopy::kMapped: mappedOps.fetch_add(n, std::memory_order_relaxed); return;
-    case SameHostCopy::kDevice: deviceOps.fetch_add(n, std::memory_order_relaxed); return;
-  }
+uint64_t sameHostMappedOpsDone() {
+  return sameHostOpCounts[static_cast<int>(SameHostCopy::kMapped)].load(std::memory_order_relaxed);
+}
+uint64_t sameHostDeviceOpsDone() {
+  return sameHostOpCounts[static_cast<int>(SameHostCopy::kDevice)].load(std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -246,7 +242,7 @@ void ShareTable::publishMr(uint32_t key, const void* addr, uint64_t length, uint
   if (r.key.load() != 0) return;
   DeviceRecord& d = devices(base_)[mrSlotOf(key)];
   rewrite(r, [&](MrRecord& w) {
-    writeDevice(d, where, ipc);
+    writeDevice(w, d, where, ipc);
     w.key.store(key, std::memory_order_relaxed);
     w.access.store(access, std::memory_order_relaxed);
     w.pd.store(reinterpret_cast<uintptr_t>(pd), std::memory_order_relaxed);
@@ -267,7 +263,7 @@ void ShareTable::withdrawMr(uint32_t key) {
     w.key.store(0, std::memory_order_relaxed);
     w.length.store(0, std::memory_order_relaxed);
     w.memFd.store(0, std::memory_order_relaxed);
-    writeDevice(d, MemoryLocation{}, nullptr);
+    writeDevice(w, d, MemoryLocation{}, nullptr);
   });
 }
 
@@ -501,37 +497,32 @@ bool SharePeer::Slot::begin(uint32_t qpn, uint32_t srcQpn, uint32_t rkey, uint64
   uint64_t qPd = 0;
   RegionView m;
   bool ok = qpAllows(qps(peer_->base_)[qpSlotOf(qpn)], qpn, srcQpn, need, &qPd) &&
-            readRegion(mrs(peer_->base_)[mrSlotOf(rkey)], devices(peer_->base_)[mrSlotOf(rkey)], &m);
+            readRegion(mrs(peer_->base_)[mrSlotOf(rkey)], &m);
   ok = ok && m.key == rkey && m.pd == qPd && (m.access & need) == need && addr >= m.addr &&
        addr + len >= addr && addr + len <= m.addr + m.length;
   viaDevice_ = false;
   viaMap_ = false;
   if (ok && m.device != 0) {
     ok = beginDevice(m, mrSlotOf(rkey));
-  } else if (ok) {
-    beginMapped(m);
+  } else if (ok && m.memFd != 0) {
+    // Memory both sides map: the copy is loads and stores into our mapping of the owner's memfd,
+    // when the region lies inside it (the owner's record says where; a lie only fails the check).
+    if (!mapped_ || mappedFd_ != m.memFd || mappedInode_ != m.memInode) remap(m.memFd, m.memInode);
+    if (mapped_ && m.memOffset <= mapped_->length && m.length <= mapped_->length - m.memOffset) {
+      bias_ = reinterpret_cast<uintptr_t>(mapped_->base) + m.memOffset - m.addr;
+      viaMap_ = true;
+    }
+  } else if (ok && mapped_) {
+    remap(0, 0);  // let a sweep drop what this slot used last
   }
   if (!ok) slot.busyKey.store(0, std::memory_order_release);
   return ok;
 }
 
-void SharePeer::Slot::beginMapped(const RegionView& m) {
-  // Memory both sides map: the copy is loads and stores into our mapping of the owner's memfd,
-  // when the region lies inside it (the owner's record says where; a lie only fails the check).
-  if (m.memFd != 0) {
-    if (!mapped_ || mappedFd_ != m.memFd || mappedInode_ != m.memInode) {
-      mapped_ = peer_->mapping(m.memFd - 1, m.memInode);
-      mappedFd_ = m.memFd;
-      mappedInode_ = m.memInode;
-    }
-    if (mapped_ && m.memOffset <= mapped_->length && m.length <= mapped_->length - m.memOffset) {
-      bias_ = reinterpret_cast<uintptr_t>(mapped_->base) + m.memOffset - m.addr;
-      viaMap_ = true;
-    }
-  } else if (mapped_) {
-    mapped_.reset();  // let a sweep drop what this slot used last
-    mappedFd_ = 0;
-  }
+void SharePeer::Slot::remap(uint32_t memFd, uint64_t memInode) {
+  mapped_ = memFd == 0 ? nullptr : peer_->mapping(memFd - 1, memInode);
+  mappedFd_ = memFd;
+  mappedInode_ = memInode;
 }
 
 void SharePeer::Slot::end() { accessors(peer_->base_)[index_].busyKey.store(0, std::memory_order_release); }

@@ -77,8 +77,12 @@ uint64_t sameHostOpsDone();
 uint64_t sameHostMappedOpsDone();
 // How many of them moved device memory with CUDA copies.
 uint64_t sameHostDeviceOpsDone();
+// The counts, one per SameHostCopy (one step per batch: the total is their sum).
+extern std::atomic<uint64_t> sameHostOpCounts[3];
 // Counts n more of them.
-void countSameHostOps(uint64_t n, SameHostCopy how);
+inline void countSameHostOps(uint64_t n, SameHostCopy how) {
+  sameHostOpCounts[static_cast<int>(how)].fetch_add(n, std::memory_order_relaxed);
+}
 // How many copies a CopyHelper has shared (a part of a request copied on its thread).
 uint64_t sameHostSplitCopies();
 
@@ -239,17 +243,19 @@ class SharePeer {
     std::shared_ptr<Mapping> mapped_;
     uint32_t mappedFd_ = 0;
     uint64_t mappedInode_ = 0;
-    bool viaMap_ = false;  // this access goes through mapped_: owner address + bias_ is ours
+    bool viaMap_ = false;     // this access goes through mapped_: owner address + bias_ is ours
+    bool viaDevice_ = false;  // this access is to the owner's device memory (beginDevice)
     uint64_t bias_ = 0;
-    // The owner's host memory, reached through a mapping of its memfd where it lies in one.
-    void beginMapped(const share_layout::RegionView& region);
-    // The owner's device memory: owner address + deviceBias_ is ours, on remoteWhere_.
+    // Maps the owner's memfd (descriptor number plus one, inode) for the accesses to come, or
+    // drops the mapping held (memFd 0).
+    void remap(uint32_t memFd, uint64_t memInode);
+    // The owner's device memory: owner address + deviceBias_ is ours, on remoteWhere_. Kept after
+    // what every host access reads, off its cache line.
     bool beginDevice(const share_layout::RegionView& region, uint32_t recordSlot);
-    std::shared_ptr<DeviceMapping> device_;
-    std::array<uint8_t, 64> deviceHandle_{};  // the handle device_ was opened with
-    bool viaDevice_ = false;
     uint64_t deviceBias_ = 0;
     MemoryLocation remoteWhere_;
+    std::shared_ptr<DeviceMapping> device_;
+    std::array<uint8_t, 64> deviceHandle_{};  // the handle device_ was opened with
   };
   // Claims a free accessor slot (reclaiming slots of dead processes); kResourceExhausted if none.
   static Result<std::unique_ptr<Slot>> claim(const std::shared_ptr<SharePeer>& peer);
