@@ -34,7 +34,10 @@ Result<std::shared_ptr<verbs::MrImpl>> SoftPd::registerAt(void* addr, size_t len
   entry->access = access;
   entry->pd = this;
   entry->location = where;
-  const std::optional<cuda::IpcHandle> ipc = shareableDevice(entry->addr, where);
+  // Device memory's IPC handle, asked of the driver before the memory lock (only where a same-host
+  // table publishes it).
+  const std::optional<cuda::IpcHandle> ipc =
+      ctx_->share() ? shareableDevice(entry->addr, where) : std::nullopt;
   {
     std::unique_lock<std::shared_mutex> lock(ctx_->memMu());
     entry->key = ctx_->newKeyLocked();
