@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <map>
+#include <set>
 
 #include "common/cuda_driver.h"
 #include "providers/soft/same_host/share.h"
@@ -38,7 +38,7 @@ class HandleCounter final : public cuda::DeviceMemory {
   }
   Result<cuda::IpcMapping> openIpc(const cuda::IpcHandle& handle) override {
     ++opened;
-    open[handle.base] = true;
+    open.insert(handle.base);
     return cuda::IpcMapping{reinterpret_cast<void*>(handle.base + 0x100000),
                             MemoryLocation{MemoryKind::kCuda, 0}};
   }
@@ -48,7 +48,7 @@ class HandleCounter final : public cuda::DeviceMemory {
   }
 
   int opened = 0, closed = 0;
-  std::map<uint64_t, bool> open;  // by the allocation's base in the exporter
+  std::set<uint64_t> open;  // by the allocation's base in the exporter
 };
 
 cuda::IpcHandle handleFor(uint64_t base, uint8_t tag) {

@@ -40,6 +40,7 @@ std::shared_ptr<SharePeer::DeviceMapping> SharePeer::deviceMapping(const cuda::I
   if (opened.isOk()) {
     made = std::make_shared<DeviceMapping>();
     made->opened = *opened;
+    made->handle = handle.bytes;
   } else {
     FERRY_LOG(kDebug, "soft: same-host: device memory of process %u stays on the connection: %s", info_.pid,
               opened.status().toString().c_str());
@@ -101,10 +102,7 @@ bool SharePeer::Slot::beginDevice(const share_layout::RegionView& region, uint32
       region.addr - ipc.base > ipc.length - region.length) {
     return false;
   }
-  if (!device_ || deviceHandle_ != ipc.bytes) {
-    device_ = peer_->deviceMapping(ipc);
-    deviceHandle_ = ipc.bytes;
-  }
+  if (!device_ || device_->handle != ipc.bytes) device_ = peer_->deviceMapping(ipc);
   if (!device_) return false;
   deviceBias_ = reinterpret_cast<uintptr_t>(device_->opened.base) - ipc.base;
   remoteWhere_ = device_->opened.where;

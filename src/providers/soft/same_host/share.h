@@ -195,6 +195,7 @@ class SharePeer {
   struct DeviceMapping {
     ~DeviceMapping();
     cuda::IpcMapping opened;
+    std::array<uint8_t, 64> handle{};  // the handle it was opened with
   };
   // Opens the allocation the handle names, or returns the one opened before; nullptr when it
   // cannot be opened here (no such device visible, the driver refused).
@@ -255,7 +256,6 @@ class SharePeer {
     uint64_t deviceBias_ = 0;
     MemoryLocation remoteWhere_;
     std::shared_ptr<DeviceMapping> device_;
-    std::array<uint8_t, 64> deviceHandle_{};  // the handle device_ was opened with
   };
   // Claims a free accessor slot (reclaiming slots of dead processes); kResourceExhausted if none.
   static Result<std::unique_ptr<Slot>> claim(const std::shared_ptr<SharePeer>& peer);
